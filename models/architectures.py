@@ -1,0 +1,1 @@
+"""Public architectures built from transformers configs with random weights."""

@@ -1,0 +1,1 @@
+"""Hand-built graphs, one per precision rule."""

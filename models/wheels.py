@@ -1,0 +1,1 @@
+"""Trained models that ship inside PyPI wheels."""
