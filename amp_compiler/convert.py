@@ -1,0 +1,271 @@
+"""The ONNX conversion pipeline and its public entry point, :func:`convert`.
+
+    frontend (types, precision graph) -> classify -> constant ranges -> paint -> lower -> cleanup
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import onnx
+import onnx.shape_inference
+import onnx_ir as ir
+
+from amp_compiler import schemas
+from amp_compiler.errors import OptionError
+from amp_compiler.graph import PrecisionGraph, SlotKind, build_precision_graph, is_constant
+from amp_compiler.onnx_io import check_model_valid, load_model
+from amp_compiler.passes import (
+    ClassifyPass,
+    ConstantRangePass,
+    LowerPlanPass,
+    PaintPass,
+    RemoveCancellingCastsPass,
+)
+from amp_compiler.plan import PrecisionPlan
+from amp_compiler.policy import PolicyTable, default_table
+from amp_compiler.targets import Provider, Target
+
+_SHORT = {
+    ir.DataType.FLOAT: "fp32",
+    ir.DataType.FLOAT16: "fp16",
+    ir.DataType.BFLOAT16: "bf16",
+    ir.DataType.DOUBLE: "fp64",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """What to convert to and what to leave alone.
+
+    ``block_ops``: op types kept in FP32. ``block_nodes``: regular expressions searched in node
+    names; matching nodes are kept in FP32. A blocked node wins over the policy table; a dtype fixed
+    by the schema or the model wins over both.
+    """
+
+    target: Target = Target.FP16
+    provider: Provider = Provider.CUDA
+    keep_io_types: bool = True
+    block_ops: frozenset[str] = frozenset()
+    block_nodes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class NodeDecision:
+    """The precision decided for one node, and why."""
+
+    graph: str  # "main" or the path of the subgraph ("If_0/then_branch")
+    node: str
+    op_type: str
+    domain: str
+    precision: str  # "fp16", "bf16", "fp32", "mixed", or "none" for nodes without float data
+    rule: str  # stable rule id, e.g. "policy.low"
+    reason: str
+    input_dtypes: list[str]
+    output_dtypes: list[str]
+
+
+@dataclasses.dataclass
+class ConversionResult:
+    model: onnx.ModelProto
+    decisions: list[NodeDecision]
+    casts_inserted: int
+    constants_converted: int
+    options: ConvertOptions
+
+    def decisions_by_rule(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            counts[d.rule] = counts.get(d.rule, 0) + 1
+        return counts
+
+
+def convert(
+    model: onnx.ModelProto | str | os.PathLike,
+    options: ConvertOptions | None = None,
+    *,
+    policy: PolicyTable | None = None,
+    **overrides,
+) -> ConversionResult:
+    """Convert an FP32 ONNX model to mixed precision.
+
+    ``model`` is an ``onnx.ModelProto`` or a path. ``options`` (or keyword overrides of its fields,
+    e.g. ``target="bf16"``) choose the target, provider and user overrides. Returns the converted
+    model with the per-node decisions. The input model is not modified.
+    """
+    opts = _options(options, overrides)
+    policy = policy or default_table()
+    _check_block_ops(opts.block_ops, policy)
+    patterns = _compile_patterns(opts.block_nodes)
+    proto = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+    if not isinstance(proto, onnx.ModelProto):
+        raise TypeError(f"expected an onnx.ModelProto or a path, got {type(proto).__name__}")
+    if not isinstance(model, (str, os.PathLike)):
+        check_model_valid(proto)
+
+    ir_model = ir.from_proto(_with_types(proto))
+    graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
+    plan = PrecisionPlan()
+    for analysis in (
+        ClassifyPass(opts.provider, opts.block_ops, patterns),
+        ConstantRangePass(opts.target),
+        PaintPass(),
+    ):
+        analysis(graph, plan)
+    lower = LowerPlanPass(graph, plan)
+    lower(ir_model)
+    decisions = _node_decisions(graph, plan, ir_model, {id(c.node): c for c in lower.casts})
+    RemoveCancellingCastsPass()(ir_model)
+    out = ir.to_proto(ir_model)
+    out.ir_version = proto.ir_version
+    n_casts = sum(
+        1
+        for g in _iter_proto_graphs(out.graph)
+        for n in g.node
+        if n.op_type == "Cast"
+    ) - sum(1 for g in _iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast")
+    return ConversionResult(out, decisions, n_casts, len(lower.converted_constants), opts)
+
+
+def _options(options: ConvertOptions | None, overrides: dict) -> ConvertOptions:
+    opts = options or ConvertOptions()
+    if not overrides:
+        return opts
+    fields = {f.name for f in dataclasses.fields(ConvertOptions)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    if isinstance(overrides.get("target"), str):
+        overrides["target"] = Target.parse(overrides["target"])
+    if isinstance(overrides.get("provider"), str):
+        overrides["provider"] = Provider.parse(overrides["provider"])
+    for key in ("block_ops",):
+        if key in overrides:
+            overrides[key] = frozenset(overrides[key])
+    if "block_nodes" in overrides:
+        overrides["block_nodes"] = tuple(overrides["block_nodes"])
+    return dataclasses.replace(opts, **overrides)
+
+
+def _check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:
+    known = policy.op_names()
+    unknown = sorted(op for op in ops if op not in known and not schemas.lookup("", op, 100))
+    if unknown:
+        raise OptionError(f"--block-op: unknown op type(s): {', '.join(unknown)}")
+
+
+def _compile_patterns(patterns: Iterable[str]) -> tuple[re.Pattern, ...]:
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as exc:
+            raise OptionError(f"--block-node: invalid regular expression {p!r}: {exc}") from None
+    return tuple(out)
+
+
+def _with_types(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every intermediate tensor's type inferred (the input is not modified)."""
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return proto
+
+
+def _iter_proto_graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _iter_proto_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _iter_proto_graphs(g)
+
+
+def _dtype_name(value: ir.Value | None) -> str:
+    if value is None:
+        return ""
+    if value.type is None:
+        return "?"
+    if isinstance(value.type, ir.TensorType):
+        return _SHORT.get(value.dtype, value.dtype.name.lower())
+    return str(value.type)
+
+
+def _user_name(slot) -> str:
+    if slot.kind is SlotKind.GRAPH_OUT:
+        return f"graph output {slot.index}"
+    return slot.owner.name or slot.owner.op_type
+
+
+def _node_decisions(
+    graph: PrecisionGraph, plan: PrecisionPlan, model: ir.Model, inserted: dict
+) -> list[NodeDecision]:
+    from amp_compiler.graph import Slot, iter_graphs
+
+    paths = {id(model.graph): "main"}
+    out: list[NodeDecision] = []
+    for g in iter_graphs(model.graph):
+        gpath = paths.get(id(g), "?")
+        for node in g:
+            for name, attr in node.attributes.items():
+                subs = [attr.value] if attr.type == ir.AttributeType.GRAPH else (
+                    list(attr.value) if attr.type == ir.AttributeType.GRAPHS else []
+                )
+                for k, sub in enumerate(subs):
+                    suffix = f"{name}" if len(subs) == 1 else f"{name}[{k}]"
+                    paths[id(sub)] = f"{gpath}/{node.name or node.op_type}/{suffix}"
+            vids = graph.node_vertices.get(node, [])
+            main = None
+            for kind, values in ((SlotKind.NODE_OUT, node.outputs), (SlotKind.NODE_IN, node.inputs)):
+                for i in range(len(values)):
+                    vid = graph.slot_vertex.get(Slot(kind, node, i))
+                    if vid is not None:
+                        main = vid
+                        break
+                if main is not None:
+                    break
+            if main is None:
+                if id(node) in inserted:
+                    cast = inserted[id(node)]
+                    users = ", ".join(sorted({_user_name(s) for s in cast.users}))
+                    precision, rule, reason = (
+                        _SHORT.get(cast.to, cast.to.name.lower()),
+                        "lowering.cast",
+                        f"Cast inserted: {users} need(s) {cast.source.name!r} as {_SHORT.get(cast.to)}",
+                    )
+                elif node.op_type == "Constant" and node.outputs and is_constant(node.outputs[0]):
+                    precision, rule, reason = (
+                        _dtype_name(node.outputs[0]),
+                        "constant",
+                        "constant: converted offline for the precision its users need",
+                    )
+                else:
+                    precision, rule, reason = "none", "nonfloat", "no float inputs or outputs"
+            else:
+                dtypes = {plan.decisions[v].dtype for v in vids}
+                decision = plan.decisions[main]
+                if len(dtypes) == 1:
+                    precision = _SHORT.get(decision.dtype, decision.dtype.name.lower())
+                else:
+                    precision = "mixed"
+                rule, reason = decision.rule.value, decision.reason
+            out.append(
+                NodeDecision(
+                    graph=gpath,
+                    node=node.name or "",
+                    op_type=node.op_type,
+                    domain=node.domain or "ai.onnx",
+                    precision=precision,
+                    rule=rule,
+                    reason=reason,
+                    input_dtypes=[_dtype_name(v) for v in node.inputs],
+                    output_dtypes=[_dtype_name(v) for v in node.outputs],
+                )
+            )
+    return out

@@ -1,0 +1,17 @@
+"""Errors a user can act on (bad input, bad option), kept apart from internal bugs."""
+
+
+class AmpUserError(Exception):
+    """A problem with the user's input or options. The CLI prints it as one line and exits 2."""
+
+
+class ModelLoadError(AmpUserError):
+    """The model file is missing, unreadable, not ONNX, truncated or invalid."""
+
+
+class OptionError(AmpUserError):
+    """An option names something that does not exist or has a bad value."""
+
+
+class OutputError(AmpUserError):
+    """The output cannot be written where asked."""

@@ -1,0 +1,66 @@
+"""The precision plan: what the analysis decided for every vertex, and why.
+
+Analysis passes write the plan; lowering reads it. Every decision carries a stable rule id (for tools
+and tests) and a sentence for people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import onnx_ir as ir
+
+
+class Role(enum.Enum):
+    """A vertex's part in painting (TensorFlow AMP's allow/deny/infer/clear, plus fixed vertices)."""
+
+    ALLOW = "allow"  # wants low precision
+    DENY = "deny"  # must stay FP32
+    INFER = "infer"  # FOLLOW: low precision only between low-precision neighbours
+    CLEAR = "clear"  # PASS: joins low-precision neighbours
+    FIXED = "fixed"  # dtype cannot change
+
+
+class Rule(enum.Enum):
+    """Stable ids of the rules that decide a vertex's precision."""
+
+    POLICY_LOW = "policy.low"
+    POLICY_HIGH_RANGE = "policy.high.range"
+    POLICY_HIGH_ARITHMETIC = "policy.high.arithmetic"
+    POLICY_FP32_INSIDE = "policy.high.fp32-inside"
+    POLICY_FOLLOW = "policy.follow"
+    POLICY_PASS = "policy.pass"
+    UNKNOWN_OP = "policy.unknown-op"
+    USER_BLOCK_OP = "user.block-op"
+    USER_BLOCK_NODE = "user.block-node"
+    CONSTANT_OVERFLOW = "constant.overflow"
+    CONSTANT_UNDERFLOW = "constant.underflow"
+    PAINT_DENY = "paint.deny-forward"
+    PAINT_BETWEEN_LOW = "paint.between-low"
+    PAINT_PASS = "paint.pass-spread"
+    PAINT_DEFAULT = "paint.default-fp32"
+    FIXED = "fixed"
+
+
+@dataclasses.dataclass
+class Decision:
+    dtype: ir.DataType
+    rule: Rule
+    reason: str
+
+
+@dataclasses.dataclass
+class PrecisionPlan:
+    """Per vertex: its painting role (with the rule that gave it) and, after painting, its dtype."""
+
+    roles: dict[int, Role] = dataclasses.field(default_factory=dict)
+    role_rules: dict[int, tuple[Rule, str]] = dataclasses.field(default_factory=dict)
+    decisions: dict[int, Decision] = dataclasses.field(default_factory=dict)
+
+    def set_role(self, vid: int, role: Role, rule: Rule, reason: str) -> None:
+        self.roles[vid] = role
+        self.role_rules[vid] = (rule, reason)
+
+    def decide(self, vid: int, dtype: ir.DataType, rule: Rule, reason: str) -> None:
+        self.decisions[vid] = Decision(dtype, rule, reason)

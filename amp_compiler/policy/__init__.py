@@ -1,0 +1,11 @@
+"""The precision policy: one declarative table of op categories, each with a reason."""
+
+from amp_compiler.policy.table import (
+    Category,
+    OpPolicy,
+    PolicyTable,
+    Sensitivity,
+    default_table,
+)
+
+__all__ = ["Category", "OpPolicy", "PolicyTable", "Sensitivity", "default_table"]

@@ -1,0 +1,99 @@
+"""Loads the op policy table (``onnx_ops.toml``) into typed records.
+
+The table is data: one entry per (domain, op) with a category, a human reason, and for ops that only
+need FP32 arithmetic inside, the providers whose kernels already accumulate in FP32 (with a source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import tomllib
+from importlib import resources
+
+from amp_compiler.targets import Provider
+
+
+class Category(enum.Enum):
+    LOW = "LOW"  # Tensor Core ops: compute in FP16/BF16 whenever possible
+    HIGH = "HIGH"  # range- or precision-sensitive: compute in FP32
+    FOLLOW = "FOLLOW"  # numeric op whose precision follows its neighbours
+    PASS = "PASS"  # data movement, precision neutral
+    NONFLOAT = "NONFLOAT"  # never touched
+
+
+class Sensitivity(enum.Enum):
+    RANGE = "range"  # values overflow/underflow FP16: FP32 inputs and outputs
+    ARITHMETIC = "arithmetic"  # needs FP32 accumulation inside only
+
+
+@dataclasses.dataclass(frozen=True)
+class OpPolicy:
+    op: str
+    domain: str
+    category: Category
+    reason: str
+    sensitivity: Sensitivity | None = None
+    fp32_inside: dict[str, str] = dataclasses.field(default_factory=dict)
+    dtype_attr: str | None = None
+    refs: str = ""
+
+    def accumulates_fp32_on(self, provider: Provider) -> bool:
+        """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
+        return self.sensitivity is Sensitivity.ARITHMETIC and provider.value in self.fp32_inside
+
+
+def _normal_domain(domain: str) -> str:
+    return "ai.onnx" if domain in ("", "ai.onnx") else domain
+
+
+class PolicyTable:
+    """Lookup of :class:`OpPolicy` by (domain, op type)."""
+
+    def __init__(self, entries: list[OpPolicy]):
+        self._entries: dict[tuple[str, str], OpPolicy] = {}
+        for e in entries:
+            key = (_normal_domain(e.domain), e.op)
+            if key in self._entries:
+                raise ValueError(f"duplicate policy entry {key}")
+            self._entries[key] = e
+
+    def get(self, domain: str, op: str) -> OpPolicy | None:
+        return self._entries.get((_normal_domain(domain), op))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self):
+        return iter(self._entries.values())
+
+    def op_names(self) -> set[str]:
+        return {op for _, op in self._entries}
+
+    @classmethod
+    def from_toml(cls, text: str) -> PolicyTable:
+        data = tomllib.loads(text)
+        entries = []
+        for raw in data.get("op", []):
+            sens = raw.get("sensitivity")
+            entries.append(
+                OpPolicy(
+                    op=raw["op"],
+                    domain=raw.get("domain", "ai.onnx"),
+                    category=Category(raw["category"]),
+                    reason=raw["reason"],
+                    sensitivity=Sensitivity(sens) if sens else None,
+                    fp32_inside=dict(raw.get("fp32_inside", {})),
+                    dtype_attr=raw.get("dtype_attr"),
+                    refs=raw.get("refs", ""),
+                )
+            )
+        return cls(entries)
+
+
+@functools.cache
+def default_table() -> PolicyTable:
+    """The table shipped with the package (read once; it is immutable)."""
+    text = resources.files("amp_compiler.policy").joinpath("onnx_ops.toml").read_text("utf-8")
+    return PolicyTable.from_toml(text)

@@ -1,0 +1,22 @@
+"""Graph passes, installed as ``amp_compiler.passes``.
+
+Analysis passes read a :class:`~amp_compiler.graph.PrecisionGraph` and write a
+:class:`~amp_compiler.plan.PrecisionPlan` (they never edit the model):
+``ClassifyPass`` (policy roles), ``ConstantRangePass`` (unrepresentable constants), ``PaintPass``
+(propagation). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
+``LowerPlanPass`` (apply the plan) and ``RemoveCancellingCastsPass`` (cleanup).
+"""
+
+from amp_compiler.passes.classify import ClassifyPass
+from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
+from amp_compiler.passes.constants import ConstantRangePass
+from amp_compiler.passes.lower import LowerPlanPass
+from amp_compiler.passes.paint import PaintPass
+
+__all__ = [
+    "ClassifyPass",
+    "ConstantRangePass",
+    "LowerPlanPass",
+    "PaintPass",
+    "RemoveCancellingCastsPass",
+]

@@ -1,0 +1,68 @@
+"""Classify: give every vertex its painting role from the policy table and the user's overrides.
+
+Guarantees: every vertex gets exactly one role and a rule id with a reason. Fixed vertices (dtype
+cannot change) are FIXED; user-blocked ops and nodes are DENY; HIGH ops are DENY, except
+``arithmetic`` HIGH ops whose kernel on the target provider computes in FP32 inside, which are INFER
+(they take low-precision inputs and outputs when their neighbours do); LOW ops are ALLOW; FOLLOW is
+INFER; PASS is CLEAR.
+
+Precedence, highest first: fixed by the schema or the model > user ``block_nodes`` > user
+``block_ops`` > the policy table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.plan import PrecisionPlan, Role, Rule
+from amp_compiler.policy import Category, Sensitivity
+from amp_compiler.targets import Provider
+
+
+@dataclasses.dataclass
+class ClassifyPass:
+    provider: Provider = Provider.CUDA
+    block_ops: frozenset[str] = frozenset()
+    block_nodes: tuple[re.Pattern, ...] = ()
+
+    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        unknown = set(graph.unknown_ops)
+        for vertex in graph.vertices:
+            role, rule, reason = self._classify(vertex, vertex.node in unknown)
+            plan.set_role(vertex.id, role, rule, reason)
+
+    def _classify(self, vertex: Vertex, unknown_op: bool) -> tuple[Role, Rule, str]:
+        node = vertex.node
+        if not vertex.free:
+            rule = Rule.UNKNOWN_OP if unknown_op else Rule.FIXED
+            return Role.FIXED, rule, f"keeps its dtype: {vertex.fixed_reason}"
+        if node is not None:
+            for pattern in self.block_nodes:
+                if pattern.search(node.name or ""):
+                    return Role.DENY, Rule.USER_BLOCK_NODE, f"FP32: node name matches --block-node {pattern.pattern!r}"
+            if node.op_type in self.block_ops:
+                return Role.DENY, Rule.USER_BLOCK_OP, f"FP32: user --block-op {node.op_type}"
+        policy = vertex.policy
+        category = vertex.category
+        if policy is None and node is not None and category is Category.HIGH:
+            return Role.DENY, Rule.UNKNOWN_OP, f"FP32: {node.op_type} is not in the policy table"
+        reason = policy.reason if policy is not None else "precision neutral"
+        op = node.op_type if node is not None else "graph I/O"
+        if category is Category.LOW:
+            return Role.ALLOW, Rule.POLICY_LOW, f"LOW: {op}: {reason}"
+        if category is Category.HIGH:
+            if policy.sensitivity is Sensitivity.ARITHMETIC:
+                if policy.accumulates_fp32_on(self.provider):
+                    return (
+                        Role.INFER,
+                        Rule.POLICY_FP32_INSIDE,
+                        f"follows its neighbours: {op}'s {self.provider.value} kernel computes in "
+                        f"FP32 inside ({policy.fp32_inside[self.provider.value]})",
+                    )
+                return Role.DENY, Rule.POLICY_HIGH_ARITHMETIC, f"HIGH: {op}: {reason}"
+            return Role.DENY, Rule.POLICY_HIGH_RANGE, f"HIGH: {op} is range-sensitive: {reason}"
+        if category is Category.FOLLOW:
+            return Role.INFER, Rule.POLICY_FOLLOW, f"FOLLOW: {op}: {reason}"
+        return Role.CLEAR, Rule.POLICY_PASS, f"PASS: {op}: {reason}"

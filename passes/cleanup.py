@@ -1,0 +1,52 @@
+"""Cleanup: remove Cast pairs that cancel exactly.
+
+Guarantees: a Cast whose input comes from a lossless widening Cast of a tensor already in the
+requested dtype (``x:fp16 -> Cast(fp32) -> Cast(fp16)``) is bypassed: its users read ``x`` directly.
+Lossy pairs (``fp32 -> fp16 -> fp32``) are kept: they change values. Graph outputs are never bypassed
+(their names are part of the model's interface). A widening Cast left without users by a bypass is
+removed; no other node is.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from amp_compiler.graph import iter_graphs
+
+# (narrow, wide): widening narrow -> wide and back is exact.
+_LOSSLESS = {
+    (ir.DataType.FLOAT16, ir.DataType.FLOAT),
+    (ir.DataType.BFLOAT16, ir.DataType.FLOAT),
+    (ir.DataType.FLOAT16, ir.DataType.DOUBLE),
+    (ir.DataType.BFLOAT16, ir.DataType.DOUBLE),
+    (ir.DataType.FLOAT, ir.DataType.DOUBLE),
+}
+
+
+def _is_cast(node: ir.Node | None) -> bool:
+    return node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx")
+
+
+class RemoveCancellingCastsPass(ir.passes.InPlacePass):
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for graph in list(iter_graphs(model.graph)):
+            for node in list(graph):
+                if not _is_cast(node):
+                    continue
+                inner = node.inputs[0].producer() if node.inputs[0] is not None else None
+                if not _is_cast(inner) or inner.inputs[0] is None:
+                    continue
+                origin = inner.inputs[0]
+                out = node.outputs[0]
+                if origin.dtype != out.dtype or out.is_graph_output():
+                    continue
+                if (origin.dtype, inner.outputs[0].dtype) not in _LOSSLESS:
+                    continue
+                out.replace_all_uses_with(origin)
+                graph.remove(node, safe=True)
+                widened = inner.outputs[0]
+                if not widened.uses() and not widened.is_graph_output():
+                    inner.graph.remove(inner, safe=True)
+                modified = True
+        return ir.passes.PassResult(model, modified)

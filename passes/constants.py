@@ -1,0 +1,108 @@
+"""Constant ranges: keep in FP32 every vertex that reads a constant the target cannot represent.
+
+Guarantees: no initializer or Constant value is clamped or flushed silently. A vertex that reads a
+constant with a finite value beyond the target's range (it would become inf), or with non-zero values
+that would flush to zero (a ``Clip(1e-9, ...)`` bound, an epsilon), is pinned to FP32 (DENY) with the
+offending values in its reason. Infinities are representable and convert exactly.
+
+Underflow of a few elements of a large weight matrix is harmless and does not pin: the rule fires for
+small tensors (bounds, epsilons, scales: at most ``small_size`` elements) with any flushed value, and
+for larger ones when more than ``max_flushed_share`` of their non-zeros flush.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from amp_compiler.graph import PrecisionGraph
+from amp_compiler.plan import PrecisionPlan, Role, Rule
+from amp_compiler.targets import Target
+
+
+def constant_array(value: ir.Value) -> np.ndarray | None:
+    """The value of an initializer or Constant node output, or None if it has none we can read."""
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is None or producer.op_type != "Constant":
+        return None
+    for name, attr in producer.attributes.items():
+        if name == "value":
+            return attr.value.numpy()
+        if name == "value_float":
+            return np.array(attr.value, dtype=np.float32)
+        if name == "value_floats":
+            return np.array(attr.value, dtype=np.float32)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeStats:
+    size: int
+    overflow: int  # finite values that become inf
+    flushed: int  # non-zero values that become zero
+    nonzero: int
+    absmax: float
+    min_nonzero_abs: float
+
+
+def range_stats(array: np.ndarray, target: Target) -> RangeStats:
+    arr = np.asarray(array, dtype=np.float32)
+    low = arr.astype(target.numpy_dtype).astype(np.float32)
+    finite = np.isfinite(arr)
+    nonzero = arr != 0
+    absval = np.abs(arr[finite & nonzero])
+    return RangeStats(
+        size=int(arr.size),
+        overflow=int(np.count_nonzero(finite & ~np.isfinite(low))),
+        flushed=int(np.count_nonzero(nonzero & (low == 0))),
+        nonzero=int(np.count_nonzero(nonzero)),
+        absmax=float(absval.max()) if absval.size else 0.0,
+        min_nonzero_abs=float(absval.min()) if absval.size else 0.0,
+    )
+
+
+@dataclasses.dataclass
+class ConstantRangePass:
+    target: Target
+    small_size: int = 64
+    max_flushed_share: float = 0.01
+
+    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        cache: dict[int, RangeStats | None] = {}
+        for vertex in graph.vertices:
+            if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
+                continue
+            for value in vertex.constants:
+                if value.dtype is not ir.DataType.FLOAT:
+                    continue
+                key = id(value)
+                if key not in cache:
+                    arr = constant_array(value)
+                    cache[key] = None if arr is None else range_stats(arr, self.target)
+                stats = cache[key]
+                if stats is None:
+                    continue
+                verdict = self._verdict(value, stats)
+                if verdict is not None:
+                    plan.set_role(vertex.id, Role.DENY, *verdict)
+                    break
+
+    def _verdict(self, value: ir.Value, s: RangeStats) -> tuple[Rule, str] | None:
+        name = self.target.value.upper()
+        if s.overflow:
+            return (
+                Rule.CONSTANT_OVERFLOW,
+                f"FP32: constant {value.name!r} holds {s.overflow} value(s) up to |x| = {s.absmax:.3g}, "
+                f"beyond {name}'s range ({self.target.max:.6g})",
+            )
+        if s.flushed and (s.size <= self.small_size or s.flushed > self.max_flushed_share * s.nonzero):
+            return (
+                Rule.CONSTANT_UNDERFLOW,
+                f"FP32: constant {value.name!r} holds {s.flushed} non-zero value(s) down to "
+                f"|x| = {s.min_nonzero_abs:.3g} that would flush to zero in {name}",
+            )
+        return None

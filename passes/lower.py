@@ -1,0 +1,232 @@
+"""Lower a precision plan onto the ONNX model.
+
+Guarantees:
+- every slot gets the dtype its vertex was given: node outputs and graph inputs are retyped, the
+  attributes that set an output's type (Cast ``to``, ConstantOfShape ``value``, ``dtype``) follow;
+- where a tensor's dtype differs from what a user needs, exactly one Cast per (tensor, dtype) is
+  inserted right after the tensor's producer (or at the top of its graph), shared by all users in
+  every nested subgraph;
+- constants are converted offline, never through a Cast node: in place when every user wants the
+  new dtype, else as one converted copy per dtype;
+- graph outputs keep their names: when an output needs a Cast, the Cast's output takes the name;
+- nothing else changes (names, metadata, functions, attributes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from amp_compiler.graph import PrecisionGraph, Slot, SlotKind, is_constant, iter_graphs
+from amp_compiler.plan import PrecisionPlan
+from amp_compiler.passes.constants import constant_array
+
+_NUMPY = {
+    ir.DataType.FLOAT: np.dtype(np.float32),
+    ir.DataType.DOUBLE: np.dtype(np.float64),
+}
+_SHORT = {
+    ir.DataType.FLOAT: "fp32",
+    ir.DataType.FLOAT16: "fp16",
+    ir.DataType.BFLOAT16: "bf16",
+    ir.DataType.DOUBLE: "fp64",
+}
+
+
+def numpy_dtype(dtype: ir.DataType) -> np.dtype:
+    return _NUMPY.get(dtype) or dtype.numpy()
+
+
+@dataclasses.dataclass
+class CastRecord:
+    """A Cast node that lowering inserted, and the users it serves."""
+
+    node: ir.Node
+    source: ir.Value
+    to: ir.DataType
+    users: list[Slot]
+
+
+class _Names:
+    """Fresh, deterministic value and node names that collide with nothing in the model."""
+
+    def __init__(self, model: ir.Model):
+        self.taken: set[str] = set()
+        for g in iter_graphs(model.graph):
+            self.taken.update(v.name for v in g.inputs if v.name)
+            self.taken.update(g.initializers)
+            for node in g:
+                if node.name:
+                    self.taken.add(node.name)
+                self.taken.update(v.name for v in node.outputs if v.name)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            name = f"{base}_{k}"
+            k += 1
+        self.taken.add(name)
+        return name
+
+
+class LowerPlanPass(ir.passes.InPlacePass):
+    """Apply a :class:`PrecisionPlan` computed on ``graph`` (built from the same model object)."""
+
+    def __init__(self, graph: PrecisionGraph, plan: PrecisionPlan):
+        super().__init__()
+        self.graph = graph
+        self.plan = plan
+        self.casts: list[CastRecord] = []
+        self.converted_constants: dict[str, ir.DataType] = {}
+
+    def _dtype(self, slot: Slot) -> ir.DataType | None:
+        vid = self.graph.slot_vertex[slot]
+        dtype = self.plan.decisions[vid].dtype
+        return None if dtype is ir.DataType.UNDEFINED else dtype
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if model is not self.graph.model:
+            raise ValueError("the plan was computed on another model object")
+        names = _Names(model)
+        modified = self._retype_definitions()
+        requests = self._requests()
+        for value, by_dtype in requests.items():
+            if is_constant(value):
+                modified |= self._convert_constant(value, by_dtype, names)
+            else:
+                for dtype, users in by_dtype.items():
+                    self._insert_cast(value, dtype, users, names)
+                    modified = True
+        return ir.passes.PassResult(model, modified)
+
+    # -- definitions ---------------------------------------------------------------------------
+    def _retype_definitions(self) -> bool:
+        modified = False
+        for slot, vid in self.graph.slot_vertex.items():
+            if not slot.defines:
+                continue
+            dtype = self._dtype(slot)
+            value = slot.value
+            if dtype is None or value.dtype == dtype:
+                continue
+            value.type = ir.TensorType(dtype)
+            modified = True
+            if slot.kind is SlotKind.NODE_OUT:
+                self._retarget_attribute(slot.owner, dtype)
+        return modified
+
+    def _retarget_attribute(self, node: ir.Node, dtype: ir.DataType) -> None:
+        vertex = self.graph.vertex_of(Slot(SlotKind.NODE_OUT, node, 0))
+        policy = vertex.policy if vertex is not None else None
+        name = policy.dtype_attr if policy is not None else None
+        attr = node.attributes.get(name) if name else None
+        if attr is None:
+            return
+        if attr.type == ir.AttributeType.INT:
+            node.attributes[name] = ir.AttrInt64(name, int(dtype))
+        elif attr.type == ir.AttributeType.TENSOR:
+            arr = attr.value.numpy().astype(numpy_dtype(dtype))
+            node.attributes[name] = ir.AttrTensor(name, ir.tensor(arr, name=attr.value.name))
+
+    # -- uses ----------------------------------------------------------------------------------
+    def _requests(self) -> dict[ir.Value, dict[ir.DataType, list[Slot]]]:
+        """For each tensor: the dtypes its users need that differ from its own, and who needs them."""
+        requests: dict[ir.Value, dict[ir.DataType, list[Slot]]] = {}
+        for slot in self.graph.slot_vertex:
+            if slot.defines:
+                continue
+            dtype = self._dtype(slot)
+            value = slot.value
+            if dtype is None or value is None or value.dtype == dtype:
+                continue
+            requests.setdefault(value, {}).setdefault(dtype, []).append(slot)
+        return requests
+
+    def _insert_cast(self, value: ir.Value, dtype: ir.DataType, users: list[Slot], names: _Names) -> None:
+        graph_out = [s for s in users if s.kind is SlotKind.GRAPH_OUT]
+        short = _SHORT.get(dtype, dtype.name.lower())
+        if graph_out:
+            # The graph output keeps its name: the Cast's output takes it, the tensor is renamed.
+            out_name = value.name
+            value.name = names.fresh(f"{out_name}_{_SHORT.get(value.dtype, 'src')}")
+        else:
+            out_name = names.fresh(f"{value.name}_{short}")
+        out = ir.Value(name=out_name, type=ir.TensorType(dtype), shape=value.shape)
+        cast = ir.Node(
+            "",
+            "Cast",
+            [value],
+            attributes=[ir.AttrInt64("to", int(dtype))],
+            outputs=[out],
+            name=names.fresh(f"{out_name}/Cast"),
+        )
+        producer = value.producer()
+        if producer is not None:
+            producer.graph.insert_after(producer, cast)
+        else:
+            home = value.graph
+            if len(home) > 0:
+                home.insert_before(next(iter(home)), cast)
+            else:
+                home.append(cast)
+        for slot in users:
+            self._rewire(slot, out)
+        self.casts.append(CastRecord(cast, value, dtype, users))
+
+    @staticmethod
+    def _rewire(slot: Slot, new: ir.Value) -> None:
+        if slot.kind is SlotKind.NODE_IN:
+            slot.owner.replace_input_with(slot.index, new)
+        else:
+            slot.owner.outputs[slot.index] = new
+
+    def _convert_constant(
+        self, value: ir.Value, by_dtype: dict[ir.DataType, list[Slot]], names: _Names
+    ) -> bool:
+        array = constant_array(value)
+        if array is None:
+            return False
+        n_requested = sum(len(users) for users in by_dtype.values())
+        n_uses = len(value.uses()) + int(value.is_graph_output())
+        in_place = len(by_dtype) == 1 and n_requested >= n_uses and not value.is_graph_output()
+        for dtype, users in by_dtype.items():
+            converted = np.asarray(array).astype(numpy_dtype(dtype))
+            if in_place:
+                self._replace_constant(value, converted, dtype)
+                self.converted_constants[value.name] = dtype
+                continue
+            name = names.fresh(f"{value.name}_{_SHORT.get(dtype, dtype.name.lower())}")
+            new = self._new_constant(value, converted, name, dtype)
+            self.converted_constants[name] = dtype
+            for slot in users:
+                self._rewire(slot, new)
+        return True
+
+    @staticmethod
+    def _replace_constant(value: ir.Value, array: np.ndarray, dtype: ir.DataType) -> None:
+        producer = value.producer()
+        tensor = ir.tensor(array, name=value.name)
+        if producer is not None:  # a Constant node
+            producer.attributes.clear()
+            producer.attributes["value"] = ir.AttrTensor("value", tensor)
+        else:
+            value.const_value = tensor
+        value.type = ir.TensorType(dtype)
+
+    @staticmethod
+    def _new_constant(value: ir.Value, array: np.ndarray, name: str, dtype: ir.DataType) -> ir.Value:
+        tensor = ir.tensor(array, name=name)
+        producer = value.producer()
+        if producer is not None:  # a Constant node: add a converted twin right after it
+            out = ir.Value(name=name, type=ir.TensorType(dtype), shape=value.shape)
+            twin = ir.Node(
+                "", "Constant", [], attributes=[ir.AttrTensor("value", tensor)], outputs=[out],
+                name=name,
+            )
+            producer.graph.insert_after(producer, twin)
+            return out
+        new = ir.Value(name=name, type=ir.TensorType(dtype), shape=value.shape, const_value=tensor)
+        value.graph.register_initializer(new)
+        return new

@@ -1,0 +1,129 @@
+"""Paint: decide every vertex's precision from its role, by propagation (TensorFlow AMP's painting).
+
+Steps (DESIGN section 4):
+1. ALLOW vertices start low precision.
+2. DENY spreads forward through INFER vertices, and through CLEAR vertices that lead to a DENY or
+   INFER vertex, stopping at ALLOW vertices: an Add fed by Exp stays FP32.
+3. INFER/CLEAR vertices with a low-precision ancestor and a low-precision descendant (through
+   INFER/CLEAR vertices not painted DENY) become low precision. Vertices whose float inputs are all
+   constants count as low-precision ancestors: constants are converted offline, at no cost.
+4. Low precision spreads through CLEAR vertices in both directions.
+5. Values that must share a dtype (If outputs, Loop-carried values) are one vertex already.
+
+Guarantees: every vertex gets a decision; FIXED vertices keep their dtype; DENY vertices are FP32;
+only free vertices become low precision. Runs in O(V + E).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import onnx_ir as ir
+
+from amp_compiler.graph import PrecisionGraph
+from amp_compiler.plan import PrecisionPlan, Role, Rule
+
+
+def _bfs(
+    seeds: Iterable[int], neighbours: Callable[[int], Iterable[int]], admit: Callable[[int], bool]
+) -> dict[int, int]:
+    """Vertices reachable from ``seeds`` through admitted vertices, each with the seed it came from."""
+    parent: dict[int, int] = {}
+    queue = deque()
+    for s in seeds:
+        if s not in parent:
+            parent[s] = s
+            queue.append(s)
+    while queue:
+        v = queue.popleft()
+        for w in neighbours(v):
+            if w not in parent and admit(w):
+                parent[w] = parent[v]
+                queue.append(w)
+    return parent
+
+
+@dataclasses.dataclass
+class PaintPass:
+    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        g = graph.digraph
+        roles = plan.roles
+        low = graph.target.dtype
+        succ = lambda v: g.succ[v]  # noqa: E731
+        pred = lambda v: g.pred[v]  # noqa: E731
+        vertices = graph.vertices
+
+        # 1. Low-precision seeds: ALLOW vertices and vertices already in the low dtype.
+        allow = {v.id for v in vertices if roles[v.id] is Role.ALLOW}
+        allow |= {v.id for v in vertices if roles[v.id] is Role.FIXED and v.dtype == low}
+
+        # 2. DENY forward through INFER and through CLEAR that lead to DENY/INFER.
+        deny_seeds = [v.id for v in vertices if roles[v.id] is Role.DENY]
+        upstream = _bfs(
+            [v.id for v in vertices if roles[v.id] in (Role.DENY, Role.INFER)],
+            pred,
+            lambda w: roles[w] is Role.CLEAR,
+        )
+        painted_deny = _bfs(
+            deny_seeds,
+            succ,
+            lambda w: roles[w] is Role.INFER or (roles[w] is Role.CLEAR and w in upstream),
+        )
+
+        def open_(w: int) -> bool:
+            return roles[w] in (Role.INFER, Role.CLEAR) and w not in painted_deny
+
+        # 3. Between low-precision vertices.
+        const_fed = [
+            v.id for v in vertices if v.constants and open_(v.id) and g.in_degree(v.id) == 0
+        ]
+        below_low = _bfs(list(allow) + const_fed, succ, open_)
+        above_low = _bfs(allow, pred, open_)
+        between = {v for v in below_low if v in above_low and open_(v)}
+
+        # 4. Through CLEAR vertices, both directions.
+        seeds = allow | between
+        spread = _bfs(
+            seeds,
+            lambda v: list(g.succ[v]) + list(g.pred[v]),
+            lambda w: roles[w] is Role.CLEAR and w not in painted_deny,
+        )
+
+        for v in vertices:
+            vid = v.id
+            role = roles[vid]
+            rule, reason = plan.role_rules[vid]
+            if role is Role.FIXED:
+                plan.decide(vid, v.dtype or ir.DataType.UNDEFINED, rule, reason)
+            elif role is Role.ALLOW:
+                plan.decide(vid, low, rule, reason)
+            elif role is Role.DENY:
+                plan.decide(vid, ir.DataType.FLOAT, rule, reason)
+            elif vid in painted_deny:
+                src = painted_deny[vid]
+                plan.decide(
+                    vid,
+                    ir.DataType.FLOAT,
+                    Rule.PAINT_DENY,
+                    f"FP32: downstream of {vertices[src].describe()}, which is FP32 "
+                    f"({plan.role_rules[src][0].value})",
+                )
+            elif vid in between:
+                plan.decide(vid, low, Rule.PAINT_BETWEEN_LOW, f"{_short(role)}: between low-precision ops")
+            elif vid in spread:
+                src = spread[vid]
+                plan.decide(
+                    vid, low, Rule.PAINT_PASS,
+                    f"PASS: precision neutral, joins low-precision {vertices[src].describe()}",
+                )
+            else:
+                plan.decide(
+                    vid, ir.DataType.FLOAT, Rule.PAINT_DEFAULT,
+                    f"FP32: {_short(role)} op without low-precision neighbours on both sides",
+                )
+
+
+def _short(role: Role) -> str:
+    return "FOLLOW" if role is Role.INFER else "PASS"
