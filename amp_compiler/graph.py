@@ -261,8 +261,11 @@ class _Builder:
             for s in slots[1:]:
                 self.uf.union(slots[0], s)
         # Input-only type parameters follow the node's main group (the one of its first output).
+        # Not for conversion ops (Cast, CastLike: ``dtype_attr``), whose input and output types differ.
         main = next((k for k, has_out in group_has_output.items() if has_out), None)
-        if main is not None and not isinstance(main, tuple):
+        policy = self.policy.get(node.domain, node.op_type)
+        converts = policy is not None and policy.dtype_attr is not None
+        if main is not None and not isinstance(main, tuple) and not converts:
             for key, slots in groups.items():
                 if not group_has_output[key] and not isinstance(key, tuple):
                     if self.target.type_str in (self.allowed[slots[0]] or ()):

@@ -51,7 +51,8 @@ class RangeStats:
 
 def range_stats(array: np.ndarray, target: Target) -> RangeStats:
     arr = np.asarray(array, dtype=np.float32)
-    low = arr.astype(target.numpy_dtype).astype(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        low = arr.astype(target.numpy_dtype).astype(np.float32)
     finite = np.isfinite(arr)
     nonzero = arr != 0
     absval = np.abs(arr[finite & nonzero])

@@ -1,0 +1,65 @@
+"""Checks a converted model must pass: validity, and accuracy against the FP32 model.
+
+Used by the tests after every conversion, and by benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+
+
+def validate(model: onnx.ModelProto) -> None:
+    """Raise if the model fails onnx's full checker or strict shape inference."""
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of ``model`` on onnxruntime's CPU provider, in graph-output order."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputAccuracy:
+    name: str
+    cosine: float
+    max_abs_error: float
+    value_range: float
+    finite: bool
+
+    @property
+    def error_of_range(self) -> float:
+        return self.max_abs_error / self.value_range if self.value_range > 0 else (
+            0.0 if self.max_abs_error == 0 else float("inf")
+        )
+
+
+def compare(name: str, reference: np.ndarray, got: np.ndarray) -> OutputAccuracy:
+    """Accuracy of one float output against its FP32 reference."""
+    ref = np.asarray(reference, dtype=np.float64).ravel()
+    out = np.asarray(got, dtype=np.float64).ravel()
+    both = np.isfinite(ref) & np.isfinite(out)
+    same_inf = np.isinf(ref) & (ref == out)
+    if not np.all(both | same_inf):  # a NaN or inf where FP32 has a finite value (or another one)
+        return OutputAccuracy(name, float("nan"), float("inf"), 0.0, False)
+    r, o = ref[both], out[both]
+    if r.size == 0:
+        return OutputAccuracy(name, 1.0, 0.0, 0.0, True)
+    nr, no = np.linalg.norm(r), np.linalg.norm(o)
+    if nr == 0 and no == 0:
+        cosine = 1.0
+    elif nr == 0 or no == 0:
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(r, o) / (nr * no))
+    return OutputAccuracy(name, cosine, float(np.max(np.abs(r - o))), float(r.max() - r.min()), True)
