@@ -1,0 +1,132 @@
+"""Every catalog model converts to FP16 and BF16: valid, runs, and matches FP32.
+
+Small (CI-size) entries run by default; full-size entries are marked slow.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import pytest
+
+from amp_compiler import convert
+from amp_compiler.checks import compare, run_onnxruntime, validate
+from amp_compiler.emulate import emulate_bf16
+from models import catalog
+
+SMALL = catalog.entries("small")
+FULL = catalog.entries("full")
+TENSOR_CORE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU"}
+PARAMS = [pytest.param(e, id=e.name) for e in SMALL] + [
+    pytest.param(e, id=e.name, marks=pytest.mark.slow) for e in FULL
+]
+
+
+@functools.cache
+def _fp32(name: str) -> onnx.ModelProto:
+    return catalog.load(name)
+
+
+@functools.cache
+def _converted(name: str, target: str):
+    return convert(_fp32(name), target=target)
+
+
+@functools.cache
+def _reference(name: str):
+    entry = catalog.get(name)
+    feeds = entry.make_inputs(np.random.default_rng(0))
+    return feeds, run_onnxruntime(_fp32(name), feeds)
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return np.issubdtype(np.asarray(a).dtype, np.floating)
+
+
+def assert_matches_fp32(entry, model: onnx.ModelProto) -> list:
+    feeds, ref = _reference(entry.name)
+    got = run_onnxruntime(model, feeds)
+    names = [o.name for o in _fp32(entry.name).graph.output]
+    results = []
+    for name, r, g in zip(names, ref, got):
+        if not _is_float(r):
+            np.testing.assert_array_equal(g, r, err_msg=f"non-float output {name} differs")
+            continue
+        acc = compare(name, r, g)
+        assert acc.finite, f"{name}: NaN/Inf where FP32 is finite"
+        assert acc.cosine >= entry.tolerance.min_cosine, f"{name}: cosine {acc.cosine:.6f}"
+        assert acc.error_of_range <= entry.tolerance.max_error_of_range, (
+            f"{name}: max error {acc.max_abs_error:.4g} is {acc.error_of_range:.2%} of the range"
+        )
+        results.append(acc)
+    return results
+
+
+@pytest.mark.parametrize("entry", PARAMS)
+def test_fp16_conversion_is_valid_and_accurate(entry):
+    r = _converted(entry.name, "fp16")
+    validate(r.model)
+    assert_matches_fp32(entry, r.model)
+    assert [i.name for i in r.model.graph.input] == [i.name for i in _fp32(entry.name).graph.input]
+    assert [o.name for o in r.model.graph.output] == [o.name for o in _fp32(entry.name).graph.output]
+
+
+@pytest.mark.parametrize("entry", PARAMS)
+def test_bf16_conversion_is_valid_and_accurate(entry):
+    r = _converted(entry.name, "bf16")
+    validate(r.model)
+    # onnxruntime's CPU provider has no BF16 kernels: run the exact FP32 emulation of the BF16 model.
+    assert_matches_fp32(entry, emulate_bf16(r.model))
+
+
+@pytest.mark.parametrize("entry", PARAMS)
+def test_converting_twice_changes_nothing(entry):
+    once = _converted(entry.name, "fp16").model
+    twice = convert(once, target="fp16").model
+    assert twice.SerializeToString() == once.SerializeToString()
+
+
+def test_tensor_core_ops_run_in_low_precision():
+    heavy = low = 0
+    for entry in SMALL:
+        for d in _converted(entry.name, "fp16").decisions:
+            if d.op_type in TENSOR_CORE_OPS:
+                heavy += 1
+                low += d.precision == "fp16"
+    assert heavy > 0 and low / heavy >= 0.95, f"{low}/{heavy} Tensor Core ops in fp16"
+
+
+@pytest.mark.parametrize("entry", [e for e in SMALL if e.weight_dominated], ids=lambda e: e.name)
+def test_weight_dominated_models_halve(entry):
+    before = _fp32(entry.name).ByteSize()
+    after = _converted(entry.name, "fp16").model.ByteSize()
+    assert after <= 0.52 * before, f"{after / before:.3f}x"
+
+
+def _casts_around(model: onnx.ModelProto, op_type: str) -> int:
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    count = 0
+    for n in model.graph.node:
+        if n.op_type != op_type:
+            continue
+        count += sum(1 for i in n.input if i in producers and producers[i].op_type == "Cast")
+        count += sum(1 for o in n.output for c in consumers.get(o, []) if c.op_type == "Cast")
+    return count
+
+
+@pytest.mark.parametrize("name", [e.name for e in SMALL if e.name.startswith("bert")])
+def test_bert_needs_no_casts_around_softmax_and_layernorm_on_cuda(name):
+    m = _converted(name, "fp16").model
+    ops = {n.op_type for n in m.graph.node}
+    assert "Softmax" in ops and "LayerNormalization" in ops
+    assert _casts_around(m, "Softmax") == 0
+    assert _casts_around(m, "LayerNormalization") == 0
+    # on the CPU provider (no FP32-inside kernels listed) the same model keeps them FP32 with casts
+    cpu = convert(_fp32(name), target="fp16", provider="cpu").model
+    assert _casts_around(cpu, "Softmax") > 0
