@@ -122,6 +122,7 @@ def convert(
     RemoveCancellingCastsPass()(ir_model)
     out = ir.to_proto(ir_model)
     out.ir_version = proto.ir_version
+    _keep_value_info_of(proto, out)
     n_casts = sum(
         1
         for g in _iter_proto_graphs(out.graph)
@@ -174,6 +175,20 @@ def _with_types(proto: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return proto
+
+
+def _keep_value_info_of(original: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """Keep value_info entries only for the tensors the input model described (with their new types).
+
+    Types inferred for the analysis are not written out: the output describes what the input
+    described, so converting a converted model gives back the same bytes.
+    """
+    described = {v.name for g in _iter_proto_graphs(original.graph) for v in g.value_info}
+    for g in _iter_proto_graphs(out.graph):
+        kept = [v for v in g.value_info if v.name in described]
+        if len(kept) != len(g.value_info):
+            del g.value_info[:]
+            g.value_info.extend(kept)
 
 
 def _iter_proto_graphs(graph: onnx.GraphProto):
@@ -255,6 +270,8 @@ def _node_decisions(
                 else:
                     precision = "mixed"
                 rule, reason = decision.rule.value, decision.reason
+                if main in plan.notes:
+                    reason = f"{reason}; {plan.notes[main]}"
             out.append(
                 NodeDecision(
                     graph=gpath,

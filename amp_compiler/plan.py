@@ -36,6 +36,7 @@ class Rule(enum.Enum):
     USER_BLOCK_NODE = "user.block-node"
     CONSTANT_OVERFLOW = "constant.overflow"
     CONSTANT_UNDERFLOW = "constant.underflow"
+    CONSTANT_MASK = "constant.mask-lowest"
     PAINT_DENY = "paint.deny-forward"
     PAINT_BETWEEN_LOW = "paint.between-low"
     PAINT_PASS = "paint.pass-spread"
@@ -57,6 +58,10 @@ class PrecisionPlan:
     roles: dict[int, Role] = dataclasses.field(default_factory=dict)
     role_rules: dict[int, tuple[Rule, str]] = dataclasses.field(default_factory=dict)
     decisions: dict[int, Decision] = dataclasses.field(default_factory=dict)
+    # Constants whose out-of-range values lowering replaces (value -> (replacement, why)), and notes
+    # that explain such rewrites on the vertices that read them.
+    constant_rewrites: dict[ir.Value, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    notes: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def set_role(self, vid: int, role: Role, rule: Rule, reason: str) -> None:
         self.roles[vid] = role

@@ -1,6 +1,7 @@
-"""Cleanup: remove Cast pairs that cancel exactly.
+"""Cleanup: remove Casts that change nothing, and Cast pairs that cancel exactly.
 
-Guarantees: a Cast whose input comes from a lossless widening Cast of a tensor already in the
+Guarantees: a Cast to the dtype its input already has (a model's ``Cast(to=fp16)`` after an op that
+now computes in FP16) is bypassed. A Cast whose input comes from a lossless widening Cast of a tensor already in the
 requested dtype (``x:fp16 -> Cast(fp32) -> Cast(fp16)``) is bypassed: its users read ``x`` directly.
 Lossy pairs (``fp32 -> fp16 -> fp32``) are kept: they change values. Graph outputs are never bypassed
 (their names are part of the model's interface). A widening Cast left without users by a bypass is
@@ -34,11 +35,17 @@ class RemoveCancellingCastsPass(ir.passes.InPlacePass):
             for node in list(graph):
                 if not _is_cast(node):
                     continue
+                out = node.outputs[0]
+                src = node.inputs[0]
+                if src is not None and src.dtype is not None and src.dtype == out.dtype and not out.is_graph_output():
+                    out.replace_all_uses_with(src)
+                    graph.remove(node, safe=True)
+                    modified = True
+                    continue
                 inner = node.inputs[0].producer() if node.inputs[0] is not None else None
                 if not _is_cast(inner) or inner.inputs[0] is None:
                     continue
                 origin = inner.inputs[0]
-                out = node.outputs[0]
                 if origin.dtype != out.dtype or out.is_graph_output():
                     continue
                 if (origin.dtype, inner.outputs[0].dtype) not in _LOSSLESS:

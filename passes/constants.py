@@ -5,6 +5,12 @@ constant with a finite value beyond the target's range (it would become inf), or
 that would flush to zero (a ``Clip(1e-9, ...)`` bound, an epsilon), is pinned to FP32 (DENY) with the
 offending values in its reason. Infinities are representable and convert exactly.
 
+One exception, stated in the decision: a large negative constant (float32's lowest, -3.4e38, or
+-1e9) that only feeds an additive attention mask into a Softmax stands for -infinity. Pinning it
+would keep every attention block in FP32; converting it to -inf gives NaN on fully masked rows. It
+becomes ``MASK_LOWEST`` (-32768, exact in FP16 and BF16): masked weights still come out exactly 0, and
+fully masked rows still come out uniform, as in FP32.
+
 Underflow of a few elements of a large weight matrix is harmless and does not pin: the rule fires for
 small tensors (bounds, epsilons, scales: at most ``small_size`` elements) with any flushed value, and
 for larger ones when more than ``max_flushed_share`` of their non-zeros flush.
@@ -17,9 +23,39 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from amp_compiler.graph import PrecisionGraph
+from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.targets import Target
+
+
+MASK_LOWEST = -32768.0
+# Ops an additive mask passes through on its way to the Softmax, and the ops it must end in.
+MASK_PATH_OPS = frozenset(
+    {"Where", "Add", "Sub", "Mul", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Cast", "Concat",
+     "Slice", "Transpose", "Tile", "Identity", "Max", "Min"}
+)
+MASK_SINK_OPS = frozenset({"Softmax", "LogSoftmax"})
+
+
+def feeds_only_softmax(graph: PrecisionGraph, start: Vertex) -> bool:
+    """True when every path from ``start`` runs through mask-building ops into a Softmax."""
+    seen, stack, reached = {start.id}, [start.id], False
+    while stack:
+        vertex = graph.vertices[stack.pop()]
+        op = vertex.node.op_type if vertex.node is not None else None
+        if op in MASK_SINK_OPS and vertex is not start:
+            reached = True
+            continue
+        if op not in MASK_PATH_OPS:
+            return False
+        succ = graph.digraph.succ[vertex.id]
+        if not succ:
+            return False  # the mask goes nowhere but a graph output
+        for w in succ:
+            if w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return reached
 
 
 def constant_array(value: ir.Value) -> np.ndarray | None:
@@ -43,6 +79,7 @@ def constant_array(value: ir.Value) -> np.ndarray | None:
 class RangeStats:
     size: int
     overflow: int  # finite values that become inf
+    overflow_max: float  # the largest of them (negative when all overflow downwards)
     flushed: int  # non-zero values that become zero
     nonzero: int
     absmax: float
@@ -56,9 +93,11 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
     finite = np.isfinite(arr)
     nonzero = arr != 0
     absval = np.abs(arr[finite & nonzero])
+    over = finite & ~np.isfinite(low)
     return RangeStats(
         size=int(arr.size),
-        overflow=int(np.count_nonzero(finite & ~np.isfinite(low))),
+        overflow=int(np.count_nonzero(over)),
+        overflow_max=float(arr[over].max()) if over.any() else 0.0,
         flushed=int(np.count_nonzero(nonzero & (low == 0))),
         nonzero=int(np.count_nonzero(nonzero)),
         absmax=float(absval.max()) if absval.size else 0.0,
@@ -86,6 +125,15 @@ class ConstantRangePass:
                     cache[key] = None if arr is None else range_stats(arr, self.target)
                 stats = cache[key]
                 if stats is None:
+                    continue
+                if stats.overflow and stats.overflow_max < 0 and feeds_only_softmax(graph, vertex):
+                    note = (
+                        f"constant {value.name!r} ({stats.absmax:.3g} below zero) is an attention "
+                        f"mask's -infinity: it becomes {MASK_LOWEST:g} in {self.target.value}, which "
+                        "gives the same softmax"
+                    )
+                    plan.constant_rewrites[value] = (MASK_LOWEST, note)
+                    plan.notes[vertex.id] = note
                     continue
                 verdict = self._verdict(value, stats)
                 if verdict is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -191,8 +192,14 @@ class LowerPlanPass(ir.passes.InPlacePass):
         n_requested = sum(len(users) for users in by_dtype.values())
         n_uses = len(value.uses()) + int(value.is_graph_output())
         in_place = len(by_dtype) == 1 and n_requested >= n_uses and not value.is_graph_output()
+        rewrite = self.plan.constant_rewrites.get(value)
         for dtype, users in by_dtype.items():
-            converted = np.asarray(array).astype(numpy_dtype(dtype))
+            source = np.asarray(array)
+            if rewrite is not None and dtype != value.dtype:
+                limit = float(ml_dtypes.finfo(numpy_dtype(dtype)).max)
+                source = np.where(np.isfinite(source) & (source < -limit), rewrite[0], source)
+            with np.errstate(over="ignore"):
+                converted = source.astype(numpy_dtype(dtype))
             if in_place:
                 self._replace_constant(value, converted, dtype)
                 self.converted_constants[value.name] = dtype

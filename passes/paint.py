@@ -5,8 +5,9 @@ Steps (DESIGN section 4):
 2. DENY spreads forward through INFER vertices, and through CLEAR vertices that lead to a DENY or
    INFER vertex, stopping at ALLOW vertices: an Add fed by Exp stays FP32.
 3. INFER/CLEAR vertices with a low-precision ancestor and a low-precision descendant (through
-   INFER/CLEAR vertices not painted DENY) become low precision. Vertices whose float inputs are all
-   constants count as low-precision ancestors: constants are converted offline, at no cost.
+   INFER/CLEAR vertices not painted DENY) become low precision. Vertices that read no other vertex
+   (their float inputs are constants, or they make floats from integers: a Cast from int64) count as
+   low-precision ancestors: they can produce either dtype at no cost.
 4. Low precision spreads through CLEAR vertices in both directions.
 5. Values that must share a dtype (If outputs, Loop-carried values) are one vertex already.
 
@@ -76,10 +77,8 @@ class PaintPass:
             return roles[w] in (Role.INFER, Role.CLEAR) and w not in painted_deny
 
         # 3. Between low-precision vertices.
-        const_fed = [
-            v.id for v in vertices if v.constants and open_(v.id) and g.in_degree(v.id) == 0
-        ]
-        below_low = _bfs(list(allow) + const_fed, succ, open_)
+        free_sources = [v.id for v in vertices if open_(v.id) and g.in_degree(v.id) == 0]
+        below_low = _bfs(list(allow) + free_sources, succ, open_)
         above_low = _bfs(allow, pred, open_)
         between = {v for v in below_low if v in above_low and open_(v)}
 
@@ -111,7 +110,7 @@ class PaintPass:
                     f"({plan.role_rules[src][0].value})",
                 )
             elif vid in between:
-                plan.decide(vid, low, Rule.PAINT_BETWEEN_LOW, f"{_short(role)}: between low-precision ops")
+                plan.decide(vid, low, Rule.PAINT_BETWEEN_LOW, f"{_label(plan, vid)}: between low-precision ops")
             elif vid in spread:
                 src = spread[vid]
                 plan.decide(
@@ -121,9 +120,12 @@ class PaintPass:
             else:
                 plan.decide(
                     vid, ir.DataType.FLOAT, Rule.PAINT_DEFAULT,
-                    f"FP32: {_short(role)} op without low-precision neighbours on both sides",
+                    f"FP32: {_label(plan, vid)}, without low-precision neighbours on both sides",
                 )
 
 
-def _short(role: Role) -> str:
-    return "FOLLOW" if role is Role.INFER else "PASS"
+def _label(plan: PrecisionPlan, vid: int) -> str:
+    rule, reason = plan.role_rules[vid]
+    if rule is Rule.POLICY_FP32_INSIDE:
+        return "HIGH op whose kernel " + reason.split("kernel ", 1)[-1]
+    return "FOLLOW op" if plan.roles[vid] is Role.INFER else "PASS op"

@@ -134,30 +134,61 @@ def test_cancelling_cast_pairs_are_removed():
     assert r.model.graph.node[0].input[0] == "h"
 
 
-def test_overflowing_constant_keeps_its_user_fp32_and_softmax_matches():
-    # Attention-style mask built from float32 min: must not become -inf silently.
-    n = 4
-    causal = np.tril(np.ones((n, n), bool))
-    m = model(
+def _masked_attention(n: int, causal: np.ndarray):
+    return model(
         [
             helper.make_node("MatMul", ["x", "wq"], ["s"], name="scores"),
-            helper.make_node("Where", ["causal", "s", "neg"], ["masked"], name="mask"),
+            helper.make_node("Where", ["causal", "zero", "neg"], ["mask"], name="mask"),
+            helper.make_node("Add", ["s", "mask"], ["masked"], name="add_mask"),
             helper.make_node("Softmax", ["masked"], ["p"], axis=-1, name="softmax"),
             helper.make_node("MatMul", ["p", "wv"], ["y"], name="pv"),
         ],
         [vi("x", F32, [n, n])], [vi("y", F32, [n, n])],
         [
             tensor("wq", weights((n, n))), tensor("wv", weights((n, n), seed=3)),
-            tensor("causal", causal), tensor("neg", np.array(np.finfo(np.float32).min, np.float32)),
+            tensor("causal", causal), tensor("zero", np.array(0, np.float32)),
+            tensor("neg", np.array(np.finfo(np.float32).min, np.float32)),
         ],
+    )
+
+
+@pytest.mark.parametrize("target", ["fp16", "bf16"])
+def test_float32_min_attention_mask_gives_the_same_softmax(target):
+    n = 4
+    causal = np.tril(np.ones((n, n), bool))
+    causal[0] = False  # one fully masked row: FP32 gives a uniform row, so must the conversion
+    m = _masked_attention(n, causal)
+    r = _convert(m, target=target)
+    d = {x.node: x for x in r.decisions}
+    assert d["mask"].precision == target and "-32768" in d["mask"].reason
+    assert d["add_mask"].precision == d["softmax"].precision == target
+    assert not _ops(r.model, "Cast")[2:]  # only the graph input's and output's casts
+    if target == "fp16":
+        x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+        a, b = _run_both(m, r, {"x": x})
+        acc = compare("y", a[0], b[0])
+        assert acc.finite and acc.cosine > 0.999
+
+
+def test_overflowing_constant_that_is_no_mask_keeps_its_user_fp32():
+    m = model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+            helper.make_node("Mul", ["a", "big"], ["b"], name="scale"),
+            helper.make_node("Div", ["b", "big"], ["c"], name="unscale"),
+            helper.make_node("MatMul", ["c", "w"], ["y"], name="mm2"),
+        ],
+        [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])],
+        [tensor("w", weights((4, 4))), tensor("big", np.array(1e6, np.float32))],
     )
     r = _convert(m)
     d = {x.node: x for x in r.decisions}
-    assert d["mask"].precision == "fp32" and d["mask"].rule == "constant.overflow"
-    x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    assert d["scale"].precision == "fp32" and d["scale"].rule == "constant.overflow"
+    big = next(i for i in r.model.graph.initializer if i.name == "big")
+    assert big.data_type == F32 and onnx.numpy_helper.to_array(big) == np.float32(1e6)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
     a, b = _run_both(m, r, {"x": x})
-    acc = compare("y", a[0], b[0])
-    assert acc.finite and acc.cosine > 0.999
+    assert compare("y", a[0], b[0]).cosine > 0.999
 
 
 def test_infinite_constants_convert_exactly():
