@@ -260,14 +260,20 @@ class _Builder:
         for slots in groups.values():
             for s in slots[1:]:
                 self.uf.union(slots[0], s)
-        # Input-only type parameters follow the node's main group (the one of its first output).
+        # Input-only type parameters follow the node's main group (the first one with an output).
         # Not for conversion ops (Cast, CastLike: ``dtype_attr``), whose input and output types differ.
         main = next((k for k, has_out in group_has_output.items() if has_out), None)
         policy = self.policy.get(node.domain, node.op_type)
         converts = policy is not None and policy.dtype_attr is not None
+        # Output-only groups whose type parameter belongs to an input that is absent (LinearAttention's
+        # present_state without past_state) take the main group's type in onnx's type inference.
         if main is not None and not isinstance(main, tuple) and not converts:
             for key, slots in groups.items():
-                if not group_has_output[key] and not isinstance(key, tuple):
+                if key == main or isinstance(key, tuple):
+                    continue
+                has_input = any(s.kind is SlotKind.NODE_IN for s in slots)
+                input_absent = not has_input and any(f.type_str == key for f in sig.inputs)
+                if (has_input and not group_has_output[key]) or input_absent:
                     if self.target.type_str in (self.allowed[slots[0]] or ()):
                         self.uf.union(groups[main][0], slots[0])
         if node.op_type in CONTROL_FLOW_OPS and node.domain in ("", "ai.onnx"):

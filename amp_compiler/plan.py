@@ -40,6 +40,7 @@ class Rule(enum.Enum):
     PAINT_DENY = "paint.deny-forward"
     PAINT_BETWEEN_LOW = "paint.between-low"
     PAINT_PASS = "paint.pass-spread"
+    PAINT_TABLE = "paint.table-lookup"
     PAINT_DEFAULT = "paint.default-fp32"
     FIXED = "fixed"
 

@@ -11,9 +11,10 @@ would keep every attention block in FP32; converting it to -inf gives NaN on ful
 becomes ``MASK_LOWEST`` (-32768, exact in FP16 and BF16): masked weights still come out exactly 0, and
 fully masked rows still come out uniform, as in FP32.
 
-Underflow of a few elements of a large weight matrix is harmless and does not pin: the rule fires for
+Underflow of tiny elements of a large weight tensor is harmless and does not pin: the rule fires for
 small tensors (bounds, epsilons, scales: at most ``small_size`` elements) with any flushed value, and
-for larger ones when more than ``max_flushed_share`` of their non-zeros flush.
+for larger ones when the flushed values carry more than ``max_flushed_norm`` of the tensor's L2 norm
+(twice FP16's own rounding error), that is, when flushing changes what the tensor computes.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class RangeStats:
     overflow: int  # finite values that become inf
     overflow_max: float  # the largest of them (negative when all overflow downwards)
     flushed: int  # non-zero values that become zero
+    flushed_norm_share: float  # L2 norm of the flushed values / L2 norm of the tensor
     nonzero: int
     absmax: float
     min_nonzero_abs: float
@@ -94,11 +96,14 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
     nonzero = arr != 0
     absval = np.abs(arr[finite & nonzero])
     over = finite & ~np.isfinite(low)
+    flushed = nonzero & (low == 0)
+    norm = float(np.linalg.norm(arr[finite]))
     return RangeStats(
         size=int(arr.size),
         overflow=int(np.count_nonzero(over)),
         overflow_max=float(arr[over].max()) if over.any() else 0.0,
-        flushed=int(np.count_nonzero(nonzero & (low == 0))),
+        flushed=int(np.count_nonzero(flushed)),
+        flushed_norm_share=float(np.linalg.norm(arr[flushed])) / norm if norm > 0 else 0.0,
         nonzero=int(np.count_nonzero(nonzero)),
         absmax=float(absval.max()) if absval.size else 0.0,
         min_nonzero_abs=float(absval.min()) if absval.size else 0.0,
@@ -109,7 +114,7 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
 class ConstantRangePass:
     target: Target
     small_size: int = 64
-    max_flushed_share: float = 0.01
+    max_flushed_norm: float = 1e-3
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         cache: dict[int, RangeStats | None] = {}
@@ -148,7 +153,7 @@ class ConstantRangePass:
                 f"FP32: constant {value.name!r} holds {s.overflow} value(s) up to |x| = {s.absmax:.3g}, "
                 f"beyond {name}'s range ({self.target.max:.6g})",
             )
-        if s.flushed and (s.size <= self.small_size or s.flushed > self.max_flushed_share * s.nonzero):
+        if s.flushed and (s.size <= self.small_size or s.flushed_norm_share > self.max_flushed_norm):
             return (
                 Rule.CONSTANT_UNDERFLOW,
                 f"FP32: constant {value.name!r} holds {s.flushed} non-zero value(s) down to "

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 import ml_dtypes
+import onnx
+import onnx.defs
 import numpy as np
 import onnx_ir as ir
 
@@ -38,6 +40,15 @@ _SHORT = {
 
 def numpy_dtype(dtype: ir.DataType) -> np.dtype:
     return _NUMPY.get(dtype) or dtype.numpy()
+
+
+def _attribute_types(node: ir.Node) -> dict[str, ir.AttributeType]:
+    """The node's schema attributes and their types (empty without a schema)."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, node.version or 100, node.domain)
+    except onnx.defs.SchemaError:
+        return {}
+    return {name: ir.AttributeType(int(a.type)) for name, a in schema.attributes.items()}
 
 
 @dataclasses.dataclass
@@ -122,10 +133,16 @@ class LowerPlanPass(ir.passes.InPlacePass):
         vertex = self.graph.vertex_of(Slot(SlotKind.NODE_OUT, node, 0))
         policy = vertex.policy if vertex is not None else None
         name = policy.dtype_attr if policy is not None else None
-        attr = node.attributes.get(name) if name else None
-        if attr is None:
-            return
-        if attr.type == ir.AttributeType.INT:
+        if not name or name not in _attribute_types(node):
+            return  # the type is set by an input (CastLike), which its own slot retypes
+        attr = node.attributes.get(name)
+        if attr is None:  # the default (float32) applies: write the attribute out
+            if _attribute_types(node)[name] == ir.AttributeType.TENSOR:
+                zero = np.zeros([1], numpy_dtype(dtype))  # ConstantOfShape's default value is a 0
+                node.attributes[name] = ir.AttrTensor(name, ir.tensor(zero))
+            else:
+                node.attributes[name] = ir.AttrInt64(name, int(dtype))
+        elif attr.type == ir.AttributeType.INT:
             node.attributes[name] = ir.AttrInt64(name, int(dtype))
         elif attr.type == ir.AttributeType.TENSOR:
             arr = attr.value.numpy().astype(numpy_dtype(dtype))
@@ -159,7 +176,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
             "",
             "Cast",
             [value],
-            attributes=[ir.AttrInt64("to", int(dtype))],
+            attributes=[self._cast_to(dtype)],
             outputs=[out],
             name=names.fresh(f"{out_name}/Cast"),
         )
@@ -175,6 +192,15 @@ class LowerPlanPass(ir.passes.InPlacePass):
         for slot in users:
             self._rewire(slot, out)
         self.casts.append(CastRecord(cast, value, dtype, users))
+
+    def _cast_to(self, dtype: ir.DataType) -> ir.Attr:
+        """Cast's ``to``, as the model's opset spells it (a string before opset 6)."""
+        imports = self.graph.model.opset_imports
+        if "" not in imports:  # a model of other domains only (ai.onnx.ml): Cast needs the default
+            imports[""] = 13
+        if imports[""] < 6:
+            return ir.AttrString("to", dtype.name)
+        return ir.AttrInt64("to", int(dtype))
 
     @staticmethod
     def _rewire(slot: Slot, new: ir.Value) -> None:

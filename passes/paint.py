@@ -8,6 +8,9 @@ Steps (DESIGN section 4):
    INFER/CLEAR vertices not painted DENY) become low precision. Vertices that read no other vertex
    (their float inputs are constants, or they make floats from integers: a Cast from int64) count as
    low-precision ancestors: they can produce either dtype at no cost.
+   Table lookups (a Gather from a constant table of at least ``TABLE_MIN_ELEMENTS`` elements, an
+   embedding) become low precision even when their users are FP32: the table is stored at half the
+   size, and a Cast of the rows looked up costs far less than the table.
 4. Low precision spreads through CLEAR vertices in both directions.
 5. Values that must share a dtype (If outputs, Loop-carried values) are one vertex already.
 
@@ -18,13 +21,29 @@ only free vertices become low precision. Runs in O(V + E).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 
 import onnx_ir as ir
 
-from amp_compiler.graph import PrecisionGraph
+from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.plan import PrecisionPlan, Role, Rule
+
+
+TABLE_LOOKUP_OPS = frozenset({"Gather", "GatherElements", "GatherND"})
+TABLE_MIN_ELEMENTS = 16384  # 64 KiB of FP32
+
+
+def _is_table_lookup(vertex: Vertex) -> bool:
+    if vertex.node is None or vertex.node.op_type not in TABLE_LOOKUP_OPS:
+        return False
+    data = vertex.node.inputs[0]
+    return any(
+        c is data and c.shape is not None and c.shape.is_static()
+        and math.prod(c.shape.numpy()) >= TABLE_MIN_ELEMENTS
+        for c in vertex.constants
+    )
 
 
 def _bfs(
@@ -81,9 +100,12 @@ class PaintPass:
         below_low = _bfs(list(allow) + free_sources, succ, open_)
         above_low = _bfs(allow, pred, open_)
         between = {v for v in below_low if v in above_low and open_(v)}
+        tables = {
+            vid for vid in free_sources if roles[vid] is Role.CLEAR and _is_table_lookup(vertices[vid])
+        } - between
 
         # 4. Through CLEAR vertices, both directions.
-        seeds = allow | between
+        seeds = allow | between | tables
         spread = _bfs(
             seeds,
             lambda v: list(g.succ[v]) + list(g.pred[v]),
@@ -111,6 +133,12 @@ class PaintPass:
                 )
             elif vid in between:
                 plan.decide(vid, low, Rule.PAINT_BETWEEN_LOW, f"{_label(plan, vid)}: between low-precision ops")
+            elif vid in tables:
+                plan.decide(
+                    vid, low, Rule.PAINT_TABLE,
+                    "PASS: looks up rows of a large constant table: the table is stored in low "
+                    "precision and only the rows looked up are cast",
+                )
             elif vid in spread:
                 src = spread[vid]
                 plan.decide(

@@ -98,11 +98,27 @@ def test_tensor_core_ops_run_in_low_precision():
     assert heavy > 0 and low / heavy >= 0.95, f"{low}/{heavy} Tensor Core ops in fp16"
 
 
-@pytest.mark.parametrize("entry", [e for e in SMALL if e.weight_dominated], ids=lambda e: e.name)
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of initializers and Constant-node tensors (Paddle exports keep weights in Constants)."""
+    constants = sum(
+        a.t.ByteSize() for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"
+    )
+    return sum(i.ByteSize() for i in model.graph.initializer) + constants
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [pytest.param(e, id=e.name) for e in SMALL if e.weight_dominated]
+    + [pytest.param(e, id=e.name, marks=pytest.mark.slow) for e in FULL if e.weight_dominated],
+)
 def test_weight_dominated_models_halve(entry):
-    before = _fp32(entry.name).ByteSize()
-    after = _converted(entry.name, "fp16").model.ByteSize()
-    assert after <= 0.52 * before, f"{after / before:.3f}x"
+    before, after = _fp32(entry.name), _converted(entry.name, "fp16").model
+    ratio = _weight_bytes(after) / _weight_bytes(before)
+    assert ratio <= 0.52, f"weights {ratio:.3f}x"
+    if entry.size == "full":
+        # Reduced configs are too small for weights to dominate their files (the exporter's node
+        # metadata weighs as much); the published sizes are weight-dominated.
+        assert after.ByteSize() <= 0.52 * before.ByteSize(), f"file {after.ByteSize() / before.ByteSize():.3f}x"
 
 
 def _casts_around(model: onnx.ModelProto, op_type: str) -> int:
@@ -112,11 +128,16 @@ def _casts_around(model: onnx.ModelProto, op_type: str) -> int:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     count = 0
+    graph_io = {v.name for v in model.graph.input} | {v.name for v in model.graph.output}
+
+    def internal_cast(node) -> bool:  # casts for graph inputs/outputs (keep_io_types) don't count
+        return node.op_type == "Cast" and not graph_io & {*node.input, *node.output}
+
     for n in model.graph.node:
         if n.op_type != op_type:
             continue
-        count += sum(1 for i in n.input if i in producers and producers[i].op_type == "Cast")
-        count += sum(1 for o in n.output for c in consumers.get(o, []) if c.op_type == "Cast")
+        count += sum(1 for i in n.input if i in producers and internal_cast(producers[i]))
+        count += sum(1 for o in n.output for c in consumers.get(o, []) if internal_cast(c))
     return count
 
 
@@ -127,6 +148,6 @@ def test_bert_needs_no_casts_around_softmax_and_layernorm_on_cuda(name):
     assert "Softmax" in ops and "LayerNormalization" in ops
     assert _casts_around(m, "Softmax") == 0
     assert _casts_around(m, "LayerNormalization") == 0
-    # on the CPU provider (no FP32-inside kernels listed) the same model keeps them FP32 with casts
-    cpu = convert(_fp32(name), target="fp16", provider="cpu").model
-    assert _casts_around(cpu, "Softmax") > 0
+    # for TensorRT the table lists no FP32-inside kernel: the same model keeps Softmax FP32, with casts
+    trt = convert(_fp32(name), target="fp16", provider="tensorrt").model
+    assert _casts_around(trt, "Softmax") > 0
