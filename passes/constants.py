@@ -97,13 +97,13 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
     absval = np.abs(arr[finite & nonzero])
     over = finite & ~np.isfinite(low)
     flushed = nonzero & (low == 0)
-    norm = float(np.linalg.norm(arr[finite]))
+    norm = float(np.linalg.norm(arr[finite].astype(np.float64)))
     return RangeStats(
         size=int(arr.size),
         overflow=int(np.count_nonzero(over)),
         overflow_max=float(arr[over].max()) if over.any() else 0.0,
         flushed=int(np.count_nonzero(flushed)),
-        flushed_norm_share=float(np.linalg.norm(arr[flushed])) / norm if norm > 0 else 0.0,
+        flushed_norm_share=float(np.linalg.norm(arr[flushed].astype(np.float64))) / norm if norm > 0 else 0.0,
         nonzero=int(np.count_nonzero(nonzero)),
         absmax=float(absval.max()) if absval.size else 0.0,
         min_nonzero_abs=float(absval.min()) if absval.size else 0.0,
