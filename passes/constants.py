@@ -11,10 +11,11 @@ would keep every attention block in FP32; converting it to -inf gives NaN on ful
 becomes ``MASK_LOWEST`` (-32768, exact in FP16 and BF16): masked weights still come out exactly 0, and
 fully masked rows still come out uniform, as in FP32.
 
-Underflow of tiny elements of a large weight tensor is harmless and does not pin: the rule fires for
-small tensors (bounds, epsilons, scales: at most ``small_size`` elements) with any flushed value, and
-for larger ones when the flushed values carry more than ``max_flushed_norm`` of the tensor's L2 norm
-(twice FP16's own rounding error), that is, when flushing changes what the tensor computes.
+Flushing matters only where it changes the tensor beyond FP16's own relative precision: the rule
+fires when a flushed value is at least ``significant`` (2^-10) of the tensor's largest magnitude (an
+epsilon, a clip bound, a scale: the tensor is all tiny values), or when the flushed values carry more
+than ``significant`` of the tensor's L2 norm. Tiny leftovers in a weight or bias tensor (a bias of
+1.8e-37 next to values of 0.1) flush harmlessly and do not pin.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class RangeStats:
     overflow: int  # finite values that become inf
     overflow_max: float  # the largest of them (negative when all overflow downwards)
     flushed: int  # non-zero values that become zero
+    flushed_max: float  # the largest |x| among them
     flushed_norm_share: float  # L2 norm of the flushed values / L2 norm of the tensor
     nonzero: int
     absmax: float
@@ -103,6 +105,7 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
         overflow=int(np.count_nonzero(over)),
         overflow_max=float(arr[over].max()) if over.any() else 0.0,
         flushed=int(np.count_nonzero(flushed)),
+        flushed_max=float(np.abs(arr[flushed]).max()) if flushed.any() else 0.0,
         flushed_norm_share=float(np.linalg.norm(arr[flushed].astype(np.float64))) / norm if norm > 0 else 0.0,
         nonzero=int(np.count_nonzero(nonzero)),
         absmax=float(absval.max()) if absval.size else 0.0,
@@ -113,8 +116,7 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
 @dataclasses.dataclass
 class ConstantRangePass:
     target: Target
-    small_size: int = 64
-    max_flushed_norm: float = 1e-3
+    significant: float = 2.0**-10
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         cache: dict[int, RangeStats | None] = {}
@@ -153,7 +155,8 @@ class ConstantRangePass:
                 f"FP32: constant {value.name!r} holds {s.overflow} value(s) up to |x| = {s.absmax:.3g}, "
                 f"beyond {name}'s range ({self.target.max:.6g})",
             )
-        if s.flushed and (s.size <= self.small_size or s.flushed_norm_share > self.max_flushed_norm):
+        relative = s.flushed_max >= self.significant * s.absmax
+        if s.flushed and (relative or s.flushed_norm_share > self.significant):
             return (
                 Rule.CONSTANT_UNDERFLOW,
                 f"FP32: constant {value.name!r} holds {s.flushed} non-zero value(s) down to "

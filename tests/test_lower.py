@@ -303,3 +303,36 @@ def test_ir_version_opsets_and_metadata_are_kept():
     assert r.model.producer_name == "unit-test" and r.model.doc_string == "doc"
     assert {p.key: p.value for p in r.model.metadata_props} == {"author": "me"}
     assert [(o.domain, o.version) for o in r.model.opset_import] == [("", 18)]
+
+
+@pytest.mark.parametrize(
+    "bias, pinned",
+    [
+        ([1e-9], True),  # an epsilon: flushing it changes what the model computes
+        ([3e-9, 1e-9, -2e-9, 4e-9], True),  # a tensor of tiny values: all of it flushes
+        ([0.1, 1.8e-37, 2e-9, 0.3], False),  # residue next to real values: harmless
+    ],
+)
+def test_underflow_rule_tells_intended_values_from_residue(bias, pinned):
+    m = model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+            helper.make_node("Add", ["a", "b"], ["c"], name="bias"),
+            helper.make_node("MatMul", ["c", "w"], ["y"], name="mm2"),
+        ],
+        [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])],
+        [tensor("w", weights((4, 4))), tensor("b", np.array(bias, np.float32))],
+    )
+    d = {x.node: x for x in _convert(m).decisions}
+    assert (d["bias"].rule == "constant.underflow") is pinned
+    assert d["bias"].precision == ("fp32" if pinned else "fp16")
+
+
+def test_large_weights_with_a_few_flushed_values_stay_low_precision():
+    w = weights((64, 64))
+    w[0, :5] = 1e-9  # flushed, but a negligible share of the tensor's norm
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [vi("x", F32, [2, 64])], [vi("y", F32, [2, 64])], [tensor("w", w)],
+    )
+    assert {x.node: x for x in _convert(m).decisions}["mm"].precision == "fp16"
