@@ -18,7 +18,7 @@ import onnx_ir as ir
 from amp_compiler import schemas
 from amp_compiler.errors import OptionError
 from amp_compiler.graph import PrecisionGraph, SlotKind, build_precision_graph, is_constant
-from amp_compiler.onnx_io import check_model_valid, load_model
+from amp_compiler.onnx_io import check_model_valid, iter_proto_graphs, load_model
 from amp_compiler.passes import (
     ClassifyPass,
     ConstantRangePass,
@@ -125,10 +125,10 @@ def convert(
     _keep_value_info_of(proto, out)
     n_casts = sum(
         1
-        for g in _iter_proto_graphs(out.graph)
+        for g in iter_proto_graphs(out.graph)
         for n in g.node
         if n.op_type == "Cast"
-    ) - sum(1 for g in _iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast")
+    ) - sum(1 for g in iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast")
     return ConversionResult(out, decisions, n_casts, len(lower.converted_constants), opts)
 
 
@@ -183,23 +183,12 @@ def _keep_value_info_of(original: onnx.ModelProto, out: onnx.ModelProto) -> None
     Types inferred for the analysis are not written out: the output describes what the input
     described, so converting a converted model gives back the same bytes.
     """
-    described = {v.name for g in _iter_proto_graphs(original.graph) for v in g.value_info}
-    for g in _iter_proto_graphs(out.graph):
+    described = {v.name for g in iter_proto_graphs(original.graph) for v in g.value_info}
+    for g in iter_proto_graphs(out.graph):
         kept = [v for v in g.value_info if v.name in described]
         if len(kept) != len(g.value_info):
             del g.value_info[:]
             g.value_info.extend(kept)
-
-
-def _iter_proto_graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_proto_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _iter_proto_graphs(g)
 
 
 def _dtype_name(value: ir.Value | None) -> str:

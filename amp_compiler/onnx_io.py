@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -25,6 +26,18 @@ def _first_line(exc: BaseException) -> str:
         if line and not line.startswith("==>"):
             return line[:300]
     return type(exc).__name__
+
+
+def iter_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """A GraphProto and all its subgraphs (If/Loop/Scan bodies, ...), parents first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_proto_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from iter_proto_graphs(g)
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:

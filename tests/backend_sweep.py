@@ -186,23 +186,15 @@ class _Skip(Exception):
         self.detail = detail
 
 
-def _subgraphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _subgraphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _subgraphs(g)
-
 
 def _has_float32(model: onnx.ModelProto) -> bool:
+    from amp_compiler.onnx_io import iter_proto_graphs
+
     FLOAT = onnx.TensorProto.FLOAT
     for vi in model.graph.input:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == FLOAT:
             return True
-    for g in _subgraphs(model.graph):
+    for g in iter_proto_graphs(model.graph):
         if any(init.data_type == FLOAT for init in g.initializer):
             return True
         for node in g.node:

@@ -14,6 +14,7 @@ import pytest
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.emulate import emulate_bf16
+from amp_compiler.onnx_io import iter_proto_graphs
 from models import catalog
 
 SMALL = catalog.entries("small")
@@ -101,10 +102,8 @@ def test_tensor_core_ops_run_in_low_precision():
 def _weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of initializers and Constant-node tensors in every graph (Paddle exports keep weights
     in Constants, silero-vad keeps them inside If branches)."""
-    from amp_compiler.convert import _iter_proto_graphs
-
     total = 0
-    for g in _iter_proto_graphs(model.graph):
+    for g in iter_proto_graphs(model.graph):
         total += sum(i.ByteSize() for i in g.initializer)
         total += sum(a.t.ByteSize() for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value")
     return total

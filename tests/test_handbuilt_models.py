@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from amp_compiler.onnx_io import iter_proto_graphs
 from amp_compiler import convert
 from models import catalog
 
@@ -69,19 +70,9 @@ def _validate(model: onnx.ModelProto) -> None:
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
 
 
-def _iter_graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _iter_graphs(g)
-
 
 def _all_nodes(model: onnx.ModelProto):
-    for g in _iter_graphs(model.graph):
+    for g in iter_proto_graphs(model.graph):
         yield from g.node
 
 
@@ -100,7 +91,7 @@ def _attr(node: onnx.NodeProto, name: str):
 
 
 def _initializer(model: onnx.ModelProto, name: str) -> TensorProto | None:
-    for g in _iter_graphs(model.graph):
+    for g in iter_proto_graphs(model.graph):
         for t in g.initializer:
             if t.name == name:
                 return t
@@ -111,7 +102,7 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every value whose type is known (inputs, initializers, inferred, Constants)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     types: dict[str, int] = {}
-    for g in _iter_graphs(inferred.graph):
+    for g in iter_proto_graphs(inferred.graph):
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             if vi.type.HasField("tensor_type"):
                 types[vi.name] = vi.type.tensor_type.elem_type
@@ -238,7 +229,7 @@ def test_fp16_conversion_matches_fp32(name):
 def test_no_cast_undoes_another(name, target):
     model = _converted(name, target).model
     types = _elem_types(model)
-    for g in _iter_graphs(model.graph):
+    for g in iter_proto_graphs(model.graph):
         producers = {o: n for n in g.node for o in n.output}
         for n in g.node:
             if n.op_type != "Cast" or n.input[0] not in producers:
@@ -258,7 +249,7 @@ def test_no_cast_undoes_another(name, target):
 @pytest.mark.parametrize("target", ["fp16", "bf16"])
 def test_one_cast_per_tensor_and_dtype(name, target):
     model = _converted(name, target).model
-    for g in _iter_graphs(model.graph):
+    for g in iter_proto_graphs(model.graph):
         seen: dict[tuple[str, int], str] = {}
         for n in g.node:
             if n.op_type != "Cast":
