@@ -17,7 +17,14 @@ import onnx_ir as ir
 
 from amp_compiler import schemas
 from amp_compiler.errors import OptionError
-from amp_compiler.graph import PrecisionGraph, SlotKind, build_precision_graph, is_constant
+from amp_compiler.graph import (
+    PrecisionGraph,
+    Slot,
+    SlotKind,
+    build_precision_graph,
+    is_constant,
+    iter_graphs,
+)
 from amp_compiler.onnx_io import check_model_valid, iter_proto_graphs, load_model
 from amp_compiler.passes import (
     ClassifyPass,
@@ -210,8 +217,6 @@ def _user_name(slot) -> str:
 def _node_decisions(
     graph: PrecisionGraph, plan: PrecisionPlan, model: ir.Model, inserted: dict
 ) -> list[NodeDecision]:
-    from amp_compiler.graph import Slot, iter_graphs
-
     paths = {id(model.graph): "main"}
     out: list[NodeDecision] = []
     for g in iter_graphs(model.graph):

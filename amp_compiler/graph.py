@@ -212,9 +212,6 @@ class _Builder:
             return None
         if dtype is None and allowed is not None and not (allowed & _FLOAT_TYPE_STRS):
             return None  # untyped, but the schema says it cannot be float
-        if kind is SlotKind.NODE_IN and is_constant(value) and dtype is not None:
-            # Constants are converted offline; the slot still decides what dtype they need.
-            pass
         slot = Slot(kind, owner, index)
         self.uf.add(slot)
         self.allowed[slot] = allowed
