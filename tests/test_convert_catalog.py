@@ -120,8 +120,12 @@ def test_weight_dominated_models_halve(entry):
     assert ratio <= 0.52, f"weights {ratio:.3f}x"
     if entry.size == "full":
         # Reduced configs are too small for weights to dominate their files (the exporter's node
-        # metadata weighs as much); the published sizes are weight-dominated.
-        assert after.ByteSize() <= 0.52 * before.ByteSize(), f"file {after.ByteSize() / before.ByteSize():.3f}x"
+        # metadata weighs as much). At the published sizes the file shrinks to at most 0.52x, or,
+        # where more than 4% of the file is not weights (EfficientNet-B0: 4.3% node metadata), to
+        # half the weights plus everything else unchanged.
+        file_ratio = after.ByteSize() / before.ByteSize()
+        other_share = 1 - _weight_bytes(before) / before.ByteSize()
+        assert file_ratio <= max(0.52, 0.5 + other_share / 2 + 0.005), f"file {file_ratio:.3f}x"
 
 
 def _casts_around(model: onnx.ModelProto, op_type: str) -> int:
