@@ -1,0 +1,118 @@
+"""The precision report as data: what was decided per node, why, what it costs, what it changes.
+
+Renderers (terminal, JSON, CSV, HTML) read these dataclasses and nothing else. JSON carries
+``schema_version`` and loads back into the same objects (:meth:`PrecisionReport.from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass
+class TensorRange:
+    """Observed values of one tensor over the calibration samples (FP32 model)."""
+
+    min: float
+    max: float
+    absmax: float
+    underflow_share: float  # share of non-zeros that would flush to zero in FP16 (< 2^-24)
+    subnormal_share: float  # share of non-zeros below FP16's smallest normal (6.1e-5)
+    count: int  # values seen
+
+
+@dataclasses.dataclass
+class NodeError:
+    """What this node's output differs from FP32 in the converted model, on the calibration data."""
+
+    rel_l2: float  # ||mixed - fp32|| / ||fp32|| of the node's first float output
+    max_abs: float
+    added: float  # rel_l2 minus the worst rel_l2 among its float inputs: the error this node adds
+
+
+@dataclasses.dataclass
+class NodeReport:
+    graph: str
+    name: str
+    op_type: str
+    domain: str
+    precision: str  # fp16 | bf16 | fp32 | mixed | none
+    rule: str  # stable rule id ("policy.low", "constant.overflow", "calibration.overflow", ...)
+    reason: str
+    input_dtypes: list[str]
+    output_dtypes: list[str]
+    flops: int | None = None  # estimated floating-point operations (multiply-add = 2)
+    bytes: int | None = None  # bytes read and written by the node (at its decided dtypes)
+    tensor_core: bool | None = None  # FP16/BF16 MatMul/Gemm/Conv whose dims are multiples of 8
+    tensor_core_note: str = ""
+    casts_in: list[str] = dataclasses.field(default_factory=list)  # names of Casts feeding it
+    casts_out: list[str] = dataclasses.field(default_factory=list)  # Casts reading its outputs
+    range: TensorRange | None = None  # of its first float output
+    error: NodeError | None = None
+
+
+@dataclasses.dataclass
+class OutputAccuracy:
+    name: str
+    cosine: float
+    max_abs_error: float
+    error_of_range: float
+    finite: bool
+
+
+@dataclasses.dataclass
+class Summary:
+    target: str
+    provider: str
+    nodes: int
+    nodes_by_precision: dict[str, int]
+    flops_total: int
+    flops_low: int  # FLOPs of nodes running in the low-precision type
+    casts: int
+    cast_bytes: int  # bytes the inserted Casts read and write, per run
+    size_before: int  # model bytes
+    size_after: int
+    accuracy: list[OutputAccuracy] = dataclasses.field(default_factory=list)
+    calibration_samples: int = 0
+    model_runs: int = 0  # runs of the converted model by the --tolerance refinement
+    pinned_by_tolerance: int = 0
+
+    @property
+    def low_flops_share(self) -> float:
+        return self.flops_low / self.flops_total if self.flops_total else 0.0
+
+
+@dataclasses.dataclass
+class PrecisionReport:
+    model: str  # file name or graph name
+    summary: Summary
+    nodes: list[NodeReport]
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrecisionReport:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"report schema_version {version!r} is not {SCHEMA_VERSION}")
+        s = dict(data["summary"])
+        s["accuracy"] = [OutputAccuracy(**a) for a in s.get("accuracy", [])]
+        nodes = []
+        for n in data["nodes"]:
+            n = dict(n)
+            n["range"] = TensorRange(**n["range"]) if n.get("range") else None
+            n["error"] = NodeError(**n["error"]) if n.get("error") else None
+            nodes.append(NodeReport(**n))
+        return cls(
+            model=data["model"],
+            summary=Summary(**s),
+            nodes=nodes,
+            warnings=list(data.get("warnings", [])),
+            schema_version=version,
+        )
