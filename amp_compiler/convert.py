@@ -27,6 +27,7 @@ from amp_compiler.graph import (
 )
 from amp_compiler.onnx_io import check_model_valid, iter_proto_graphs, load_model
 from amp_compiler.passes import (
+    CalibrationRangePass,
     ClassifyPass,
     ConstantRangePass,
     LowerPlanPass,
@@ -35,6 +36,7 @@ from amp_compiler.passes import (
 )
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.policy import PolicyTable, default_table
+from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Provider, Target
 
 _SHORT = {
@@ -59,6 +61,8 @@ class ConvertOptions:
     keep_io_types: bool = True
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[str, ...] = ()
+    # Nodes kept FP32 by the --tolerance refinement: (position in node_order(), reason).
+    pinned_nodes: tuple[tuple[int, str], ...] = ()
 
 
 @dataclasses.dataclass
@@ -74,6 +78,7 @@ class NodeDecision:
     reason: str
     input_dtypes: list[str]
     output_dtypes: list[str]
+    index: int | None = None  # position in the input model's node order; None for inserted Casts
 
 
 @dataclasses.dataclass
@@ -96,12 +101,14 @@ def convert(
     options: ConvertOptions | None = None,
     *,
     policy: PolicyTable | None = None,
+    ranges: dict[str, TensorRange] | None = None,
     **overrides,
 ) -> ConversionResult:
     """Convert an FP32 ONNX model to mixed precision.
 
     ``model`` is an ``onnx.ModelProto`` or a path. ``options`` (or keyword overrides of its fields,
-    e.g. ``target="bf16"``) choose the target, provider and user overrides. Returns the converted
+    e.g. ``target="bf16"``) choose the target, provider and user overrides. ``ranges`` (from
+    :func:`amp_compiler.calibrate.collect_ranges`) adds the calibration rules. Returns the converted
     model with the per-node decisions. The input model is not modified.
     """
     opts = _options(options, overrides)
@@ -117,16 +124,19 @@ def convert(
     ir_model = ir.from_proto(_with_types(proto))
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
     plan = PrecisionPlan()
-    for analysis in (
-        ClassifyPass(opts.provider, opts.block_ops, patterns),
-        ConstantRangePass(opts.target),
-        PaintPass(),
-    ):
+    nodes = node_order(ir_model)
+    pinned = {nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)}
+    analyses = [ClassifyPass(opts.provider, opts.block_ops, patterns, pinned), ConstantRangePass(opts.target)]
+    if ranges:
+        analyses.append(CalibrationRangePass(ranges, opts.target))
+    analyses.append(PaintPass())
+    for analysis in analyses:
         analysis(graph, plan)
     lower = LowerPlanPass(graph, plan)
     lower(ir_model)
-    decisions = _node_decisions(graph, plan, ir_model, {id(c.node): c for c in lower.casts})
     RemoveCancellingCastsPass()(ir_model)
+    positions = {id(node): i for i, node in enumerate(nodes)}
+    decisions = _node_decisions(graph, plan, ir_model, {id(c.node): c for c in lower.casts}, positions)
     out = ir.to_proto(ir_model)
     out.ir_version = proto.ir_version
     _keep_value_info_of(proto, out)
@@ -137,6 +147,11 @@ def convert(
         if n.op_type == "Cast"
     ) - sum(1 for g in iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast")
     return ConversionResult(out, decisions, n_casts, len(lower.converted_constants), opts)
+
+
+def node_order(model: ir.Model) -> list[ir.Node]:
+    """Every node of every graph, in the order decisions are reported (and ``pinned_nodes`` counts)."""
+    return [node for g in iter_graphs(model.graph) for node in g]
 
 
 def _options(options: ConvertOptions | None, overrides: dict) -> ConvertOptions:
@@ -154,8 +169,9 @@ def _options(options: ConvertOptions | None, overrides: dict) -> ConvertOptions:
     for key in ("block_ops",):
         if key in overrides:
             overrides[key] = frozenset(overrides[key])
-    if "block_nodes" in overrides:
-        overrides["block_nodes"] = tuple(overrides["block_nodes"])
+    for key in ("block_nodes", "pinned_nodes"):
+        if key in overrides:
+            overrides[key] = tuple(overrides[key])
     return dataclasses.replace(opts, **overrides)
 
 
@@ -215,7 +231,7 @@ def _user_name(slot) -> str:
 
 
 def _node_decisions(
-    graph: PrecisionGraph, plan: PrecisionPlan, model: ir.Model, inserted: dict
+    graph: PrecisionGraph, plan: PrecisionPlan, model: ir.Model, inserted: dict, positions: dict
 ) -> list[NodeDecision]:
     paths = {id(model.graph): "main"}
     out: list[NodeDecision] = []
@@ -277,6 +293,7 @@ def _node_decisions(
                     reason=reason,
                     input_dtypes=[_dtype_name(v) for v in node.inputs],
                     output_dtypes=[_dtype_name(v) for v in node.outputs],
+                    index=positions.get(id(node)),
                 )
             )
     return out

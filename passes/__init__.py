@@ -2,11 +2,12 @@
 
 Analysis passes read a :class:`~amp_compiler.graph.PrecisionGraph` and write a
 :class:`~amp_compiler.plan.PrecisionPlan` (they never edit the model):
-``ClassifyPass`` (policy roles), ``ConstantRangePass`` (unrepresentable constants), ``PaintPass``
-(propagation). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
+``ClassifyPass`` (policy roles), ``ConstantRangePass`` (unrepresentable constants),
+``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
 ``LowerPlanPass`` (apply the plan) and ``RemoveCancellingCastsPass`` (cleanup).
 """
 
+from amp_compiler.passes.calibration import CalibrationRangePass
 from amp_compiler.passes.classify import ClassifyPass
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.constants import ConstantRangePass
@@ -14,6 +15,7 @@ from amp_compiler.passes.lower import LowerPlanPass
 from amp_compiler.passes.paint import PaintPass
 
 __all__ = [
+    "CalibrationRangePass",
     "ClassifyPass",
     "ConstantRangePass",
     "LowerPlanPass",

@@ -7,13 +7,15 @@ cannot change) are FIXED; user-blocked ops and nodes are DENY; HIGH ops are DENY
 INFER; PASS is CLEAR.
 
 Precedence, highest first: fixed by the schema or the model > user ``block_nodes`` > user
-``block_ops`` > the policy table.
+``block_ops`` > nodes pinned by ``--tolerance`` > the policy table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+
+import onnx_ir as ir
 
 from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.plan import PrecisionPlan, Role, Rule
@@ -26,6 +28,7 @@ class ClassifyPass:
     provider: Provider = Provider.CUDA
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[re.Pattern, ...] = ()
+    pinned: dict[ir.Node, str] = dataclasses.field(default_factory=dict)  # node -> why (--tolerance)
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         unknown = set(graph.unknown_ops)
@@ -44,6 +47,8 @@ class ClassifyPass:
                     return Role.DENY, Rule.USER_BLOCK_NODE, f"FP32: node name matches --block-node {pattern.pattern!r}"
             if node.op_type in self.block_ops:
                 return Role.DENY, Rule.USER_BLOCK_OP, f"FP32: user --block-op {node.op_type}"
+            if node in self.pinned:
+                return Role.DENY, Rule.TOLERANCE_PINNED, f"FP32: {self.pinned[node]}"
         policy = vertex.policy
         category = vertex.category
         if policy is None and node is not None and category is Category.HIGH:

@@ -1,0 +1,103 @@
+"""Convert and explain: the pipeline behind ``amp-compiler convert --report`` and ``amp-compiler report``.
+
+    samples (--calibration-data) -> ranges -> convert (or --tolerance refinement) -> node errors
+    -> output accuracy (on the samples, or on random inputs) -> PrecisionReport
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from amp_compiler.calibrate import collect_ranges, load_samples, random_samples
+from amp_compiler.checks import compare, run_onnxruntime
+from amp_compiler.convert import ConversionResult, ConvertOptions, convert
+from amp_compiler.emulate import emulate_bf16
+from amp_compiler.errors import OptionError
+from amp_compiler.policy import PolicyTable
+from amp_compiler.refine import Refinement, measure, refine
+from amp_compiler.report.build import build_report
+from amp_compiler.report.model import PrecisionReport
+from amp_compiler.targets import Target
+
+
+@dataclasses.dataclass
+class Analysis:
+    result: ConversionResult
+    report: PrecisionReport
+    refinement: Refinement | None = None
+
+
+def _accuracy(fp32: onnx.ModelProto, converted: onnx.ModelProto, target: Target, samples: list) -> list:
+    runnable = emulate_bf16(converted) if target is Target.BF16 else converted
+    refs: list[list[np.ndarray]] = []
+    gots: list[list[np.ndarray]] = []
+    for sample in samples:
+        refs.append(run_onnxruntime(fp32, sample))
+        gots.append(run_onnxruntime(runnable, sample))
+    out = []
+    for k, info in enumerate(fp32.graph.output):
+        ref = [r[k] for r in refs]
+        if not all(np.issubdtype(np.asarray(r).dtype, np.floating) for r in ref):
+            continue
+        got = [g[k] for g in gots]
+        out.append(
+            compare(info.name, np.concatenate([np.ravel(r) for r in ref]), np.concatenate([np.ravel(g) for g in got]))
+        )
+    return out
+
+
+def analyze(
+    model: onnx.ModelProto,
+    options: ConvertOptions,
+    *,
+    model_name: str = "model",
+    calibration_data: str | Path | None = None,
+    tolerance: float | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    policy: PolicyTable | None = None,
+) -> Analysis:
+    """Convert ``model`` and build its precision report (see module doc)."""
+    if tolerance is not None and calibration_data is None:
+        raise OptionError("--tolerance needs --calibration-data (the samples it measures error on)")
+    if tolerance is not None and not tolerance > 0:
+        raise OptionError(f"--tolerance must be positive, got {tolerance}")
+    samples = load_samples(calibration_data, model) if calibration_data is not None else []
+    shapes = input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
+    ranges = collect_ranges(model, samples) if samples else None
+    refinement = None
+    node_errors = None
+    runs = 0
+    if tolerance is not None:
+        refinement = refine(model, samples, tolerance, options, ranges=ranges, policy=policy)
+        result, node_errors, runs = refinement.result, refinement.node_errors, refinement.model_runs
+    else:
+        result = convert(model, options, policy=policy, ranges=ranges)
+        if samples:
+            node_errors, _, runs = measure(model, result.model, samples, options.target)
+    warnings: list[str] = []
+    try:
+        eval_samples = samples or random_samples(model, shapes)
+        accuracy = _accuracy(model, result.model, options.target, eval_samples)
+        if not samples:
+            warnings.append("output accuracy measured on random inputs: pass --calibration-data for real ones")
+    except Exception as exc:  # the model does not run here (custom ops, missing kernels)
+        accuracy = []
+        warnings.append(f"output accuracy not measured: onnxruntime could not run the model ({str(exc).splitlines()[0][:160]})")
+    report = build_report(
+        model,
+        result,
+        model_name=model_name,
+        input_shapes=shapes,
+        ranges=ranges,
+        node_errors=node_errors,
+        accuracy=accuracy,
+        samples=len(samples),
+        model_runs=runs,
+        pinned=len(refinement.pinned) if refinement else 0,
+        warnings=warnings,
+    )
+    return Analysis(result, report, refinement)

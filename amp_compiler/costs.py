@@ -1,0 +1,218 @@
+"""Cost estimates per node: floating-point operations, bytes moved, Tensor Core eligibility.
+
+Shapes come from onnx shape inference on the model with its graph inputs' dynamic dims fixed
+(``input_shapes``, e.g. ``{"pixel_values": (1, 3, 224, 224)}``); dims still unknown count as 1, and
+the caller is told (``CostModel.assumed``).
+
+FLOPs count a multiply-add as 2: MatMul/Gemm ``2*M*N*K``, Conv ``2 * out elements * C_in/group *
+kernel``, ConvTranspose ``2 * in elements * C_out/group * kernel``, LSTM/GRU/RNN their gate GEMMs per
+step, Einsum the product of all index sizes (times 2), other numeric ops one per output element,
+data movement none. Bytes are the sizes of all inputs and outputs at their element types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import onnx
+import onnx.shape_inference
+
+from amp_compiler.onnx_io import iter_proto_graphs
+
+LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+TENSOR_CORE_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
+DATA_MOVEMENT = {
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice", "Gather",
+    "GatherElements", "GatherND", "Expand", "Tile", "Identity", "Shape", "Size", "Cast", "CastLike",
+    "Pad", "Constant", "ConstantOfShape", "ScatterND", "ScatterElements", "DepthToSpace",
+    "SpaceToDepth", "If", "Loop", "Scan", "Dropout",
+}
+
+
+@dataclasses.dataclass
+class NodeCost:
+    flops: int
+    bytes: int
+    tensor_core: bool | None  # None: not a Tensor Core op, or not in low precision
+    tensor_core_note: str
+
+
+@dataclasses.dataclass
+class CostModel:
+    """Costs of every node, in the order of :func:`iter_nodes`."""
+
+    nodes: list[NodeCost]
+    assumed: list[str]  # dynamic dims that were taken as 1
+
+
+def iter_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of every graph, in the order the converter reports them."""
+    for graph in iter_proto_graphs(model.graph):
+        yield from graph.node
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``name:1x3x224x224`` -> ("name", (1, 3, 224, 224))."""
+    name, sep, dims = text.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+        if any(d < 0 for d in shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--input-shape {text!r}: expected NAME:DIMxDIMx... (e.g. input:1x3x224x224)") from None
+    return name, shape
+
+
+def with_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of the model whose graph inputs have the given shapes (unknown names are an error)."""
+    known = {i.name for i in model.graph.input}
+    unknown = sorted(set(input_shapes) - known)
+    if unknown:
+        raise ValueError(f"--input-shape names no graph input: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for inp in out.graph.input:
+        if inp.name in input_shapes:
+            shape = input_shapes[inp.name]
+            dims = inp.type.tensor_type.shape.dim
+            if len(dims) and len(dims) != len(shape):
+                raise ValueError(f"--input-shape {inp.name}: rank {len(shape)}, the model says {len(dims)}")
+            del inp.type.tensor_type.shape.dim[:]
+            for d in shape:
+                inp.type.tensor_type.shape.dim.add().dim_value = d
+    return out
+
+
+def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
+    """Per tensor name: shape (unknown dims as 1) and element type; and the unknown dims seen."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:
+        inferred = model
+    shapes: dict[str, tuple[int, ...]] = {}
+    types: dict[str, int] = {}
+    assumed: set[str] = set()
+    for graph in iter_proto_graphs(inferred.graph):
+        infos = list(graph.input) + list(graph.output) + list(graph.value_info)
+        for vi in infos:
+            if not vi.type.HasField("tensor_type"):
+                continue
+            tt = vi.type.tensor_type
+            types[vi.name] = tt.elem_type
+            if tt.HasField("shape"):
+                dims = []
+                for d in tt.shape.dim:
+                    if d.HasField("dim_value"):
+                        dims.append(d.dim_value)
+                    else:
+                        dims.append(1)
+                        assumed.add(d.dim_param or "?")
+                shapes[vi.name] = tuple(dims)
+        for init in graph.initializer:
+            shapes[init.name] = tuple(init.dims)
+            types[init.name] = init.data_type
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+                shapes[node.output[0]] = tuple(node.attribute[0].t.dims)
+                types[node.output[0]] = node.attribute[0].t.data_type
+    return shapes, types, sorted(assumed)
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    return math.prod(shape) if shape is not None else 0
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _flops(node: onnx.NodeProto, shape) -> int:
+    op = node.op_type
+    ins = [shape(i) for i in node.input]
+    out = shape(node.output[0]) if node.output else None
+    if op == "MatMul" and ins[0] and out is not None:
+        return 2 * _numel(out) * ins[0][-1]
+    if op == "Gemm" and ins[0] and out is not None:
+        k = ins[0][0] if _attr(node, "transA", 0) else ins[0][-1]
+        return 2 * _numel(out) * k + (_numel(out) if len(node.input) > 2 else 0)
+    if op == "Conv" and len(ins) > 1 and ins[1] and out is not None:
+        w = ins[1]  # (C_out, C_in/group, k...)
+        return 2 * _numel(out) * math.prod(w[1:])
+    if op == "ConvTranspose" and ins[0] and len(ins) > 1 and ins[1]:
+        w = ins[1]  # (C_in, C_out/group, k...)
+        return 2 * _numel(ins[0]) * math.prod(w[1:])
+    if op in ("LSTM", "GRU", "RNN") and ins[0] and len(ins) > 2 and ins[1] and ins[2]:
+        seq, batch, size = ins[0]
+        dirs, gates_h, hidden = ins[2][0], ins[2][1], ins[2][2]
+        return 2 * seq * batch * dirs * gates_h * (size + hidden)
+    if op == "Einsum":
+        sizes: dict[str, int] = {}
+        eq = _attr(node, "equation", b"")
+        eq = eq.decode() if isinstance(eq, bytes) else eq
+        terms = eq.replace(" ", "").split("->")[0].split(",")
+        for term, s in zip(terms, ins):
+            if s is None or "." in term:
+                continue
+            for letter, d in zip(term, s):
+                sizes[letter] = d
+        return 2 * math.prod(sizes.values()) if sizes else 0
+    if op in DATA_MOVEMENT or out is None:
+        return 0
+    return _numel(out)
+
+
+def _tensor_core(node: onnx.NodeProto, shape, types) -> tuple[bool | None, str]:
+    op = node.op_type
+    if op not in TENSOR_CORE_OPS or not node.input or types.get(node.input[0]) not in LOW_TYPES:
+        return None, ""
+    ins = [shape(i) for i in node.input]
+    if op == "MatMul" and ins[0] and len(ins) > 1 and ins[1]:
+        dims = {"K": ins[0][-1], "N": ins[1][-1]}
+    elif op == "Gemm" and ins[0] and len(ins) > 1 and ins[1]:
+        k = ins[0][0] if _attr(node, "transA", 0) else ins[0][-1]
+        n = ins[1][0] if _attr(node, "transB", 0) else ins[1][-1]
+        dims = {"K": k, "N": n}
+    elif op in ("Conv", "ConvTranspose") and len(ins) > 1 and ins[1] and len(ins[1]) >= 2:
+        group = _attr(node, "group", 1)
+        w = ins[1]
+        c_in, c_out = (w[1], w[0] // group) if op == "Conv" else (w[0] // group, w[1])
+        dims = {"C_in/group": c_in, "C_out/group": c_out}
+    else:
+        return None, "shapes unknown"
+    bad = {k: v for k, v in dims.items() if v % 8}
+    if bad:
+        return False, "not multiples of 8: " + ", ".join(f"{k}={v}" for k, v in bad.items())
+    return True, ", ".join(f"{k}={v}" for k, v in dims.items())
+
+
+def estimate(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> CostModel:
+    """Costs of every node of ``model`` (see the module docstring)."""
+    fixed = with_input_shapes(model, input_shapes) if input_shapes else model
+    shapes, types, assumed = _shapes(fixed)
+    sizes = {t: onnx.helper.tensor_dtype_to_np_dtype(t).itemsize for t in set(types.values()) if t}
+
+    def shape(name: str):
+        return shapes.get(name) if name else None
+
+    def nbytes(name: str) -> int:
+        return _numel(shape(name)) * sizes.get(types.get(name, 0), 0) if name else 0
+
+    costs = []
+    for node in iter_nodes(fixed):
+        tc, note = _tensor_core(node, shape, types)
+        costs.append(
+            NodeCost(
+                flops=_flops(node, shape),
+                bytes=sum(nbytes(n) for n in node.input) + sum(nbytes(n) for n in node.output),
+                tensor_core=tc,
+                tensor_core_note=note,
+            )
+        )
+    return CostModel(costs, assumed)

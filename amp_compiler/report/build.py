@@ -1,0 +1,122 @@
+"""Build a :class:`PrecisionReport` from a conversion and what was measured around it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+
+from amp_compiler.checks import OutputAccuracy as MeasuredAccuracy
+from amp_compiler.convert import ConversionResult
+from amp_compiler.costs import estimate
+from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.report.model import (
+    NodeError,
+    NodeReport,
+    OutputAccuracy,
+    PrecisionReport,
+    Summary,
+    TensorRange,
+)
+
+CAST_RULE = "lowering.cast"
+
+
+def _first_float_output(node: onnx.NodeProto, ranges: dict[str, TensorRange]) -> TensorRange | None:
+    for name in node.output:
+        if name in ranges:
+            return ranges[name]
+    return None
+
+
+def build_report(
+    fp32: onnx.ModelProto,
+    result: ConversionResult,
+    *,
+    model_name: str,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    ranges: dict[str, TensorRange] | None = None,
+    node_errors: dict[int, NodeError] | None = None,
+    accuracy: list[MeasuredAccuracy] | None = None,
+    samples: int = 0,
+    model_runs: int = 0,
+    pinned: int = 0,
+    warnings: list[str] | None = None,
+) -> PrecisionReport:
+    """One NodeReport per node of the converted model, with costs, casts, ranges and errors."""
+    costs = estimate(result.model, input_shapes)
+    ranges = ranges or {}
+    node_errors = node_errors or {}
+    fp32_main = list(fp32.graph.node)
+    decisions = result.decisions
+
+    # Which Casts were inserted, and whom they feed / read from (by output and input names).
+    cast_names = {}
+    produced_by_cast: dict[str, str] = {}
+    final_nodes = [n for g in iter_proto_graphs(result.model.graph) for n in g.node]
+    for d, node in zip(decisions, final_nodes):
+        if d.rule == CAST_RULE:
+            cast_names[id(node)] = node.name
+            produced_by_cast[node.output[0]] = node.name
+    read_by_cast: dict[str, list[str]] = {}
+    for node in final_nodes:
+        if id(node) in cast_names:
+            read_by_cast.setdefault(node.input[0], []).append(node.name)
+
+    reports: list[NodeReport] = []
+    for d, node, cost in zip(decisions, final_nodes, costs.nodes):
+        original = fp32_main[d.index] if d.index is not None and d.index < len(fp32_main) else None
+        reports.append(
+            NodeReport(
+                graph=d.graph,
+                name=d.node,
+                op_type=d.op_type,
+                domain=d.domain,
+                precision=d.precision,
+                rule=d.rule,
+                reason=d.reason,
+                input_dtypes=d.input_dtypes,
+                output_dtypes=d.output_dtypes,
+                flops=cost.flops,
+                bytes=cost.bytes,
+                tensor_core=cost.tensor_core,
+                tensor_core_note=cost.tensor_core_note,
+                casts_in=[produced_by_cast[i] for i in node.input if i in produced_by_cast and id(node) not in cast_names],
+                casts_out=[c for o in node.output for c in read_by_cast.get(o, []) if id(node) not in cast_names],
+                range=_first_float_output(original, ranges) if original is not None else None,
+                error=node_errors.get(d.index) if d.index is not None else None,
+            )
+        )
+
+    low = result.options.target.value
+    compute = [r for r in reports if r.rule != CAST_RULE]
+    casts = [r for r in reports if r.rule == CAST_RULE]
+    summary = Summary(
+        target=low,
+        provider=result.options.provider.value,
+        nodes=len(compute),
+        nodes_by_precision=dict(sorted(Counter(r.precision for r in compute).items())),
+        flops_total=sum(r.flops or 0 for r in compute),
+        flops_low=sum(r.flops or 0 for r in compute if r.precision == low),
+        casts=len(casts),
+        cast_bytes=sum(r.bytes or 0 for r in casts),
+        size_before=fp32.ByteSize(),
+        size_after=result.model.ByteSize(),
+        accuracy=[
+            OutputAccuracy(a.name, a.cosine, a.max_abs_error, a.error_of_range, a.finite)
+            for a in (accuracy or [])
+        ],
+        calibration_samples=samples,
+        model_runs=model_runs,
+        pinned_by_tolerance=pinned,
+    )
+    notes = list(warnings or [])
+    if costs.assumed:
+        notes.append(
+            "dynamic dims taken as 1 for cost estimates: " + ", ".join(costs.assumed)
+            + " (fix them with --input-shape NAME:DIMxDIM...)"
+        )
+    unknown = sorted({r.op_type for r in reports if r.rule == "policy.unknown-op"})
+    if unknown:
+        notes.append("ops unknown to the policy table, kept FP32 with casts: " + ", ".join(unknown))
+    return PrecisionReport(model=model_name, summary=summary, nodes=reports, warnings=notes)

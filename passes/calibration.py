@@ -1,0 +1,53 @@
+"""Calibration ranges: keep in FP32 what observed values say FP16 cannot hold.
+
+Guarantees, given per-tensor ranges observed on the FP32 model (``amp_compiler.calibrate``):
+- a tensor whose absmax, times ``margin``, exceeds the target's largest finite value keeps its
+  producer and all its consumers FP32 (rule ``calibration.overflow``);
+- a tensor more than ``max_underflow_share`` of whose non-zero values would flush to zero in FP16
+  keeps its producer and consumers FP32 (rule ``calibration.underflow``; FP16 only: BF16 has FP32's
+  exponent range, so neither rule can fire for it);
+- fixed vertices and vertices already pinned keep their role and reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from amp_compiler.graph import PrecisionGraph, SlotKind
+from amp_compiler.plan import PrecisionPlan, Role, Rule
+from amp_compiler.report.model import TensorRange
+from amp_compiler.targets import Target
+
+
+@dataclasses.dataclass
+class CalibrationRangePass:
+    ranges: dict[str, TensorRange]
+    target: Target
+    margin: float = 2.0
+    max_underflow_share: float = 0.25
+
+    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        name = self.target.value.upper()
+        for vertex in graph.vertices:
+            if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
+                continue
+            for slot in vertex.slots:
+                value = slot.value
+                r = self.ranges.get(value.name) if value is not None else None
+                if r is None:
+                    continue
+                where = "input" if slot.kind in (SlotKind.NODE_IN, SlotKind.GRAPH_OUT) else "output"
+                if r.absmax * self.margin > self.target.max:
+                    plan.set_role(
+                        vertex.id, Role.DENY, Rule.CALIBRATION_OVERFLOW,
+                        f"HIGH: {where} {value.name!r} reaches |x| = {r.absmax:.3g} on the calibration "
+                        f"data, beyond {name}'s range ({self.target.max:g}) with a {self.margin:g}x margin",
+                    )
+                    break
+                if self.target is Target.FP16 and r.underflow_share > self.max_underflow_share:
+                    plan.set_role(
+                        vertex.id, Role.DENY, Rule.CALIBRATION_UNDERFLOW,
+                        f"HIGH: {r.underflow_share:.0%} of the non-zero values of {where} "
+                        f"{value.name!r} would flush to zero in FP16",
+                    )
+                    break
