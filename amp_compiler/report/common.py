@@ -1,0 +1,249 @@
+"""Helpers shared by the report renderers: number formats, node selection and ordering, the summary."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from amp_compiler.report.model import NodeReport, PrecisionReport
+
+SORTS = ("cost", "error", "name", "graph")
+LOW_PRECISIONS = ("fp16", "bf16")
+# Order in which precisions are listed and stacked in plots: low precision first.
+PRECISION_ORDER = ("fp16", "bf16", "mixed", "fp32", "none")
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+def human_count(n: int | float | None) -> str:
+    """1234 -> '1.23k', 1.2e9 -> '1.2G'; three significant digits, at most 5 characters."""
+    if n is None:
+        return "-"
+    if isinstance(n, float) and not math.isfinite(n):
+        return str(n)
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n < 1000:
+        return f"{sign}{n:.0f}"
+    for unit in ("k", "M", "G", "T", "P", "E"):
+        n /= 1000.0
+        if n < 999.5 or unit == "E":
+            s = f"{n:.3g}"
+            if "e" in s:  # 999.7 -> '1e+03' at the boundary
+                s = f"{n:.0f}"
+            return f"{sign}{s}{unit}"
+    raise AssertionError("unreachable")
+
+
+def human_bytes(n: int | None) -> str:
+    """Bytes in decimal units: '512 B', '12.3 KB', '0.82 MB' (as the convert summary), '1.20 GB'."""
+    if n is None:
+        return "-"
+    if n < 1000:
+        return f"{n} B"
+    if n < 100_000:
+        return f"{n / 1e3:.1f} KB"
+    if n < 1e9:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e9:.2f} GB"
+
+
+def sci(x: float | None, digits: int = 1) -> str:
+    """Compact scientific notation: 0.00123 -> '1.2e-3', 0 -> '0', None -> '-'."""
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return str(x)  # 'nan', 'inf', '-inf'
+    if x == 0:
+        return "0"
+    mant, exp = f"{x:.{digits}e}".split("e")
+    return f"{mant}e{int(exp)}"
+
+
+def short_num(x: float | None) -> str:
+    """A value in at most ~7 characters: 12.5, -0.031, 6.6e4, 1.2e-5."""
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if 1e-2 <= ax < 1e4:
+        s = f"{x:.3g}"
+        return s
+    return sci(x)
+
+
+def pct(share: float) -> str:
+    """A share as a percentage with one decimal that never rounds to 0% or 100% when it is not."""
+    if share is None or not math.isfinite(share):
+        return "-"
+    s = f"{share * 100:.1f}%"
+    if share < 1 and s == "100.0%":
+        return ">99.9%"
+    if share > 0 and s == "0.0%":
+        return "<0.1%"
+    return s
+
+
+def cosine_str(c: float) -> str:
+    """Enough digits to show how far a cosine is from 1: 0.999988 -> '0.999988', 0.93 -> '0.930'."""
+    if c is None or not math.isfinite(c):
+        return str(c)
+    if c >= 1.0:
+        return f"{c:.1f}" if c == 1.0 else f"{c:.6f}"
+    digits = min(max(math.ceil(-math.log10(1.0 - c)) + 1, 3), 12)
+    s = f"{c:.{digits}f}"
+    while s.startswith("1.") and digits < 15:  # rounding up to 1 would hide the difference
+        digits += 1
+        s = f"{c:.{digits}f}"
+    return s
+
+
+# ---------------------------------------------------------------------------------------------- nodes
+def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = {str(v).strip().lower() for v in items if str(v).strip()}
+    return out or None
+
+
+def _bad(x: float | None) -> float:
+    """Sort key for 'larger is worse' values: NaN counts as the worst, None as absent (-inf)."""
+    if x is None:
+        return -math.inf
+    if math.isnan(x):
+        return math.inf
+    return x
+
+
+def select_nodes(
+    report: PrecisionReport,
+    *,
+    sort: str = "cost",
+    op: str | Iterable[str] | None = None,
+    precision: str | Iterable[str] | None = None,
+) -> list[tuple[int, NodeReport]]:
+    """(graph-order index, node) pairs, filtered and sorted.
+
+    ``op``: op types (a list, or one comma-separated string; case-insensitive). ``precision``: precisions
+    (fp16, bf16, fp32, mixed, none; ``low`` means fp16 or bf16, ``high`` means fp32). ``sort``: ``cost``
+    (FLOPs, then bytes, largest first), ``error`` (error the node adds, then its relative L2 error,
+    largest first; nodes without error data last), ``name`` or ``graph`` (graph order).
+    """
+    if sort not in SORTS:
+        raise ValueError(f"unknown sort {sort!r}; expected one of {', '.join(SORTS)}")
+    ops = _as_set(op)
+    precs = _as_set(precision)
+    if precs is not None:
+        if "low" in precs:
+            precs |= set(LOW_PRECISIONS)
+        if "high" in precs:
+            precs.add("fp32")
+    rows = [
+        (i, n)
+        for i, n in enumerate(report.nodes)
+        if (ops is None or n.op_type.lower() in ops) and (precs is None or n.precision.lower() in precs)
+    ]
+    if sort == "cost":
+        rows.sort(key=lambda r: (-(r[1].flops or 0), -(r[1].bytes or 0), r[0]))
+    elif sort == "error":
+        def key(r):
+            e = r[1].error
+            if e is None:
+                return (1, 0.0, 0.0, r[0])
+            return (0, -_bad(e.added), -_bad(e.rel_l2), r[0])
+
+        rows.sort(key=key)
+    elif sort == "name":
+        rows.sort(key=lambda r: (r[1].name, r[1].graph, r[0]))
+    return rows
+
+
+def _as_text(value: str | Iterable[str]) -> str:
+    return value if isinstance(value, str) else ",".join(str(v) for v in value)
+
+
+def filter_note(op, precision, sort: str) -> str:
+    """'op MatMul; precision fp32; sorted by cost'."""
+    bits = []
+    if _as_set(op):
+        bits.append("op " + clean(_as_text(op)))
+    if _as_set(precision):
+        bits.append("precision " + clean(_as_text(precision)))
+    return "; ".join(bits + [f"sorted by {sort}"])
+
+
+def precision_rank(p: str) -> tuple[int, str]:
+    return (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), p)
+
+
+def flops_by_precision(report: PrecisionReport) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in report.nodes:
+        out[n.precision] = out.get(n.precision, 0) + (n.flops or 0)
+    return dict(sorted(out.items(), key=lambda kv: precision_rank(kv[0])))
+
+
+def nodes_by_precision(report: PrecisionReport) -> dict[str, int]:
+    counts = dict(report.summary.nodes_by_precision)
+    if not counts:
+        for n in report.nodes:
+            counts[n.precision] = counts.get(n.precision, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: precision_rank(kv[0])))
+
+
+def has_ranges(report: PrecisionReport) -> bool:
+    return any(n.range is not None for n in report.nodes)
+
+
+def has_errors(report: PrecisionReport) -> bool:
+    return any(n.error is not None for n in report.nodes)
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def worst_accuracy(report: PrecisionReport):
+    """(worst cosine output, worst max-abs-error output, non-finite outputs), or Nones when unmeasured."""
+    acc = report.summary.accuracy
+    if not acc:
+        return None, None, []
+    worst_cos = min(acc, key=lambda a: (not math.isnan(a.cosine), a.cosine))
+    worst_err = max(acc, key=lambda a: _bad(a.max_abs_error))
+    return worst_cos, worst_err, [a for a in acc if not a.finite]
+
+
+def summary_parts(report: PrecisionReport) -> list[str]:
+    """The summary as short phrases, most important first; renderers join and wrap them."""
+    s = report.summary
+    parts = []
+    head = f"{s.target} on {s.provider}"
+    parts.append(f"{report.model}: {head}" if report.model else head)
+    counts = nodes_by_precision(report)
+    parts.append(f"{counts.get(s.target, 0)}/{s.nodes} nodes {s.target}")
+    if s.flops_total:
+        parts.append(f"{pct(s.low_flops_share)} of FLOPs low precision")
+    else:
+        parts.append("no FLOP estimates")
+    parts.append(f"{s.casts} cast{'' if s.casts == 1 else 's'} ({human_bytes(s.cast_bytes)})")
+    parts.append(f"{human_bytes(s.size_before)} -> {human_bytes(s.size_after)}")
+    worst_cos, worst_err, nonfinite = worst_accuracy(report)
+    if nonfinite:
+        names = ", ".join(a.name for a in nonfinite[:3]) + (", ..." if len(nonfinite) > 3 else "")
+        parts.append(f"NON-FINITE output{'s' if len(nonfinite) > 1 else ''} {names}")
+    if worst_cos is not None:
+        parts.append(f"worst output cosine {cosine_str(worst_cos.cosine)}")
+        parts.append(f"max abs error {sci(worst_err.max_abs_error)}")
+    if s.calibration_samples:
+        parts.append(f"{s.calibration_samples} calibration sample{'' if s.calibration_samples == 1 else 's'}")
+    if s.model_runs:
+        parts.append(f"{s.model_runs} model run{'' if s.model_runs == 1 else 's'}")
+    if s.pinned_by_tolerance:
+        parts.append(f"{s.pinned_by_tolerance} pinned to fp32 by --tolerance")
+    return parts
+
+
+def clean(text: str) -> str:
+    """Model-provided text made safe for a terminal or one CSV/HTML line: no control characters."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))
