@@ -15,7 +15,7 @@ import onnx
 from amp_compiler.calibrate import collect_ranges, load_samples, random_samples
 from amp_compiler.checks import compare, run_onnxruntime
 from amp_compiler.convert import ConversionResult, ConvertOptions, convert
-from amp_compiler.emulate import emulate_bf16
+from amp_compiler.emulate import emulate
 from amp_compiler.errors import OptionError
 from amp_compiler.policy import PolicyTable
 from amp_compiler.refine import Refinement, measure, refine
@@ -32,7 +32,7 @@ class Analysis:
 
 
 def _accuracy(fp32: onnx.ModelProto, converted: onnx.ModelProto, target: Target, samples: list) -> list:
-    runnable = emulate_bf16(converted) if target is Target.BF16 else converted
+    runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     refs: list[list[np.ndarray]] = []
     gots: list[list[np.ndarray]] = []
     for sample in samples:

@@ -20,7 +20,7 @@ import onnx
 
 from amp_compiler.calibrate import IntermediateRunner
 from amp_compiler.convert import ConversionResult, ConvertOptions, convert
-from amp_compiler.emulate import emulate_bf16
+from amp_compiler.emulate import emulate
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import NodeError, TensorRange
 from amp_compiler.targets import Target
@@ -73,7 +73,7 @@ def measure(
     """Per main-graph node of ``fp32``: the error of its output in ``converted``; per float output:
     its relative L2 error. Also returns the number of converted-model runs."""
     fp32_runner = fp32_runner or IntermediateRunner(fp32)
-    runnable = emulate_bf16(converted) if target is Target.BF16 else converted
+    runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     runner = IntermediateRunner(runnable)
     accs: dict[str, _ErrAcc] = {}
     for sample in samples:

@@ -263,18 +263,18 @@ WHEEL_MODELS = [
         ppocr_det_inputs,
         "PP-OCRv4 mobile text detector (PPLCNetV3 + DB head), one 320x320 page",
         # FP16 storage error through 64 convolutions moves isolated pixels of the sigmoid map near
-        # 0.5 by up to 0.06 (cosine 0.99999); measured with every Conv in FP16, as any FP16
-        # conversion does. Keeping all convs FP32 gives 0.5%: calibration (--tolerance) is the tool.
-        tolerance=Tolerance(max_error_of_range=0.08),
+        # 0.5 by up to 0.078 (cosine 0.99999, exact FP16 storage emulation); every FP16 conversion
+        # with these convolutions in FP16 does this. --tolerance (calibration) brings it under 2%.
+        tolerance=Tolerance(max_error_of_range=0.10),
     ),
     WheelModel(
         "ppocr-v4-rec", "small", RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
         "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
         ppocr_rec_inputs,
         "PP-OCRv4 mobile text recogniser (PPLCNetV3 + SVTR neck, 6625-way CTC softmax), two 48x320 lines",
-        # Same cause: the largest character probability moves by up to 0.033 (cosine 0.99996);
-        # onnxconverter-common's FP16 model is off by 0.036.
-        tolerance=Tolerance(max_error_of_range=0.045),
+        # Same cause: one character probability moves by up to 0.049 (cosine 0.9999);
+        # onnxconverter-common's FP16 model is off by as much.
+        tolerance=Tolerance(max_error_of_range=0.065),
     ),
     WheelModel(
         "ppocr-cls", "small", RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",

@@ -1,8 +1,9 @@
 """Against onnxconverter-common's convert_float_to_float16(keep_io_types=True), the usual anchor.
 
-On every CI-size catalog model: where its output loads and runs, ours is at least as accurate (cosine
-and max error against FP32, per float output); where it does not, ours does (the catalog tests check
-that every converted model loads, runs and is accurate).
+On every CI-size catalog model: where its output loads and runs, ours is at least as accurate against
+FP32 (cosine, and max error within 10%: the largest error of one element moves by that much with
+where rounding happens to fall), measured over four inputs with FP16 storage emulated exactly for both
+models; where its output does not run, ours does (and the catalog tests check it is accurate).
 """
 
 from __future__ import annotations
@@ -17,10 +18,31 @@ import pytest
 
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime
+from amp_compiler.emulate import emulate
 from models import catalog
 
 float16 = pytest.importorskip("onnxconverter_common.float16")
 SMALL = catalog.entries("small")
+SEEDS = range(4)
+
+
+def _feeds(name: str) -> list[dict[str, np.ndarray]]:
+    entry = catalog.get(name)
+    return [entry.make_inputs(np.random.default_rng(s)) for s in SEEDS]
+
+
+def _accuracies(name: str, model) -> list:
+    """Per float output, accuracy over all inputs of ``model`` (FP16 storage emulated) vs FP32."""
+    fp32 = catalog.load(name)
+    refs = [run_onnxruntime(fp32, f) for f in _feeds(name)]
+    gots = [run_onnxruntime(emulate(model), f) for f in _feeds(name)]
+    out = []
+    for k in range(len(refs[0])):
+        if np.issubdtype(np.asarray(refs[0][k]).dtype, np.floating):
+            ref = np.concatenate([np.ravel(r[k]) for r in refs])
+            got = np.concatenate([np.ravel(g[k]) for g in gots])
+            out.append(compare(f"output {k}", ref, got))
+    return out
 
 
 @functools.cache
@@ -31,36 +53,25 @@ def _theirs(name: str):
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             out = float16.convert_float_to_float16(model, keep_io_types=True)
-        feeds = catalog.get(name).make_inputs(np.random.default_rng(0))
-        return out, run_onnxruntime(out, feeds)
+        run_onnxruntime(out, _feeds(name)[0])  # its FP16 model itself must load and run
+        return out, None
     except Exception as exc:  # it fails to convert, or its output does not load or run
         return None, str(exc).splitlines()[0]
 
 
-def _accuracies(name: str, outputs: list) -> list:
-    entry = catalog.get(name)
-    model = catalog.load(name)
-    feeds = entry.make_inputs(np.random.default_rng(0))
-    reference = run_onnxruntime(model, feeds)
-    return [
-        compare(f"output {i}", r, o)
-        for i, (r, o) in enumerate(zip(reference, outputs))
-        if np.issubdtype(np.asarray(r).dtype, np.floating)
-    ]
-
-
 @pytest.mark.parametrize("entry", SMALL, ids=lambda e: e.name)
 def test_at_least_as_accurate_as_onnxconverter_common(entry):
-    theirs, result = _theirs(entry.name)
-    ours = convert(catalog.load(entry.name))
-    feeds = entry.make_inputs(np.random.default_rng(0))
-    our_outputs = run_onnxruntime(ours.model, feeds)  # ours always loads and runs
+    ours = convert(catalog.load(entry.name)).model
+    run_onnxruntime(ours, _feeds(entry.name)[0])  # ours always loads and runs
+    theirs, why = _theirs(entry.name)
     if theirs is None:
-        pytest.skip(f"onnxconverter-common's model does not run (ours does): {result[:120]}")
-    for mine, other in zip(_accuracies(entry.name, our_outputs), _accuracies(entry.name, result)):
-        assert mine.finite or not other.finite, mine.name
+        pytest.skip(f"onnxconverter-common's model does not run (ours does): {why[:120]}")
+    for mine, other in zip(_accuracies(entry.name, ours), _accuracies(entry.name, theirs)):
+        assert mine.finite, f"{mine.name}: ours has NaN/Inf"
+        if not other.finite:
+            continue  # theirs overflows where ours does not
         assert mine.cosine >= other.cosine - 1e-6, f"{mine.name}: cosine {mine.cosine} < {other.cosine}"
-        assert mine.max_abs_error <= other.max_abs_error * (1 + 1e-3) + 1e-6, (
+        assert mine.max_abs_error <= 1.1 * other.max_abs_error + 1e-6, (
             f"{mine.name}: max error {mine.max_abs_error} > {other.max_abs_error}"
         )
 

@@ -1,0 +1,182 @@
+"""Calibration-driven numerics: observed ranges keep overflowing/underflowing tensors in FP32, and
+--tolerance pins the nodes that add the most error, in O(log N) model runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from amp_compiler import convert
+from amp_compiler.analyze import analyze
+from amp_compiler.calibrate import CalibrationDataError, collect_ranges, load_samples
+from amp_compiler.checks import compare, run_onnxruntime, validate
+from amp_compiler.convert import ConvertOptions
+from amp_compiler.emulate import emulate
+from amp_compiler.refine import refine
+from onnx_builders import F32, model, tensor, vi
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def ffn_overflow_model():
+    """A T5-style block whose FFN output reaches ~1e5 on ordinary inputs, RMS-normalised after."""
+    d, h = 64, 256
+    r = _rng(1)
+    w_in = (r.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    w1 = (r.standard_normal((d, h)) * 3.0).astype(np.float32)  # hidden ~ 20
+    w2 = (r.standard_normal((h, d)) * 300.0).astype(np.float32)  # output ~ 1e5: beyond FP16
+    w3 = (r.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["a"], name="proj_in"),
+        helper.make_node("MatMul", ["a", "w1"], ["hpre"], name="ffn_in"),
+        helper.make_node("Relu", ["hpre"], ["hid"], name="ffn_relu"),
+        helper.make_node("MatMul", ["hid", "w2"], ["y"], name="ffn_out"),
+        helper.make_node("Mul", ["y", "y"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1, name="mean_square"),
+        helper.make_node("Sqrt", ["ms"], ["rms"], name="rms"),
+        helper.make_node("Div", ["y", "rms"], ["normed"], name="normalise"),
+        helper.make_node("MatMul", ["normed", "w3"], ["out"], name="proj_out"),
+    ]
+    inits = [tensor("w_in", w_in), tensor("w1", w1), tensor("w2", w2), tensor("w3", w3),
+             tensor("axes", np.array([-1], np.int64))]
+    return model(nodes, [vi("x", F32, [8, d])], [vi("out", F32, [8, d])], inits)
+
+
+def underflow_model():
+    """Tiny activations (~5e-9, below FP16's smallest subnormal) from representable constants,
+    feeding a Log: FP16 flushes them to zero and the Log gives -inf."""
+    d = 32
+    w = (_rng(2).standard_normal((d, d)) * 1e-5).astype(np.float32)  # representable (subnormal)
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["small"], name="scale"),
+        helper.make_node("MatMul", ["small", "w"], ["tiny"], name="tiny_mm"),
+        helper.make_node("Abs", ["tiny"], ["mag"], name="abs"),
+        helper.make_node("Log", ["mag"], ["out"], name="log"),
+    ]
+    inits = [tensor("w", w), tensor("k", np.array(1e-4, np.float32))]
+    return model(nodes, [vi("x", F32, [4, d])], [vi("out", F32, [4, d])], inits)
+
+
+def _samples(m, n=3):
+    name = m.graph.input[0].name
+    shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    return [{name: _rng(10 + i).standard_normal(shape).astype(np.float32)} for i in range(n)]
+
+
+def _accuracy(m, converted, samples):
+    """Against FP32, with FP16 storage emulated exactly (onnxruntime's CPU provider computes most
+    FP16 ops in FP32 and drops the rounding in between, which would hide overflow and underflow)."""
+    ref = run_onnxruntime(m, samples[0])[0]
+    got = run_onnxruntime(emulate(converted), samples[0])[0]
+    return compare("out", ref, got)
+
+
+def test_ffn_overflow_breaks_plain_fp16_and_calibration_fixes_it():
+    m = ffn_overflow_model()
+    samples = _samples(m)
+    plain = convert(m)
+    assert not _accuracy(m, plain.model, samples).finite  # inf/NaN without calibration
+    ranges = collect_ranges(m, samples)
+    assert ranges["y"].absmax > 65504
+    calibrated = convert(m, ranges=ranges)
+    validate(calibrated.model)
+    acc = _accuracy(m, calibrated.model, samples)
+    assert acc.finite and acc.cosine >= 0.999
+    d = {x.node: x for x in calibrated.decisions}
+    assert d["ffn_out"].precision == "fp32" and d["ffn_out"].rule == "calibration.overflow"
+    assert "beyond FP16's range" in d["ffn_out"].reason
+    assert d["proj_in"].precision == d["ffn_in"].precision == d["proj_out"].precision == "fp16"
+    report = analyze(m, ConvertOptions(), calibration_data=None).report  # static: no ranges
+    assert report.summary.accuracy and not report.summary.accuracy[0].finite
+
+
+def test_ffn_overflow_keeps_most_tensor_core_flops_low(tmp_path):
+    m = ffn_overflow_model()
+    path = tmp_path / "samples"
+    path.mkdir()
+    for i, s in enumerate(_samples(m)):
+        np.savez(path / f"{i}.npz", **s)
+    report = analyze(m, ConvertOptions(), calibration_data=path).report
+    tc = [n for n in report.nodes if n.op_type == "MatMul"]
+    low = sum(n.flops for n in tc if n.precision == "fp16")
+    assert low / sum(n.flops for n in tc) > 0.5
+    assert report.summary.calibration_samples == 3
+    assert report.summary.accuracy[0].finite and report.summary.accuracy[0].cosine >= 0.999
+    ffn_out = next(n for n in report.nodes if n.name == "ffn_out")
+    assert ffn_out.range is not None and ffn_out.range.absmax > 65504
+    assert ffn_out.error is not None
+
+
+def test_underflow_breaks_plain_fp16_and_calibration_fixes_it():
+    m = underflow_model()
+    samples = _samples(m)
+    assert not _accuracy(m, convert(m).model, samples).finite  # Log(0) = -inf
+    ranges = collect_ranges(m, samples)
+    assert ranges["tiny"].underflow_share > 0.9
+    calibrated = convert(m, ranges=ranges)
+    d = {x.node: x for x in calibrated.decisions}
+    assert d["tiny_mm"].precision == "fp32" and d["tiny_mm"].rule == "calibration.underflow"
+    acc = _accuracy(m, calibrated.model, samples)
+    assert acc.finite and acc.cosine >= 0.999
+
+
+def test_bf16_needs_no_range_rules():
+    m = ffn_overflow_model()
+    ranges = collect_ranges(m, _samples(m))
+    d = {x.node: x for x in convert(m, target="bf16", ranges=ranges).decisions}
+    assert d["ffn_out"].precision == "bf16"
+
+
+def test_calibration_data_file_and_folder(tmp_path):
+    m = ffn_overflow_model()
+    samples = _samples(m, 2)
+    np.savez(tmp_path / "one.npz", **samples[0])
+    assert len(load_samples(tmp_path / "one.npz", m)) == 1
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i, s in enumerate(samples):
+        np.savez(folder / f"s{i}.npz", **s)
+    assert len(load_samples(folder, m)) == 2
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"nope": np.zeros((8, 64), np.float32)}, "'nope' is not an input"),
+        ({"x": np.zeros((8, 65), np.float32)}, "has shape 8x65, the model expects 8x64"),
+        ({"x": np.zeros((8, 64), np.float64)}, "is float64, the model expects float32"),
+        ({}, "no array for the model input 'x'"),
+    ],
+)
+def test_calibration_data_that_does_not_match_the_model(tmp_path, arrays, message):
+    m = ffn_overflow_model()
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(CalibrationDataError, match=message):
+        load_samples(tmp_path / "bad.npz", m)
+
+
+def test_tolerance_meets_the_target_in_logarithmically_many_runs():
+    from models import catalog
+
+    entry = catalog.get("mobilenetv2-small")
+    m = catalog.load(entry)
+    samples = [entry.make_inputs(_rng(s)) for s in range(2)]
+    before = convert(m)
+    ref = run_onnxruntime(m, samples[0])[0]
+    got = run_onnxruntime(emulate(before.model), samples[0])[0]
+    baseline = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    tol = baseline / 2  # plain FP16 misses it by 2x
+    r = refine(m, samples, tol)
+    assert r.met and max(r.output_errors.values()) <= tol
+    n = len(m.graph.node)
+    assert r.rounds <= 2 * math.ceil(math.log2(n)) + 2  # O(log N) conversions and runs
+    assert r.model_runs == r.rounds * len(samples)
+    assert 0 < len(r.pinned) < n
+    pinned = [x for x in r.result.decisions if x.rule == "tolerance.pinned"]
+    assert pinned and all(x.precision == "fp32" and "pinned by --tolerance" in x.reason for x in pinned)
+    assert any(x.precision == "fp16" for x in r.result.decisions if x.op_type == "Conv")
