@@ -269,6 +269,21 @@ def test_terminal_large_report():
     assert all(len(ln) <= 80 for ln in text.splitlines())
 
 
+def test_non_finite_values_render_in_every_format():
+    report = small_report()
+    report.summary.accuracy[0] = OutputAccuracy("logits", float("nan"), float("inf"), float("inf"), False)
+    report.nodes[0].error = NodeError(float("nan"), float("inf"), float("nan"))
+    report.nodes[0].range = TensorRange(float("-inf"), float("inf"), float("inf"), 0.0, 0.0, 10)
+    text = render(report, "terminal", verbose=True)
+    assert "NON-FINITE output logits" in text.splitlines()[0] + text.splitlines()[1]
+    assert "worst output cosine nan" in text.replace("\n  ", " ")
+    assert all(len(ln) <= 80 for ln in text.splitlines())
+    page = render(report, "html")
+    assert "non-finite values in logits" in page and "non-finite" in page
+    assert len(list(csv.DictReader(io.StringIO(render(report, "csv"))))) == 5
+    assert json.loads(render(report, "json"))["summary"]["accuracy"][0]["finite"] is False
+
+
 # ---------------------------------------------------------------------------------------------- CSV
 @pytest.mark.parametrize("kind", sorted(REPORTS))
 def test_csv_one_row_per_node(kind):

@@ -60,8 +60,11 @@ def sci(x: float | None, digits: int = 1) -> str:
     return f"{mant}e{int(exp)}"
 
 
-def short_num(x: float | None) -> str:
-    """A value in at most ~7 characters: 12.5, -0.031, 6.6e4, 1.2e-5."""
+def short_num(x: float | None, max_len: int | None = None) -> str:
+    """A value in a few characters: 12.5, -0.031, 7130, 6.55e4, 1.2e-5 (trailing zeros dropped).
+
+    With ``max_len``, fewer digits until it fits (an absmax column: 1.23e-3 -> 1.2e-3 -> 1e-3).
+    """
     if x is None:
         return "-"
     if not math.isfinite(x):
@@ -69,10 +72,19 @@ def short_num(x: float | None) -> str:
     if x == 0:
         return "0"
     ax = abs(x)
-    if 1e-2 <= ax < 1e4:
-        s = f"{x:.3g}"
-        return s
-    return sci(x)
+    if 1e-2 <= ax < 999.5:
+        text = f"{x:.3g}"
+    elif 999.5 <= ax < 9999.5:
+        text = f"{x:.0f}"
+    else:
+        for digits in (2, 1, 0):
+            mant, exp = sci(x, digits).split("e")
+            if "." in mant:
+                mant = mant.rstrip("0").rstrip(".")
+            text = f"{mant}e{exp}"
+            if max_len is None or len(text) <= max_len:
+                break
+    return text
 
 
 def pct(share: float) -> str:
@@ -88,7 +100,7 @@ def pct(share: float) -> str:
 
 
 def cosine_str(c: float) -> str:
-    """Enough digits to show how far a cosine is from 1: 0.999988 -> '0.999988', 0.93 -> '0.930'."""
+    """Enough digits to show how far a cosine is from 1: 0.999988 -> '0.999988', 0.93 -> '0.93'."""
     if c is None or not math.isfinite(c):
         return str(c)
     if c >= 1.0:
@@ -98,7 +110,7 @@ def cosine_str(c: float) -> str:
     while s.startswith("1.") and digits < 15:  # rounding up to 1 would hide the difference
         digits += 1
         s = f"{c:.{digits}f}"
-    return s
+    return s.rstrip("0").rstrip(".") if "." in s else s
 
 
 # ---------------------------------------------------------------------------------------------- nodes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Iterable
 
 from amp_compiler.report.common import (
@@ -60,6 +61,11 @@ def _f(x: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- cards
+def _nb(text: str) -> str:
+    """No line break inside '0.82 MB'."""
+    return text.replace(" ", "&nbsp;")
+
+
 def _card(title: str, value: str, sub: str = "", cls: str = "") -> str:
     return (
         f'<div class="card {cls}"><div class="card-title">{title}</div>'
@@ -91,7 +97,7 @@ def _cards(report: PrecisionReport) -> str:
     cards.append(_card("Casts", str(s.casts), f"{human_bytes(s.cast_bytes)} moved per run"))
     change = f"{(s.size_after - s.size_before) / s.size_before:+.0%}" if s.size_before else ""
     cards.append(_card(
-        "Model size", f"{human_bytes(s.size_before)} &rarr; {human_bytes(s.size_after)}", change, "small"
+        "Model size", f"{_nb(human_bytes(s.size_before))} &rarr; {_nb(human_bytes(s.size_after))}", change, "small"
     ))
     worst_cos, worst_err, nonfinite = worst_accuracy(report)
     if worst_cos is None:
@@ -379,21 +385,36 @@ def _graph_plot(report: PrecisionReport) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- table
-def _num(v: float | None, text: str) -> str:
+def _num(v: float | None, text: str, cls: str = "") -> str:
     dv = "" if v is None else (repr(float(v)) if isinstance(v, float) else str(v))
-    return f'<td class="n" data-v="{dv}">{text}</td>'
+    return f'<td class="n {cls}" data-v="{dv}">{text}</td>'
+
+
+_SHORT_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float": "f32", "float64": "f64",
+                 "double": "f64", "int64": "i64", "int32": "i32", "int8": "i8", "uint8": "u8"}
+
+
+def _dtypes(dtypes: list[str]) -> str:
+    """'float16, float16' -> 'f16 f16' (the full names are in the cell's title)."""
+    return " ".join(e(_SHORT_DTYPES.get(d.lower(), d)) for d in dtypes) or "-"
+
+
+def _op_breaks(op_type: str) -> str:
+    """Long CamelCase op names may break between words: 'Layer<wbr>Normalization'."""
+    text = e(op_type)
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "<wbr>", text) if len(op_type) > 12 else text
 
 
 def _table(report: PrecisionReport, rows: list[tuple[int, NodeReport]]) -> str:
     graphs = len({n.graph for n in report.nodes}) > 1
     ranges, errors = has_ranges(report), has_errors(report)
     heads = [("#", "num")] + ([("graph", "str")] if graphs else []) + [
-        ("node", "str"), ("op", "str"), ("precision", "str"), ("rule", "str"), ("reason", "str"),
-        ("dtypes in &rarr; out", "str"), ("FLOPs", "num"), ("bytes", "num"), ("TC", "str"),
-        ("casts in/out", "num"),
+        ("node", "str"), ("op", "str"), ("precision", "str"), ("rule and reason", "str"),
+        ("dtypes", "str"), ("FLOPs", "num"), ("bytes", "num"), ("TC", "str"),
+        ("casts", "num"),
     ]
     if ranges:
-        heads += [("min", "num"), ("max", "num"), ("absmax", "num"), ("underflow", "num")]
+        heads += [("range", "num"), ("absmax", "num"), ("underflow", "num")]
     if errors:
         heads += [("rel L2", "num"), ("max abs", "num"), ("added", "num")]
     out = ['<table id="nodes"><thead><tr>']
@@ -405,14 +426,14 @@ def _table(report: PrecisionReport, rows: list[tuple[int, NodeReport]]) -> str:
             cells.append(f"<td>{e(n.graph)}</td>")
         tc = "" if n.tensor_core is None else ("yes" if n.tensor_core else "no")
         casts = len(n.casts_in) + len(n.casts_out)
+        dtypes = ", ".join(n.input_dtypes) + " -> " + ", ".join(n.output_dtypes)
         cast_names = "; ".join([f"in: {c}" for c in n.casts_in] + [f"out: {c}" for c in n.casts_out])
         cells += [
             f'<td class="name">{e(n.name)}</td>',
-            f"<td>{e(n.op_type)}" + (f' <span class="dom">{e(n.domain)}</span>' if n.domain else "") + "</td>",
+            f'<td class="op">{_op_breaks(n.op_type)}' + (f' <span class="dom">{e(n.domain)}</span>' if n.domain else "") + "</td>",
             f'<td><span class="badge" style="background:{colour(n.precision)}">{e(n.precision)}</span></td>',
-            f"<td><code>{e(n.rule)}</code></td>",
-            f'<td class="reason">{e(n.reason)}</td>',
-            f'<td class="dt">{e(",".join(n.input_dtypes)) or "-"} &rarr; {e(",".join(n.output_dtypes)) or "-"}</td>',
+            f'<td class="rule"><code>{e(n.rule)}</code><div class="reason">{e(n.reason)}</div></td>',
+            f'<td class="dt" title="{e(dtypes)}">{_dtypes(n.input_dtypes)} &rarr; {_dtypes(n.output_dtypes)}</td>',
             _num(n.flops, human_count(n.flops)),
             _num(n.bytes, human_bytes(n.bytes)),
             f'<td title="{e(n.tensor_core_note)}">{tc or "-"}</td>',
@@ -422,8 +443,7 @@ def _table(report: PrecisionReport, rows: list[tuple[int, NodeReport]]) -> str:
         if ranges:
             r = n.range
             cells += [
-                _num(r and r.min, short_num(r.min) if r else "-"),
-                _num(r and r.max, short_num(r.max) if r else "-"),
+                _num(r and r.min, f"{short_num(r.min)} &hellip; {short_num(r.max)}" if r else "-", "wrap"),
                 _num(r and r.absmax, short_num(r.absmax) if r else "-"),
                 _num(r and r.underflow_share, pct(r.underflow_share) if r else "-"),
             ]
@@ -444,14 +464,14 @@ _CSS = """
 :root{--fg:#1d2433;--muted:#5b6475;--line:#e3e6ec;--card:#f6f7f9}
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:var(--fg);
- margin:0 auto;padding:20px 28px 40px;max-width:1240px}
+ margin:0 auto;padding:20px 20px 40px;max-width:1400px}
 h1{font-size:22px;margin:0 0 2px}h2{font-size:17px;margin:28px 0 8px}
 .sub{color:var(--muted);margin:0 0 16px}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(180px,1fr));gap:12px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 14px}
 .card-title{font-size:12px;text-transform:uppercase;letter-spacing:.04em;color:var(--muted)}
 .card-value{font-size:23px;font-weight:600;margin:2px 0;overflow-wrap:anywhere}
-.card-sub{font-size:12.5px;color:var(--muted);overflow-wrap:anywhere}
+.card-sub{font-size:12.5px;color:var(--muted);overflow-wrap:break-word}
 .card.small .card-value{font-size:19px;line-height:30px}
 .card.bad{border-color:#d62828;background:#fdecec}.card.bad .card-value{color:#d62828}
 .warnings{background:#fff6e0;border:1px solid #f0d28a;border-radius:8px;padding:8px 14px;margin-top:12px}
@@ -467,14 +487,14 @@ svg .lbl{font-size:12px}svg .inbar{fill:#fff;font-size:11.5px;font-weight:600}
 svg .note{fill:var(--muted);font-style:italic}svg .mark{font-size:11px;font-weight:700}
 ol.worst{margin:4px 0 0;padding-left:0;list-style:none}
 .tablewrap{overflow-x:auto;border:1px solid var(--line);border-radius:8px}
-table{border-collapse:collapse;font-size:12.5px;width:100%}
-th,td{padding:4px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:12px;width:100%}
+th,td{padding:4px 5px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 th{background:var(--card);position:sticky;top:0;white-space:nowrap}
 .js th{cursor:pointer}.js th:hover{background:#e9ecf1}
 th.asc::after{content:" \\25B2"}th.desc::after{content:" \\25BC"}
-td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-td.name{min-width:16em;max-width:26em;overflow-wrap:anywhere}td.reason{min-width:12em;max-width:22em;color:var(--muted)}
-td.dt{min-width:9em}.dom{color:var(--muted);font-size:11px}
+td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}td.wrap{white-space:normal;min-width:5em}
+td.name{min-width:11em;max-width:24em;overflow-wrap:anywhere}td.rule{min-width:10em;max-width:17em}.reason{color:var(--muted);font-size:11.5px}
+td.dt{white-space:nowrap}td.op{overflow-wrap:break-word;max-width:10em}.dom{color:var(--muted);font-size:11px}
 .badge{color:#fff;border-radius:4px;padding:0 6px;font-weight:600;font-size:11.5px}
 code{font-size:12px}#filter{margin:0 0 8px;padding:4px 8px;width:320px;font:inherit}
 .jsonly{display:none}.js .jsonly{display:inline}

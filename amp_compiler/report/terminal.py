@@ -210,7 +210,7 @@ def _columns(report: PrecisionReport, width: int) -> list[_Col]:
             colour=lambda n, t: _error_colour(n.error.rel_l2 if n.error else None),
         ))
     if has_ranges(report):
-        optional.append(_Col("absmax", lambda i, n: short_num(n.range.absmax) if n.range else "-", width=6, align=">"))
+        optional.append(_Col("absmax", lambda i, n: short_num(n.range.absmax, 6) if n.range else "-", width=6, align=">"))
     if has_errors(report):
         optional.append(_Col(
             "+err", lambda i, n: sci(n.error.added) if n.error else "-", width=7, align=">",
