@@ -57,7 +57,7 @@ def _check_sample(sample: dict[str, np.ndarray], model: onnx.ModelProto, origin:
                 f"{origin}: input {name!r} is {array.dtype}, the model expects {expected}"
             )
         if tt.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
             bad = len(dims) != array.ndim or any(d is not None and d != a for d, a in zip(dims, array.shape))
             if bad:
                 shown = "x".join("?" if d is None else str(d) for d in dims) or "scalar"
@@ -114,7 +114,7 @@ def random_samples(
         for info in model_inputs(model):
             tt = info.type.tensor_type
             shape = (input_shapes or {}).get(info.name) or tuple(
-                d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim
             )
             dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
             if np.issubdtype(dtype, np.floating):

@@ -265,8 +265,9 @@ def _node_decisions(
                         f"Cast inserted: {users} need(s) {cast.source.name!r} as {_SHORT.get(cast.to)}",
                     )
                 elif node.op_type == "Constant" and node.outputs and is_constant(node.outputs[0]):
+                    dtype = node.outputs[0].dtype
                     precision, rule, reason = (
-                        _dtype_name(node.outputs[0]),
+                        _SHORT[dtype] if dtype in _SHORT else "none",
                         "constant",
                         "constant: converted offline for the precision its users need",
                     )

@@ -106,7 +106,7 @@ def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[st
             if tt.HasField("shape"):
                 dims = []
                 for d in tt.shape.dim:
-                    if d.HasField("dim_value"):
+                    if d.HasField("dim_value") and d.dim_value > 0:  # some exporters write -1
                         dims.append(d.dim_value)
                     else:
                         dims.append(1)
