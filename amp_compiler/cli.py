@@ -56,13 +56,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _convert(args: argparse.Namespace) -> int:
     from amp_compiler.convert import convert
-    from amp_compiler.onnx_io import load_model, save_model
+    from amp_compiler.onnx_io import check_output_path, load_model_and_files, save_model
 
     src, dst = Path(args.model), Path(args.output)
-    if dst.exists() and src.exists() and dst.resolve() == src.resolve() and not args.force:
-        raise OutputError(f"{dst}: the output would overwrite the input model (use --force to allow)")
+    check_output_path(dst, [src], force=args.force)  # fail before the work, not after it
     start = time.perf_counter()
-    model = load_model(src)
+    model, input_files = load_model_and_files(src)
+    check_output_path(dst, input_files, force=args.force)  # nor over the input's external data
     result = convert(
         model,
         target=Target.parse(args.target),
@@ -93,6 +93,14 @@ def _print_summary(result, src: Path, dst: Path, seconds: float) -> None:
     )
 
 
+def _one_line(text: str, limit: int = 600) -> str:
+    """A message as one printable line: line breaks and control characters (from names inside a
+    hostile model) never split or garble the error line; very long messages are shortened."""
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return _convert(args)
         raise OptionError(f"unknown command {args.command!r}")
     except AmpUserError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(
-            f"{PROG}: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"{PROG}: internal error: {type(exc).__name__}: {_one_line(str(exc))}"
             " (rerun with --debug for the traceback, and please report it)",
             file=sys.stderr,
         )
