@@ -430,7 +430,7 @@ def _table(report: PrecisionReport, rows: list[tuple[int, NodeReport]]) -> str:
         cast_names = "; ".join([f"in: {c}" for c in n.casts_in] + [f"out: {c}" for c in n.casts_out])
         cells += [
             f'<td class="name">{e(n.name)}</td>',
-            f'<td class="op">{_op_breaks(n.op_type)}' + (f' <span class="dom">{e(n.domain)}</span>' if n.domain else "") + "</td>",
+            f'<td class="op">{_op_breaks(n.op_type)}' + (f' <span class="dom">{e(n.domain)}</span>' if n.domain not in ("", "ai.onnx") else "") + "</td>",
             f'<td><span class="badge" style="background:{colour(n.precision)}">{e(n.precision)}</span></td>',
             f'<td class="rule"><code>{e(n.rule)}</code><div class="reason">{e(n.reason)}</div></td>',
             f'<td class="dt" title="{e(dtypes)}">{_dtypes(n.input_dtypes)} &rarr; {_dtypes(n.output_dtypes)}</td>',

@@ -257,7 +257,7 @@ def _details(i: int, n: NodeReport, width: int) -> list[str]:
         f"#{i} in graph {clean(n.graph)}" if n.graph else f"#{i}",
         f"{','.join(map(clean, n.input_dtypes)) or '-'} -> {','.join(map(clean, n.output_dtypes)) or '-'}",
     ]
-    if n.domain:
+    if n.domain not in ("", "ai.onnx"):
         facts.append(f"domain {clean(n.domain)}")
     if n.bytes is not None:
         facts.append(f"{human_bytes(n.bytes)} moved")
