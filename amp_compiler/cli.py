@@ -32,26 +32,159 @@ def _parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="convert an FP32 ONNX model to mixed precision")
     conv.add_argument("model", help="input ONNX model (FP32)")
     conv.add_argument("-o", "--output", required=True, help="output ONNX model path")
-    conv.add_argument("--target", default="fp16", choices=[t.value for t in Target])
+    _add_conversion_args(conv)
     conv.add_argument(
-        "--provider", default="cuda", choices=[p.value for p in Provider],
-        help="execution provider the model is meant for (default: cuda)",
-    )
-    conv.add_argument(
-        "--block-op", action="append", default=[], metavar="OP",
-        help="keep every node of this op type in FP32 (repeatable)",
-    )
-    conv.add_argument(
-        "--block-node", action="append", default=[], metavar="REGEX",
-        help="keep nodes whose name matches this regular expression (re.search) in FP32 (repeatable)",
-    )
-    conv.add_argument(
-        "--no-keep-io-types", dest="keep_io_types", action="store_false",
-        help="let graph inputs and outputs take the low-precision type too",
+        "--report", metavar="FILE",
+        help="also write the precision report; the format follows the suffix (.json, .csv, .html, else text)",
     )
     conv.add_argument("--force", action="store_true", help="allow the output path to equal the input path")
     conv.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+
+    rep = sub.add_parser("report", help="show what a conversion would decide per node, and why")
+    rep.add_argument("model", help="input ONNX model (FP32)")
+    _add_conversion_args(rep)
+    rep.add_argument("--format", default="terminal", choices=list(_FORMATS), help="report format")
+    rep.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    rep.add_argument("--sort", default="cost", choices=["cost", "error", "name", "graph"], help="row order")
+    rep.add_argument("--op", action="append", default=[], metavar="OP", help="only rows of this op type (repeatable)")
+    rep.add_argument(
+        "--precision", action="append", default=[], metavar="P",
+        help="only rows of this precision: fp16, bf16, fp32, mixed, none, low, high (repeatable)",
+    )
+    rep.add_argument("-v", "--verbose", action="store_true", help="show each decision's reason")
+    rep.add_argument("--limit", type=int, default=None, help="at most this many rows in the terminal table")
     return parser
+
+
+_FORMATS = ("terminal", "json", "csv", "html")
+
+
+def _add_conversion_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``convert`` and ``report``: what to convert to, overrides, calibration."""
+    p.add_argument("--target", default="fp16", choices=[t.value for t in Target])
+    p.add_argument(
+        "--provider", default="cuda", choices=[p.value for p in Provider],
+        help="execution provider the model is meant for (default: cuda)",
+    )
+    p.add_argument(
+        "--block-op", action="append", default=[], metavar="OP",
+        help="keep every node of this op type in FP32 (repeatable)",
+    )
+    p.add_argument(
+        "--block-node", action="append", default=[], metavar="REGEX",
+        help="keep nodes whose name matches this regular expression (re.search) in FP32 (repeatable)",
+    )
+    p.add_argument(
+        "--no-keep-io-types", dest="keep_io_types", action="store_false",
+        help="let graph inputs and outputs take the low-precision type too",
+    )
+    p.add_argument(
+        "--calibration-data", metavar="PATH",
+        help="sample inputs: an .npz keyed by graph input name, or a folder of them",
+    )
+    p.add_argument(
+        "--tolerance", type=float, metavar="REL_L2",
+        help="pin nodes to FP32 until every float output is within this relative L2 error of FP32 "
+        "(needs --calibration-data)",
+    )
+    p.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME:DIMS",
+        help="fix a graph input's shape, e.g. input:1x3x224x224 (cost estimates, random inputs; repeatable)",
+    )
+
+
+def _options(args: argparse.Namespace):
+    from amp_compiler.convert import ConvertOptions
+
+    return ConvertOptions(
+        target=Target.parse(args.target),
+        provider=Provider.parse(args.provider),
+        keep_io_types=args.keep_io_types,
+        block_ops=frozenset(args.block_op),
+        block_nodes=tuple(args.block_node),
+    )
+
+
+def _input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    from amp_compiler.costs import parse_input_shape
+
+    shapes = {}
+    for text in args.input_shape:
+        try:
+            name, shape = parse_input_shape(text)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        shapes[name] = shape
+    return shapes or None
+
+
+def _analyze(args: argparse.Namespace, model, src: Path):
+    from amp_compiler.analyze import analyze
+
+    shapes = _input_shapes(args)
+    if shapes:
+        known = {i.name for i in model.graph.input}
+        unknown = sorted(set(shapes) - known)
+        if unknown:
+            raise OptionError(f"--input-shape: {', '.join(unknown)} is not a graph input (inputs: {', '.join(sorted(known))})")
+    return analyze(
+        model,
+        _options(args),
+        model_name=src.name,
+        calibration_data=args.calibration_data,
+        tolerance=args.tolerance,
+        input_shapes=shapes,
+    )
+
+
+def _format_for(path: Path) -> str:
+    return {".json": "json", ".csv": "csv", ".html": "html", ".htm": "html"}.get(path.suffix.lower(), "terminal")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write a report atomically (temporary file, then rename)."""
+    import os
+    import tempfile
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise OutputError(f"{path}: the folder {folder} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _report(args: argparse.Namespace) -> int:
+    from amp_compiler.onnx_io import load_model
+    from amp_compiler.report.render import render
+
+    src = Path(args.model)
+    model = load_model(src)
+    analysis = _analyze(args, model, src)
+    to_tty = args.output is None and sys.stdout.isatty()
+    text = render(
+        analysis.report,
+        args.format,
+        sort=args.sort,
+        op=args.op or None,
+        precision=args.precision or None,
+        color=to_tty and args.format == "terminal",
+        verbose=args.verbose,
+        limit=args.limit,
+    )
+    if args.output:
+        _write_text(Path(args.output), text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -63,17 +196,25 @@ def _convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     model, input_files = load_model_and_files(src)
     check_output_path(dst, input_files, force=args.force)  # nor over the input's external data
-    result = convert(
-        model,
-        target=Target.parse(args.target),
-        provider=Provider.parse(args.provider),
-        keep_io_types=args.keep_io_types,
-        block_ops=args.block_op,
-        block_nodes=args.block_node,
-    )
+    explain = args.report or args.calibration_data or args.tolerance is not None or args.input_shape
+    analysis = _analyze(args, model, src) if explain else None
+    result = analysis.result if analysis else convert(model, _options(args))
+    if args.report:
+        from amp_compiler.report.render import render
+
+        report_path = Path(args.report)
+        _write_text(report_path, render(analysis.report, _format_for(report_path)))
     save_model(result.model, dst, input_path=None if args.force else src)
     if not args.quiet:
         _print_summary(result, src, dst, time.perf_counter() - start)
+        if analysis and analysis.refinement:
+            r = analysis.refinement
+            worst = max(r.output_errors.values(), default=0.0)
+            print(
+                f"--tolerance {args.tolerance:g}: {'met' if r.met else 'NOT met'} (worst output "
+                f"relative L2 {worst:.3g}) after {r.rounds} conversions, {r.model_runs} model runs; "
+                f"{len(r.pinned)} node(s) pinned to FP32"
+            )
     return 0
 
 
@@ -107,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.command == "convert":
             return _convert(args)
+        if args.command == "report":
+            return _report(args)
         raise OptionError(f"unknown command {args.command!r}")
     except AmpUserError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
