@@ -98,6 +98,7 @@ def analyze(
         samples=len(samples),
         model_runs=runs,
         pinned=len(refinement.pinned) if refinement else 0,
+        tolerance=tolerance,
         warnings=warnings,
     )
     return Analysis(result, report, refinement)

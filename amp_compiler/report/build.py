@@ -41,6 +41,7 @@ def build_report(
     samples: int = 0,
     model_runs: int = 0,
     pinned: int = 0,
+    tolerance: float | None = None,
     warnings: list[str] | None = None,
 ) -> PrecisionReport:
     """One NodeReport per node of the converted model, with costs, casts, ranges and errors."""
@@ -85,6 +86,7 @@ def build_report(
                 casts_out=[c for o in node.output for c in read_by_cast.get(o, []) if id(node) not in cast_names],
                 range=_first_float_output(original, ranges) if original is not None else None,
                 error=node_errors.get(d.index) if d.index is not None else None,
+                inserted=d.rule == CAST_RULE,
             )
         )
 
@@ -109,6 +111,7 @@ def build_report(
         calibration_samples=samples,
         model_runs=model_runs,
         pinned_by_tolerance=pinned,
+        tolerance=tolerance,
     )
     notes = list(warnings or [])
     if costs.assumed:

@@ -52,6 +52,7 @@ class NodeReport:
     casts_out: list[str] = dataclasses.field(default_factory=list)  # Casts reading its outputs
     range: TensorRange | None = None  # of its first float output
     error: NodeError | None = None
+    inserted: bool = False  # a Cast the conversion inserted (not a node of the input model)
 
 
 @dataclasses.dataclass
@@ -67,7 +68,7 @@ class OutputAccuracy:
 class Summary:
     target: str
     provider: str
-    nodes: int
+    nodes: int  # nodes of the input model (inserted Casts are counted in ``casts``)
     nodes_by_precision: dict[str, int]
     flops_total: int
     flops_low: int  # FLOPs of nodes running in the low-precision type
@@ -79,6 +80,7 @@ class Summary:
     calibration_samples: int = 0
     model_runs: int = 0  # runs of the converted model by the --tolerance refinement
     pinned_by_tolerance: int = 0
+    tolerance: float | None = None  # the --tolerance asked for (relative L2 per float output)
 
     @property
     def low_flops_share(self) -> float:
