@@ -47,6 +47,27 @@ def ffn_overflow_model():
     return model(nodes, [vi("x", F32, [8, d])], [vi("out", F32, [8, d])], inits)
 
 
+def cnn_big_activation_model():
+    """A CNN whose first conv outputs ~1e5 (a detector-style un-normalised stem) and whose
+    BatchNorm has a variance of 1e10 to bring them back: FP16 overflows at the conv already."""
+    r = _rng(3)
+    c = 8
+    w1 = (r.standard_normal((c, 3, 3, 3)) * 8e3).astype(np.float32)  # representable weights
+    w2 = (r.standard_normal((c, c, 3, 3)) / 8).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="stem"),
+        helper.make_node("BatchNormalization", ["c1", "s", "b", "mean", "var"], ["bn"], name="bn"),
+        helper.make_node("Relu", ["bn"], ["act"], name="relu"),
+        helper.make_node("Conv", ["act", "w2"], ["out"], pads=[1, 1, 1, 1], name="head"),
+    ]
+    inits = [
+        tensor("w1", w1), tensor("w2", w2), tensor("s", np.ones(c, np.float32)),
+        tensor("b", np.zeros(c, np.float32)), tensor("mean", np.zeros(c, np.float32)),
+        tensor("var", np.full(c, 1e10, np.float32)),
+    ]
+    return model(nodes, [vi("x", F32, [1, 3, 16, 16])], [vi("out", F32, [1, c, 16, 16])], inits)
+
+
 def underflow_model():
     """Tiny activations (~5e-9, below FP16's smallest subnormal) from representable constants,
     feeding a Log: FP16 flushes them to zero and the Log gives -inf."""
@@ -123,6 +144,34 @@ def test_underflow_breaks_plain_fp16_and_calibration_fixes_it():
     assert d["tiny_mm"].precision == "fp32" and d["tiny_mm"].rule == "calibration.underflow"
     acc = _accuracy(m, calibrated.model, samples)
     assert acc.finite and acc.cosine >= 0.999
+
+
+def test_cnn_activation_overflow_needs_calibration():
+    m = cnn_big_activation_model()
+    samples = _samples(m)
+    plain = convert(m)
+    d = {x.node: x for x in plain.decisions}
+    assert d["bn"].rule == "constant.overflow"  # the static rule sees the variance...
+    assert not _accuracy(m, plain.model, samples).finite  # ...but the conv output overflows first
+    calibrated = convert(m, ranges=collect_ranges(m, samples))
+    d = {x.node: x for x in calibrated.decisions}
+    assert d["stem"].precision == "fp32" and d["stem"].rule == "calibration.overflow"
+    assert d["head"].precision == "fp16"
+    acc = _accuracy(m, calibrated.model, samples)
+    assert acc.finite and acc.cosine >= 0.999
+
+
+def test_clip_before_log_is_safe_with_and_without_calibration():
+    from models import catalog
+
+    entry = catalog.get("clip-log")
+    m = catalog.load(entry)
+    samples = [entry.make_inputs(_rng(s)) for s in range(2)]
+    for ranges in (None, collect_ranges(m, samples)):
+        r = convert(m, ranges=ranges)
+        assert {x.node: x for x in r.decisions}["clip"].precision == "fp32"
+        acc = _accuracy(m, r.model, samples)
+        assert acc.finite and acc.cosine >= 0.999
 
 
 def test_bf16_needs_no_range_rules():
