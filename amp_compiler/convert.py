@@ -31,6 +31,7 @@ from amp_compiler.passes import (
     ClassifyPass,
     ConstantRangePass,
     LowerPlanPass,
+    MinCutPlacementPass,
     PaintPass,
     RemoveCancellingCastsPass,
 )
@@ -63,6 +64,8 @@ class ConvertOptions:
     block_nodes: tuple[str, ...] = ()
     # Nodes kept FP32 by the --tolerance refinement: (position in node_order(), reason).
     pinned_nodes: tuple[tuple[int, str], ...] = ()
+    # "mincut": re-decide painting's free choices to move the fewest cast bytes; "paint": painting only.
+    placement: str = "mincut"
 
 
 @dataclasses.dataclass
@@ -88,6 +91,8 @@ class ConversionResult:
     casts_inserted: int
     constants_converted: int
     options: ConvertOptions
+    cast_bytes_painting: int | None = None  # bytes Casts would move as painted (shapes as inferred)
+    cast_bytes: int | None = None  # bytes the placed Casts move
 
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -130,6 +135,10 @@ def convert(
     if ranges:
         analyses.append(CalibrationRangePass(ranges, opts.target))
     analyses.append(PaintPass())
+    if opts.placement == "mincut":
+        analyses.append(MinCutPlacementPass())
+    elif opts.placement != "paint":
+        raise OptionError(f"unknown placement {opts.placement!r}: expected mincut or paint")
     for analysis in analyses:
         analysis(graph, plan)
     lower = LowerPlanPass(graph, plan)
@@ -146,7 +155,10 @@ def convert(
         for n in g.node
         if n.op_type == "Cast"
     ) - sum(1 for g in iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast")
-    return ConversionResult(out, decisions, n_casts, len(lower.converted_constants), opts)
+    return ConversionResult(
+        out, decisions, n_casts, len(lower.converted_constants), opts,
+        plan.cast_bytes_painting, plan.cast_bytes_final,
+    )
 
 
 def node_order(model: ir.Model) -> list[ir.Node]:

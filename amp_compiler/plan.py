@@ -44,6 +44,7 @@ class Rule(enum.Enum):
     PAINT_BETWEEN_LOW = "paint.between-low"
     PAINT_PASS = "paint.pass-spread"
     PAINT_TABLE = "paint.table-lookup"
+    MINCUT = "placement.min-cut"
     PAINT_DEFAULT = "paint.default-fp32"
     FIXED = "fixed"
 
@@ -66,6 +67,9 @@ class PrecisionPlan:
     # that explain such rewrites on the vertices that read them.
     constant_rewrites: dict[ir.Value, tuple[float, str]] = dataclasses.field(default_factory=dict)
     notes: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Bytes moved by Casts: as painted, and after cast placement (None when placement did not run).
+    cast_bytes_painting: int | None = None
+    cast_bytes_final: int | None = None
 
     def set_role(self, vid: int, role: Role, rule: Rule, reason: str) -> None:
         self.roles[vid] = role
