@@ -30,6 +30,7 @@ from amp_compiler.passes import (
     CalibrationRangePass,
     ClassifyPass,
     ConstantRangePass,
+    KernelCoveragePass,
     LowerPlanPass,
     MinCutPlacementPass,
     PaintPass,
@@ -132,6 +133,7 @@ def convert(
     nodes = node_order(ir_model)
     pinned = {nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)}
     analyses = [ClassifyPass(opts.provider, opts.block_ops, patterns, pinned), ConstantRangePass(opts.target)]
+    analyses.insert(1, KernelCoveragePass(opts.provider))  # right after classification
     if ranges:
         analyses.append(CalibrationRangePass(ranges, opts.target))
     analyses.append(PaintPass())

@@ -40,6 +40,7 @@ class Rule(enum.Enum):
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"
     TOLERANCE_PINNED = "tolerance.pinned"
+    PROVIDER_NO_KERNEL = "provider.no-kernel"
     PAINT_DENY = "paint.deny-forward"
     PAINT_BETWEEN_LOW = "paint.between-low"
     PAINT_PASS = "paint.pass-spread"

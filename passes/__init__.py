@@ -4,7 +4,8 @@ Analysis passes read a :class:`~amp_compiler.graph.PrecisionGraph` and write a
 :class:`~amp_compiler.plan.PrecisionPlan` (they never edit the model):
 ``ClassifyPass`` (policy roles), ``ConstantRangePass`` (unrepresentable constants),
 ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation), ``MinCutPlacementPass``
-(cast bytes minimised exactly over painting's free choices). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
+(cast bytes minimised exactly over painting's free choices), ``KernelCoveragePass`` (ops without a
+low-precision kernel on the target provider stay FP32). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
 ``LowerPlanPass`` (apply the plan) and ``RemoveCancellingCastsPass`` (cleanup).
 """
 
@@ -12,6 +13,7 @@ from amp_compiler.passes.calibration import CalibrationRangePass
 from amp_compiler.passes.classify import ClassifyPass
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.constants import ConstantRangePass
+from amp_compiler.passes.coverage import KernelCoveragePass
 from amp_compiler.passes.lower import LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.paint import PaintPass
@@ -20,6 +22,7 @@ __all__ = [
     "CalibrationRangePass",
     "ClassifyPass",
     "ConstantRangePass",
+    "KernelCoveragePass",
     "LowerPlanPass",
     "MinCutPlacementPass",
     "PaintPass",
