@@ -91,6 +91,11 @@ def _add_conversion_args(p: argparse.ArgumentParser) -> None:
         "--input-shape", action="append", default=[], metavar="NAME:DIMS",
         help="fix a graph input's shape, e.g. input:1x3x224x224 (cost estimates, random inputs; repeatable)",
     )
+    p.add_argument(
+        "--pad-tensor-cores", action="store_true",
+        help="pad FP16/BF16 MatMul/Gemm/Conv weights to multiples of 8 with zeros and slice the "
+        "outputs back (exact; off by default)",
+    )
 
 
 def _options(args: argparse.Namespace):
@@ -102,6 +107,7 @@ def _options(args: argparse.Namespace):
         keep_io_types=args.keep_io_types,
         block_ops=frozenset(args.block_op),
         block_nodes=tuple(args.block_node),
+        pad_tensor_cores=args.pad_tensor_cores,
     )
 
 

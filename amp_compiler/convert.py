@@ -33,6 +33,7 @@ from amp_compiler.passes import (
     KernelCoveragePass,
     LowerPlanPass,
     MinCutPlacementPass,
+    PadTensorCoresPass,
     PaintPass,
     RemoveCancellingCastsPass,
 )
@@ -67,6 +68,8 @@ class ConvertOptions:
     pinned_nodes: tuple[tuple[int, str], ...] = ()
     # "mincut": re-decide painting's free choices to move the fewest cast bytes; "paint": painting only.
     placement: str = "mincut"
+    # Pad low-precision MatMul/Gemm/Conv weights to multiples of 8 with zeros and Slice back (exact).
+    pad_tensor_cores: bool = False
 
 
 @dataclasses.dataclass
@@ -146,8 +149,13 @@ def convert(
     lower = LowerPlanPass(graph, plan)
     lower(ir_model)
     RemoveCancellingCastsPass()(ir_model)
+    pad = PadTensorCoresPass() if opts.pad_tensor_cores else None
+    if pad is not None:
+        pad(ir_model)
     positions = {id(node): i for i, node in enumerate(nodes)}
     decisions = _node_decisions(graph, plan, ir_model, {id(c.node): c for c in lower.casts}, positions)
+    if pad is not None:
+        pad.explain(decisions, node_order(ir_model))
     out = ir.to_proto(ir_model)
     out.ir_version = proto.ir_version
     _keep_value_info_of(proto, out)

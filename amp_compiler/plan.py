@@ -48,6 +48,7 @@ class Rule(enum.Enum):
     MINCUT = "placement.min-cut"
     PAINT_DEFAULT = "paint.default-fp32"
     FIXED = "fixed"
+    PAD_SLICE = "pad.slice"  # a Slice inserted by the opt-in Tensor Core padding
 
 
 @dataclasses.dataclass

@@ -6,7 +6,8 @@ Analysis passes read a :class:`~amp_compiler.graph.PrecisionGraph` and write a
 ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation), ``MinCutPlacementPass``
 (cast bytes minimised exactly over painting's free choices), ``KernelCoveragePass`` (ops without a
 low-precision kernel on the target provider stay FP32). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
-``LowerPlanPass`` (apply the plan) and ``RemoveCancellingCastsPass`` (cleanup).
+``LowerPlanPass`` (apply the plan), ``RemoveCancellingCastsPass`` (cleanup) and the opt-in
+``PadTensorCoresPass`` (weights padded to multiples of 8, sliced back).
 """
 
 from amp_compiler.passes.calibration import CalibrationRangePass
@@ -16,6 +17,7 @@ from amp_compiler.passes.constants import ConstantRangePass
 from amp_compiler.passes.coverage import KernelCoveragePass
 from amp_compiler.passes.lower import LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
+from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "KernelCoveragePass",
     "LowerPlanPass",
     "MinCutPlacementPass",
+    "PadTensorCoresPass",
     "PaintPass",
     "RemoveCancellingCastsPass",
 ]
