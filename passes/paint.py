@@ -31,7 +31,8 @@ from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 
-TABLE_LOOKUP_OPS = frozenset({"Gather", "GatherElements", "GatherND"})
+# ONNX gathers, and ATen's embedding (the FX frontend names vertices' ops by their ATen packet name).
+TABLE_LOOKUP_OPS = frozenset({"Gather", "GatherElements", "GatherND", "embedding"})
 TABLE_MIN_ELEMENTS = 16384  # 64 KiB of FP32
 
 
