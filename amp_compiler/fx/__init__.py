@@ -1,0 +1,23 @@
+"""The PyTorch path: mixed precision on torch.fx graphs (the only part of amp-compiler that imports torch).
+
+    import amp_compiler.fx as ampfx
+    gm = ampfx.convert(model, example_inputs, target="fp16")     # GraphModule with explicit casts
+    print(ampfx.report(gm))                                       # every node's decision and why
+    step = ampfx.prepare_training(model, loss_fn, (x, y), target="fp16", loss_scale="dynamic")
+    loss = step(x, y, optimizer)                                  # scaled, unscaled, skipped on inf/NaN
+    compiled = torch.compile(model, backend=ampfx.backend(target="fp16"))
+"""
+
+from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform
+from amp_compiler.fx.policy import default_policy
+from amp_compiler.fx.report import FxReport
+
+__all__ = [
+    "AmpInternalError",
+    "FxReport",
+    "capture",
+    "convert",
+    "default_policy",
+    "report",
+    "transform",
+]

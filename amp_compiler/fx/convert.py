@@ -1,0 +1,211 @@
+"""The FX pipeline: capture with torch.export, analyse with the shared passes, lower casts into the graph.
+
+    capture (torch.export, in-place ops made functional) -> precision graph -> classify -> constant
+    ranges -> paint -> lower (cast nodes, parameter storage) -> fake-tensor check -> report
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from amp_compiler.errors import OptionError
+from amp_compiler.fx.graph import FxPrecisionGraph, build_fx_precision_graph, is_float
+from amp_compiler.fx.lower import lower_plan, short
+from amp_compiler.fx.policy import AtenPolicy, default_policy
+from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
+from amp_compiler.fx.report import FxReport, node_decisions, state_bytes
+from amp_compiler.graph import SlotKind
+from amp_compiler.passes import ClassifyPass, ConstantRangePass, PaintPass
+from amp_compiler.plan import PrecisionPlan
+from amp_compiler.targets import Provider, Target
+
+REPORT_KEY = "amp_compiler"
+
+
+class AmpInternalError(RuntimeError):
+    """The converted graph does not compute in the precisions the plan chose (a bug in amp-compiler)."""
+
+
+def capture(
+    model: torch.nn.Module,
+    example_inputs: tuple,
+    example_kwargs: dict | None = None,
+    *,
+    dynamic_shapes=None,
+    strict: bool = False,
+) -> fx.GraphModule:
+    """The model as an ATen-level GraphModule (``torch.export``), with in-place ops made functional
+    where that is safe. Parameters are shared with ``model``; ``model`` is not modified."""
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    ep = torch.export.export(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    gm = ep.module()
+    functionalize_inplace(gm)
+    return gm
+
+
+def _fake_inputs(gm: fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def transform(
+    gm: fx.GraphModule,
+    target: Target | str = Target.FP16,
+    *,
+    mode: str = "inference",
+    block_ops: Iterable[str] = (),
+    block_nodes: Iterable[str] = (),
+    policy: AtenPolicy | None = None,
+    constant_sources: dict | None = None,
+    unchecked_constants: Iterable[fx.Node] = (),
+    fake_inputs: list | None = None,
+    parameter_bytes_before: int | None = None,
+    notes: dict[str, str] | None = None,
+) -> FxReport:
+    """Convert ``gm`` in place to mixed precision and return the report.
+
+    ``mode``: ``"inference"`` stores parameters in low precision where every use is low precision;
+    ``"training"`` and ``"compile"`` keep parameters as they are and cast them at use.
+    ``constant_sources``: nodes holding parameters/buffers (default: the float ``get_attr`` nodes).
+    ``notes``: node name -> a sentence appended to that node's reason (rewrites made before).
+    """
+    target = Target.parse(target) if isinstance(target, str) else target
+    policy = policy or default_policy()
+    block_ops = frozenset(block_ops)
+    unknown = sorted(op for op in block_ops if policy.get(op) is None and not hasattr(torch.ops.aten, op))
+    if unknown:
+        raise OptionError(f"block_ops: unknown ATen op(s): {', '.join(unknown)}")
+    patterns = []
+    for p in block_nodes:
+        try:
+            patterns.append(re.compile(p))
+        except re.error as exc:
+            raise OptionError(f"block_nodes: invalid regular expression {p!r}: {exc}") from None
+
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    bytes_before = state_bytes(gm) if parameter_bytes_before is None else parameter_bytes_before
+    sources = dict(constant_sources) if constant_sources is not None else None
+    fxg = build_fx_precision_graph(
+        gm,
+        target,
+        policy,
+        constant_sources=sources,
+        unchecked_constants=set(unchecked_constants),
+        table_lookups=(mode == "inference"),
+    )
+    plan = PrecisionPlan()
+    for analysis in (ClassifyPass(Provider.CUDA, block_ops, tuple(patterns)), ConstantRangePass(target), PaintPass()):
+        analysis(fxg.graph, plan)
+    lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
+    fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
+    _check(gm, fxg, lowering, fake)
+    decisions = node_decisions(
+        gm, fxg, plan, lowering, order, training=(mode == "training"),
+        weight_placeholders={n for n in (sources or ()) if n.op == "placeholder"},
+    )
+    for d in decisions:
+        if notes and d.node in notes:
+            d.reason = f"{d.reason}; {notes[d.node]}"
+    warnings = [
+        f"{op.name}: {op.op_type} is not in the ATen policy table; it stays FP32"
+        for op in fxg.graph.unknown_ops
+        if op.domain == "aten" and op in fxg.graph.node_vertices
+    ]
+    report = FxReport(
+        target=target.value,
+        mode=mode,
+        decisions=decisions,
+        casts_inserted=len(lowering.casts),
+        stored_low={k: short(v.after) for k, v in lowering.stored.items()},
+        parameter_bytes_before=bytes_before,
+        parameter_bytes_after=state_bytes(gm),
+        warnings=warnings,
+    )
+    gm.meta[REPORT_KEY] = report
+    return report
+
+
+class _FakeProp(FakeTensorProp):
+    """FakeTensorProp that also reads parameters and buffers as fake tensors, so in-place ops in the
+    graph (a BatchNorm's ``num_batches_tracked += 1``) never touch the real ones."""
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            cache = self.__dict__.setdefault("_fakes", {})
+            if target not in cache:
+                cache[target] = self._mode.from_tensor(value)
+            return cache[target]
+        return value
+
+
+def _check(gm: fx.GraphModule, fxg: FxPrecisionGraph, lowering, fake: list) -> None:
+    """Re-run the graph on fake tensors (refreshing ``meta["val"]``) and check every tensor a node
+    produces has the dtype the plan gave it."""
+    if not fake or any(v is None for v in fake):
+        return
+    mode = detect_fake_mode(fake)
+    if mode is None:
+        return
+    _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
+    wrong = []
+    for slot in fxg.slots:
+        if slot.kind is not SlotKind.NODE_OUT:
+            continue
+        want = lowering.slot_dtypes[slot]
+        val = slot.tensor.meta.get("val")
+        got = val.dtype if isinstance(val, torch.Tensor) else None
+        if got is not None and got != want:
+            wrong.append(f"{slot.tensor.name}: planned {short(want)}, computes {short(got)}")
+    if wrong:
+        raise AmpInternalError("converted graph differs from the plan: " + "; ".join(wrong[:10]))
+
+
+def convert(
+    model: torch.nn.Module,
+    example_inputs,
+    example_kwargs: dict | None = None,
+    *,
+    target: Target | str = "fp16",
+    block_ops: Iterable[str] = (),
+    block_nodes: Iterable[str] = (),
+    dynamic_shapes=None,
+    fold_bn: bool = True,
+    policy: AtenPolicy | None = None,
+) -> fx.GraphModule:
+    """Convert ``model`` to a mixed-precision GraphModule for inference, with explicit casts.
+
+    The model is captured with ``torch.export`` (ATen-level) in its current mode (call
+    ``model.eval()`` first for inference). Graph inputs and outputs keep their dtypes. Parameters and
+    buffers whose every use is low precision are stored in low precision on the returned module (the
+    caller's model is untouched); ``report(gm)`` gives every node's decision and the memory saved.
+    With ``fold_bn`` (the default), eval-mode batch norms that only read a convolution are folded
+    into it first, in FP32, as ``torch.onnx.export`` does.
+    """
+    gm = capture(model, example_inputs if isinstance(example_inputs, tuple) else (example_inputs,),
+                 example_kwargs, dynamic_shapes=dynamic_shapes)
+    before = state_bytes(gm)
+    folded = fold_batchnorm(gm) if fold_bn else []
+    notes = {f.conv: f"batch_norm {f.batch_norm!r} was folded into its weight and bias (in FP32)" for f in folded}
+    transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
+              parameter_bytes_before=before, notes=notes)
+    return gm
+
+
+def report(gm: fx.GraphModule) -> FxReport:
+    """The report :func:`convert` (or a training step, or the compile backend) attached to ``gm``."""
+    rep = getattr(gm, "meta", {}).get(REPORT_KEY)
+    if rep is None:
+        raise ValueError("this GraphModule was not converted by amp_compiler.fx")
+    return rep
+
+
+def float_placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder" and is_float(n)]
