@@ -11,13 +11,18 @@
 from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform
 from amp_compiler.fx.policy import default_policy
 from amp_compiler.fx.report import FxReport
+from amp_compiler.fx.scaler import LossScaler
+from amp_compiler.fx.training import TrainStep, prepare_training
 
 __all__ = [
     "AmpInternalError",
     "FxReport",
+    "LossScaler",
+    "TrainStep",
     "capture",
     "convert",
     "default_policy",
+    "prepare_training",
     "report",
     "transform",
 ]
