@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import networkx as nx
 import onnx_ir as ir
@@ -49,38 +50,36 @@ class SlotKind(enum.Enum):
     GRAPH_IN = "graph input"
     GRAPH_OUT = "graph output"
 
+    # Members are singletons: hash by identity, in C (Enum's default hashes the name in Python, and
+    # every Slot lookup hashes its kind).
+    __hash__ = object.__hash__
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Slot:
+
+_NODE_IN, _NODE_OUT, _GRAPH_IN, _GRAPH_OUT = (
+    SlotKind.NODE_IN, SlotKind.NODE_OUT, SlotKind.GRAPH_IN, SlotKind.GRAPH_OUT
+)
+
+
+class Slot(NamedTuple):
+    """One node input/output or graph input/output. Equal (and hashed) by kind, owner identity
+    (nodes and graphs compare by identity) and index; a tuple, so hashing and comparing run in C."""
+
     kind: SlotKind
     owner: ir.Node | ir.Graph
     index: int
 
-    def __hash__(self) -> int:
-        return hash((self.kind, id(self.owner), self.index))
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Slot)
-            and self.kind is other.kind
-            and self.owner is other.owner
-            and self.index == other.index
-        )
-
     @property
     def value(self) -> ir.Value | None:
-        if self.kind is SlotKind.NODE_IN:
-            return self.owner.inputs[self.index]
-        if self.kind is SlotKind.NODE_OUT:
-            return self.owner.outputs[self.index]
-        if self.kind is SlotKind.GRAPH_IN:
+        kind = self.kind
+        if kind is _NODE_IN or kind is _GRAPH_IN:
             return self.owner.inputs[self.index]
         return self.owner.outputs[self.index]
 
     @property
     def defines(self) -> bool:
         """True for slots that produce their tensor (node outputs, graph inputs)."""
-        return self.kind in (SlotKind.NODE_OUT, SlotKind.GRAPH_IN)
+        kind = self.kind
+        return kind is _NODE_OUT or kind is _GRAPH_IN
 
 
 @dataclasses.dataclass
@@ -116,7 +115,10 @@ def iter_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     """The graph and all its subgraphs, depth first, parents before children."""
     yield graph
     for node in graph:
-        for attr in node.attributes.values():
+        attrs = node.attributes.data  # the plain dict under the UserDict: iterating it is C-speed
+        if not attrs:
+            continue
+        for attr in attrs.values():
             if attr.type == ir.AttributeType.GRAPH:
                 yield from iter_graphs(attr.value)
             elif attr.type == ir.AttributeType.GRAPHS:
@@ -143,6 +145,11 @@ def _tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
     if isinstance(value.type, ir.TensorType):
         return True, value.type.dtype
     return False, None
+
+
+def _slot_order(s: Slot) -> tuple:
+    """Slots of a vertex: node outputs first, then by kind and index."""
+    return (s.kind is not _NODE_OUT, s.kind.value, s.index)
 
 
 class _UnionFind:
@@ -194,17 +201,23 @@ class _Builder:
         self.target = target
         self.policy = policy
         self.keep_io = keep_io
+        self.type_str = target.type_str
         self.uf = _UnionFind()
         # Per slot: the types its schema allows (None: no schema, the slot is fixed).
         self.allowed: dict[Slot, frozenset[str] | None] = {}
         self.slot_node: dict[Slot, ir.Node | None] = {}
+        self.slot_dtype: dict[Slot, ir.DataType | None] = {}  # element type when the graph was built
         self.fixed: dict[Slot, str] = {}  # slots fixed for a reason of their own
         self.tied: set[Slot] = set()  # body I/O slots tied to a control-flow node
         self.unknown_ops: list[ir.Node] = []
+        # Memos: per (domain, op) its signature and policy; per (domain, op, is_input, index) its
+        # formal's allowed types, type key and whether it can be float. Pure functions of their keys.
+        self._ops: dict[tuple[str, str], tuple[schemas.OpSignature | None, OpPolicy | None]] = {}
+        self._formals: dict[tuple, tuple] = {}
 
     # -- slots ---------------------------------------------------------------------------------
     def _slot(self, kind: SlotKind, owner, index: int, allowed, node) -> Slot | None:
-        value = owner.inputs[index] if kind in (SlotKind.NODE_IN, SlotKind.GRAPH_IN) else owner.outputs[index]
+        value = owner.inputs[index] if kind is _NODE_IN or kind is _GRAPH_IN else owner.outputs[index]
         is_tensor, dtype = _tensor_dtype(value)
         if not is_tensor:
             return None
@@ -216,6 +229,7 @@ class _Builder:
         self.uf.add(slot)
         self.allowed[slot] = allowed
         self.slot_node[slot] = node
+        self.slot_dtype[slot] = dtype
         if dtype is None:
             self.fixed[slot] = "its element type is unknown (shape inference gave none)"
         return slot
@@ -225,55 +239,111 @@ class _Builder:
         dom = "" if domain == "ai.onnx" else domain
         return imports.get(dom, imports.get("ai.onnx", 1) if dom == "" else 1)
 
+    def _op(self, domain: str, op_type: str) -> tuple[schemas.OpSignature | None, OpPolicy | None]:
+        key = (domain, op_type)
+        found = self._ops.get(key)
+        if found is None:
+            found = self._ops[key] = (
+                schemas.lookup(domain, op_type, self._opset(domain)),
+                self.policy.get(domain, op_type),
+            )
+        return found
+
+    def _formal(self, sig: schemas.OpSignature, op: tuple[str, str], is_input: bool, i: int) -> tuple:
+        """(allowed types, type key, can be float, is a fixed-type formal) of one position."""
+        key = (op, is_input, i)
+        found = self._formals.get(key)
+        if found is None:
+            allowed = sig.allowed_types(is_input, i)
+            type_key = sig.type_key(is_input, i)
+            fixed_type = type_key is not None and not isinstance(type_key, tuple) and type_key not in sig.allowed
+            found = self._formals[key] = (allowed, type_key, bool(allowed & _FLOAT_TYPE_STRS), fixed_type)
+        return found
+
     # -- nodes ---------------------------------------------------------------------------------
     def _add_node(self, node: ir.Node) -> None:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        op_type, domain = node.op_type, node.domain
+        if op_type == "Constant" and domain in ("", "ai.onnx"):
             return  # a constant source, converted offline by lowering
-        sig = schemas.lookup(node.domain, node.op_type, self._opset(node.domain))
+        op = (domain, op_type)
+        sig, policy = self._op(domain, op_type)
         if sig is None:
             self.unknown_ops.append(node)
+        parent, allowed_of, slot_node, slot_dtype, fixed = (
+            self.uf.parent, self.allowed, self.slot_node, self.slot_dtype, self.fixed
+        )
+        formal = self._formal
+        tensor_type = ir.TensorType
         groups: dict[object, list[Slot]] = {}
         group_has_output: dict[object, bool] = {}
         for is_input, values in ((True, node.inputs), (False, node.outputs)):
-            kind = SlotKind.NODE_IN if is_input else SlotKind.NODE_OUT
+            kind = _NODE_IN if is_input else _NODE_OUT
             for i, v in enumerate(values):
                 if v is None:
                     continue
-                allowed = sig.allowed_types(is_input, i) if sig is not None else None
-                slot = self._slot(kind, node, i, allowed, node)
-                if slot is None:
+                # The value's element type (as _tensor_dtype): not a tensor -> no slot.
+                vtype = v.type
+                if vtype is None:
+                    dtype = None
+                elif isinstance(vtype, tensor_type):
+                    dtype = vtype.dtype
+                    if dtype not in FLOAT_TYPES:
+                        continue
+                else:
                     continue
+                if sig is not None:
+                    allowed, key, can_be_float, fixed_type = formal(sig, op, is_input, i)
+                    if dtype is None and not can_be_float:
+                        continue  # untyped, but the schema says it cannot be float
+                else:
+                    allowed = None
+                slot = Slot(kind, node, i)
+                parent[slot] = slot
+                allowed_of[slot] = allowed
+                slot_node[slot] = node
+                slot_dtype[slot] = dtype
+                if dtype is None:
+                    fixed[slot] = "its element type is unknown (shape inference gave none)"
                 if sig is None:
-                    self.fixed[slot] = f"no schema is known for {node.domain or 'ai.onnx'}::{node.op_type}"
+                    fixed[slot] = f"no schema is known for {domain or 'ai.onnx'}::{op_type}"
                     continue
-                key = sig.type_key(is_input, i)
                 if key is None:
-                    self.fixed[slot] = "the schema has no formal parameter at this position"
+                    fixed[slot] = "the schema has no formal parameter at this position"
                     continue
-                if not isinstance(key, tuple) and key not in sig.allowed:
+                if fixed_type:
                     continue  # a fixed-type formal ("tensor(float)"): its own, fixed, group
-                groups.setdefault(key, []).append(slot)
-                group_has_output[key] = group_has_output.get(key, False) or not is_input
+                members = groups.get(key)
+                if members is None:
+                    groups[key] = [slot]
+                    group_has_output[key] = not is_input
+                else:
+                    members.append(slot)
+                    if not is_input:
+                        group_has_output[key] = True
+        if not groups:
+            if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
+                self._tie_control_flow(node)
+            return
+        union = self.uf.union
         for slots in groups.values():
             for s in slots[1:]:
-                self.uf.union(slots[0], s)
+                union(slots[0], s)
         # Input-only type parameters follow the node's main group (the first one with an output).
         # Not for conversion ops (Cast, CastLike: ``dtype_attr``), whose input and output types differ.
         main = next((k for k, has_out in group_has_output.items() if has_out), None)
-        policy = self.policy.get(node.domain, node.op_type)
         converts = policy is not None and policy.dtype_attr is not None
         # Output-only groups whose type parameter belongs to an input that is absent (LinearAttention's
         # present_state without past_state) take the main group's type in onnx's type inference.
-        if main is not None and not isinstance(main, tuple) and not converts:
+        if main is not None and len(groups) > 1 and not isinstance(main, tuple) and not converts:
             for key, slots in groups.items():
                 if key == main or isinstance(key, tuple):
                     continue
-                has_input = any(s.kind is SlotKind.NODE_IN for s in slots)
+                has_input = any(s.kind is _NODE_IN for s in slots)
                 input_absent = not has_input and any(f.type_str == key for f in sig.inputs)
                 if (has_input and not group_has_output[key]) or input_absent:
                     if self.target.type_str in (self.allowed[slots[0]] or ()):
                         self.uf.union(groups[main][0], slots[0])
-        if node.op_type in CONTROL_FLOW_OPS and node.domain in ("", "ai.onnx"):
+        if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
             self._tie_control_flow(node)
 
     def _body(self, node: ir.Node, name: str) -> ir.Graph | None:
@@ -366,47 +436,63 @@ class _Builder:
         for g in graphs:
             if g is main:
                 continue
-            for slot in [Slot(SlotKind.GRAPH_IN, g, i) for i in range(len(g.inputs))] + [
-                Slot(SlotKind.GRAPH_OUT, g, i) for i in range(len(g.outputs))
+            for slot in [Slot(_GRAPH_IN, g, i) for i in range(len(g.inputs))] + [
+                Slot(_GRAPH_OUT, g, i) for i in range(len(g.outputs))
             ]:
                 if slot in self.uf.parent and slot not in self.tied:
                     self.fixed[slot] = "a subgraph input/output whose owner op is not If/Loop/Scan"
 
+        parent = self.uf.parent
+        find = self.uf.find
         members: dict[Slot, list[Slot]] = {}
-        for slot in self.uf.parent:
-            members.setdefault(self.uf.find(slot), []).append(slot)
+        for slot, up in parent.items():
+            root = slot if up is slot else find(slot)
+            group = members.get(root)
+            if group is None:
+                members[root] = [slot]
+            else:
+                group.append(slot)
 
         vertices: list[Vertex] = []
         slot_vertex: dict[Slot, int] = {}
         node_vertices: dict[ir.Node, list[int]] = {}
         for slots in members.values():
-            vertex = self._make_vertex(len(vertices), slots)
+            vid = len(vertices)
+            vertex = self._make_vertex(vid, slots)
             vertices.append(vertex)
             for s in slots:
-                slot_vertex[s] = vertex.id
-                if s.kind in (SlotKind.NODE_IN, SlotKind.NODE_OUT):
-                    lst = node_vertices.setdefault(s.owner, [])
-                    if vertex.id not in lst:
-                        lst.append(vertex.id)
+                slot_vertex[s] = vid
+                kind = s.kind
+                if kind is _NODE_IN or kind is _NODE_OUT:
+                    lst = node_vertices.get(s.owner)
+                    if lst is None:
+                        node_vertices[s.owner] = [vid]
+                    elif vid not in lst:
+                        lst.append(vid)
 
         digraph = nx.DiGraph()
         digraph.add_nodes_from(range(len(vertices)))
         defining: dict[ir.Value, int] = {}
+        uses: list[tuple[ir.Value, int]] = []
         for slot, vid in slot_vertex.items():
-            if slot.defines:
-                defining[slot.value] = vid
-        for slot, vid in slot_vertex.items():
-            if slot.defines:
-                continue
-            value = slot.value
+            kind, owner, index = slot
+            if kind is _NODE_OUT:
+                defining[owner.outputs[index]] = vid
+            elif kind is _GRAPH_IN:
+                defining[owner.inputs[index]] = vid
+            else:
+                uses.append((owner.inputs[index] if kind is _NODE_IN else owner.outputs[index], vid))
+        succ = digraph.succ
+        for value, vid in uses:
             if is_constant(value):
                 vertices[vid].constants.append(value)
                 continue
             src = defining.get(value)
             if src is None or src == vid:
                 continue
-            if digraph.has_edge(src, vid):
-                digraph[src][vid]["values"].append(value)
+            data = succ[src].get(vid)
+            if data is not None:
+                data["values"].append(value)
             else:
                 digraph.add_edge(src, vid, values=[value])
         return PrecisionGraph(
@@ -414,14 +500,17 @@ class _Builder:
         )
 
     def _make_vertex(self, vid: int, slots: list[Slot]) -> Vertex:
-        slots.sort(key=lambda s: (s.kind is not SlotKind.NODE_OUT, s.kind.value, s.index))
+        if len(slots) > 1:
+            slots.sort(key=_slot_order)
         node = None
+        slot_node = self.slot_node
         for s in slots:
-            owner_node = self.slot_node.get(s)
+            owner_node = slot_node.get(s)
             if owner_node is not None and (node is None or owner_node.op_type in CONTROL_FLOW_OPS):
                 node = owner_node
-        policy = self.policy.get(node.domain, node.op_type) if node is not None else None
-        dtypes = {d for s in slots if (d := _tensor_dtype(s.value)[1]) is not None}
+        policy = self._op(node.domain, node.op_type)[1] if node is not None else None
+        slot_dtype = self.slot_dtype
+        dtypes = {d for s in slots if (d := slot_dtype[s]) is not None}
         vertex = Vertex(vid, slots, node, next(iter(dtypes)) if len(dtypes) == 1 else None, policy)
         vertex.fixed_reason = self._fixed_reason(vertex, slots, dtypes)
         return vertex
@@ -434,9 +523,10 @@ class _Builder:
             return "its slots disagree on the element type"
         if vertex.dtype is not ir.DataType.FLOAT:
             return f"it is already {vertex.dtype.name.lower()}"
+        type_str = self.type_str
         for s in slots:
             allowed = self.allowed.get(s)
-            if allowed is not None and self.target.type_str not in allowed:
+            if allowed is not None and type_str not in allowed:
                 who = s.owner.op_type if isinstance(s.owner, ir.Node) else "graph"
                 return f"the {who} schema does not allow {self.target.value} at this opset"
         node = vertex.node
