@@ -21,6 +21,7 @@ than ``significant`` of the tensor's L2 norm. Tiny leftovers in a weight or bias
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import onnx_ir as ir
@@ -129,7 +130,7 @@ class ConstantRangePass:
                 key = id(value)
                 if key not in cache:
                     arr = constant_array(value)
-                    cache[key] = None if arr is None else range_stats(arr, self.target)
+                    cache[key] = None if arr is None or self._representable(arr) else range_stats(arr, self.target)
                 stats = cache[key]
                 if stats is None:
                     continue
@@ -146,6 +147,23 @@ class ConstantRangePass:
                 if verdict is not None:
                     plan.set_role(vertex.id, Role.DENY, *verdict)
                     break
+
+    def _representable(self, arr: np.ndarray) -> bool:
+        """A quick screen (a few passes over the data): True when every value is finite, within the
+        target's range and zero or at least its smallest subnormal, so that converting it neither
+        overflows nor flushes and :func:`range_stats` would find nothing to act on. False means
+        "look closer", never "not representable"."""
+        if arr.dtype != np.float32 or arr.size == 0:
+            return False
+        absval = np.abs(arr)
+        if not absval.max() <= self._limits[0]:  # NaN compares False: look closer
+            return False
+        small = absval < self._limits[1]
+        return not small.any() or not absval[small].any()
+
+    @functools.cached_property
+    def _limits(self) -> tuple[np.float32, np.float32]:
+        return np.float32(self.target.max), np.float32(self.target.smallest_subnormal)
 
     def _verdict(self, value: ir.Value, s: RangeStats) -> tuple[Rule, str] | None:
         name = self.target.value.upper()

@@ -104,13 +104,16 @@ class LowerPlanPass(ir.passes.InPlacePass):
         names = _Names(model)
         modified = self._retype_definitions()
         requests = self._requests()
-        for value, by_dtype in requests.items():
-            if is_constant(value):
-                modified |= self._convert_constant(value, by_dtype, names)
-            else:
-                for dtype, users in by_dtype.items():
-                    self._insert_cast(value, dtype, users, names)
-                    modified = True
+        # numpy's overflow warnings are off for the constant conversions, as they always were, but
+        # switched once for the whole loop (an errstate per constant costs more than the conversion).
+        with np.errstate(over="ignore"):
+            for value, by_dtype in requests.items():
+                if is_constant(value):
+                    modified |= self._convert_constant(value, by_dtype, names)
+                else:
+                    for dtype, users in by_dtype.items():
+                        self._insert_cast(value, dtype, users, names)
+                        modified = True
         return ir.passes.PassResult(model, modified)
 
     # -- definitions ---------------------------------------------------------------------------
@@ -224,8 +227,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
             if rewrite is not None and dtype != value.dtype:
                 limit = float(ml_dtypes.finfo(numpy_dtype(dtype)).max)
                 source = np.where(np.isfinite(source) & (source < -limit), rewrite[0], source)
-            with np.errstate(over="ignore"):
-                converted = source.astype(numpy_dtype(dtype))
+            converted = source.astype(numpy_dtype(dtype))  # under call()'s errstate(over='ignore')
             if in_place:
                 self._replace_constant(value, converted, dtype)
                 self.converted_constants[value.name] = dtype
@@ -240,7 +242,8 @@ class LowerPlanPass(ir.passes.InPlacePass):
     @staticmethod
     def _replace_constant(value: ir.Value, array: np.ndarray, dtype: ir.DataType) -> None:
         producer = value.producer()
-        tensor = ir.tensor(array, name=value.name)
+        # ir.Tensor, as ir.tensor builds for an array, without its protocol isinstance checks (slow)
+        tensor = ir.Tensor(array, name=value.name)
         if producer is not None:  # a Constant node
             producer.attributes.clear()
             producer.attributes["value"] = ir.AttrTensor("value", tensor)
@@ -250,7 +253,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
 
     @staticmethod
     def _new_constant(value: ir.Value, array: np.ndarray, name: str, dtype: ir.DataType) -> ir.Value:
-        tensor = ir.tensor(array, name=name)
+        tensor = ir.Tensor(array, name=name)
         producer = value.producer()
         if producer is not None:  # a Constant node: add a converted twin right after it
             out = ir.Value(name=name, type=ir.TensorType(dtype), shape=value.shape)
