@@ -74,14 +74,21 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
 # ------------------------------------------------------------------------------------------- graphs
 
 
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+
+
 def iter_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """A GraphProto and all its subgraphs (If/Loop/Scan bodies, ...), parents first."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
+        attrs = node.attribute
+        if not attrs:
+            continue
+        for attr in attrs:
+            kind = attr.type
+            if kind == _GRAPH:
                 yield from iter_proto_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
+            elif kind == _GRAPHS:
                 for g in attr.graphs:
                     yield from iter_proto_graphs(g)
 
@@ -400,19 +407,26 @@ def _check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str], origin
         if v.name not in producer and v.name not in defined and v.name not in outer:
             raise ModelLoadError(f"{where}: graph output {_q(v.name)} is not produced by any node")
     visible = defined | outer
-    deps: list[set[int]] = []
     unsorted = False
+    position = producer.get
     for i, node in enumerate(graph.node):
         for name in node.input:
-            if name and name not in producer and name not in visible:
-                raise ModelLoadError(
-                    f"{where}: {_node_label(node, i)} reads tensor {_q(name)}, which no node, graph input or "
-                    "initializer defines"
-                )
-        mine = {producer[n] for n in _used_names(node) if n in producer}
-        unsorted = unsorted or any(j >= i for j in mine)
-        deps.append(mine)
+            if not name:
+                continue
+            j = position(name)
+            if j is None:
+                if name not in visible:
+                    raise ModelLoadError(
+                        f"{where}: {_node_label(node, i)} reads tensor {_q(name)}, which no node, graph input "
+                        "or initializer defines"
+                    )
+            elif j >= i:
+                unsorted = True
+        if node.attribute and not unsorted and any(True for _ in _subgraphs(node)):
+            unsorted = any(position(n, -1) >= i for n in _used_names(node))
     if unsorted:
+        # The dependencies (node -> producers of what it reads, in its subgraphs too) only to name the fault.
+        deps = [{producer[n] for n in _used_names(node) if n in producer} for node in graph.node]
         cycle = _find_cycle(deps)
         if cycle is not None:
             path = " -> ".join(_node_label(graph.node[j], j) for j in cycle[:6])
@@ -463,7 +477,10 @@ def _find_bad_string(msg, path: tuple) -> tuple | None:
         fields = msg.ListFields()
     for field, value in fields:
         if field.type == _FD.TYPE_MESSAGE:
+            plain_nodes = field.message_type is _NODE_DESCRIPTOR
             for k, item in enumerate(value) if field.is_repeated else ((None, value),):
+                if plain_nodes and _plain_node_is_clean(item):
+                    continue
                 found = _find_bad_string(item, (path, field.name, k))
                 if found is not None:
                     return found
@@ -472,6 +489,47 @@ def _find_bad_string(msg, path: tuple) -> tuple | None:
                 if isinstance(item, bytes):
                     return (path, field.name, k)
     return None
+
+
+_NODE_DESCRIPTOR = onnx.NodeProto.DESCRIPTOR
+
+
+def _fields(descriptor, kind: int, repeated: bool) -> tuple[str, ...]:
+    return tuple(f.name for f in descriptor.fields if f.type == kind and f.is_repeated == repeated)
+
+
+_NODE_TEXT = _fields(_NODE_DESCRIPTOR, _FD.TYPE_STRING, False)
+_NODE_TEXT_LISTS = _fields(_NODE_DESCRIPTOR, _FD.TYPE_STRING, True)
+_NODE_MESSAGE_LISTS = tuple(n for n in _fields(_NODE_DESCRIPTOR, _FD.TYPE_MESSAGE, True) if n != "attribute")
+_ATTR_TEXT = _fields(onnx.AttributeProto.DESCRIPTOR, _FD.TYPE_STRING, False)
+_ATTR_MESSAGES = _fields(onnx.AttributeProto.DESCRIPTOR, _FD.TYPE_MESSAGE, False)
+_ATTR_MESSAGE_LISTS = _fields(onnx.AttributeProto.DESCRIPTOR, _FD.TYPE_MESSAGE, True)
+
+
+def _plain_node_is_clean(node: onnx.NodeProto) -> bool:
+    """A quick look at the common node (text fields and attributes without tensors or graphs): True
+    when all its strings are valid UTF-8. False means "walk it field by field", never "bad"."""
+    for name in _NODE_TEXT:
+        if type(getattr(node, name)) is not str:
+            return False
+    for name in _NODE_TEXT_LISTS:
+        for item in getattr(node, name):
+            if type(item) is not str:
+                return False
+    for name in _NODE_MESSAGE_LISTS:
+        if len(getattr(node, name)):
+            return False
+    for attr in node.attribute:
+        for name in _ATTR_TEXT:
+            if type(getattr(attr, name)) is not str:
+                return False
+        for name in _ATTR_MESSAGES:
+            if attr.HasField(name):
+                return False
+        for name in _ATTR_MESSAGE_LISTS:
+            if len(getattr(attr, name)):
+                return False
+    return True
 
 
 def _path_text(path: tuple | None) -> str:
@@ -517,31 +575,35 @@ def _bit_width(data_type: int) -> int | None:
 
 def _check_tensor_data(tensor: onnx.TensorProto, where: str) -> None:
     """A tensor's stored values must match its element type and shape (onnx's checker does not look)."""
-    label = f"{where}: invalid ONNX model: tensor {_q(tensor.name)}"
-    if tensor.data_type not in _KNOWN_DTYPES:
-        raise ModelLoadError(f"{label} has unknown element type {tensor.data_type}")
+
+    def label() -> str:  # only built for an error: most models have tens of thousands of tensors
+        return f"{where}: invalid ONNX model: tensor {_q(tensor.name)}"
+
+    data_type = tensor.data_type
+    if data_type not in _KNOWN_DTYPES:
+        raise ModelLoadError(f"{label()} has unknown element type {data_type}")
     count = 1
     for d in tensor.dims:
         if d < 0:
-            raise ModelLoadError(f"{label} has a negative dimension in its shape {list(tensor.dims)}")
+            raise ModelLoadError(f"{label()} has a negative dimension in its shape {list(tensor.dims)}")
         count *= d
-    shape = list(tensor.dims)
     if tensor.HasField("raw_data"):
-        bits = _bit_width(tensor.data_type) if tensor.data_type != onnx.TensorProto.STRING else None
+        bits = _bit_width(data_type) if data_type != onnx.TensorProto.STRING else None
         if bits is None:
-            raise ModelLoadError(f"{label}: element type {tensor.data_type} cannot be stored as raw bytes")
+            raise ModelLoadError(f"{label()}: element type {data_type} cannot be stored as raw bytes")
         expected = (count * bits + 7) // 8
-        if len(tensor.raw_data) != expected:
+        stored = len(tensor.raw_data)
+        if stored != expected:
             raise ModelLoadError(
-                f"{label} holds {len(tensor.raw_data)} bytes but its shape {shape} needs {expected}"
+                f"{label()} holds {stored} bytes but its shape {list(tensor.dims)} needs {expected}"
             )
         return
-    field, per = _TYPED_FIELD.get(tensor.data_type, (None, 1))
+    field, per = _TYPED_FIELD.get(data_type, (None, 1))
     if field is None:  # sub-byte types packed in int32_data: not checked here
         return
     stored = len(getattr(tensor, field))
     if stored != count * per:
-        raise ModelLoadError(f"{label} holds {stored} values but its shape {shape} needs {count * per}")
+        raise ModelLoadError(f"{label()} holds {stored} values but its shape {list(tensor.dims)} needs {count * per}")
 
 
 def _check_type(tp: onnx.TypeProto, where: str, name: str) -> None:
