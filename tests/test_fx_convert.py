@@ -297,3 +297,21 @@ def test_precision_report_renders_with_the_shared_renderers():
     assert len(pr.nodes) == len(list(gm.graph.nodes))
     text = render(pr, "json")
     assert '"linear"' in text
+
+
+class SliceFirst(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(2, 8)
+
+    def forward(self, x):
+        return self.a(x[:, :2])
+
+
+def test_min_cut_placement_casts_after_the_slice():
+    x = torch.randn(8, 1024)
+    painted = _decisions(ampfx.convert(SliceFirst().eval(), (x,), placement="paint"))
+    assert painted["slice_1"].precision == "fp16" and "x_fp16" in painted  # casts the whole input
+    d = _decisions(ampfx.convert(SliceFirst().eval(), (x,)))  # the default: min-cut, as the ONNX path
+    assert d["slice_1"].precision == "fp32" and d["slice_1"].rule == "placement.min-cut"
+    assert "slice_1_fp16" in d and "x_fp16" not in d  # casts the 16 values it keeps

@@ -16,13 +16,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.graph import FxPrecisionGraph, build_fx_precision_graph, is_float
+from amp_compiler.fx.graph import FxPrecisionGraph, build_fx_precision_graph
 from amp_compiler.fx.lower import lower_plan, short
 from amp_compiler.fx.policy import AtenPolicy, default_policy
 from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
 from amp_compiler.fx.report import FxReport, node_decisions, state_bytes
 from amp_compiler.graph import SlotKind
-from amp_compiler.passes import ClassifyPass, ConstantRangePass, PaintPass
+from amp_compiler.passes import ClassifyPass, ConstantRangePass, MinCutPlacementPass, PaintPass
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.targets import Provider, Target
 
@@ -68,6 +68,7 @@ def transform(
     fake_inputs: list | None = None,
     parameter_bytes_before: int | None = None,
     notes: dict[str, str] | None = None,
+    placement: str = "mincut",
 ) -> FxReport:
     """Convert ``gm`` in place to mixed precision and return the report.
 
@@ -75,6 +76,8 @@ def transform(
     ``"training"`` and ``"compile"`` keep parameters as they are and cast them at use.
     ``constant_sources``: nodes holding parameters/buffers (default: the float ``get_attr`` nodes).
     ``notes``: node name -> a sentence appended to that node's reason (rewrites made before).
+    ``placement``: ``"mincut"`` re-decides painting's free choices to move the fewest cast bytes
+    (the ONNX path's default), ``"paint"`` keeps painting's answer.
     """
     target = Target.parse(target) if isinstance(target, str) else target
     policy = policy or default_policy()
@@ -100,8 +103,13 @@ def transform(
         unchecked_constants=set(unchecked_constants),
         table_lookups=(mode == "inference"),
     )
+    if placement not in ("mincut", "paint"):
+        raise OptionError(f"unknown placement {placement!r}: expected mincut or paint")
     plan = PrecisionPlan()
-    for analysis in (ClassifyPass(Provider.CUDA, block_ops, tuple(patterns)), ConstantRangePass(target), PaintPass()):
+    analyses = [ClassifyPass(Provider.CUDA, block_ops, tuple(patterns)), ConstantRangePass(target), PaintPass()]
+    if placement == "mincut":
+        analyses.append(MinCutPlacementPass())
+    for analysis in analyses:
         analysis(fxg.graph, plan)
     lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
     fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
@@ -178,6 +186,7 @@ def convert(
     block_nodes: Iterable[str] = (),
     dynamic_shapes=None,
     fold_bn: bool = True,
+    placement: str = "mincut",
     policy: AtenPolicy | None = None,
 ) -> fx.GraphModule:
     """Convert ``model`` to a mixed-precision GraphModule for inference, with explicit casts.
@@ -195,7 +204,7 @@ def convert(
     folded = fold_batchnorm(gm) if fold_bn else []
     notes = {f.conv: f"batch_norm {f.batch_norm!r} was folded into its weight and bias (in FP32)" for f in folded}
     transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
-              parameter_bytes_before=before, notes=notes)
+              parameter_bytes_before=before, notes=notes, placement=placement)
     return gm
 
 
@@ -205,7 +214,3 @@ def report(gm: fx.GraphModule) -> FxReport:
     if rep is None:
         raise ValueError("this GraphModule was not converted by amp_compiler.fx")
     return rep
-
-
-def float_placeholders(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder" and is_float(n)]

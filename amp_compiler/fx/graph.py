@@ -85,11 +85,41 @@ class FxOp:
         return f"FxOp({self.op_type}, {self.name})"
 
 
-class _Named:
-    __slots__ = ("name",)
+class FxValue:
+    """A tensor of the FX graph as the passes read values (``onnx_ir.Value``'s names): its name, its
+    shape (symbolic sizes count as their hint, or 1), and whether it is a graph input or a constant."""
 
-    def __init__(self, name: str):
-        self.name = name
+    __slots__ = ("name", "shape", "_input", "_constant")
+
+    def __init__(self, node: fx.Node, *, graph_input: bool, constant: bool):
+        self.name = node.name
+        val = node.meta.get("val")
+        dims = []
+        for d in getattr(val, "shape", ()):
+            try:
+                dims.append(int(d))
+            except (TypeError, ValueError, RuntimeError):
+                hint = getattr(getattr(d, "node", None), "hint", None)
+                dims.append(int(hint) if isinstance(hint, int) else 1)
+        self.shape = ir.Shape(dims) if val is not None else None
+        self._input = graph_input
+        self._constant = constant
+
+    def is_graph_input(self) -> bool:
+        return self._input
+
+    def is_initializer(self) -> bool:
+        return self._constant
+
+    @property
+    def const_value(self):
+        return True if self._constant else None
+
+    def producer(self):
+        return None
+
+    def __repr__(self) -> str:
+        return f"FxValue({self.name})"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -102,10 +132,7 @@ class FxSlot:
     tensor: fx.Node  # the node whose value the tensor is (a getitem node for tuple outputs)
     dtype: torch.dtype  # the traced dtype
     arg: str | None = None  # the schema argument name (NODE_IN)
-
-    @property
-    def value(self) -> _Named:
-        return _Named(self.tensor.name)
+    value: FxValue | None = None  # one adapter per tensor, shared by all its slots
 
     @property
     def defines(self) -> bool:
@@ -295,6 +322,7 @@ class _Builder:
         self.unchecked = unchecked
         self.table_lookups = table_lookups
         self.uf = _UnionFind()
+        self.values: dict[fx.Node, FxValue] = {}
         self.slots: list[FxSlot] = []
         self.fixed: dict[FxSlot, str] = {}
         self.slot_op: dict[FxSlot, FxOp] = {}
@@ -311,8 +339,19 @@ class _Builder:
         self.pending_unions: list[tuple[FxSlot, fx.Node]] = []
 
     # -- slots -------------------------------------------------------------------------------------
+    def _value(self, tensor: fx.Node) -> FxValue:
+        value = self.values.get(tensor)
+        if value is None:
+            value = FxValue(
+                tensor,
+                graph_input=tensor.op == "placeholder" and tensor not in self.constants,
+                constant=tensor in self.constants,
+            )
+            self.values[tensor] = value
+        return value
+
     def _slot(self, kind, owner, index, tensor, op=None, policy=None, arg=None) -> FxSlot:
-        slot = FxSlot(kind, owner, index, tensor, tensor_dtype(tensor), arg)
+        slot = FxSlot(kind, owner, index, tensor, tensor_dtype(tensor), arg, self._value(tensor))
         self.uf.add(slot)
         self.slots.append(slot)
         if op is not None:

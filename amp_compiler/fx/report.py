@@ -56,11 +56,15 @@ class FxReport:
         by_p = self.decisions_by_precision()
         nodes = ", ".join(f"{p} {n}" for p, n in sorted(by_p.items()))
         mb = lambda b: f"{b / 2**20:.2f} MB"  # noqa: E731
-        return (
-            f"{self.target} {self.mode} | nodes: {nodes} | casts inserted: {self.casts_inserted} | "
-            f"parameters {mb(self.parameter_bytes_before)} -> {mb(self.parameter_bytes_after)} "
-            f"({self.parameter_ratio:.0%})"
-        )
+        if self.mode == "inference":
+            params = (
+                f"parameters {mb(self.parameter_bytes_before)} -> {mb(self.parameter_bytes_after)} "
+                f"({self.parameter_ratio:.0%})"
+            )
+        else:
+            params = "parameters stay FP32, cast at use"
+        return f"{self.target} {self.mode} | nodes: {nodes} | casts inserted: {self.casts_inserted} | {params}"
+
 
     def table(self, verbose: bool = False) -> str:
         rows = [("node", "op", "precision", "rule")] + [
@@ -132,7 +136,10 @@ def node_decisions(
     weight_placeholders: set[fx.Node] = frozenset(),
 ) -> list[NodeDecision]:
     """One decision per node of the converted graph (inserted casts included), in graph order."""
-    graph = fxg.graph
+    own_slots: dict[fx.Node, list] = {}
+    for s in fxg.slots:
+        if s.kind in (SlotKind.NODE_IN, SlotKind.NODE_OUT):
+            own_slots.setdefault(s.owner, []).append(s)
     const_users: dict[fx.Node, set[str]] = {}
     for src, slots in fxg.constant_slots.items():
         const_users[src] = {s.owner.name for s in slots}
@@ -194,9 +201,7 @@ def node_decisions(
                 reason += f"; its expected dtype follows the tensor ({short(lowering.dtype_rewrites[node])})"
         elif node in fxg.main_vertex:
             main = fxg.main_vertex[node]
-            vids = {graph.slot_vertex[s] for s in fxg.slots if s.owner is node and s.kind in (SlotKind.NODE_IN, SlotKind.NODE_OUT)}
-            vids |= {main}
-            dtypes = {lowering.slot_dtypes[s] for s in fxg.slots if s.owner is node and s.kind in (SlotKind.NODE_IN, SlotKind.NODE_OUT)}
+            dtypes = {lowering.slot_dtypes[s] for s in own_slots.get(node, ())}
             decision = plan.decisions[main]
             precision = short(next(iter(dtypes))) if len(dtypes) == 1 else "mixed"
             rule, reason = decision.rule.value, decision.reason
