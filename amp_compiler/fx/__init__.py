@@ -8,6 +8,7 @@
     compiled = torch.compile(model, backend=ampfx.backend(target="fp16"))
 """
 
+from amp_compiler.fx.backend import AmpBackend, backend
 from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform
 from amp_compiler.fx.policy import default_policy
 from amp_compiler.fx.report import FxReport
@@ -15,10 +16,12 @@ from amp_compiler.fx.scaler import LossScaler
 from amp_compiler.fx.training import TrainStep, prepare_training
 
 __all__ = [
+    "AmpBackend",
     "AmpInternalError",
     "FxReport",
     "LossScaler",
     "TrainStep",
+    "backend",
     "capture",
     "convert",
     "default_policy",
