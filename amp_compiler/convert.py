@@ -269,9 +269,11 @@ def _typed_ir(proto: onnx.ModelProto) -> ir.Model:
             for value in g.initializers.values():
                 if not value.is_graph_input() and value.name in value_info:
                     _set_inferred(value, value_info[value.name], memo)
+            get = value_info.get
             for node in g:
                 for value in node.outputs:
-                    info = value_info.get(value.name) if value.name else None
+                    name = value.name
+                    info = get(name) if name else None
                     if info is not None:
                         _set_inferred(value, info, memo)
         for value, info in zip(g.outputs, p.output):
@@ -281,19 +283,21 @@ def _typed_ir(proto: onnx.ModelProto) -> ir.Model:
 
 def _set_inferred(value: ir.Value, info: onnx.ValueInfoProto, memo: dict) -> None:
     """``serde.deserialize_value_info_proto(info, value)``, memoized for plain tensor types."""
-    if info.doc_string or len(info.metadata_props) or info.type.WhichOneof("value") != "tensor_type" or (
-        info.type.denotation
-    ):
-        serde.deserialize_value_info_proto(info, value)
-        return
-    key = info.type.SerializeToString()
+    type_proto = info.type
+    key = type_proto.SerializeToString()
     found = memo.get(key)
     if found is None:
-        tensor_type = serde.deserialize_type_proto_for_type(info.type)
-        found = memo[key] = (serde.deserialize_type_proto_for_shape(info.type), tensor_type)
-    shape, tensor_type = found
+        plain = type_proto.WhichOneof("value") == "tensor_type" and not type_proto.denotation
+        if plain:
+            tensor_type = serde.deserialize_type_proto_for_type(type_proto)
+            found = (serde.deserialize_type_proto_for_shape(type_proto), tensor_type and tensor_type.dtype)
+        memo[key] = found = found if plain else False
+    if found is False or info.doc_string or len(info.metadata_props):
+        serde.deserialize_value_info_proto(info, value)
+        return
+    shape, dtype = found
     value.shape = shape  # frozen: safe to share
-    value.type = None if tensor_type is None else ir.TensorType(tensor_type.dtype)
+    value.type = None if dtype is None else ir.TensorType(dtype)
     value.doc_string = None
 
 

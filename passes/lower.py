@@ -117,19 +117,32 @@ class LowerPlanPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
     # -- definitions ---------------------------------------------------------------------------
+    def _vertex_dtypes(self) -> dict[int, ir.DataType | None]:
+        """Per vertex id, the dtype decided (None for UNDEFINED): what :meth:`_dtype` reads, once."""
+        undefined = ir.DataType.UNDEFINED
+        return {
+            vid: (None if d.dtype is undefined else d.dtype) for vid, d in self.plan.decisions.items()
+        }
+
     def _retype_definitions(self) -> bool:
         modified = False
+        dtypes = self._vertex_dtypes()
+        node_out, graph_in = SlotKind.NODE_OUT, SlotKind.GRAPH_IN
         for slot, vid in self.graph.slot_vertex.items():
-            if not slot.defines:
+            kind, owner, index = slot
+            if kind is node_out:
+                value = owner.outputs[index]
+            elif kind is graph_in:
+                value = owner.inputs[index]
+            else:
                 continue
-            dtype = self._dtype(slot)
-            value = slot.value
+            dtype = dtypes[vid]
             if dtype is None or value.dtype == dtype:
                 continue
             value.type = ir.TensorType(dtype)
             modified = True
-            if slot.kind is SlotKind.NODE_OUT:
-                self._retarget_attribute(slot.owner, dtype)
+            if kind is node_out:
+                self._retarget_attribute(owner, dtype)
         return modified
 
     def _retarget_attribute(self, node: ir.Node, dtype: ir.DataType) -> None:
@@ -155,11 +168,17 @@ class LowerPlanPass(ir.passes.InPlacePass):
     def _requests(self) -> dict[ir.Value, dict[ir.DataType, list[Slot]]]:
         """For each tensor: the dtypes its users need that differ from its own, and who needs them."""
         requests: dict[ir.Value, dict[ir.DataType, list[Slot]]] = {}
-        for slot in self.graph.slot_vertex:
-            if slot.defines:
+        dtypes = self._vertex_dtypes()
+        node_in, graph_out = SlotKind.NODE_IN, SlotKind.GRAPH_OUT
+        for slot, vid in self.graph.slot_vertex.items():
+            kind, owner, index = slot
+            if kind is node_in:
+                value = owner.inputs[index]
+            elif kind is graph_out:
+                value = owner.outputs[index]
+            else:
                 continue
-            dtype = self._dtype(slot)
-            value = slot.value
+            dtype = dtypes[vid]
             if dtype is None or value is None or value.dtype == dtype:
                 continue
             requests.setdefault(value, {}).setdefault(dtype, []).append(slot)
