@@ -276,6 +276,8 @@ class _Builder:
         tensor_type = ir.TensorType
         groups: dict[object, list[Slot]] = {}
         group_has_output: dict[object, bool] = {}
+        created: list[Slot] = []
+        has_container = False  # reads or makes a sequence/optional: its tensors keep their types
         for is_input, values in ((True, node.inputs), (False, node.outputs)):
             kind = _NODE_IN if is_input else _NODE_OUT
             for i, v in enumerate(values):
@@ -290,6 +292,7 @@ class _Builder:
                     if dtype not in FLOAT_TYPES:
                         continue
                 else:
+                    has_container = True
                     continue
                 if sig is not None:
                     allowed, key, can_be_float, fixed_type = formal(sig, op, is_input, i)
@@ -302,6 +305,7 @@ class _Builder:
                 allowed_of[slot] = allowed
                 slot_node[slot] = node
                 slot_dtype[slot] = dtype
+                created.append(slot)
                 if dtype is None:
                     fixed[slot] = "its element type is unknown (shape inference gave none)"
                 if sig is None:
@@ -320,6 +324,11 @@ class _Builder:
                     members.append(slot)
                     if not is_input:
                         group_has_output[key] = True
+        if has_container and op_type not in CONTROL_FLOW_OPS:
+            # Sequence/optional element types are not followed through the containers: the
+            # tensors going in and out of them keep their types.
+            for slot in created:
+                fixed.setdefault(slot, f"{op_type} puts tensors into or takes them out of a sequence/optional")
         if not groups:
             if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
                 self._tie_control_flow(node)
@@ -423,6 +432,10 @@ class _Builder:
                     is_constant(values[i]) or values[i].is_graph_input()
                 ):
                     self.fixed[slot] = "a graph output that is a constant or a graph input keeps its dtype"
+                elif is_main and is_input and values[i].is_graph_output():
+                    self.fixed[slot] = "a graph input that is also a graph output keeps its dtype and name"
+                elif is_main and is_input and values[i].const_value is not None:
+                    self.fixed[slot] = "a graph input with an initializer (an overridable default) keeps its dtype"
 
     # -- assemble ------------------------------------------------------------------------------
     def build(self) -> PrecisionGraph:

@@ -51,6 +51,15 @@ def _attribute_types(node: ir.Node) -> dict[str, ir.AttributeType]:
     return {name: ir.AttributeType(int(a.type)) for name, a in schema.attributes.items()}
 
 
+def _constant_tensor(value: ir.Value):
+    """The tensor behind an initializer or a Constant node's ``value`` (None otherwise)."""
+    if value.const_value is not None:
+        return value.const_value
+    producer = value.producer()
+    attr = producer.attributes.get("value") if producer is not None else None
+    return attr.value if attr is not None and attr.type == ir.AttributeType.TENSOR else None
+
+
 @dataclasses.dataclass
 class CastRecord:
     """A Cast node that lowering inserted, and the users it serves."""
@@ -261,8 +270,9 @@ class LowerPlanPass(ir.passes.InPlacePass):
     @staticmethod
     def _replace_constant(value: ir.Value, array: np.ndarray, dtype: ir.DataType) -> None:
         producer = value.producer()
+        old = _constant_tensor(value)
         # ir.Tensor, as ir.tensor builds for an array, without its protocol isinstance checks (slow)
-        tensor = ir.Tensor(array, name=value.name)
+        tensor = ir.Tensor(array, name=value.name, doc_string=old.doc_string if old is not None else None)
         if producer is not None:  # a Constant node
             producer.attributes.clear()
             producer.attributes["value"] = ir.AttrTensor("value", tensor)
@@ -272,7 +282,8 @@ class LowerPlanPass(ir.passes.InPlacePass):
 
     @staticmethod
     def _new_constant(value: ir.Value, array: np.ndarray, name: str, dtype: ir.DataType) -> ir.Value:
-        tensor = ir.Tensor(array, name=name)
+        old = _constant_tensor(value)
+        tensor = ir.Tensor(array, name=name, doc_string=old.doc_string if old is not None else None)
         producer = value.producer()
         if producer is not None:  # a Constant node: add a converted twin right after it
             out = ir.Value(name=name, type=ir.TensorType(dtype), shape=value.shape)

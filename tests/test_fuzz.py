@@ -103,11 +103,6 @@ def test_the_tolerance_catches_a_real_precision_bug(monkeypatch):
 # ------------------------------------------------------------------------ bugs found by the fuzzer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="converter bug found by the fuzzer: with keep_io_types=False a graph input that is also a "
-    "graph output is renamed ('x' -> 'x_fp16'), so the converted model no longer accepts its input",
-)
 def test_input_that_is_also_an_output_keeps_its_name_without_keep_io_types():
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -139,11 +134,6 @@ _VI = helper.make_tensor_value_info
 _W = onnx.numpy_helper.from_array(np.eye(2, dtype=np.float32), "w")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="converter bug found by the fuzzer: with keep_io_types=False a graph input that is also an "
-    "initializer (an overridable default) is retyped to FP16 but the initializer stays FP32: invalid model",
-)
 def test_initializer_that_is_also_a_graph_input_without_keep_io_types():
     m = _model(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
@@ -153,11 +143,6 @@ def test_initializer_that_is_also_a_graph_input_without_keep_io_types():
     validate(convert(m, keep_io_types=False).model)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="converter bug found by the fuzzer: sequence values are not followed; FP16 elements put into "
-    "a SequenceConstruct come out of ConcatFromSequence into an FP32-declared graph output: invalid model",
-)
 def test_sequence_of_low_precision_tensors_into_concat_from_sequence():
     m = _model(
         [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("SequenceConstruct", ["a", "a"], ["s"]),
@@ -167,12 +152,6 @@ def test_sequence_of_low_precision_tensors_into_concat_from_sequence():
     validate(convert(m).model)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="converter bug found by the fuzzer: SequenceAt of a sequence of FP16 tensors is taken as FP32: "
-    "a redundant Cast(to=FLOAT16) of an FP16 tensor is inserted, and a second conversion removes it "
-    "(not idempotent); as a graph output it is left FP16 under an FP32 declaration",
-)
 def test_sequence_at_of_low_precision_tensors():
     one = onnx.numpy_helper.from_array(np.array(1, np.int64), "one")
     m = _model(

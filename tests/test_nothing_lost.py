@@ -169,11 +169,6 @@ def test_unconverted_initializer_keeps_its_doc_string():
     assert {t.name: t.doc_string for t in out.graph.initializer}["shape"] == "shape doc"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="converter bug: an initializer converted to FP16/BF16 loses its doc_string (the lowering "
-    "builds a new tensor without it)",
-)
 def test_converted_initializer_keeps_its_doc_string():
     out = convert(_doc_model()).model
     w = next(t for t in out.graph.initializer if t.name == "w")
