@@ -195,22 +195,27 @@ def _report(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from amp_compiler.convert import convert
-    from amp_compiler.onnx_io import check_output_path, load_model_and_files, save_model
+    from amp_compiler.onnx_io import check_output_path, load_model_deferred, save_model
 
     src, dst = Path(args.model), Path(args.output)
     check_output_path(dst, [src], force=args.force)  # fail before the work, not after it
     start = time.perf_counter()
-    model, input_files = load_model_and_files(src)
+    # Large external-data weights stay on disk (validated), read one at a time by the conversion.
+    loaded = load_model_deferred(src)
+    input_files = loaded.files
     check_output_path(dst, input_files, force=args.force)  # nor over the input's external data
     explain = args.report or args.calibration_data or args.tolerance is not None or args.input_shape
-    analysis = _analyze(args, model, src) if explain else None
-    result = analysis.result if analysis else convert(model, _options(args))
+    analysis = _analyze(args, loaded.load(), src) if explain else None
+    result = analysis.result if analysis else convert(loaded, _options(args))
     if args.report:
         from amp_compiler.report.render import render
 
         report_path = Path(args.report)
         _write_text(report_path, render(analysis.report, _format_for(report_path)))
-    save_model(result.model, dst, input_path=None if args.force else src)
+    if result.output is not None:  # converted from external data: written with external data
+        result.save(dst, input_files=input_files, force=args.force)
+    else:
+        save_model(result.model, dst, input_path=None if args.force else src)
     if not args.quiet:
         _print_summary(result, src, dst, time.perf_counter() - start)
         if analysis and analysis.refinement:

@@ -28,7 +28,17 @@ from amp_compiler.graph import (
     is_constant,
     iter_graphs,
 )
-from amp_compiler.onnx_io import check_model_valid, iter_proto_graphs, load_model
+from amp_compiler.onnx_io import (
+    DeferredModel,
+    DeferredTensor,
+    check_model_valid,
+    check_output_path,
+    defer_ir_tensors,
+    iter_proto_graphs,
+    load_model_deferred,
+    save_ir_model,
+    save_model,
+)
 from amp_compiler.passes import (
     CalibrationRangePass,
     ClassifyPass,
@@ -101,11 +111,76 @@ class ConversionResult:
     cast_bytes_painting: int | None = None  # bytes Casts would move as painted (shapes as inferred)
     cast_bytes: int | None = None  # bytes the placed Casts move
 
+    # Set when the input kept its large weights on disk (a path or a DeferredModel with external
+    # data): the converted IR, written by save() with its weights in a data file; ``model`` builds
+    # the ModelProto, with every weight inside it, only when it is asked for.
+    output: _DeferredOutput | None = dataclasses.field(default=None, repr=False, compare=False)
+
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for d in self.decisions:
             counts[d.rule] = counts.get(d.rule, 0) + 1
         return counts
+
+    def save(
+        self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False
+    ) -> Path | None:
+        """Write the converted model to ``path``, refusing to overwrite ``input_files`` (the input
+        model, then its external data; ``force`` allows the model file itself).
+
+        A model converted from one with external data is written the same way: its initializers of
+        1 KiB or more go to ``<path>.data`` beside it, one tensor at a time (weights never all in
+        memory, and no 2 GiB protobuf limit). Returns that data file, or None for a single file.
+        """
+        files = [Path(f) for f in input_files]
+        if self.output is not None:
+            return save_ir_model(
+                self.output.ir_model, path, self.output.to_proto, input_files=files, force=force
+            )
+        check_output_path(path, files, force=force)
+        save_model(self.model, path, input_path=None if force or not files else files[0])
+        return None
+
+
+@dataclasses.dataclass(eq=False)
+class _DeferredOutput:
+    """A conversion's IR whose unconverted weights are still on disk (DeferredTensor)."""
+
+    ir_model: ir.Model
+    original: onnx.ModelProto  # the input (weights deferred): its IR version and value_info names
+
+    def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto:
+        return _output_proto(model or self.ir_model, self.original)
+
+    def materialize(self) -> onnx.ModelProto:
+        """The ModelProto with every weight read into it (as the in-memory path builds it)."""
+        swapped = []
+        for g in self.ir_model.graphs():
+            for value in g.initializers.values():
+                tensor = value.const_value
+                if isinstance(tensor, DeferredTensor):
+                    swapped.append((value, tensor))
+                    value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name, doc_string=tensor.doc_string)
+        try:
+            return self.to_proto()
+        finally:
+            for value, tensor in swapped:
+                value.const_value = tensor
+
+
+def _result_model(self: ConversionResult) -> onnx.ModelProto:
+    if self._model is None and self.output is not None:
+        self._model = self.output.materialize()
+    return self._model
+
+
+def _set_result_model(self: ConversionResult, model: onnx.ModelProto | None) -> None:
+    self._model = model
+
+
+# ``model`` is a field (positional first argument, in repr and ==) read through a property, so that
+# a deferred conversion builds its ModelProto only when asked.
+ConversionResult.model = property(_result_model, _set_result_model, doc="The converted ModelProto.")
 
 
 def _gc_paused(func):
@@ -140,22 +215,30 @@ def convert(
 ) -> ConversionResult:
     """Convert an FP32 ONNX model to mixed precision.
 
-    ``model`` is an ``onnx.ModelProto`` or a path. ``options`` (or keyword overrides of its fields,
-    e.g. ``target="bf16"``) choose the target, provider and user overrides. ``ranges`` (from
-    :func:`amp_compiler.calibrate.collect_ranges`) adds the calibration rules. Returns the converted
-    model with the per-node decisions. The input model is not modified.
+    ``model`` is an ``onnx.ModelProto``, a path, or a :class:`~amp_compiler.onnx_io.DeferredModel`.
+    A model file with external data is read lazily: its large weights stay on disk and are read one
+    at a time when needed, and :meth:`ConversionResult.save` writes the result with external data.
+    ``options`` (or keyword overrides of its fields, e.g. ``target="bf16"``) choose the target,
+    provider and user overrides. ``ranges`` (from :func:`amp_compiler.calibrate.collect_ranges`) adds
+    the calibration rules. Returns the converted model with the per-node decisions. The input model
+    is not modified.
     """
     opts = _options(options, overrides)
     policy = policy or default_table()
     _check_block_ops(opts.block_ops, policy)
     patterns = _compile_patterns(opts.block_nodes)
-    proto = load_model(model) if isinstance(model, (str, os.PathLike)) else model
-    if not isinstance(proto, onnx.ModelProto):
-        raise TypeError(f"expected an onnx.ModelProto or a path, got {type(proto).__name__}")
-    if not isinstance(model, (str, os.PathLike)):
+    deferred = load_model_deferred(model) if isinstance(model, (str, os.PathLike)) else model
+    if isinstance(deferred, DeferredModel):
+        proto, locations = deferred.model, deferred.locations
+    else:
+        proto, locations = deferred, {}
+        if not isinstance(proto, onnx.ModelProto):
+            raise TypeError(f"expected an onnx.ModelProto or a path, got {type(proto).__name__}")
         check_model_valid(proto)
 
     ir_model = _typed_ir(proto)
+    if locations:
+        defer_ir_tensors(ir_model, locations)
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
     plan = PrecisionPlan()
     nodes = node_order(ir_model)
@@ -181,16 +264,13 @@ def convert(
     decisions = _node_decisions(graph, plan, ir_model, {id(c.node): c for c in lower.casts}, positions)
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
-    out = _output_proto(ir_model, proto)
-    n_casts = sum(
-        1
-        for g in iter_proto_graphs(out.graph)
-        for n in g.node
-        if n.op_type == "Cast"
-    ) - sum(1 for g in iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast")
+    n_casts = sum(1 for g in iter_graphs(ir_model.graph) for n in g if n.op_type == "Cast") - sum(
+        1 for g in iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast"
+    )
+    output = _DeferredOutput(ir_model, proto) if locations else None
     return ConversionResult(
-        out, decisions, n_casts, len(lower.converted_constants), opts,
-        plan.cast_bytes_painting, plan.cast_bytes_final,
+        None if output else _output_proto(ir_model, proto), decisions, n_casts,
+        len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
     )
 
 

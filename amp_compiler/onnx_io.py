@@ -20,6 +20,7 @@ refuses to overwrite the input model or its external data files.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import stat
@@ -27,8 +28,10 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+import numpy as np
 import onnx
 import onnx.defs
+import onnx_ir as ir
 from google.protobuf.descriptor import FieldDescriptor as _FD
 from google.protobuf.message import DecodeError
 
@@ -126,19 +129,39 @@ def _attribute_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorP
 def iter_model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto that can hold data: initializers (dense and sparse) and tensor attributes,
     in every graph, subgraph and function body."""
-    for g in _model_graphs(model):
-        yield from g.initializer
+    for tensor, _ in _tagged_tensors(model):
+        yield tensor
+
+
+def _tagged_tensors(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, bool]]:
+    """:func:`iter_model_tensors` in the same order, each with True for the dense initializers of the
+    main graph and its subgraphs (the tensors deferred loading may leave on disk)."""
+    def graph_tensors(g: onnx.GraphProto, in_main: bool) -> Iterator[tuple[onnx.TensorProto, bool]]:
+        for tensor in g.initializer:
+            yield tensor, in_main
         for sparse in g.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        yield from _attribute_tensors(g.node)
+            yield sparse.values, False
+            yield sparse.indices, False
+        for tensor in _attribute_tensors(g.node):
+            yield tensor, False
+
+    if model.HasField("graph"):  # the graphs of _model_graphs, in its order
+        for g in iter_proto_graphs(model.graph):
+            yield from graph_tensors(g, True)
+    for info in model.training_info:
+        for top in (info.initialization, info.algorithm):
+            for g in iter_proto_graphs(top):
+                yield from graph_tensors(g, False)
     for fn in model.functions:
-        yield from _attribute_tensors(fn.node)
+        for tensor in _attribute_tensors(fn.node):
+            yield tensor, False
         for node in fn.node:
             for sub in _subgraphs(node):
                 for g in iter_proto_graphs(sub):
-                    yield from g.initializer
-                    yield from _attribute_tensors(g.node)
+                    for tensor in g.initializer:
+                        yield tensor, False
+                    for tensor in _attribute_tensors(g.node):
+                        yield tensor, False
 
 
 # -------------------------------------------------------------------------------------------- load
@@ -152,6 +175,66 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
 def load_model_and_files(path: str | os.PathLike) -> tuple[onnx.ModelProto, list[Path]]:
     """Like :func:`load_model`, also returning every file read: the model, then its external data files."""
     p = Path(path)
+    model = _parse_model_file(p)
+    files = [p, *load_external_data(model, p.parent, origin=str(p))]
+    check_model_valid(model, origin=str(p))
+    return model, files
+
+
+@dataclasses.dataclass
+class DeferredModel:
+    """A model whose large initializers stay in their external data files until they are needed.
+
+    ``model`` holds every other tensor; each deferred initializer keeps its ``external_data``
+    reference, whose location was validated like :func:`load_external_data`'s (inside the model's
+    folder, a regular file holding the bytes declared). ``locations`` maps each deferred tensor's
+    location to that validated file; ``files`` lists the model file, then its external data files.
+    """
+
+    model: onnx.ModelProto
+    files: list[Path]
+    locations: dict[str, Path]
+
+    @property
+    def deferred(self) -> bool:
+        return bool(self.locations)
+
+    def load(self) -> onnx.ModelProto:
+        """Read the deferred tensors into ``model`` (all weights in memory, as :func:`load_model`)."""
+        if self.locations:
+            _read_external(_external_plan(self.model, self.files[0].parent, str(self.files[0]))[0], str(self.files[0]))
+            self.locations = {}
+        return self.model
+
+
+#: Deferred loading leaves initializers of at least this many bytes on disk; smaller external
+#: tensors (shapes, scales: what shape inference reads) are read into the model.
+DEFER_MIN_BYTES = 64 * 1024
+
+
+def load_model_deferred(path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTES) -> DeferredModel:
+    """Load and validate a model file, leaving its large external-data initializers on disk.
+
+    Every external data location is validated as :func:`load_model` validates it, and the model is
+    checked as :func:`check_model_valid` checks it; only the bytes of initializers of ``min_bytes``
+    or more are not read (:class:`DeferredTensor` reads them, one at a time, when needed). A model
+    without external data is loaded whole.
+    """
+    p = Path(path)
+    model = _parse_model_file(p)
+    pending, sizes = _external_plan(model, p.parent, str(p))
+    read = [entry for entry in pending if not (entry[4] and entry[3] >= min_bytes)]
+    _read_external(read, str(p))
+    locations = {
+        _external_fields(tensor, str(p))[0]: target
+        for tensor, target, _, length, initializer in pending
+        if initializer and length >= min_bytes
+    }
+    check_model_valid(model, origin=str(p), deferred=bool(locations))
+    return DeferredModel(model, [p, *sizes], locations)
+
+
+def _parse_model_file(p: Path) -> onnx.ModelProto:
     data = _read_model_bytes(p)
     model = onnx.ModelProto()
     try:
@@ -171,9 +254,7 @@ def load_model_and_files(path: str | os.PathLike) -> tuple[onnx.ModelProto, list
         raise ModelLoadError(f"{p}: parses as protobuf but holds no ONNX graph (is it an ONNX model file?)")
     if not model.opset_import:
         raise ModelLoadError(f"{p}: the model imports no opset")
-    files = [p, *load_external_data(model, p.parent, origin=str(p))]
-    check_model_valid(model, origin=str(p))
-    return model, files
+    return model
 
 
 def _read_model_bytes(p: Path) -> bytes:
@@ -269,10 +350,21 @@ def load_external_data(model: onnx.ModelProto, base: str | os.PathLike, origin: 
     files read. Raises :class:`ModelLoadError` for a location outside ``base``, a missing file, or a
     file shorter than the tensor declares.
     """
+    pending, sizes = _external_plan(model, base, origin)
+    _read_external(pending, origin)
+    return list(sizes)
+
+
+def _external_plan(
+    model: onnx.ModelProto, base: str | os.PathLike, origin: str
+) -> tuple[list[tuple[onnx.TensorProto, Path, int, int, bool]], dict[Path, int]]:
+    """Validate every external tensor's location and size without reading a byte: per tensor
+    (tensor, file, offset, length, is a dense initializer of the main graph or a subgraph), and the
+    size of each file."""
     base = Path(base)
-    pending: list[tuple[onnx.TensorProto, Path, int, int]] = []
+    pending: list[tuple[onnx.TensorProto, Path, int, int, bool]] = []
     sizes: dict[Path, int] = {}
-    for tensor in iter_model_tensors(model):
+    for tensor, initializer in _tagged_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         where = f"{origin}: tensor {_q(tensor.name)}"
@@ -304,10 +396,15 @@ def load_external_data(model: onnx.ModelProto, base: str | os.PathLike, origin: 
                 f"{where}: external data length {length} does not match its shape "
                 f"{list(tensor.dims)} ({expected} bytes)"
             )
-        pending.append((tensor, target, offset, length))
+        pending.append((tensor, target, offset, length, initializer and expected is not None))
+    return pending, sizes
+
+
+def _read_external(pending: Iterable[tuple], origin: str) -> None:
+    """Read validated external tensors (from :func:`_external_plan`) into the model."""
     handles: dict[Path, object] = {}
     try:
-        for tensor, target, offset, length in pending:
+        for tensor, target, offset, length, *_ in pending:
             f = handles.get(target)
             if f is None:
                 f = handles[target] = open(target, "rb")
@@ -323,7 +420,6 @@ def load_external_data(model: onnx.ModelProto, base: str | os.PathLike, origin: 
     finally:
         for f in handles.values():
             f.close()
-    return list(sizes)
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -622,9 +718,11 @@ def _check_type(tp: onnx.TypeProto, where: str, name: str) -> None:
         _check_type(tp.map_type.value_type, where, name)
 
 
-def _check_values(model: onnx.ModelProto, origin: str) -> None:
+def _check_values(model: onnx.ModelProto, origin: str, deferred: bool = False) -> None:
     for tensor in iter_model_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            if deferred:
+                continue  # validated by load_model_deferred: location, file, and its length vs shape
             raise ModelLoadError(
                 f"{origin}: tensor {_q(tensor.name)} refers to external data that is not loaded; "
                 "pass the model's file path instead, so its external data is validated and read"
@@ -638,25 +736,40 @@ def _check_values(model: onnx.ModelProto, origin: str) -> None:
             _check_type(v.type, origin, v.name)
 
 
-def check_model_valid(model: onnx.ModelProto, origin: str = "model") -> None:
+def check_model_valid(model: onnx.ModelProto, origin: str = "model", *, deferred: bool = False) -> None:
     """Check that a model is one we can convert; an invalid model is a user error (it is their input).
 
     Structure first (versions, cycles, undefined or doubly produced tensors, external data left
-    unloaded), then onnx's checker.
+    unloaded), then onnx's checker. ``deferred``: tensors still stored as external data were
+    validated by :func:`load_model_deferred` and are accepted (onnx's checker, which would look for
+    their files itself, sees them as empty tensors).
     """
     _check_versions(model, origin)
     bad = _find_bad_string(model, None)
     if bad is not None:
         raise ModelLoadError(f"{origin}: invalid ONNX model: the text at {_path_text(bad)} is not valid UTF-8")
-    _check_values(model, origin)
+    _check_values(model, origin, deferred)
     if model.HasField("graph"):
         _check_graph_structure(model.graph, frozenset(), origin)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_without_deferred_data(model) if deferred else model)
     except onnx.checker.ValidationError as exc:
         raise ModelLoadError(f"{origin}: invalid ONNX model: {_first_line(exc)}") from None
     except ValueError as exc:  # e.g. > 2 GB without external data
         raise ModelLoadError(f"{origin}: {_first_line(exc)}") from None
+
+
+def _without_deferred_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose external-data tensors are empty (``dims = [0]``) in-memory tensors."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in iter_model_tensors(copy):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+            del tensor.dims[:]
+            tensor.dims.append(0)
+    return copy
 
 
 # -------------------------------------------------------------------------------------------- save
@@ -737,3 +850,175 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, input_path: str 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# ------------------------------------------------------------------------- deferred tensors (IR side)
+
+_COPY_CHUNK = 64 * 2**20
+_PAGE = 4096  # offsets of tensors in a data file we write: page-aligned, so runtimes can map them
+
+
+class DeferredTensor(ir.ExternalTensor):
+    """An initializer :func:`load_model_deferred` left on disk, for the IR.
+
+    Its bytes are read from the validated file each time they are asked for (plain reads, nothing
+    memory-mapped or kept), so a pass that looks at every weight in turn holds one at a time.
+    """
+
+    __slots__ = ("_file",)
+
+    def __init__(self, tensor: ir.ExternalTensor, file: Path):
+        super().__init__(
+            tensor.location, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape,
+            name=tensor.name, doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props),
+            base_dir=file.parent,
+        )
+        self._file = file
+
+    def _read(self, f, count: int) -> bytes:
+        data = f.read(count)
+        if len(data) != count:  # the file shrank since it was validated
+            raise ModelLoadError(f"{self._file}: external data of tensor {_q(self.name)} is shorter than declared")
+        return data
+
+    def tobytes(self) -> bytes:
+        with open(self._file, "rb") as f:
+            f.seek(self.offset or 0)
+            return self._read(f, self.length if self.length is not None else self.nbytes)
+
+    def numpy(self) -> np.ndarray:
+        if self.dtype.bitwidth not in (8, 16, 32, 64) or self.size == 0:
+            array = super().numpy().copy()  # packed sub-byte types: onnx_ir unpacks them
+            super().release()
+            return array
+        dtype = np.dtype(self.dtype.numpy()).newbyteorder("<")
+        return np.frombuffer(self.tobytes(), dtype=dtype, count=self.size).reshape(self.shape.numpy())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def tofile(self, file) -> None:
+        with open(self._file, "rb") as f:
+            f.seek(self.offset or 0)
+            left = self.length if self.length is not None else self.nbytes
+            while left > 0:
+                chunk = self._read(f, min(_COPY_CHUNK, left))
+                file.write(chunk)
+                left -= len(chunk)
+
+    def release(self) -> None:
+        super().release()
+
+
+def defer_ir_tensors(model: ir.Model, locations: dict[str, Path]) -> int:
+    """Bind the external initializers of an IR model built from a :class:`DeferredModel`'s proto to
+    their validated files (:class:`DeferredTensor`). Returns how many were bound."""
+    n = 0
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, DeferredTensor):
+                file = locations.get(str(tensor.location))
+                if file is None:
+                    raise ModelLoadError(f"tensor {_q(value.name)}: external data that was not validated")
+                value.const_value = DeferredTensor(tensor, file)
+                n += 1
+    return n
+
+
+def save_ir_model(
+    model: ir.Model,
+    path: str | os.PathLike,
+    to_proto,
+    *,
+    input_files: Iterable[str | os.PathLike] = (),
+    force: bool = False,
+    min_bytes: int = 1024,
+) -> Path | None:
+    """Write an IR model with its initializers of ``min_bytes`` or more in ``<path>.data`` beside it.
+
+    Tensors are written one at a time (a tensor still on disk is copied in chunks), so writing holds
+    no more memory than the model already does; the ModelProto (``to_proto(model)``, called while the
+    initializers are references to the data file) stays small. Both files are written to temporary
+    files and renamed into place, the data file first (an earlier one kept aside until the model file
+    is in place), so a failure leaves the output as it was and no temporary file; ``model`` is left
+    as it was. Refuses to overwrite the input (``input_files``: the model file, then
+    its external data files; ``force`` allows the model file itself). Returns the data file, or None
+    when no tensor was large enough to need one.
+    """
+    out = Path(path)
+    files = [Path(f) for f in input_files]
+    check_output_path(out, files, force=force)
+    folder = out.parent if str(out.parent) else Path(".")
+    data_path = folder / f"{out.name}.data"
+    if any(_same_file(data_path, f) for f in files):
+        raise OutputError(f"{out}: its data file {data_path.name} would overwrite the input model's files; refused")
+    if data_path.exists() and not data_path.is_file():
+        raise OutputError(f"{out}: its data file {data_path} exists and is not a regular file")
+    moved: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    tmp_data = tmp_model = backup = None
+    try:
+        fd, tmp_data = tempfile.mkstemp(prefix=f".{data_path.name[:100]}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            offset = 0
+            for graph in model.graphs():
+                for value in graph.initializers.values():
+                    tensor = value.const_value
+                    if tensor is None or tensor.dtype == ir.DataType.STRING or tensor.nbytes < min_bytes:
+                        continue
+                    pad = -offset % _PAGE
+                    f.write(b"\0" * pad)
+                    offset += pad
+                    if hasattr(tensor, "tofile"):
+                        tensor.tofile(f)
+                    else:
+                        f.write(tensor.tobytes())
+                    if f.tell() != offset + tensor.nbytes:
+                        raise OutputError(f"{out}: tensor {_q(value.name)} wrote {f.tell() - offset} bytes, not {tensor.nbytes}")
+                    moved.append((value, tensor))
+                    value.const_value = ir.ExternalTensor(
+                        data_path.name, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
+                        name=value.name, doc_string=tensor.doc_string,
+                        metadata_props=dict(tensor.metadata_props), base_dir=folder,
+                    )
+                    offset += tensor.nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        proto = to_proto(model)
+        try:
+            data = proto.SerializeToString()
+        except ValueError as exc:
+            raise OutputError(f"{out}: cannot write the converted model: {_first_line(exc)}") from None
+        fd, tmp_model = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp_model, _new_file_mode(out))
+        if moved:
+            os.chmod(tmp_data, _new_file_mode(data_path))
+            if data_path.exists():  # an earlier output's data: kept aside until the model is in place
+                fd, backup = tempfile.mkstemp(prefix=f".{data_path.name[:100]}.", suffix=".old.tmp", dir=folder)
+                os.close(fd)
+                os.replace(data_path, backup)
+            os.replace(tmp_data, data_path)
+            try:
+                os.replace(tmp_model, out)
+            except BaseException:
+                data_path.unlink(missing_ok=True)
+                if backup is not None:
+                    os.replace(backup, data_path)
+                    backup = None
+                raise
+        else:
+            os.replace(tmp_model, out)
+        return data_path if moved else None
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        for value, tensor in moved:
+            value.const_value = tensor
+        for tmp in (tmp_data, tmp_model, backup):
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -149,17 +150,30 @@ class ConstantRangePass:
                     break
 
     def _representable(self, arr: np.ndarray) -> bool:
-        """A quick screen (a few passes over the data): True when every value is finite, within the
-        target's range and zero or at least its smallest subnormal, so that converting it neither
-        overflows nor flushes and :func:`range_stats` would find nothing to act on. False means
-        "look closer", never "not representable"."""
+        """A quick exact screen (a few passes over the data, none of them a conversion of the whole
+        tensor): True when :func:`range_stats` would find nothing to act on, i.e. every value is
+        finite and within the target's range, and the values that flush to zero (if any) are too
+        small to matter by :meth:`_verdict`'s two tests. False means "look closer", never "bad"."""
         if arr.dtype != np.float32 or arr.size == 0:
             return False
         absval = np.abs(arr)
-        if not absval.max() <= self._limits[0]:  # NaN compares False: look closer
+        absmax = absval.max()
+        if not absmax <= self._limits[0]:  # NaN compares False: look closer
             return False
-        small = absval < self._limits[1]
-        return not small.any() or not absval[small].any()
+        small = absval < self._limits[1]  # only these can flush
+        if not small.any():
+            return True
+        tiny = arr[small]
+        with np.errstate(under="ignore"):
+            flushed = tiny[(tiny != 0) & (tiny.astype(self.target.numpy_dtype) == 0)]
+        if not flushed.size:
+            return True
+        # _verdict pins when the largest flushed value is at least `significant` of the largest one,
+        # or when the flushed values carry more than `significant` of the L2 norm; their norm is at
+        # most sqrt(count) * their largest, the tensor's at least its largest (half for rounding).
+        flushed_max = float(np.abs(flushed).max())
+        limit = self.significant * float(absmax)
+        return flushed_max < limit and math.sqrt(flushed.size) * flushed_max <= 0.5 * limit
 
     @functools.cached_property
     def _limits(self) -> tuple[np.float32, np.float32]:
