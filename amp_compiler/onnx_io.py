@@ -33,7 +33,7 @@ import onnx
 import onnx.defs
 import onnx_ir as ir
 from google.protobuf.descriptor import FieldDescriptor as _FD
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, EncodeError
 
 from amp_compiler.errors import ModelLoadError, OutputError
 
@@ -831,7 +831,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, input_path: str 
     folder = out.parent if str(out.parent) else Path(".")
     try:
         data = model.SerializeToString()
-    except ValueError as exc:  # protobuf refuses messages of 2 GiB or more
+    except (ValueError, EncodeError) as exc:  # protobuf refuses messages of 2 GiB or more (upb: EncodeError)
         raise OutputError(f"{out}: cannot write the converted model: {_first_line(exc)}") from None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder)
@@ -988,7 +988,7 @@ def save_ir_model(
         proto = to_proto(model)
         try:
             data = proto.SerializeToString()
-        except ValueError as exc:
+        except (ValueError, EncodeError) as exc:  # over 2 GiB even with the weights outside
             raise OutputError(f"{out}: cannot write the converted model: {_first_line(exc)}") from None
         fd, tmp_model = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "wb") as f:

@@ -705,3 +705,21 @@ def test_hostile_file_through_the_console_script(tmp_path):
     )
     assert proc.returncode == 2 and proc.stderr.startswith("amp-compiler: error: ")
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o.onnx").exists()
+
+
+# ------------------------------------------------------------------------ outputs too large to inline
+
+
+def test_a_model_protobuf_cannot_serialize_is_a_clear_output_error(tmp_path):
+    """upb raises EncodeError (not ValueError) for a message of 2 GiB or more: still one clear line."""
+    from google.protobuf.message import EncodeError
+
+    import amp_compiler.onnx_io as io
+
+    class TooLarge:
+        def SerializeToString(self):
+            raise EncodeError("Failed to serialize proto")
+
+    with pytest.raises(io.OutputError, match="cannot write the converted model"):
+        io.save_model(TooLarge(), tmp_path / "out.onnx")
+    assert list(tmp_path.iterdir()) == []
