@@ -723,3 +723,73 @@ def test_a_model_protobuf_cannot_serialize_is_a_clear_output_error(tmp_path):
     with pytest.raises(io.OutputError, match="cannot write the converted model"):
         io.save_model(TooLarge(), tmp_path / "out.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------- large external weights (left on disk by the CLI)
+
+_BIG = (160, 160)  # 100 KiB: over DEFER_MIN_BYTES, so the CLI leaves it on disk until it is needed
+_BIG_BYTES = weights(_BIG).tobytes()
+
+
+def _big_external_model(tmp_path: Path, location: str) -> Path:
+    m = make(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [vi("x", F32, [2, 160])], [vi("y", F32, [2, 160])], [tensor("w", weights(_BIG))],
+    )
+    w = m.graph.initializer[0]
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    w.external_data.add(key="location", value=location)
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    return write(folder, m)
+
+
+def test_large_external_weights_convert_through_the_deferred_path(tmp_path):
+    from amp_compiler.onnx_io import DEFER_MIN_BYTES
+
+    assert len(_BIG_BYTES) >= DEFER_MIN_BYTES
+    p = _big_external_model(tmp_path, "w.bin")
+    (p.parent / "w.bin").write_bytes(_BIG_BYTES)
+    out = tmp_path / "out.onnx"
+    code, _, err = cli(["convert", p, "-o", out, "-q"])
+    assert code == 0, err
+    w = next(t for t in load_model(out).graph.initializer if t.name == "w")
+    np.testing.assert_array_equal(numpy_helper.to_array(w), weights(_BIG).astype(np.float16))
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_large_external_weights_escaping_the_folder_are_refused_and_never_read(tmp_path, how):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(_BIG_BYTES)
+    location = {"dotdot": "../secret.bin", "absolute": str(secret), "symlink": "w.bin"}[how]
+    p = _big_external_model(tmp_path, location)
+    if how == "symlink":
+        (p.parent / "w.bin").symlink_to(secret)
+    with _Opened() as opened:
+        refused(p, "refused")
+    assert not [o for o in opened if o.endswith(("secret.bin", "w.bin"))], opened
+
+
+@pytest.mark.parametrize("size", [0, len(_BIG_BYTES) // 2])
+def test_large_external_weights_missing_or_short(tmp_path, size):
+    p = _big_external_model(tmp_path, "w.bin")
+    if size:
+        (p.parent / "w.bin").write_bytes(_BIG_BYTES[:size])
+        refused(p, "shorter than declared")
+    else:
+        refused(p, "missing")
+
+
+def test_external_data_that_shrinks_after_validation_is_a_clear_error(tmp_path):
+    """Validated, then truncated before the conversion reads it (a file changed under us)."""
+    from amp_compiler.onnx_io import load_model_deferred
+
+    p = _big_external_model(tmp_path, "w.bin")
+    data = p.parent / "w.bin"
+    data.write_bytes(_BIG_BYTES)
+    loaded = load_model_deferred(p)
+    assert loaded.deferred
+    data.write_bytes(_BIG_BYTES[:100])
+    with pytest.raises(ModelLoadError, match="shorter than declared"):
+        convert(loaded)
