@@ -23,7 +23,7 @@ import fuzz_strategies as fz
 from amp_compiler import convert
 from amp_compiler.checks import run_onnxruntime, validate
 
-CI_EXAMPLES = 400
+CI_EXAMPLES = 600
 
 _SETTINGS = settings(
     max_examples=CI_EXAMPLES,
