@@ -135,24 +135,35 @@ class LowerPlanPass(ir.passes.InPlacePass):
 
     def _retype_definitions(self) -> bool:
         modified = False
-        dtypes = self._vertex_dtypes()
-        node_out, graph_in = SlotKind.NODE_OUT, SlotKind.GRAPH_IN
-        for slot, vid in self.graph.slot_vertex.items():
-            kind, owner, index = slot
-            if kind is node_out:
-                value = owner.outputs[index]
-            elif kind is graph_in:
-                value = owner.inputs[index]
-            else:
-                continue
-            dtype = dtypes[vid]
+        for slot, value, dtype in self._slot_values(defining=True):
             if dtype is None or value.dtype == dtype:
                 continue
             value.type = ir.TensorType(dtype)
             modified = True
-            if kind is node_out:
-                self._retarget_attribute(owner, dtype)
+            if slot.kind is SlotKind.NODE_OUT:
+                self._retarget_attribute(slot.owner, dtype)
         return modified
+
+    def _slot_values(self, defining: bool):
+        """(slot, its tensor, its vertex's decided dtype) for every defining slot (node outputs,
+        graph inputs) or every using slot (node inputs, graph outputs)."""
+        dtypes = self._vertex_dtypes()
+        for slot, vid in self.graph.slot_vertex.items():
+            kind, owner, index = slot
+            if defining:
+                if kind is SlotKind.NODE_OUT:
+                    value = owner.outputs[index]
+                elif kind is SlotKind.GRAPH_IN:
+                    value = owner.inputs[index]
+                else:
+                    continue
+            elif kind is SlotKind.NODE_IN:
+                value = owner.inputs[index]
+            elif kind is SlotKind.GRAPH_OUT:
+                value = owner.outputs[index]
+            else:
+                continue
+            yield slot, value, dtypes[vid]
 
     def _retarget_attribute(self, node: ir.Node, dtype: ir.DataType) -> None:
         vertex = self.graph.vertex_of(Slot(SlotKind.NODE_OUT, node, 0))
@@ -177,17 +188,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
     def _requests(self) -> dict[ir.Value, dict[ir.DataType, list[Slot]]]:
         """For each tensor: the dtypes its users need that differ from its own, and who needs them."""
         requests: dict[ir.Value, dict[ir.DataType, list[Slot]]] = {}
-        dtypes = self._vertex_dtypes()
-        node_in, graph_out = SlotKind.NODE_IN, SlotKind.GRAPH_OUT
-        for slot, vid in self.graph.slot_vertex.items():
-            kind, owner, index = slot
-            if kind is node_in:
-                value = owner.inputs[index]
-            elif kind is graph_out:
-                value = owner.outputs[index]
-            else:
-                continue
-            dtype = dtypes[vid]
+        for slot, value, dtype in self._slot_values(defining=False):
             if dtype is None or value is None or value.dtype == dtype:
                 continue
             requests.setdefault(value, {}).setdefault(dtype, []).append(slot)
