@@ -2,26 +2,44 @@
 
 After painting, the vertices painting was free to colour (FOLLOW/PASS vertices not forced FP32 by a
 HIGH op upstream, nor made low precision to store an embedding table in half the bytes, a storage
-cost this per-run cost model does not see) form a binary labelling problem: FP32 (source side) or low precision (sink side).
-Everything else is a terminal: FP32-forced vertices are tied to the source, low-precision ALLOW
-vertices and vertices already in the low type to the sink, other fixed vertices by their dtype.
+cost this per-run cost model does not see) form a binary labelling problem: FP32 (source side) or
+low precision (sink side). Everything else is a terminal: FP32-forced vertices belong to the
+source, low-precision ALLOW vertices and vertices already in the low type to the sink, other fixed
+vertices go by their dtype.
 
 The cost is the bytes Casts move: a tensor whose producer and users differ needs one Cast per
 (tensor, dtype), shared by all its users. Two auxiliary vertices per tensor model exactly that:
 ``a_t`` (a low-precision copy exists: producer -> a_t costs the cast, a_t -> every user is
-infinite) and ``b_t`` (an FP32 copy exists, mirrored). A tiny bias towards painting's colour breaks
-ties, so the result differs from painting only where it saves bytes.
+infinite) and ``b_t`` (an FP32 copy exists, mirrored). A tensor with a single user needs no
+auxiliary vertex: one edge each way.
 
-Guarantees: painting's colouring is a feasible cut, so the optimum moves at most as many cast bytes
-as painting (both totals are recorded on the plan); only free vertices change; each connected free
-region is solved on its own (networkx ``boykov_kolmogorov``), regions without a cast at stake are
-skipped. Tensor sizes come from the inferred shapes; unknown dims count as 1.
+How it stays fast on 100,000-node graphs, exactly:
+
+- Only connected free regions where painting pays for a Cast are solved; elsewhere painting costs
+  nothing and is already optimal.
+- Each such region is solved on a *band* around painting's Casts: free vertices within ``k`` steps.
+  The band's solution, with everything outside kept as painted, is an upper bound. A lower bound on
+  every colouring of the region comes from the same tensors with the band's outer neighbours left
+  free too (the costs dropped are never negative). When the two agree the band's solution is
+  optimal for the whole region; otherwise ``k`` doubles, up to the whole region.
+- Ties between equally cheap cuts go to painting's colour: the cut's FP32 side is the closure, in
+  the residual network, of the source and painting's FP32 vertices that are not forced low. So a
+  vertex changes colour only where that saves bytes (or is forced by a change that does), and no
+  bias capacities are needed (those made augmenting paths walk the whole residual stream of a
+  transformer once per vertex: quadratic).
+
+Guarantees: painting's colouring is a feasible cut, so the result moves at most as many cast bytes
+as painting (both totals are recorded on the plan); only free vertices change. Maximum flows are
+networkx's ``boykov_kolmogorov`` on integer byte capacities. Tensor sizes come from the inferred
+shapes; unknown dims count as 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
+from collections.abc import Iterable
 
 import networkx as nx
 import onnx_ir as ir
@@ -30,8 +48,7 @@ from networkx.algorithms.flow import boykov_kolmogorov
 from amp_compiler.graph import PrecisionGraph, is_constant
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
-_SOURCE, _SINK = "s", "t"
-_BIAS = 1e-3  # bytes; far below any real cast, breaks ties towards painting's choice
+_SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side
 
 
 def tensor_elements(value: ir.Value) -> int:
@@ -46,11 +63,15 @@ def cast_bytes(value: ir.Value) -> int:
     return tensor_elements(value) * (4 + 2)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Tensor:
     value: ir.Value
     producer: int
     users: set[int]
+
+    def needs_cast(self, low_of: dict[int, bool]) -> bool:
+        p = low_of.get(self.producer)
+        return p is not None and any(low_of.get(u, p) != p for u in self.users)
 
 
 def _tensors(graph: PrecisionGraph) -> list[_Tensor]:
@@ -67,94 +88,167 @@ def _tensors(graph: PrecisionGraph) -> list[_Tensor]:
     return [t for t in by_value.values() if t.users]
 
 
-def total_cast_bytes(graph: PrecisionGraph, low_of: dict[int, bool]) -> int:
+def total_cast_bytes(tensors: Iterable[_Tensor], low_of: dict[int, bool]) -> int:
     """Bytes moved by the Casts a colouring needs (one per tensor and dtype)."""
-    total = 0
-    for t in _tensors(graph):
-        p = low_of.get(t.producer)
-        if p is None:
-            continue
-        needs_other = any(low_of.get(u, p) != p for u in t.users)
-        total += cast_bytes(t.value) if needs_other else 0
-    return total
+    return sum(cast_bytes(t.value) for t in tensors if t.needs_cast(low_of))
 
 
 class MinCutPlacementPass:
+    """Re-decide painting's free vertices by minimum cut (see the module docstring)."""
+
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         low = graph.target.dtype
-        decided_low = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
+        low_of = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
         free = {
             v.id
             for v in graph.vertices
             if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
             and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
         }
-        plan.cast_bytes_painting = total_cast_bytes(graph, decided_low)
         tensors = _tensors(graph)
-        # Connected free regions: free vertices joined by the tensors between them.
+        plan.cast_bytes_painting = total_cast_bytes(tensors, low_of)
+        incident: dict[int, list[_Tensor]] = {}
         regions = nx.utils.UnionFind(free)
-        touching: dict[int, list[_Tensor]] = {}
+        at_stake: list[_Tensor] = []
         for t in tensors:
             members = [v for v in (t.producer, *t.users) if v in free]
+            for v in members:
+                incident.setdefault(v, []).append(t)
             for v in members[1:]:
                 regions.union(members[0], v)
-            for v in members[:1]:
-                touching.setdefault(v, []).append(t)
-        by_region: dict[int, list[_Tensor]] = {}
-        for root, ts in touching.items():
-            by_region.setdefault(regions[root], []).extend(ts)
-        for ts in by_region.values():
-            self._solve(ts, free, decided_low, plan, graph)
-        plan.cast_bytes_final = total_cast_bytes(graph, decided_low)
+            if members and t.needs_cast(low_of):
+                at_stake.append(t)
+        seeds: dict[int, set[int]] = {}  # region -> free vertices of its tensors that need a Cast
+        for t in at_stake:
+            members = [v for v in (t.producer, *t.users) if v in free]
+            seeds.setdefault(regions[members[0]], set()).update(members)
 
-    def _solve(self, tensors, free, decided_low, plan, graph) -> None:
-        seen: set[int] = set()
-        unique = []
-        for t in tensors:
-            if id(t) not in seen:
-                seen.add(id(t))
-                unique.append(t)
-        g = nx.DiGraph()
-        region = set()
-        for k, t in enumerate(unique):
-            w = float(cast_bytes(t.value))
-            a, b = ("a", k), ("b", k)
-            g.add_edge(t.producer, a, capacity=w)
-            g.add_edge(b, t.producer, capacity=w)
-            for u in t.users:
-                g.add_edge(a, u)  # infinite (no capacity attribute)
-                g.add_edge(u, b)
-            for v in (t.producer, *t.users):
-                if v in free:
-                    region.add(v)
-        if not region:
-            return
-        for v in [n for n in g.nodes if isinstance(n, int)]:
-            if v in free:
-                # bias: pay a little to leave painting's colour (edge u -> v is cut when u is on
-                # the FP32 side and v on the low side)
-                if decided_low[v]:
-                    g.add_edge(v, _SINK, capacity=_BIAS)
-                else:
-                    g.add_edge(_SOURCE, v, capacity=_BIAS)
-            elif decided_low[v]:
-                g.add_edge(v, _SINK)
-            else:
-                g.add_edge(_SOURCE, v)
-        if not g.has_node(_SOURCE):
-            g.add_node(_SOURCE)
-        if not g.has_node(_SINK):
-            g.add_node(_SINK)
-        _, (fp32_side, _) = nx.minimum_cut(g, _SOURCE, _SINK, flow_func=boykov_kolmogorov)
-        low_type = graph.target.dtype
-        for v in region:
-            now_low = v not in fp32_side
-            if now_low == decided_low[v]:
+        new_low: dict[int, bool] = {}
+        for region_seeds in seeds.values():
+            new_low.update(_solve_region(region_seeds, incident, low_of))
+        name = graph.target.value
+        for v in sorted(new_low):
+            now_low = new_low[v]
+            if now_low == low_of[v]:
                 continue
-            decided_low[v] = now_low
-            dtype = low_type if now_low else ir.DataType.FLOAT
-            side = graph.target.value if now_low else "FP32"
+            low_of[v] = now_low
             plan.decide(
-                v, dtype, Rule.MINCUT,
-                f"{side}: cast placement (minimum cut) moves fewer bytes this way than painting did",
+                v, low if now_low else ir.DataType.FLOAT, Rule.MINCUT,
+                f"{name if now_low else 'FP32'}: cast placement (minimum cut) moves fewer bytes "
+                "this way than painting did",
             )
+        plan.cast_bytes_final = total_cast_bytes(tensors, low_of)
+
+
+def _solve_region(
+    seeds: set[int], incident: dict[int, list[_Tensor]], low_of: dict[int, bool]
+) -> dict[int, bool]:
+    """The optimal colouring of the free vertices of one region, grown from ``seeds`` as a band
+    until the band's upper bound meets the lower bound (see the module docstring)."""
+    band = set(seeds)
+    layers = 1
+    while True:
+        tensors = _unique(t for v in band for t in incident[v])
+        outer = {v for t in tensors for v in (t.producer, *t.users) if v in incident and v not in band}
+        upper, colouring = _min_cut(tensors, band, low_of, tie_break=True)
+        if not outer or _min_cut(tensors, band | outer, low_of, tie_break=False)[0] == upper:
+            return colouring
+        for _ in range(layers):  # grow by as many layers as the band has had: doubling
+            band |= outer
+            outer = {
+                v for w in outer for t in incident[w] for v in (t.producer, *t.users)
+                if v in incident and v not in band
+            }
+            if not outer:
+                break
+        layers *= 2
+
+
+def _unique(tensors: Iterable[_Tensor]) -> list[_Tensor]:
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def _min_cut(
+    tensors: list[_Tensor], variables: set[int], low_of: dict[int, bool], tie_break: bool
+) -> tuple[int, dict[int, bool]]:
+    """Minimum cast bytes over ``tensors`` with ``variables`` free and every other vertex at its
+    colour in ``low_of``; with ``tie_break``, also the colouring of ``variables`` (closest to
+    ``low_of`` among the optima)."""
+
+    def node(v: int):
+        if v in variables:
+            return v
+        return _SINK if low_of[v] else _SOURCE
+
+    g = nx.DiGraph()
+    g.add_nodes_from((_SOURCE, _SINK))
+    g.add_nodes_from(variables)
+    fixed = 0  # Casts between two terminals: paid whatever the variables do
+    for k, t in enumerate(tensors):
+        p = node(t.producer)
+        users = {node(u) for u in t.users} - {p}
+        if not users:
+            continue
+        w = cast_bytes(t.value)
+        if p in (_SOURCE, _SINK) and users <= {_SOURCE, _SINK}:
+            fixed += w
+            continue
+        if len(users) == 1:
+            (u,) = users
+            _edge(g, p, u, w)
+            _edge(g, u, p, w)
+            continue
+        a, b = ("a", k), ("b", k)
+        _edge(g, p, a, w)
+        _edge(g, b, p, w)
+        for u in users:
+            _edge(g, a, u, None)
+            _edge(g, u, b, None)
+    residual = boykov_kolmogorov(g, _SOURCE, _SINK)
+    value = fixed + residual.graph["flow_value"]
+    if not tie_break:
+        return value, {}
+
+    def open_(u, v) -> bool:
+        e = residual[u][v]
+        return e["capacity"] - e["flow"] > 0
+
+    forced_low = _reach([_SINK], lambda v: (u for u in residual.pred[v] if open_(u, v)))
+    seeds = [_SOURCE] + [v for v in sorted(variables) if not low_of[v] and v not in forced_low]
+    fp32_side = _reach(seeds, lambda u: (v for v in residual.succ[u] if open_(u, v)))
+    return value, {v: v not in fp32_side for v in variables}
+
+
+def _edge(g: nx.DiGraph, u, v, capacity: int | None) -> None:
+    """Add capacity to u -> v (``None``: infinite); edges into the source or out of the sink never
+    cross an s-t cut and are left out."""
+    if v == _SOURCE or u == _SINK:
+        return
+    if capacity is None:
+        if g.has_edge(u, v):
+            g[u][v].pop("capacity", None)
+        else:
+            g.add_edge(u, v)
+    elif g.has_edge(u, v):
+        data = g[u][v]
+        if "capacity" in data:
+            data["capacity"] += capacity
+    else:
+        g.add_edge(u, v, capacity=capacity)
+
+
+def _reach(seeds: Iterable, neighbours) -> set:
+    seen = set(seeds)
+    queue = deque(seen)
+    while queue:
+        for w in neighbours(queue.popleft()):
+            if w not in seen:
+                seen.add(w)
+                queue.append(w)
+    return seen

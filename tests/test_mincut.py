@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
 from onnx import helper
 
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
+from amp_compiler.graph import build_precision_graph
+from amp_compiler.passes import (
+    ClassifyPass,
+    ConstantRangePass,
+    KernelCoveragePass,
+    MinCutPlacementPass,
+    PaintPass,
+)
+from amp_compiler.passes.mincut import _tensors, total_cast_bytes
+from amp_compiler.plan import PrecisionPlan, Role, Rule
+from amp_compiler.policy import default_table
+from amp_compiler.targets import Provider, Target
 from models import catalog
 from onnx_builders import F32, model, tensor, vi, weights
 
@@ -74,3 +90,112 @@ def test_never_more_cast_bytes_than_painting(entry, target):
     r = convert(catalog.load(entry), target=target)
     assert r.cast_bytes is not None and r.cast_bytes_painting is not None
     assert r.cast_bytes <= r.cast_bytes_painting
+
+
+def _transpose_chain_then_slice(n: int):
+    """A 64x64 FP32 input through ``n`` Transposes (PASS ops), sliced to 8x8 before a MatMul.
+
+    Painting spreads low precision from the MatMul back through every PASS op and casts the 64x64
+    input; the optimum casts after the Slice, ``n + 1`` ops away from painting's Cast, so the band
+    around painting's Cast has to grow across the whole chain before its bounds meet."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        nodes.append(helper.make_node("Transpose", [prev], [f"t{i}"], name=f"tr{i}", perm=[1, 0]))
+        prev = f"t{i}"
+    nodes += [
+        helper.make_node("Slice", [prev, "starts", "ends"], ["s"], name="slice"),
+        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
+    ]
+    return model(
+        nodes, [vi("x", F32, [64, 64])], [vi("y", F32, [8, 8])],
+        [
+            tensor("starts", np.array([0, 0], np.int64)), tensor("ends", np.array([8, 8], np.int64)),
+            tensor("w", weights((8, 8))),
+        ],
+    )
+
+
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_cast_moves_across_a_long_chain_to_the_small_side(n):
+    placed = convert(_transpose_chain_then_slice(n))
+    d = {x.node: x for x in placed.decisions}
+    assert placed.cast_bytes_painting == (64 * 64 + 8 * 8) * 6
+    assert placed.cast_bytes == (8 * 8 + 8 * 8) * 6
+    assert all(d[f"tr{i}"].precision == "fp32" for i in range(n))
+    assert d["slice"].precision == "fp32" and d["mm"].precision == "fp16"
+    validate(placed.model)
+
+
+def _painted(m):
+    """The precision graph and plan of ``m`` right after painting (convert's analyses, in order)."""
+    irm = ir.from_proto(onnx.shape_inference.infer_shapes(m))
+    graph = build_precision_graph(irm, Target.FP16, default_table())
+    plan = PrecisionPlan()
+    for analysis in (
+        ClassifyPass(Provider.CUDA, frozenset(), (), {}), KernelCoveragePass(Provider.CUDA),
+        ConstantRangePass(Target.FP16), PaintPass(),
+    ):
+        analysis(graph, plan)
+    return graph, plan
+
+
+def _random_graph(seed: int):
+    """A random DAG of MatMul (low), Exp (FP32), Add/Tanh (follow), Relu/Concat/Slice (pass) over
+    tensors of 2 to 32 rows, so that cast sizes differ; dangling tensors are graph outputs."""
+    rng = np.random.default_rng(seed)
+    rows = {"x": 8, "x2": 4}
+    nodes, inits = [], [tensor("w", weights((4, 4))), tensor("half", np.array([0], np.int64))]
+    for i in range(int(rng.integers(10, 18))):
+        names = sorted(rows)
+        a = names[rng.integers(len(names))]
+        same = [b for b in names if rows[b] == rows[a]]
+        b = same[rng.integers(len(same))]
+        op = rng.choice(["MatMul", "Exp", "Add", "Tanh", "Relu", "Concat", "Slice"], p=[.25, .05, .15, .1, .15, .15, .15])
+        out = f"v{i}"
+        if op == "MatMul":
+            nodes.append(helper.make_node(op, [a, "w"], [out], name=out))
+        elif op == "Add":
+            nodes.append(helper.make_node(op, [a, b], [out], name=out))
+        elif op == "Concat" and rows[a] + rows[b] <= 32:
+            nodes.append(helper.make_node(op, [a, b], [out], name=out, axis=0))
+            rows[out] = rows[a] + rows[b]
+            continue
+        elif op == "Slice" and rows[a] >= 4:
+            end = f"end{i}"
+            inits.append(tensor(end, np.array([rows[a] // 2], np.int64)))
+            nodes.append(helper.make_node(op, [a, "half", end], [out], name=out))
+            rows[out] = rows[a] // 2
+            continue
+        else:
+            nodes.append(helper.make_node(op if op in ("Exp", "Tanh", "Relu") else "Relu", [a], [out], name=out))
+        rows[out] = rows[a]
+    used = {i for n in nodes for i in n.input}
+    outputs = [vi(t, F32, [r, 4]) for t, r in sorted(rows.items()) if t not in used and t.startswith("v")]
+    inputs = [vi("x", F32, [8, 4]), vi("x2", F32, [4, 4])]
+    return model(nodes, inputs, outputs or [vi("x", F32, [8, 4])], inits)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_min_cut_finds_the_optimum_of_exhaustive_search(seed):
+    """On random graphs, the pass moves exactly as few bytes as the best of every colouring of the
+    free vertices, and changes nothing where painting is already optimal."""
+    graph, plan = _painted(_random_graph(seed))
+    low = graph.target.dtype
+    painted = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
+    free = sorted(
+        v.id for v in graph.vertices
+        if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
+        and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
+    )
+    tensors = _tensors(graph)
+    best = min(
+        total_cast_bytes(tensors, {**painted, **dict(zip(free, colours))})
+        for colours in itertools.product((False, True), repeat=len(free))
+    )
+    MinCutPlacementPass()(graph, plan)
+    assert plan.cast_bytes_final == best
+    assert plan.cast_bytes_painting == total_cast_bytes(tensors, painted)
+    changed = [v for v in free if (plan.decisions[v].dtype == low) != painted[v]]
+    if best == plan.cast_bytes_painting:
+        assert changed == []
+    assert all(plan.decisions[v].rule is Rule.MINCUT for v in changed)
