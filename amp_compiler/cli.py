@@ -201,10 +201,11 @@ def _convert(args: argparse.Namespace) -> int:
     check_output_path(dst, [src], force=args.force)  # fail before the work, not after it
     start = time.perf_counter()
     # Large external-data weights stay on disk (validated), read one at a time by the conversion.
-    loaded = load_model_deferred(src)
+    # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).
+    explain = args.report or args.calibration_data or args.tolerance is not None or args.input_shape
+    loaded = load_model_deferred(src, check=bool(explain))
     input_files = loaded.files
     check_output_path(dst, input_files, force=args.force)  # nor over the input's external data
-    explain = args.report or args.calibration_data or args.tolerance is not None or args.input_shape
     analysis = _analyze(args, loaded.load(), src) if explain else None
     result = analysis.result if analysis else convert(loaded, _options(args))
     if args.report:

@@ -28,10 +28,14 @@ from amp_compiler.graph import (
     is_constant,
     iter_graphs,
 )
+from amp_compiler import native_checks
+from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx_io import (
     DeferredModel,
     DeferredTensor,
-    check_model_valid,
+    check_model_contents,
+    checker_input,
+    checker_verdict,
     check_output_path,
     defer_ir_tensors,
     iter_proto_graphs,
@@ -227,16 +231,15 @@ def convert(
     policy = policy or default_table()
     _check_block_ops(opts.block_ops, policy)
     patterns = _compile_patterns(opts.block_nodes)
-    deferred = load_model_deferred(model) if isinstance(model, (str, os.PathLike)) else model
+    deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
     if isinstance(deferred, DeferredModel):
-        proto, locations = deferred.model, deferred.locations
+        proto, locations, checked, origin = deferred.model, deferred.locations, deferred.checked, str(deferred.files[0])
     else:
-        proto, locations = deferred, {}
+        proto, locations, checked, origin = deferred, {}, False, "model"
         if not isinstance(proto, onnx.ModelProto):
             raise TypeError(f"expected an onnx.ModelProto or a path, got {type(proto).__name__}")
-        check_model_valid(proto)
 
-    ir_model = _typed_ir(proto)
+    ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
         defer_ir_tensors(ir_model, locations)
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
@@ -317,29 +320,68 @@ def _compile_patterns(patterns: Iterable[str]) -> tuple[re.Pattern, ...]:
     return tuple(out)
 
 
-def _typed_ir(proto: onnx.ModelProto) -> ir.Model:
-    """The model as IR with every tensor's type inferred: ``ir.from_proto(_with_types(proto))``.
+def _checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, check: bool) -> ir.Model:
+    """The model as IR with every tensor's type inferred, after checking it (unless ``check`` is
+    False: it was checked already) as :func:`~amp_compiler.onnx_io.check_model_valid` does.
 
-    Faster: the input is deserialized without the value_info shape inference adds, and the inferred
-    types are then set from a memo of the (few) distinct tensor types, with one frozen Shape shared
-    per distinct shape. Anything unusual (a doc string or metadata on an inferred entry, a
-    non-tensor type, functions or subgraphs that inference changed) takes onnx_ir's own path.
+    For models of ``CHILD_MIN_NODES`` nodes or more, onnx's checker and shape inference (C++, about
+    a second each at 100,000 nodes) run in a child process (:mod:`amp_compiler.native_checks`) while
+    this one checks the rest and deserializes the IR; the IR is used only once every check passed.
+    Smaller models do the same steps in this process, the checker before shape inference.
     """
-    typed = _with_types(proto)
-    if typed is proto:
-        return ir.from_proto(proto)
+    to_check = checker_input(proto, deferred) if check else None
+    native = None
+    if len(proto.graph.node) >= native_checks.CHILD_MIN_NODES:
+        try:
+            native = native_checks.NativeChecks(to_check, proto)
+        except OSError:  # no child process here: do it all in this one
+            native = None
+    if native is None:
+        if check:
+            check_model_contents(proto, origin, deferred=deferred)
+            checker_verdict(proto, origin, native_checks.check(to_check))
+        return _typed_ir(proto, ir.from_proto(proto), native_checks.infer(proto), complete=True)
+    try:
+        if check:
+            check_model_contents(proto, origin, deferred=deferred)
+        model = ir.from_proto(proto)
+    except BaseException:
+        native.cancel()
+        raise
+    result = native.result()
+    if result.crashed:
+        raise ModelLoadError(
+            f"{origin}: onnx's checker or shape inference stopped on this model ({result.crashed})"
+        )
+    if check:
+        checker_verdict(proto, origin, result.checker_error)
+    return _typed_ir(proto, model, result.inferred, complete=not result.initializers_removed)
+
+
+def _typed_ir(proto: onnx.ModelProto, model: ir.Model, typed: onnx.ModelProto | None, complete: bool) -> ir.Model:
+    """``model`` (``ir.from_proto(proto)``) with the types shape inference gave ``typed`` (None: it
+    failed, the model keeps the types it declares). ``complete``: ``typed`` still has the main
+    graph's initializers (the child process drops them).
+
+    Faster than ``ir.from_proto(typed)``: the input is deserialized without the value_info shape
+    inference adds, and the inferred types are then set from a memo of the (few) distinct tensor
+    types, with one frozen Shape shared per distinct shape. Anything unusual (a doc string or
+    metadata on an inferred entry, a non-tensor type, functions or subgraphs that inference changed)
+    takes onnx_ir's own path.
+    """
+    if typed is None:
+        return model
     if len(typed.functions) != len(proto.functions) or any(
         a.SerializeToString() != b.SerializeToString() for a, b in zip(typed.functions, proto.functions)
     ):
-        return ir.from_proto(typed)
-    model = ir.from_proto(proto)
+        return ir.from_proto(typed if complete else native_checks.infer(proto) or proto)
     ir_graphs = list(iter_graphs(model.graph))
     proto_graphs = list(iter_proto_graphs(typed.graph))
     if len(ir_graphs) != len(proto_graphs) or any(
         (g.name or "") != p.name or len(g) != len(p.node)
         for g, p in zip(ir_graphs, proto_graphs)
     ):
-        return ir.from_proto(typed)
+        return ir.from_proto(typed if complete else native_checks.infer(proto) or proto)
     memo: dict[bytes, tuple[ir.Shape | None, ir.DataType] | None] = {}
     for g, p in zip(ir_graphs, proto_graphs):
         for value, info in zip(g.inputs, p.input):
@@ -379,14 +421,6 @@ def _set_inferred(value: ir.Value, info: onnx.ValueInfoProto, memo: dict) -> Non
     value.shape = shape  # frozen: safe to share
     value.type = None if dtype is None else ir.TensorType(dtype)
     value.doc_string = None
-
-
-def _with_types(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with every intermediate tensor's type inferred (the input is not modified)."""
-    try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, ValueError):
-        return proto
 
 
 def _output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelProto:

@@ -35,6 +35,7 @@ import onnx_ir as ir
 from google.protobuf.descriptor import FieldDescriptor as _FD
 from google.protobuf.message import DecodeError, EncodeError
 
+from amp_compiler import native_checks
 from amp_compiler.errors import ModelLoadError, OutputError
 
 #: Protobuf cannot serialize or parse one message of 2 GiB or more.
@@ -194,6 +195,7 @@ class DeferredModel:
     model: onnx.ModelProto
     files: list[Path]
     locations: dict[str, Path]
+    checked: bool = True  # validated as check_model_valid validates (load_model_deferred(check=True))
 
     @property
     def deferred(self) -> bool:
@@ -212,13 +214,17 @@ class DeferredModel:
 DEFER_MIN_BYTES = 64 * 1024
 
 
-def load_model_deferred(path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTES) -> DeferredModel:
+def load_model_deferred(
+    path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTES, *, check: bool = True
+) -> DeferredModel:
     """Load and validate a model file, leaving its large external-data initializers on disk.
 
     Every external data location is validated as :func:`load_model` validates it, and the model is
     checked as :func:`check_model_valid` checks it; only the bytes of initializers of ``min_bytes``
     or more are not read (:class:`DeferredTensor` reads them, one at a time, when needed). A model
-    without external data is loaded whole.
+    without external data is loaded whole. ``check=False`` leaves the model checks to the caller
+    (``DeferredModel.checked`` is False): :func:`amp_compiler.convert.convert` does them while it
+    builds the IR.
     """
     p = Path(path)
     model = _parse_model_file(p)
@@ -230,8 +236,9 @@ def load_model_deferred(path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTE
         for tensor, target, _, length, initializer in pending
         if initializer and length >= min_bytes
     }
-    check_model_valid(model, origin=str(p), deferred=bool(locations))
-    return DeferredModel(model, [p, *sizes], locations)
+    if check:
+        check_model_valid(model, origin=str(p), deferred=bool(locations))
+    return DeferredModel(model, [p, *sizes], locations, checked=check)
 
 
 def _parse_model_file(p: Path) -> onnx.ModelProto:
@@ -739,24 +746,54 @@ def _check_values(model: onnx.ModelProto, origin: str, deferred: bool = False) -
 def check_model_valid(model: onnx.ModelProto, origin: str = "model", *, deferred: bool = False) -> None:
     """Check that a model is one we can convert; an invalid model is a user error (it is their input).
 
-    Structure first (versions, cycles, undefined or doubly produced tensors, external data left
-    unloaded), then onnx's checker. ``deferred``: tensors still stored as external data were
-    validated by :func:`load_model_deferred` and are accepted (onnx's checker, which would look for
-    their files itself, sees them as empty tensors).
+    :func:`check_model_contents`, then onnx's checker (:func:`checker_verdict`). ``deferred``:
+    tensors still stored as external data were validated by :func:`load_model_deferred` and are
+    accepted (onnx's checker, which would look for their files itself, sees them as empty tensors).
     """
+    check_model_contents(model, origin, deferred=deferred)
+    checker_verdict(model, origin, native_checks.check(checker_input(model, deferred)))
+
+
+def check_model_contents(model: onnx.ModelProto, origin: str = "model", *, deferred: bool = False) -> None:
+    """Everything :func:`check_model_valid` checks but onnx's checker: versions, text (UTF-8),
+    tensor data against shapes and types, value types, and graph output names. ``deferred`` as there."""
     _check_versions(model, origin)
     bad = _find_bad_string(model, None)
     if bad is not None:
         raise ModelLoadError(f"{origin}: invalid ONNX model: the text at {_path_text(bad)} is not valid UTF-8")
     _check_values(model, origin, deferred)
+    for g in _model_graphs(model):
+        _check_output_names(g, origin, subgraph=g is not model.graph)
+
+
+def checker_input(model: onnx.ModelProto, deferred: bool) -> onnx.ModelProto:
+    """What onnx's checker is given for ``model``: deferred external tensors as empty tensors."""
+    return _without_deferred_data(model) if deferred else model
+
+
+def checker_verdict(model: onnx.ModelProto, origin: str, error: native_checks.CheckerError | None) -> None:
+    """Raise for onnx's checker's complaint about ``model`` (None: it passed).
+
+    The checker finds every structural fault (a cycle, an undefined or doubly produced tensor) but
+    says tersely what; the graph is then examined to say precisely. A model the checker accepts is
+    not walked again.
+    """
+    if error is None:
+        return
+    if not error.invalid:  # e.g. > 2 GB without external data
+        raise ModelLoadError(f"{origin}: {error.message}")
     if model.HasField("graph"):
         _check_graph_structure(model.graph, frozenset(), origin)
-    try:
-        onnx.checker.check_model(_without_deferred_data(model) if deferred else model)
-    except onnx.checker.ValidationError as exc:
-        raise ModelLoadError(f"{origin}: invalid ONNX model: {_first_line(exc)}") from None
-    except ValueError as exc:  # e.g. > 2 GB without external data
-        raise ModelLoadError(f"{origin}: {_first_line(exc)}") from None
+    raise ModelLoadError(f"{origin}: invalid ONNX model: {error.message}")
+
+
+def _check_output_names(graph: onnx.GraphProto, origin: str, subgraph: bool) -> None:
+    seen: set[str] = set()
+    for v in graph.output:
+        if v.name in seen:
+            where = f"{origin}: invalid ONNX model" + (f" (in subgraph {_q(graph.name)})" if subgraph else "")
+            raise ModelLoadError(f"{where}: graph output {_q(v.name)} is listed twice; output names must be unique")
+        seen.add(v.name)
 
 
 def _without_deferred_data(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -49,9 +49,11 @@ class KernelCoveragePass:
     # The coverage to use; None: :func:`amp_compiler.providers.coverage_for` the provider.
     coverage: KernelCoverage | None = None
     _memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _by_shape: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         self._memo.clear()
+        self._by_shape.clear()
         coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
         if coverage is None:
             return
@@ -84,27 +86,40 @@ class KernelCoveragePass:
                 entry[1].add((slot.kind is SlotKind.NODE_IN, slot.index))
         provider = SHORT_NAMES[coverage.provider]
         for node, mine in by_node.values():
-            domain = node.domain or ""
-            opset = opsets.get("" if domain == "ai.onnx" else domain)
-            if opset is None and domain in ("", "ai.onnx"):
-                opset = opsets.get("ai.onnx")
-            sig = schemas.lookup(domain, node.op_type, opset if opset is not None else 1)
-            if sig is None:
-                continue
-            requirements = tuple(_requirements(node, sig, mine, target))
-            key = (domain, node.op_type, sig.since_version, requirements)
-            if key not in self._memo:  # most nodes of a model repeat a few (op, types) shapes
-                op = f"{node.op_type}-{sig.since_version}"
-                if not coverage.has_op(domain, node.op_type):
-                    why = f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
-                elif not coverage.supports(domain, node.op_type, sig.since_version, requirements):
-                    why = f"no {target_label(target)} kernel for {op} on the {provider} provider"
-                else:
-                    why = None
-                self._memo[key] = why
-            if self._memo[key] is not None:
-                return self._memo[key]
+            # What the answer depends on, cheaply: the op, which slots are the vertex's, the other
+            # slots' types. Most nodes of a model repeat a few of these.
+            shape_key = (
+                node.domain, node.op_type, frozenset(mine),
+                tuple(_dtype_of(v) for v in node.inputs), tuple(_dtype_of(v) for v in node.outputs),
+            )
+            if shape_key in self._by_shape:
+                found = self._by_shape[shape_key]
+            else:
+                found = self._by_shape[shape_key] = self._node_missing(node, mine, coverage, target, opsets, provider)
+            if found is not None:
+                return found
         return None
+
+    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets, provider: str) -> str | None:
+        domain = node.domain or ""
+        opset = opsets.get("" if domain == "ai.onnx" else domain)
+        if opset is None and domain in ("", "ai.onnx"):
+            opset = opsets.get("ai.onnx")
+        sig = schemas.lookup(domain, node.op_type, opset if opset is not None else 1)
+        if sig is None:
+            return None
+        requirements = tuple(_requirements(node, sig, mine, target))
+        key = (domain, node.op_type, sig.since_version, requirements)
+        if key not in self._memo:  # most nodes of a model repeat a few (op, types) shapes
+            op = f"{node.op_type}-{sig.since_version}"
+            if not coverage.has_op(domain, node.op_type):
+                why = f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
+            elif not coverage.supports(domain, node.op_type, sig.since_version, requirements):
+                why = f"no {target_label(target)} kernel for {op} on the {provider} provider"
+            else:
+                why = None
+            self._memo[key] = why
+        return self._memo[key]
 
 
 def target_label(type_name: str) -> str:
@@ -131,6 +146,13 @@ def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool,
             current = short_type(_type_str(dtype))
             out.append((param, (current, target) if current in _FLOAT_NAMES else (current,)))
     return out
+
+
+def _dtype_of(value: ir.Value | None):
+    if value is None:
+        return None
+    vtype = value.type
+    return vtype.dtype if isinstance(vtype, ir.TensorType) else None
 
 
 def _type_str(dtype: ir.DataType) -> str:

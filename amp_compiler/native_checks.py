@@ -1,0 +1,165 @@
+"""onnx's checker and shape inference (both C++) in a child process, while Python works on the model.
+
+Converting a large model spends about a second in each of two C++ calls that hold Python's GIL:
+``onnx.checker.check_model`` and ``onnx.shape_inference.infer_shapes``. Neither needs anything but
+the serialized model, so for large models :class:`NativeChecks` runs them in a child Python process
+(``python native_checks.py``, which imports only onnx), on the second core, while the parent does its
+own checks and builds the IR. Smaller models call :func:`check` and :func:`infer` in-process.
+
+The child is also a wall: a hostile model that crashed either C++ call would take down only the
+child, and is reported as an invalid model.
+
+Protocol: the parent writes one JSON header line (the payload lengths) and the payloads (the model to
+check, or nothing when there is no check; then the model to infer, or nothing when it is the model
+to check) to the child's stdin; the child
+writes a JSON line (the checker's error or null, whether inference succeeded) and then the inferred
+model, with the main graph's initializers removed (the parent has them), to its stdout.
+
+This file must import nothing from amp_compiler: the child runs it as a script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+
+import onnx
+import onnx.checker
+import onnx.shape_inference
+
+#: Models with at least this many nodes (main graph) are checked in a child process; below it the
+#: child's start (about 0.3 s) costs more than it saves.
+CHILD_MIN_NODES = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckerError:
+    message: str  # the first line of the checker's complaint
+    invalid: bool = True  # a validation error (else another refusal: a model over 2 GB, ...)
+
+
+@dataclasses.dataclass
+class NativeResult:
+    checker_error: CheckerError | None  # None when the model passed
+    inferred: onnx.ModelProto | None  # the model with inferred value_info; None when inference failed
+    initializers_removed: bool = False  # the main graph's initializers were dropped from ``inferred``
+    crashed: str | None = None  # the child died without an answer (how), so nothing above is known
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__
+
+
+def check(model: onnx.ModelProto) -> CheckerError | None:
+    """onnx's checker: None when ``model`` passes, else its complaint."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        return CheckerError(_first_line(exc))
+    except ValueError as exc:  # e.g. over 2 GB without external data
+        return CheckerError(_first_line(exc), invalid=False)
+    return None
+
+
+def infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` with every intermediate tensor's type inferred, or None when inference fails."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return None
+
+
+class NativeChecks:
+    """Both calls in a child process, started at construction; :meth:`result` waits for them."""
+
+    def __init__(self, to_check: onnx.ModelProto | None, to_infer: onnx.ModelProto):
+        """``to_check``: the model for onnx's checker (None: no check); ``to_infer``: for shape inference."""
+        check_bytes = b"" if to_check is None else to_check.SerializeToString()
+        infer_bytes = b"" if to_infer is to_check else to_infer.SerializeToString()
+        header = json.dumps({"check": len(check_bytes), "infer": len(infer_bytes)}).encode() + b"\n"
+        self._proc = subprocess.Popen(
+            child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+        self._out: list[bytes] = []
+        # Writing and reading the pipes release the GIL: the parent's own work goes on meanwhile.
+        self._writer = threading.Thread(target=self._write, args=(header, check_bytes, infer_bytes), daemon=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._writer.start()
+        self._reader.start()
+
+    def _write(self, *parts: bytes) -> None:
+        try:
+            for part in parts:
+                self._proc.stdin.write(part)
+            self._proc.stdin.close()
+        except OSError:  # the child died: result() reports it
+            pass
+
+    def _read(self) -> None:
+        self._out.append(self._proc.stdout.read())
+
+    def cancel(self) -> None:
+        """Stop the child (the parent found the model invalid itself)."""
+        self._proc.kill()
+        self._wait()
+
+    def _wait(self) -> int:
+        self._writer.join()
+        self._reader.join()
+        return self._proc.wait()
+
+    def result(self) -> NativeResult:
+        code = self._wait()
+        data = self._out[0] if self._out else b""
+        head, _, body = data.partition(b"\n")
+        try:
+            answer = json.loads(head) if code == 0 else None
+        except ValueError:
+            answer = None
+        if answer is None:
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            return NativeResult(None, None, crashed=how)
+        inferred = None
+        if answer["inferred"]:
+            inferred = onnx.ModelProto()
+            inferred.ParseFromString(body)
+        error = answer["checker_error"]
+        return NativeResult(error and CheckerError(**error), inferred, initializers_removed=True)
+
+
+def child_command() -> list[str]:
+    """The child's command line. -P: the script's folder (this package, whose module names could
+    shadow others) is not put on the child's sys.path."""
+    return [sys.executable, "-P", __file__]
+
+
+def _child() -> None:
+    header = json.loads(sys.stdin.buffer.readline())
+    to_check = to_infer = None
+    if header["check"]:
+        to_check = onnx.ModelProto()
+        to_check.ParseFromString(sys.stdin.buffer.read(header["check"]))
+    if header["infer"]:
+        to_infer = onnx.ModelProto()
+        to_infer.ParseFromString(sys.stdin.buffer.read(header["infer"]))
+    else:
+        to_infer = to_check
+    error = check(to_check) if to_check is not None else None
+    inferred = infer(to_infer)
+    out = sys.stdout.buffer
+    answer = {"checker_error": error and dataclasses.asdict(error), "inferred": inferred is not None}
+    out.write(json.dumps(answer).encode() + b"\n")
+    if inferred is not None:
+        del inferred.graph.initializer[:]
+        out.write(inferred.SerializeToString())
+    out.flush()
+
+
+if __name__ == "__main__":
+    _child()
