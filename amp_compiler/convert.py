@@ -267,9 +267,8 @@ def convert(
     decisions = _node_decisions(graph, plan, ir_model, {id(c.node): c for c in lower.casts}, positions)
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
-    n_casts = sum(1 for g in iter_graphs(ir_model.graph) for n in g if n.op_type == "Cast") - sum(
-        1 for g in iter_proto_graphs(proto.graph) for n in g.node if n.op_type == "Cast"
-    )
+    # decisions: one per node of the output; nodes: of the input
+    n_casts = sum(1 for d in decisions if d.op_type == "Cast") - sum(1 for n in nodes if n.op_type == "Cast")
     output = _DeferredOutput(ir_model, proto) if locations else None
     return ConversionResult(
         None if output else _output_proto(ir_model, proto), decisions, n_casts,
@@ -461,17 +460,23 @@ def _keep_value_info_of(original: onnx.ModelProto, out: onnx.ModelProto, describ
             g.value_info.extend(kept)
 
 
-def _dtype_name(value: ir.Value | None) -> str:
-    if value is None:
-        return ""
-    vtype = value.type
-    if vtype is None:
-        return "?"
-    if isinstance(vtype, ir.TensorType):
-        dtype = vtype.dtype
-        short = _SHORT.get(dtype)
-        return short if short is not None else dtype.name.lower()
-    return str(vtype)
+def _dtype_names(values) -> list[str]:
+    """Per value: "fp16", "int64", ... ("" for an absent optional value, "?" for an unknown type)."""
+    names = []
+    for value in values:
+        if value is None:
+            names.append("")
+            continue
+        vtype = value.type
+        if vtype is None:
+            names.append("?")
+        elif isinstance(vtype, ir.TensorType):
+            dtype = vtype.dtype
+            short = _SHORT.get(dtype)
+            names.append(short if short is not None else dtype.name.lower())
+        else:
+            names.append(str(vtype))
+    return names
 
 
 def _user_name(slot) -> str:
@@ -499,7 +504,9 @@ def _node_decisions(
                     paths[id(sub)] = f"{gpath}/{node.name or node.op_type}/{suffix}"
             vids = node_vertices.get(node)
             main = None
-            if vids:  # a node without vertices has no slots
+            if vids and len(vids) == 1:
+                main = vids[0]
+            elif vids:  # a node without vertices has no slots
                 for kind, values in ((SlotKind.NODE_OUT, node.outputs), (SlotKind.NODE_IN, node.inputs)):
                     for i in range(len(values)):
                         vid = slot_vertex.get(Slot(kind, node, i))
@@ -545,8 +552,8 @@ def _node_decisions(
                     precision=precision,
                     rule=rule,
                     reason=reason,
-                    input_dtypes=[_dtype_name(v) for v in node.inputs],
-                    output_dtypes=[_dtype_name(v) for v in node.outputs],
+                    input_dtypes=_dtype_names(node.inputs),
+                    output_dtypes=_dtype_names(node.outputs),
                     index=positions.get(id(node)),
                 )
             )

@@ -45,7 +45,7 @@ import networkx as nx
 import onnx_ir as ir
 from networkx.algorithms.flow import boykov_kolmogorov
 
-from amp_compiler.graph import PrecisionGraph, is_constant
+from amp_compiler.graph import PrecisionGraph
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 _SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side
@@ -75,17 +75,17 @@ class _Tensor:
 
 
 def _tensors(graph: PrecisionGraph) -> list[_Tensor]:
-    """Every non-constant float tensor with its producing vertex and its using vertices."""
+    """Every non-constant float tensor with its producing vertex and its using vertices: the
+    precision graph's edges, which carry them (constants and a vertex's own tensors excluded)."""
     by_value: dict[ir.Value, _Tensor] = {}
-    for slot, vid in graph.slot_vertex.items():
-        if slot.defines and slot.value is not None:
-            by_value.setdefault(slot.value, _Tensor(slot.value, vid, set())).producer = vid
-    for slot, vid in graph.slot_vertex.items():
-        if not slot.defines and slot.value is not None and not is_constant(slot.value):
-            t = by_value.get(slot.value)
-            if t is not None and vid != t.producer:
-                t.users.add(vid)
-    return [t for t in by_value.values() if t.users]
+    for src, dst, values in graph.digraph.edges(data="values"):
+        for value in values:
+            t = by_value.get(value)
+            if t is None:
+                by_value[value] = _Tensor(value, src, {dst})
+            else:
+                t.users.add(dst)
+    return list(by_value.values())
 
 
 def total_cast_bytes(tensors: Iterable[_Tensor], low_of: dict[int, bool]) -> int:
@@ -105,19 +105,22 @@ class MinCutPlacementPass:
             if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
             and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
         }
-        tensors = _tensors(graph)
-        plan.cast_bytes_painting = total_cast_bytes(tensors, low_of)
         incident: dict[int, list[_Tensor]] = {}
         regions = nx.utils.UnionFind(free)
         at_stake: list[_Tensor] = []
-        for t in tensors:
+        painting = 0
+        for t in _tensors(graph):
+            stake = t.needs_cast(low_of)
+            if stake:
+                painting += cast_bytes(t.value)
             members = [v for v in (t.producer, *t.users) if v in free]
             for v in members:
                 incident.setdefault(v, []).append(t)
             for v in members[1:]:
                 regions.union(members[0], v)
-            if members and t.needs_cast(low_of):
+            if members and stake:
                 at_stake.append(t)
+        plan.cast_bytes_painting = painting
         seeds: dict[int, set[int]] = {}  # region -> free vertices of its tensors that need a Cast
         for t in at_stake:
             members = [v for v in (t.producer, *t.users) if v in free]
@@ -126,18 +129,20 @@ class MinCutPlacementPass:
         new_low: dict[int, bool] = {}
         for region_seeds in seeds.values():
             new_low.update(_solve_region(region_seeds, incident, low_of))
+        changed = sorted(v for v, now_low in new_low.items() if now_low != low_of[v])
+        touched = _unique(t for v in changed for t in incident[v])
+        before = total_cast_bytes(touched, low_of)
         name = graph.target.value
-        for v in sorted(new_low):
+        for v in changed:
             now_low = new_low[v]
-            if now_low == low_of[v]:
-                continue
             low_of[v] = now_low
             plan.decide(
                 v, low if now_low else ir.DataType.FLOAT, Rule.MINCUT,
                 f"{name if now_low else 'FP32'}: cast placement (minimum cut) moves fewer bytes "
                 "this way than painting did",
             )
-        plan.cast_bytes_final = total_cast_bytes(tensors, low_of)
+        # only the tensors of vertices that changed colour can change cost
+        plan.cast_bytes_final = plan.cast_bytes_painting - before + total_cast_bytes(touched, low_of)
 
 
 def _solve_region(
