@@ -147,6 +147,24 @@ def _tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
     return False, None
 
 
+def _shape_codes(values) -> tuple:
+    """What slot creation reads of each value: absent (None), untyped ("?"), a tensor's dtype, or a
+    container ("C")."""
+    codes = []
+    for v in values:
+        if v is None:
+            codes.append(None)
+            continue
+        vtype = v.type
+        if vtype is None:
+            codes.append("?")
+        elif isinstance(vtype, ir.TensorType):
+            codes.append(vtype.dtype)
+        else:
+            codes.append("C")
+    return tuple(codes)
+
+
 def _slot_order(s: Slot) -> tuple:
     """Slots of a vertex: node outputs first, then by kind and index."""
     return (s.kind is not _NODE_OUT, s.kind.value, s.index)
@@ -214,6 +232,10 @@ class _Builder:
         # formal's allowed types, type key and whether it can be float. Pure functions of their keys.
         self._ops: dict[tuple[str, str], tuple[schemas.OpSignature | None, OpPolicy | None]] = {}
         self._formals: dict[tuple, tuple] = {}
+        # Per node shape (see _add_node) its template; per group root slot made from a template,
+        # (the template's key, or None for the node the template was taken from; the root's index).
+        self._templates: dict[tuple, tuple] = {}
+        self._template_group: dict[Slot, tuple] = {}
 
     # -- slots ---------------------------------------------------------------------------------
     def _slot(self, kind: SlotKind, owner, index: int, allowed, node) -> Slot | None:
@@ -262,9 +284,56 @@ class _Builder:
 
     # -- nodes ---------------------------------------------------------------------------------
     def _add_node(self, node: ir.Node) -> None:
+        """The node's slots and how they group, from a template per node shape (op and the kind of
+        each input and output): nodes of one shape group alike, so the first one is worked out by
+        :meth:`_add_node_slow` and the others copy it. Control-flow nodes always take the slow path
+        (they tie slots of their bodies)."""
         op_type, domain = node.op_type, node.domain
         if op_type == "Constant" and domain in ("", "ai.onnx"):
             return  # a constant source, converted offline by lowering
+        if op_type in CONTROL_FLOW_OPS:
+            self._add_node_slow(node)
+            return
+        key = (domain, op_type, _shape_codes(node.inputs), _shape_codes(node.outputs))
+        template = self._templates.get(key)
+        if template is None:
+            self._templates[key] = self._template(node, self._add_node_slow(node))
+            return
+        positions, infos, roots, unknown = template
+        parent, allowed_of, slot_node, slot_dtype, fixed = (
+            self.uf.parent, self.allowed, self.slot_node, self.slot_dtype, self.fixed
+        )
+        slots = [Slot(kind, node, i) for kind, i in positions]
+        for slot, (allowed, dtype, reason), r in zip(slots, infos, roots):
+            parent[slot] = slots[r]
+            allowed_of[slot] = allowed
+            slot_node[slot] = node
+            slot_dtype[slot] = dtype
+            if reason is not None:
+                fixed[slot] = reason
+        for r in set(roots):
+            self._template_group[slots[r]] = (key, r)
+        if unknown:
+            self.unknown_ops.append(node)
+
+    def _template(self, node: ir.Node, created: list[Slot]) -> tuple:
+        """What :meth:`_add_node_slow` did for ``node``, relative to the node: per slot its position,
+        (allowed types, dtype, fixed reason), and the index of its group's root."""
+        find = self.uf.find
+        index = {s: k for k, s in enumerate(created)}
+        roots = tuple(index[find(s)] for s in created)
+        for r in set(roots):
+            self._template_group[created[r]] = (None, r)  # the first node of a shape: built slowly
+        return (
+            tuple((s.kind, s.index) for s in created),
+            tuple((self.allowed[s], self.slot_dtype[s], self.fixed.get(s)) for s in created),
+            roots,
+            bool(self.unknown_ops) and self.unknown_ops[-1] is node,
+        )
+
+    def _add_node_slow(self, node: ir.Node) -> list[Slot]:
+        """Create the node's slots and group them by the schema's type parameters; returns them."""
+        op_type, domain = node.op_type, node.domain
         op = (domain, op_type)
         sig, policy = self._op(domain, op_type)
         if sig is None:
@@ -332,7 +401,7 @@ class _Builder:
         if not groups:
             if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
                 self._tie_control_flow(node)
-            return
+            return created
         union = self.uf.union
         for slots in groups.values():
             for s in slots[1:]:
@@ -354,6 +423,7 @@ class _Builder:
                         self.uf.union(groups[main][0], slots[0])
         if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
             self._tie_control_flow(node)
+        return created
 
     def _body(self, node: ir.Node, name: str) -> ir.Graph | None:
         attr = node.attributes.get(name)
@@ -469,9 +539,22 @@ class _Builder:
         vertices: list[Vertex] = []
         slot_vertex: dict[Slot, int] = {}
         node_vertices: dict[ir.Node, list[int]] = {}
-        for slots in members.values():
+        template_group = self._template_group
+        facts: dict[tuple, tuple] = {}  # per template group: (slot order, dtype, policy, fixed reason)
+        for root, slots in members.items():
             vid = len(vertices)
-            vertex = self._make_vertex(vid, slots)
+            group = template_group.get(root)
+            known = facts.get(group) if group is not None and group[0] is not None else None
+            if known is not None and len(slots) == len(known[0]):
+                # A group as its template made it, with nothing tied to it: as the template's was.
+                order, dtype, policy, reason = known
+                vertex = Vertex(vid, [slots[k] for k in order], root.owner, dtype, policy, reason)
+            else:
+                made = list(slots)
+                vertex = self._make_vertex(vid, slots)
+                if group is not None and group[0] is not None and group not in facts:
+                    order = tuple(made.index(s) for s in vertex.slots)
+                    facts[group] = (order, vertex.dtype, vertex.policy, vertex.fixed_reason)
             vertices.append(vertex)
             for s in slots:
                 slot_vertex[s] = vid

@@ -164,3 +164,50 @@ def test_building_never_edits_the_model(target):
     )
     irm, _ = _graph(m, target)
     assert all(v.dtype == ir.DataType.FLOAT for v in irm.graph.initializers.values())
+
+
+def _summary(graph):
+    """Everything a vertex carries, in vertex order, with nodes named by their position."""
+    position = {id(n): k for k, n in enumerate(n for g in graph.model.graphs() for n in g)}
+
+    def owner(o):
+        return ("node", position[id(o)]) if isinstance(o, ir.Node) else ("graph", o.name)
+
+    return [
+        (
+            [(s.kind, owner(s.owner), s.index) for s in v.slots],
+            None if v.node is None else position[id(v.node)],
+            v.dtype, v.policy.op if v.policy else None, v.fixed_reason,
+            sorted(c.name for c in v.constants), sorted(graph.digraph.succ[v.id]),
+        )
+        for v in graph.vertices
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", ["bert-base-small", "silero-vad", "if-branches", "loop-carried", "scan-rnn", "qdq", "partly-fp16"]
+)
+@pytest.mark.parametrize("target", [Target.FP16, Target.BF16])
+def test_templated_nodes_build_the_graph_the_slow_path_builds(name, target, monkeypatch):
+    """Nodes of one shape copy the first one's grouping (a template); building every node the
+    slow way gives the same graph, vertex for vertex."""
+    import onnx.shape_inference
+
+    from amp_compiler import graph as graph_module
+    from amp_compiler.policy import default_table
+    from models import catalog
+
+    entry = next(e for e in catalog.entries("small") if e.name == name)
+    proto = onnx.shape_inference.infer_shapes(catalog.load(entry))
+
+    def build():
+        return build_precision_graph(ir.from_proto(proto), target, default_table())
+
+    fast = _summary(build())
+
+    def slow(self, node):
+        if not (node.op_type == "Constant" and node.domain in ("", "ai.onnx")):
+            self._add_node_slow(node)
+
+    monkeypatch.setattr(graph_module._Builder, "_add_node", slow)
+    assert fast == _summary(build())
