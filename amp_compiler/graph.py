@@ -147,7 +147,7 @@ def _tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
     return False, None
 
 
-def _shape_codes(values) -> tuple:
+def shape_codes(values) -> tuple:
     """What slot creation reads of each value: absent (None), untyped ("?"), a tensor's dtype, or a
     container ("C")."""
     codes = []
@@ -294,7 +294,7 @@ class _Builder:
         if op_type in CONTROL_FLOW_OPS:
             self._add_node_slow(node)
             return
-        key = (domain, op_type, _shape_codes(node.inputs), _shape_codes(node.outputs))
+        key = (domain, op_type, shape_codes(node.inputs), shape_codes(node.outputs))
         template = self._templates.get(key)
         if template is None:
             self._templates[key] = self._template(node, self._add_node_slow(node))

@@ -35,12 +35,13 @@ import dataclasses
 import onnx_ir as ir
 
 from amp_compiler import schemas
-from amp_compiler.graph import PrecisionGraph, SlotKind
+from amp_compiler.graph import PrecisionGraph, SlotKind, shape_codes
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.providers import SHORT_NAMES, KernelCoverage, coverage_for, short_type
 from amp_compiler.targets import Provider
 
 _FLOAT_NAMES = {"float", "float16", "bfloat16", "double"}
+_NODE_IN, _NODE_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT
 
 
 @dataclasses.dataclass
@@ -80,17 +81,18 @@ class KernelCoveragePass:
     def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> str | None:
         """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ..."), or None."""
         by_node: dict[int, tuple[ir.Node, set[tuple[bool, int]]]] = {}
-        for slot in vertex.slots:
-            if slot.kind in (SlotKind.NODE_IN, SlotKind.NODE_OUT) and isinstance(slot.owner, ir.Node):
-                entry = by_node.setdefault(id(slot.owner), (slot.owner, set()))
-                entry[1].add((slot.kind is SlotKind.NODE_IN, slot.index))
+        for kind, owner, index in vertex.slots:
+            if kind is _NODE_IN or kind is _NODE_OUT:
+                entry = by_node.get(id(owner))
+                if entry is None:
+                    entry = by_node[id(owner)] = (owner, set())
+                entry[1].add((kind is _NODE_IN, index))
         provider = SHORT_NAMES[coverage.provider]
         for node, mine in by_node.values():
             # What the answer depends on, cheaply: the op, which slots are the vertex's, the other
             # slots' types. Most nodes of a model repeat a few of these.
             shape_key = (
-                node.domain, node.op_type, frozenset(mine),
-                tuple(_dtype_of(v) for v in node.inputs), tuple(_dtype_of(v) for v in node.outputs),
+                node.domain, node.op_type, frozenset(mine), shape_codes(node.inputs), shape_codes(node.outputs)
             )
             if shape_key in self._by_shape:
                 found = self._by_shape[shape_key]
@@ -146,13 +148,6 @@ def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool,
             current = short_type(_type_str(dtype))
             out.append((param, (current, target) if current in _FLOAT_NAMES else (current,)))
     return out
-
-
-def _dtype_of(value: ir.Value | None):
-    if value is None:
-        return None
-    vtype = value.type
-    return vtype.dtype if isinstance(vtype, ir.TensorType) else None
 
 
 def _type_str(dtype: ir.DataType) -> str:

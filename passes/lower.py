@@ -74,21 +74,29 @@ class _Names:
     """Fresh, deterministic value and node names that collide with nothing in the model."""
 
     def __init__(self, model: ir.Model):
-        self.taken: set[str] = set()
-        for g in iter_graphs(model.graph):
-            self.taken.update(v.name for v in g.inputs if v.name)
-            self.taken.update(g.initializers)
-            for node in g:
-                if node.name:
-                    self.taken.add(node.name)
-                self.taken.update(v.name for v in node.outputs if v.name)
+        self.model = model
+        self._taken: set[str] | None = None  # gathered on the first fresh name: most plans need few
+
+    @property
+    def taken(self) -> set[str]:
+        if self._taken is None:
+            self._taken = set()
+            for g in iter_graphs(self.model.graph):
+                self._taken.update(v.name for v in g.inputs if v.name)
+                self._taken.update(g.initializers)
+                for node in g:
+                    if node.name:
+                        self._taken.add(node.name)
+                    self._taken.update(v.name for v in node.outputs if v.name)
+        return self._taken
 
     def fresh(self, base: str) -> str:
         name, k = base, 1
-        while name in self.taken:
+        taken = self.taken
+        while name in taken:
             name = f"{base}_{k}"
             k += 1
-        self.taken.add(name)
+        taken.add(name)
         return name
 
 
@@ -135,13 +143,16 @@ class LowerPlanPass(ir.passes.InPlacePass):
 
     def _retype_definitions(self) -> bool:
         modified = False
+        vertices = self.graph.vertices
         for slot, value, dtype in self._slot_values(defining=True):
             if dtype is None or value.dtype == dtype:
                 continue
             value.type = ir.TensorType(dtype)
             modified = True
             if slot.kind is SlotKind.NODE_OUT:
-                self._retarget_attribute(slot.owner, dtype)
+                policy = vertices[self.graph.slot_vertex[slot]].policy
+                if policy is not None and policy.dtype_attr:
+                    self._retarget_attribute(slot.owner, dtype)
         return modified
 
     def _slot_values(self, defining: bool):

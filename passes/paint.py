@@ -72,8 +72,10 @@ class PaintPass:
         g = graph.digraph
         roles = plan.roles
         low = graph.target.dtype
-        succ = lambda v: g.succ[v]  # noqa: E731
-        pred = lambda v: g.pred[v]  # noqa: E731
+        # Plain adjacency lists: the searches below visit each vertex's neighbours several times.
+        successors = {v: list(nbrs) for v, nbrs in g.adjacency()}
+        predecessors = {v: list(nbrs) for v, nbrs in g.pred.items()}
+        succ, pred = successors.__getitem__, predecessors.__getitem__
         vertices = graph.vertices
 
         # 1. Low-precision seeds: ALLOW vertices and vertices already in the low dtype.
@@ -97,7 +99,7 @@ class PaintPass:
             return roles[w] in (Role.INFER, Role.CLEAR) and w not in painted_deny
 
         # 3. Between low-precision vertices.
-        free_sources = [v.id for v in vertices if open_(v.id) and g.in_degree(v.id) == 0]
+        free_sources = [v.id for v in vertices if open_(v.id) and not predecessors[v.id]]
         below_low = _bfs(list(allow) + free_sources, succ, open_)
         above_low = _bfs(allow, pred, open_)
         between = {v for v in below_low if v in above_low and open_(v)}
@@ -109,7 +111,7 @@ class PaintPass:
         seeds = allow | between | tables
         spread = _bfs(
             seeds,
-            lambda v: list(g.succ[v]) + list(g.pred[v]),
+            lambda v: successors[v] + predecessors[v],
             lambda w: roles[w] is Role.CLEAR and w not in painted_deny,
         )
 
