@@ -51,6 +51,35 @@ def _attribute_types(node: ir.Node) -> dict[str, ir.AttributeType]:
     return {name: ir.AttributeType(int(a.type)) for name, a in schema.attributes.items()}
 
 
+class ConvertedConstant(ir.LazyTensor):
+    """A constant's tensor in another dtype, converted each time its values are read (when the model
+    is serialized, or by a later pass), so that no converted copy is kept and a constant still on
+    disk is read only then. ``rewrite``: values below the target's lowest finite value that stand
+    for -infinity (an attention mask) become this one."""
+
+    __slots__ = ("_source", "_rewrite")
+
+    def __init__(self, source: ir.TensorProtocol, dtype: ir.DataType, name: str, rewrite: float | None = None):
+        super().__init__(None, dtype, source.shape, name=name, doc_string=source.doc_string)
+        self._source = source
+        self._rewrite = rewrite
+
+    def numpy(self) -> np.ndarray:
+        array = np.asarray(self._source.numpy())
+        target = numpy_dtype(self.dtype)
+        if self._rewrite is not None:
+            limit = float(ml_dtypes.finfo(target).max)
+            array = np.where(np.isfinite(array) & (array < -limit), self._rewrite, array)
+        with np.errstate(over="ignore"):  # values beyond the range were pinned FP32 by analysis
+            return array.astype(target)
+
+    def tobytes(self) -> bytes:
+        return self.numpy().tobytes()
+
+    def _evaluate(self) -> ir.Tensor:
+        return ir.Tensor(self.numpy(), name=self.name)
+
+
 def _constant_tensor(value: ir.Value):
     """The tensor behind an initializer or a Constant node's ``value`` (None otherwise)."""
     if value.const_value is not None:
@@ -255,36 +284,32 @@ class LowerPlanPass(ir.passes.InPlacePass):
     def _convert_constant(
         self, value: ir.Value, by_dtype: dict[ir.DataType, list[Slot]], names: _Names
     ) -> bool:
-        array = constant_array(value)
-        if array is None:
+        tensor = _constant_tensor(value)
+        array = None if tensor is not None else constant_array(value)  # value_float(s) attributes
+        if tensor is None and array is None:
             return False
         n_requested = sum(len(users) for users in by_dtype.values())
         n_uses = len(value.uses()) + int(value.is_graph_output())
         in_place = len(by_dtype) == 1 and n_requested >= n_uses and not value.is_graph_output()
         rewrite = self.plan.constant_rewrites.get(value)
         for dtype, users in by_dtype.items():
-            source = np.asarray(array)
-            if rewrite is not None and dtype != value.dtype:
-                limit = float(ml_dtypes.finfo(numpy_dtype(dtype)).max)
-                source = np.where(np.isfinite(source) & (source < -limit), rewrite[0], source)
-            converted = source.astype(numpy_dtype(dtype))  # under call()'s errstate(over='ignore')
+            mask = rewrite[0] if rewrite is not None and dtype != value.dtype else None
+            if tensor is None:
+                tensor = ir.Tensor(np.asarray(array, dtype=np.float32))
             if in_place:
-                self._replace_constant(value, converted, dtype)
+                self._replace_constant(value, ConvertedConstant(tensor, dtype, value.name, mask), dtype)
                 self.converted_constants[value.name] = dtype
                 continue
             name = names.fresh(f"{value.name}_{_SHORT.get(dtype, dtype.name.lower())}")
-            new = self._new_constant(value, converted, name, dtype)
+            new = self._new_constant(value, ConvertedConstant(tensor, dtype, name, mask), name, dtype)
             self.converted_constants[name] = dtype
             for slot in users:
                 self._rewire(slot, new)
         return True
 
     @staticmethod
-    def _replace_constant(value: ir.Value, array: np.ndarray, dtype: ir.DataType) -> None:
+    def _replace_constant(value: ir.Value, tensor: ConvertedConstant, dtype: ir.DataType) -> None:
         producer = value.producer()
-        old = _constant_tensor(value)
-        # ir.Tensor, as ir.tensor builds for an array, without its protocol isinstance checks (slow)
-        tensor = ir.Tensor(array, name=value.name, doc_string=old.doc_string if old is not None else None)
         if producer is not None:  # a Constant node
             producer.attributes.clear()
             producer.attributes["value"] = ir.AttrTensor("value", tensor)
@@ -293,9 +318,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
         value.type = ir.TensorType(dtype)
 
     @staticmethod
-    def _new_constant(value: ir.Value, array: np.ndarray, name: str, dtype: ir.DataType) -> ir.Value:
-        old = _constant_tensor(value)
-        tensor = ir.Tensor(array, name=name, doc_string=old.doc_string if old is not None else None)
+    def _new_constant(value: ir.Value, tensor: ConvertedConstant, name: str, dtype: ir.DataType) -> ir.Value:
         producer = value.producer()
         if producer is not None:  # a Constant node: add a converted twin right after it
             out = ir.Value(name=name, type=ir.TensorType(dtype), shape=value.shape)
