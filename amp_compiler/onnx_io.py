@@ -227,8 +227,10 @@ def load_model_deferred(
     builds the IR.
     """
     p = Path(path)
-    model = _parse_model_file(p)
-    pending, sizes = _external_plan(model, p.parent, str(p))
+    model, mentions_location = _parse_model_file(p, b"location")
+    # Every external tensor names its "location": a file without the word has none (and a tensor
+    # marked external without a location is refused by the model checks).
+    pending, sizes = _external_plan(model, p.parent, str(p)) if mentions_location else ([], {})
     read = [entry for entry in pending if not (entry[4] and entry[3] >= min_bytes)]
     _read_external(read, str(p))
     locations = {
@@ -241,8 +243,10 @@ def load_model_deferred(
     return DeferredModel(model, [p, *sizes], locations, checked=check)
 
 
-def _parse_model_file(p: Path) -> onnx.ModelProto:
+def _parse_model_file(p: Path, word: bytes | None = None):
+    """The parsed model; with ``word``, also whether the file's bytes contain it."""
     data = _read_model_bytes(p)
+    found = word is not None and word in data
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -261,7 +265,7 @@ def _parse_model_file(p: Path) -> onnx.ModelProto:
         raise ModelLoadError(f"{p}: parses as protobuf but holds no ONNX graph (is it an ONNX model file?)")
     if not model.opset_import:
         raise ModelLoadError(f"{p}: the model imports no opset")
-    return model
+    return model if word is None else (model, found)
 
 
 def _read_model_bytes(p: Path) -> bytes:
@@ -730,6 +734,8 @@ def _check_values(model: onnx.ModelProto, origin: str, deferred: bool = False) -
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             if deferred:
                 continue  # validated by load_model_deferred: location, file, and its length vs shape
+            if not _external_fields(tensor, origin)[0]:
+                raise ModelLoadError(f"{origin}: tensor {_q(tensor.name)}: stored as external data but names no location")
             raise ModelLoadError(
                 f"{origin}: tensor {_q(tensor.name)} refers to external data that is not loaded; "
                 "pass the model's file path instead, so its external data is validated and read"

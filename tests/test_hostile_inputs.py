@@ -793,3 +793,31 @@ def test_external_data_that_shrinks_after_validation_is_a_clear_error(tmp_path):
     data.write_bytes(_BIG_BYTES[:100])
     with pytest.raises(ModelLoadError, match="shorter than declared"):
         convert(loaded)
+
+
+def test_external_tensor_without_a_location_is_named(tmp_path):
+    """A tensor marked as external data with no "location" entry: the file-level shortcut that skips
+    the external-data plan (no "location" anywhere in the file) still reports it precisely."""
+    import subprocess
+    import sys
+
+    w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    entry = w.external_data.add()
+    entry.key, entry.value = "offset", "0"
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [w],
+    )
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
+    proc = subprocess.run(
+        [sys.executable, "-m", "amp_compiler.cli", "convert", str(path), "-o", str(tmp_path / "o.onnx")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith("stored as external data but names no location")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.onnx").exists()
