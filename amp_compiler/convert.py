@@ -339,7 +339,7 @@ def _checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, ch
         if check:
             check_model_contents(proto, origin, deferred=deferred)
             checker_verdict(proto, origin, native_checks.check(to_check))
-        return _typed_ir(proto, ir.from_proto(proto), native_checks.infer(proto), complete=True)
+        return _typed_ir(proto, ir.from_proto(proto), native_checks.inferred_types(proto))
     try:
         if check:
             check_model_contents(proto, origin, deferred=deferred)
@@ -354,72 +354,84 @@ def _checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, ch
         )
     if check:
         checker_verdict(proto, origin, result.checker_error)
-    return _typed_ir(proto, model, result.inferred, complete=not result.initializers_removed)
+    return _typed_ir(proto, model, result.types)
 
 
-def _typed_ir(proto: onnx.ModelProto, model: ir.Model, typed: onnx.ModelProto | None, complete: bool) -> ir.Model:
-    """``model`` (``ir.from_proto(proto)``) with the types shape inference gave ``typed`` (None: it
-    failed, the model keeps the types it declares). ``complete``: ``typed`` still has the main
-    graph's initializers (the child process drops them).
+def _typed_ir(proto: onnx.ModelProto, model: ir.Model, types: native_checks.InferredTypes | None) -> ir.Model:
+    """``model`` (``ir.from_proto(proto)``) with the types shape inference found (``types``; None:
+    it failed, and the model keeps the types it declares).
 
-    Faster than ``ir.from_proto(typed)``: the input is deserialized without the value_info shape
-    inference adds, and the inferred types are then set from a memo of the (few) distinct tensor
-    types, with one frozen Shape shared per distinct shape. Anything unusual (a doc string or
-    metadata on an inferred entry, a non-tensor type, functions or subgraphs that inference changed)
-    takes onnx_ir's own path.
+    Faster than ``ir.from_proto`` of the inferred model: each distinct inferred entry is decoded
+    once, and plain tensor types share one frozen Shape. Anything unusual (a doc string or metadata
+    on an inferred entry, a non-tensor type) takes onnx_ir's own path, and so does the whole model
+    when inference changed a function or the graphs do not match.
     """
-    if typed is None:
+    if types is None:
         return model
-    if len(typed.functions) != len(proto.functions) or any(
-        a.SerializeToString() != b.SerializeToString() for a, b in zip(typed.functions, proto.functions)
-    ):
-        return ir.from_proto(typed if complete else native_checks.infer(proto) or proto)
     ir_graphs = list(iter_graphs(model.graph))
-    proto_graphs = list(iter_proto_graphs(typed.graph))
-    if len(ir_graphs) != len(proto_graphs) or any(
-        (g.name or "") != p.name or len(g) != len(p.node)
-        for g, p in zip(ir_graphs, proto_graphs)
+    if types.functions_changed or len(ir_graphs) != len(types.graphs) or any(
+        (g.name or "") != t.name or len(g) != t.nodes for g, t in zip(ir_graphs, types.graphs)
     ):
-        return ir.from_proto(typed if complete else native_checks.infer(proto) or proto)
-    memo: dict[bytes, tuple[ir.Shape | None, ir.DataType] | None] = {}
-    for g, p in zip(ir_graphs, proto_graphs):
-        for value, info in zip(g.inputs, p.input):
-            serde.deserialize_value_info_proto(info, value)
-        value_info = {info.name: info for info in p.value_info}
-        if value_info:
+        typed = native_checks.infer(proto)
+        return model if typed is None else ir.from_proto(typed)
+    entries = [_Entry(data) for data in types.table]
+    for g, t in zip(ir_graphs, types.graphs):
+        for value, k in zip(g.inputs, t.inputs):
+            serde.deserialize_value_info_proto(entries[k].info, value)
+        lookup = t.value_info
+        if lookup:
             for value in g.initializers.values():
-                if not value.is_graph_input() and value.name in value_info:
-                    _set_inferred(value, value_info[value.name], memo)
-            get = value_info.get
+                if not value.is_graph_input() and value.name in lookup:
+                    entries[lookup[value.name]].apply(value)
+            get = lookup.get
             for node in g:
                 for value in node.outputs:
                     name = value.name
-                    info = get(name) if name else None
-                    if info is not None:
-                        _set_inferred(value, info, memo)
-        for value, info in zip(g.outputs, p.output):
-            serde.deserialize_value_info_proto(info, value)
+                    k = get(name) if name else None
+                    if k is not None:
+                        entries[k].apply(value)
+        for value, k in zip(g.outputs, t.outputs):
+            serde.deserialize_value_info_proto(entries[k].info, value)
     return model
 
 
-def _set_inferred(value: ir.Value, info: onnx.ValueInfoProto, memo: dict) -> None:
-    """``serde.deserialize_value_info_proto(info, value)``, memoized for plain tensor types."""
-    type_proto = info.type
-    key = type_proto.SerializeToString()
-    found = memo.get(key)
-    if found is None:
-        plain = type_proto.WhichOneof("value") == "tensor_type" and not type_proto.denotation
-        if plain:
-            tensor_type = serde.deserialize_type_proto_for_type(type_proto)
-            found = (serde.deserialize_type_proto_for_shape(type_proto), tensor_type and tensor_type.dtype)
-        memo[key] = found = found if plain else False
-    if found is False or info.doc_string or len(info.metadata_props):
-        serde.deserialize_value_info_proto(info, value)
-        return
-    shape, dtype = found
-    value.shape = shape  # frozen: safe to share
-    value.type = None if dtype is None else ir.TensorType(dtype)
-    value.doc_string = None
+class _Entry:
+    """One distinct inferred ValueInfoProto (its name cleared), decoded on first use."""
+
+    __slots__ = ("data", "_info", "_plain")
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self._info: onnx.ValueInfoProto | None = None
+        self._plain: tuple[ir.Shape | None, ir.DataType | None] | None | bool = None
+
+    @property
+    def info(self) -> onnx.ValueInfoProto:
+        if self._info is None:
+            self._info = onnx.ValueInfoProto.FromString(self.data)
+        return self._info
+
+    def apply(self, value: ir.Value) -> None:
+        """``serde.deserialize_value_info_proto(self.info, value)``, decoded once for plain tensor types."""
+        if self._plain is None:
+            info = self.info
+            type_proto = info.type
+            plain = (
+                type_proto.WhichOneof("value") == "tensor_type" and not type_proto.denotation
+                and not info.doc_string and not len(info.metadata_props)
+            )
+            if plain:
+                tensor_type = serde.deserialize_type_proto_for_type(type_proto)
+                self._plain = (serde.deserialize_type_proto_for_shape(type_proto), tensor_type and tensor_type.dtype)
+            else:
+                self._plain = False
+        if self._plain is False:
+            serde.deserialize_value_info_proto(self.info, value)
+            return
+        shape, dtype = self._plain
+        value.shape = shape  # frozen: safe to share
+        value.type = None if dtype is None else ir.TensorType(dtype)
+        value.doc_string = None
 
 
 def _output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelProto:

@@ -12,19 +12,21 @@ child, and is reported as an invalid model.
 Protocol: the parent writes one JSON header line (the payload lengths) and the payloads (the model to
 check, or nothing when there is no check; then the model to infer, or nothing when it is the model
 to check) to the child's stdin; the child
-writes a JSON line (the checker's error or null, whether inference succeeded) and then the inferred
-model, with the main graph's initializers removed (the parent has them), to its stdout.
+writes one JSON line to its stdout: the checker's error (or null) and the inferred types
+(:class:`InferredTypes`, or null when inference failed).
 
 This file must import nothing from amp_compiler: the child runs it as a script.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import onnx
 import onnx.checker
@@ -42,11 +44,90 @@ class CheckerError:
 
 
 @dataclasses.dataclass
+class GraphTypes:
+    name: str
+    nodes: int  # how many nodes: with the name, what matches it to the IR's graph
+    inputs: list[int]  # per graph input, its entry in InferredTypes.table
+    outputs: list[int]
+    value_info: dict[str, int]  # per tensor shape inference described, its entry
+
+
+@dataclasses.dataclass
+class InferredTypes:
+    """What shape inference found, in the form the conversion applies it: per graph (in
+    :func:`iter_proto_graphs` order) the entries of its inputs, outputs and inferred tensors, each
+    an index into ``table``, the distinct ValueInfoProtos serialized with their names cleared (a
+    100,000-node transformer has a few dozen). ``functions_changed``: inference rewrote a model
+    function, and its result must be taken whole."""
+
+    functions_changed: bool
+    table: list[bytes]
+    graphs: list[GraphTypes]
+
+    @classmethod
+    def of(cls, typed: onnx.ModelProto, original: onnx.ModelProto) -> InferredTypes:
+        """Summarize ``typed`` (``original`` after shape inference)."""
+        changed = len(typed.functions) != len(original.functions) or any(
+            a.SerializeToString() != b.SerializeToString() for a, b in zip(typed.functions, original.functions)
+        )
+        index: dict[bytes, int] = {}
+
+        def entry(info: onnx.ValueInfoProto) -> int:
+            info.name = ""
+            key = info.SerializeToString()
+            found = index.get(key)
+            if found is None:
+                found = index[key] = len(index)
+            return found
+
+        graphs = [
+            GraphTypes(
+                g.name, len(g.node), [entry(i) for i in g.input], [entry(o) for o in g.output],
+                {info.name: entry(info) for info in g.value_info},
+            )
+            for g in iter_proto_graphs(typed.graph)
+        ]
+        return cls(changed, list(index), graphs)
+
+    def to_json(self) -> dict:
+        return {
+            "functions_changed": self.functions_changed,
+            "table": [base64.b64encode(b).decode() for b in self.table],
+            "graphs": [dataclasses.asdict(g) for g in self.graphs],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> InferredTypes:
+        return cls(
+            data["functions_changed"], [base64.b64decode(b) for b in data["table"]],
+            [GraphTypes(**g) for g in data["graphs"]],
+        )
+
+
+@dataclasses.dataclass
 class NativeResult:
     checker_error: CheckerError | None  # None when the model passed
-    inferred: onnx.ModelProto | None  # the model with inferred value_info; None when inference failed
-    initializers_removed: bool = False  # the main graph's initializers were dropped from ``inferred``
+    types: InferredTypes | None  # None when shape inference failed
     crashed: str | None = None  # the child died without an answer (how), so nothing above is known
+
+
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+
+
+def iter_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """A GraphProto and all its subgraphs (If/Loop/Scan bodies, ...), parents first."""
+    yield graph
+    for node in graph.node:
+        attrs = node.attribute
+        if not attrs:
+            continue
+        for attr in attrs:
+            kind = attr.type
+            if kind == _GRAPH:
+                yield from iter_proto_graphs(attr.g)
+            elif kind == _GRAPHS:
+                for g in attr.graphs:
+                    yield from iter_proto_graphs(g)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -73,6 +154,12 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return None
+
+
+def inferred_types(model: onnx.ModelProto) -> InferredTypes | None:
+    """:func:`infer`, summarized (:class:`InferredTypes`); None when inference fails."""
+    typed = infer(model)
+    return None if typed is None else InferredTypes.of(typed, model)
 
 
 class NativeChecks:
@@ -117,20 +204,15 @@ class NativeChecks:
     def result(self) -> NativeResult:
         code = self._wait()
         data = self._out[0] if self._out else b""
-        head, _, body = data.partition(b"\n")
         try:
-            answer = json.loads(head) if code == 0 else None
+            answer = json.loads(data) if code == 0 else None
         except ValueError:
             answer = None
         if answer is None:
             how = f"signal {-code}" if code < 0 else f"exit status {code}"
             return NativeResult(None, None, crashed=how)
-        inferred = None
-        if answer["inferred"]:
-            inferred = onnx.ModelProto()
-            inferred.ParseFromString(body)
-        error = answer["checker_error"]
-        return NativeResult(error and CheckerError(**error), inferred, initializers_removed=True)
+        error, types = answer["checker_error"], answer["types"]
+        return NativeResult(error and CheckerError(**error), types and InferredTypes.from_json(types))
 
 
 def child_command() -> list[str]:
@@ -151,14 +233,10 @@ def _child() -> None:
     else:
         to_infer = to_check
     error = check(to_check) if to_check is not None else None
-    inferred = infer(to_infer)
-    out = sys.stdout.buffer
-    answer = {"checker_error": error and dataclasses.asdict(error), "inferred": inferred is not None}
-    out.write(json.dumps(answer).encode() + b"\n")
-    if inferred is not None:
-        del inferred.graph.initializer[:]
-        out.write(inferred.SerializeToString())
-    out.flush()
+    types = inferred_types(to_infer)
+    answer = {"checker_error": error and dataclasses.asdict(error), "types": types and types.to_json()}
+    sys.stdout.buffer.write(json.dumps(answer).encode() + b"\n")
+    sys.stdout.buffer.flush()
 
 
 if __name__ == "__main__":

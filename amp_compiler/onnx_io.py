@@ -78,23 +78,7 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
 # ------------------------------------------------------------------------------------------- graphs
 
 
-_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
-
-
-def iter_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """A GraphProto and all its subgraphs (If/Loop/Scan bodies, ...), parents first."""
-    yield graph
-    for node in graph.node:
-        attrs = node.attribute
-        if not attrs:
-            continue
-        for attr in attrs:
-            kind = attr.type
-            if kind == _GRAPH:
-                yield from iter_proto_graphs(attr.g)
-            elif kind == _GRAPHS:
-                for g in attr.graphs:
-                    yield from iter_proto_graphs(g)
+iter_proto_graphs = native_checks.iter_proto_graphs  # defined there: the child process uses it too
 
 
 def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:

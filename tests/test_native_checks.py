@@ -109,7 +109,7 @@ def test_a_child_that_dies_is_reported_not_ignored(child_always, monkeypatch):
 def test_shape_inference_failure_in_the_child_keeps_declared_types(child_always, monkeypatch):
     """A child whose shape inference failed (simulated: it answers so) is not an error: the types the
     model declares stand, as when inference fails in-process."""
-    answer = 'import sys; sys.stdin.buffer.read(); print(\'{"checker_error": null, "inferred": false}\')'
+    answer = 'import sys; sys.stdin.buffer.read(); print(\'{"checker_error": null, "types": null}\')'
     monkeypatch.setattr(native_checks, "child_command", lambda: [sys.executable, "-c", answer])
     m = model(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
