@@ -89,7 +89,7 @@ class ConvertOptions:
     pad_tensor_cores: bool = False
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # no __dict__: a conversion makes one per node
 class NodeDecision:
     """The precision decided for one node, and why."""
 

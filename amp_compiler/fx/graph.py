@@ -578,10 +578,10 @@ class _Builder:
             if src is None or slot_vertex[src] == vid:
                 continue
             s = slot_vertex[src]
-            if digraph.has_edge(s, vid):
-                digraph[s][vid]["values"].append(slot.tensor)
+            if digraph.has_edge(s, vid):  # edges carry the tensors as the passes read them (FxValue)
+                digraph[s][vid]["values"].append(slot.value)
             else:
-                digraph.add_edge(s, vid, values=[slot.tensor])
+                digraph.add_edge(s, vid, values=[slot.value])
 
         graph = PrecisionGraph(
             model=self.gm,
