@@ -213,12 +213,14 @@ def _convert(args: argparse.Namespace) -> int:
 
         report_path = Path(args.report)
         _write_text(report_path, render(analysis.report, _format_for(report_path)))
+    output_files = [dst]
     if result.output is not None:  # converted from external data: written with external data
-        result.save(dst, input_files=input_files, force=args.force)
+        data_file = result.save(dst, input_files=input_files, force=args.force)
+        output_files += [data_file] if data_file is not None else []
     else:
         save_model(result.model, dst, input_path=None if args.force else src)
     if not args.quiet:
-        _print_summary(result, src, dst, time.perf_counter() - start)
+        _print_summary(result, input_files, output_files, time.perf_counter() - start)
         if analysis and analysis.refinement:
             r = analysis.refinement
             worst = max(r.output_errors.values(), default=0.0)
@@ -230,13 +232,17 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(result, src: Path, dst: Path, seconds: float) -> None:
+def _print_summary(result, input_files: list[Path], output_files: list[Path], seconds: float) -> None:
+    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts, and the size
+    (model file plus external data files, before and after)."""
+    dst = output_files[0]
     decisions = result.decisions
     target = result.options.target.value
     heavy = [d for d in decisions if d.op_type in LOW_PRECISION_OPS]
     heavy_low = sum(1 for d in heavy if d.precision == target)
     by_precision = Counter(d.precision for d in decisions if d.rule != "lowering.cast")
-    size_in, size_out = src.stat().st_size, dst.stat().st_size
+    size_in = sum(Path(f).stat().st_size for f in input_files)
+    size_out = sum(Path(f).stat().st_size for f in output_files)
     print(
         f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))

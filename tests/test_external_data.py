@@ -87,6 +87,10 @@ def test_cli_writes_external_data_that_onnxruntime_loads_and_outputs_match(saved
     assert "fp16 model written" in stdout
     data = tmp_path / "m.fp16.onnx.data"
     assert data.is_file() and out.stat().st_size < data.stat().st_size
+    # the size line counts the data files, before and after
+    size_in = sum(f.stat().st_size for f in saved.parent.iterdir() if f.name.startswith(saved.name))
+    size_out = out.stat().st_size + data.stat().st_size
+    assert f"size {size_in / 1e6:.2f} MB -> {size_out / 1e6:.2f} MB" in stdout
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     proto = onnx.load(out, load_external_data=False)
     moved = [t for t in proto.graph.initializer if t.data_location == TensorProto.EXTERNAL]

@@ -628,7 +628,8 @@ def model_file(tmp_path) -> Path:
 def test_output_folder_missing_is_reported_before_any_work(model_file, tmp_path, monkeypatch):
     import amp_compiler.onnx_io as io
 
-    monkeypatch.setattr(io, "load_model_and_files", lambda *a, **k: pytest.fail("loaded before checking the output"))
+    for loader in ("load_model_deferred", "load_model_and_files", "load_model"):
+        monkeypatch.setattr(io, loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
     refused(model_file, "does not exist", out=tmp_path / "missing" / "o.onnx")
 
 
