@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import gc
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from amp_compiler.onnx_io import (
 )
 from amp_compiler.passes import (
     CalibrationRangePass,
+    compile_patterns,
     ClassifyPass,
     ConstantRangePass,
     KernelCoveragePass,
@@ -230,7 +230,7 @@ def convert(
     opts = _options(options, overrides)
     policy = policy or default_table()
     _check_block_ops(opts.block_ops, policy)
-    patterns = _compile_patterns(opts.block_nodes)
+    patterns = compile_patterns(opts.block_nodes)
     deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
     if isinstance(deferred, DeferredModel):
         proto, locations, checked, origin = deferred.model, deferred.locations, deferred.checked, str(deferred.files[0])
@@ -307,16 +307,6 @@ def _check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:
     unknown = sorted(op for op in ops if op not in known and not schemas.lookup("", op, 100))
     if unknown:
         raise OptionError(f"--block-op: unknown op type(s): {', '.join(unknown)}")
-
-
-def _compile_patterns(patterns: Iterable[str]) -> tuple[re.Pattern, ...]:
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p))
-        except re.error as exc:
-            raise OptionError(f"--block-node: invalid regular expression {p!r}: {exc}") from None
-    return tuple(out)
 
 
 def _checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, check: bool) -> ir.Model:

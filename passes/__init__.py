@@ -11,7 +11,7 @@ low-precision kernel on the target provider stay FP32). Model passes follow onnx
 """
 
 from amp_compiler.passes.calibration import CalibrationRangePass
-from amp_compiler.passes.classify import ClassifyPass
+from amp_compiler.passes.classify import ClassifyPass, compile_patterns
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.constants import ConstantRangePass
 from amp_compiler.passes.coverage import KernelCoveragePass
@@ -30,4 +30,5 @@ __all__ = [
     "PadTensorCoresPass",
     "PaintPass",
     "RemoveCancellingCastsPass",
+    "compile_patterns",
 ]

@@ -14,13 +14,26 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from amp_compiler.errors import OptionError
 from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.targets import Provider
+
+
+def compile_patterns(patterns: Iterable[str], option: str = "--block-node") -> tuple[re.Pattern, ...]:
+    """The regular expressions of a node-name option; an invalid one is an :class:`OptionError`."""
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as exc:
+            raise OptionError(f"{option}: invalid regular expression {p!r}: {exc}") from None
+    return tuple(out)
 
 
 @dataclasses.dataclass

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import torch
@@ -22,7 +21,7 @@ from amp_compiler.fx.policy import AtenPolicy, default_policy
 from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
 from amp_compiler.fx.report import FxReport, node_decisions, state_bytes
 from amp_compiler.graph import SlotKind
-from amp_compiler.passes import ClassifyPass, ConstantRangePass, MinCutPlacementPass, PaintPass
+from amp_compiler.passes import ClassifyPass, ConstantRangePass, MinCutPlacementPass, PaintPass, compile_patterns
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.targets import Provider, Target
 
@@ -85,12 +84,7 @@ def transform(
     unknown = sorted(op for op in block_ops if policy.get(op) is None and not hasattr(torch.ops.aten, op))
     if unknown:
         raise OptionError(f"block_ops: unknown ATen op(s): {', '.join(unknown)}")
-    patterns = []
-    for p in block_nodes:
-        try:
-            patterns.append(re.compile(p))
-        except re.error as exc:
-            raise OptionError(f"block_nodes: invalid regular expression {p!r}: {exc}") from None
+    patterns = compile_patterns(block_nodes, "block_nodes")
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     bytes_before = state_bytes(gm) if parameter_bytes_before is None else parameter_bytes_before
