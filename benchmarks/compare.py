@@ -22,7 +22,9 @@ Core FLOPs (MatMul/Gemm/Conv/ConvTranspose, ``amp_compiler.costs.estimate``), mo
 onnxruntime (CPU) loads and runs it, and its accuracy against FP32 on onnxruntime with the converted
 model's FP16 storage emulated exactly (``amp_compiler.emulate``): worst cosine, worst max error as a
 share of the output's range, NaN/Inf where FP32 is finite. A tool that fails or runs past its time
-limit is reported as such. GPU latency is not measured (see RESULTS.md).
+limit is reported as such. Where onnxruntime has the CUDA provider (or with ``--latency-provider``),
+the FP32 model's and each output's latency at batch 1 and 8 and the nodes not placed on that provider
+are measured too (``benchmarks/latency.py``).
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ class Run:
     cosine: float | None = None
     max_error: float | None = None
     nonfinite: bool | None = None
+    latency: list | None = None  # benchmarks.latency.Latency per batch size (when a provider is measured)
+    placement: object | None = None  # benchmarks.latency.Placement
 
 
 def _run_tool(tool: str, name: str, src: Path, out: Path, setting: Setting, external: bool) -> Run:
@@ -336,7 +340,7 @@ def _cases(setting: Setting, folder: Path, log) -> list[Case]:
             cases.append(Case(entry.name, "catalog", path, len(model.graph.node), _weight_bytes(model), feeds,
                               {k: tuple(v.shape) for k, v in feeds.items()}))
     for n in setting.generated:
-        model = transformer_model(n)
+        model = transformer_model(n, batch="batch")  # any batch size: latency at batch 1 and 8
         path = folder / f"generated-{n}.onnx"
         onnx.save(model, path)
         cases.append(Case(f"generated-{n}", "generated", path, len(model.graph.node), _weight_bytes(model),
@@ -357,8 +361,22 @@ def _weight_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) for t in iter_model_tensors(model))
 
 
-def run_benchmark(setting: Setting, tools: tuple[str, ...], log=print) -> tuple[list[Case], list[Run], dict]:
+def latency_provider(requested: str | None = None) -> str | None:
+    """The execution provider latency is measured on: ``requested``, else CUDA where onnxruntime has
+    it (onnxruntime-gpu on a machine with a GPU), else none."""
+    if requested:
+        return requested
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers() else None
+
+
+def run_benchmark(setting: Setting, tools: tuple[str, ...], log=print, provider: str | None = None
+                  ) -> tuple[list[Case], list[Run], dict]:
+    """Every tool on every case; with ``provider``, also the latency of the FP32 model and of each
+    tool's output on it (a Run with tool "fp32" holds the reference's)."""
     from amp_compiler.checks import run_onnxruntime
+    from benchmarks import latency
 
     unavailable = {}
     if "modelopt-autocast" in tools:
@@ -375,6 +393,11 @@ def run_benchmark(setting: Setting, tools: tuple[str, ...], log=print) -> tuple[
             measured = case.feeds is not None and case.nodes <= MEASURE_NODE_LIMIT
             reference = run_onnxruntime(ref_model, case.feeds) if measured else None
             ref_casts = _cast_stats(ref_model, case.shapes)[:2] if case.feeds is not None else (0, 0)
+            if provider is not None and measured:
+                log(f"latency of {case.name} (FP32) on {provider}")
+                ref = Run("fp32", case.name)
+                ref.latency, ref.placement = latency.measure(case.path, provider)
+                runs.append(ref)
             for tool in tools:
                 if tool in unavailable:
                     runs.append(Run(tool, case.name, "unavailable", unavailable[tool]))
@@ -398,6 +421,8 @@ def run_benchmark(setting: Setting, tools: tuple[str, ...], log=print) -> tuple[
                             _measure_static(run, ref_casts, case.path, out, case.shapes)
                         else:
                             _measure(run, ref_model, ref_casts, case.path, out, case.feeds, reference, case.shapes)
+                            if provider is not None and run.loads:
+                                run.latency, run.placement = latency.measure(out, provider)
                     except Exception as exc:  # noqa: BLE001 - a measurement failing is reported, not fatal
                         run.detail = f"measurement failed: {type(exc).__name__}: {str(exc)[:120]}"
                 runs.append(run)
@@ -450,7 +475,12 @@ def _machine() -> str:
     load = ""
     with contextlib.suppress(OSError, AttributeError):
         load = f", load average {os.getloadavg()[0]:.1f} when the report was written"
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{mem}{load}"
+    gpu = "no GPU"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30).stdout.split("\n")
+        gpu = ", ".join(n.strip() for n in names if n.strip()) or gpu
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{mem}, {gpu}{load}"
 
 
 def _ratio(runs: list[Run], tool: str, base: str = "amp-compiler") -> tuple[float | None, int]:
@@ -498,7 +528,7 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         f"process, one for graphs of {SINGLE_RUN_NODES:,} nodes or more and for the external-data model; "
         f"{seconds / 60:.1f} min in all).",
         "",
-        f"Machine: {_machine()}. No GPU.",
+        f"Machine: {_machine()}.",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in _versions().items()) + ".",
         "",
@@ -513,7 +543,8 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "are finite in FP32 but not in the converted model.",
         "",
     ]
-    tools = sorted({r.tool for r in runs}, key=TOOLS.index)
+    tools = sorted({r.tool for r in runs if r.tool in TOOLS}, key=TOOLS.index)
+    lat_runs = [r for r in runs if r.latency is not None]
     # Headline: over the catalog.
     catalog_names = [c.name for c in cases if c.kind == "catalog"]
     lines += ["## Headline (public-architecture catalog)", ""]
@@ -554,7 +585,7 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
             lines += [f"### {case.name} ({case.nodes} nodes{extra})", "", HEADER]
             amp = next((r for r in runs if r.model == case.name and r.tool == "amp-compiler" and r.status == "ok"), None)
             for r in runs:
-                if r.model == case.name:
+                if r.model == case.name and r.tool in TOOLS:
                     lines.append(_row(r, amp))
             if kind == "large" and amp is not None:
                 lines += ["", f"amp-compiler's peak RSS is {amp.peak_rss / case.weight_bytes:.2f}x the weight bytes "
@@ -570,13 +601,19 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
                 cells.append("-" if r is None else (f"{r.seconds:.2f} s" if r.status == "ok" else f"{r.status} ({r.detail})"))
             lines.append(f"| {case.nodes} | " + " | ".join(cells) + " |")
         lines.append("")
+    if lat_runs:
+        lines += _latency_section(cases, lat_runs)
     lines += ["## Notes", ""]
     if unavailable:
         for tool, why in unavailable.items():
             lines.append(f"- {tool} did not run: {why}.")
+    if not lat_runs:
+        lines.append(
+            "- GPU latency (onnxruntime CUDA EP, FP32 vs each tool's output, batch 1 and 8, nodes not on the GPU) "
+            "was not measured: onnxruntime here has no CUDA provider (`benchmarks/latency.py` measures it where "
+            "it does, or on the provider given with `--latency-provider`)."
+        )
     lines += [
-        "- GPU latency (onnxruntime CUDA EP, FP32 vs each tool's output, batch 1 and 8, no node on the CPU) was "
-        "not measured: this machine has no GPU, and the benchmark has no CUDA code path that could be tested here.",
         "- ModelOpt AutoCast is installed without its dependencies (`pip install --no-deps nvidia-modelopt`, then "
         "`pip install --no-deps onnx-graphsurgeon onnxslim polygraphy lief nvidia-ml-py`; its `[onnx]` extra "
         "would bring `cupy-cuda12x` and `onnxruntime-gpu`). It runs on the CPU onnxruntime and the CPU torch.",
@@ -584,6 +621,37 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
+
+
+def _latency_section(cases: list[Case], runs: list[Run]) -> list[str]:
+    provider = next(r.placement.provider for r in runs if r.placement is not None)
+    lines = [
+        f"## Latency on {provider}", "",
+        f"onnxruntime `{provider}` (`benchmarks/latency.py`): median of 20 runs after 3 warm-up runs, random "
+        "inputs; batch 8 where the model's batch dimension is not fixed. \"elsewhere\": nodes onnxruntime's "
+        "profile shows on another provider (a missing kernel falls back to the CPU, with copies around it).",
+        "",
+        "| model | tool | batch 1 (vs FP32) | batch 8 (vs FP32) | nodes elsewhere |",
+        "|---|---|---|---|---|",
+    ]
+    for case in cases:
+        rows = [r for r in runs if r.model == case.name]
+        ref = next((r for r in rows if r.tool == "fp32"), None)
+        for r in rows:
+            cells = []
+            for k, lat in enumerate(r.latency):
+                base = ref.latency[k].median_ms if ref is not None else None
+                if lat.median_ms is None:
+                    cells.append(f"- ({lat.note})")
+                elif base and r is not ref:
+                    cells.append(f"{lat.median_ms:.3f} ms ({lat.median_ms / base:.2f}x)")
+                else:
+                    cells.append(f"{lat.median_ms:.3f} ms")
+            where = r.placement
+            elsewhere = "-" if where is None else (
+                f"{len(where.elsewhere)} of {where.nodes}" + (f": {', '.join(where.elsewhere[:5])}" if where.elsewhere else ""))
+            lines.append(f"| {case.name} | {r.tool} | " + " | ".join(cells) + f" | {elsewhere} |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -594,6 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--large-gb", type=float, default=None, help="size of the external-data model (0: none)")
     parser.add_argument("--generated", default=None, help="comma-separated node counts of generated graphs")
+    parser.add_argument("--latency-provider", default=None,
+                        help="measure latency on this onnxruntime provider (default: CUDA where available; "
+                             "CPUExecutionProvider exercises the code path, its times say nothing of GPUs)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -620,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - start:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
-    cases, runs, unavailable = run_benchmark(setting, tools, log)
+    cases, runs, unavailable = run_benchmark(setting, tools, log, latency_provider(args.latency_provider))
     command = "python -m benchmarks.compare " + " ".join(argv if argv is not None else sys.argv[1:])
     text = write_report(Path(args.out), args.size, setting, cases, runs, unavailable, command.strip(), time.perf_counter() - start)
     print(text)

@@ -82,12 +82,15 @@ def transformer_model(
     heads: int = 2,
     ffn: int | None = None,
     seq: int = 8,
-    batch: int = 1,
+    batch: int | str = 1,
     blocks: int | None = None,
     seed: int = 0,
     external_data: str | os.PathLike | None = None,
 ) -> onnx.ModelProto:
     """A decoder stack of about ``n_nodes`` nodes (or exactly ``blocks`` blocks).
+
+    ``batch``: the input's batch size, or a name for a symbolic batch dimension (the Reshapes then
+    copy it from their input), so that one model runs at any batch size.
 
     ``external_data``: a file path; large weights are written there (the model must then be saved
     beside it, in the same folder, with ``onnx.save(model, path)``: the locations are the file's name).
@@ -102,8 +105,9 @@ def transformer_model(
     graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden]))
     graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden]))
     w = _Weights(graph, Path(external_data) if external_data is not None else None)
-    w.add("shape_heads", np.array([batch, seq, heads, head_dim], np.int64), external=False)
-    w.add("shape_hidden", np.array([batch, seq, hidden], np.int64), external=False)
+    lead = 0 if isinstance(batch, str) else batch  # Reshape: 0 copies the input's dimension
+    w.add("shape_heads", np.array([lead, seq, heads, head_dim], np.int64), external=False)
+    w.add("shape_hidden", np.array([lead, seq, hidden], np.int64), external=False)
     w.add("attn_scale", np.array(1.0 / math.sqrt(head_dim), np.float32), external=False)
     mask = np.triu(np.full((seq, seq), -10000.0, np.float32), k=1)
     w.add("causal_mask", mask, external=False)
@@ -162,8 +166,8 @@ def transformer_model(
 
 
 def transformer_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for a generated model: ``x`` drawn from N(0, 1)."""
-    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    """Inputs for a generated model: ``x`` drawn from N(0, 1) (batch 1 when the batch is symbolic)."""
+    shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
     return {"x": np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)}
 
 

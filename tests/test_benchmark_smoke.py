@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_benchmark_smallest_setting_writes_a_report(tmp_path):
     out = tmp_path / "RESULTS.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", "--size", "smallest", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.compare", "--size", "smallest", "--out", str(out),
+         "--latency-provider", "CPUExecutionProvider"],  # the GPU latency code path, on the CPU
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -24,4 +25,36 @@ def test_benchmark_smallest_setting_writes_a_report(tmp_path):
         assert f"| {tool} |" in text or f"- {tool} did not run" in text
     amp_rows = [line for line in text.splitlines() if line.startswith("| amp-compiler | ") and " s (1.0x)" in line]
     assert len(amp_rows) == 2  # one architecture, one generated graph: converted, measured
-    assert "GPU latency" in text and "Command: `python -m benchmarks.compare --size smallest" in text
+    assert "Command: `python -m benchmarks.compare --size smallest" in text
+    latency = text.split("## Latency on CPUExecutionProvider", 1)[1].split("## Notes", 1)[0]
+    rows = [line for line in latency.splitlines() if line.startswith("| generated-1000 |")]
+    assert [r.split(" | ")[1] for r in rows][:2] == ["fp32", "amp-compiler"]
+    assert all(" ms" in r.split(" | ")[3] for r in rows)  # batch 8 runs: the generated batch is symbolic
+    assert all(r.rstrip(" |").split(" | ")[-1].startswith("0 of ") for r in rows)  # all on the provider
+
+
+def test_latency_at_each_batch_and_where_nodes_ran(tmp_path):
+    import numpy as np
+    import onnx
+
+    from benchmarks.generate import transformer_model
+    from benchmarks.latency import measure, nodes_elsewhere
+
+    dynamic, static = tmp_path / "dynamic.onnx", tmp_path / "static.onnx"
+    onnx.save(transformer_model(100, batch="batch"), dynamic)
+    onnx.save(transformer_model(100), static)
+    latencies, where = measure(dynamic, "CPUExecutionProvider", (1, 8), repeats=3)
+    assert [lat.batch for lat in latencies] == [1, 8]
+    assert all(lat.median_ms is not None and lat.median_ms > 0 for lat in latencies)
+    assert where.nodes > 0 and where.elsewhere == []
+    latencies, _ = measure(static, "CPUExecutionProvider", (1, 8), repeats=3)
+    assert latencies[0].median_ms is not None
+    assert latencies[1].median_ms is None and "fixed" in latencies[1].note
+    # A profile where one node fell back to the CPU: it is named, with its op and provider.
+    events = [
+        {"cat": "Node", "name": "mm_kernel_time", "args": {"provider": "CUDAExecutionProvider", "op_name": "MatMul"}},
+        {"cat": "Node", "name": "clip_kernel_time", "args": {"provider": "CPUExecutionProvider", "op_name": "Clip"}},
+        {"cat": "Session", "name": "model_run", "args": {}},
+    ]
+    assert nodes_elsewhere(events, "CUDAExecutionProvider") == (2, ["Clip clip (CPUExecutionProvider)"])
+    assert np.isfinite(latencies[0].median_ms)
