@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.catalog import CatalogModel, register
+from models.catalog import Tolerance, register_specs
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,8 @@ class Arch:
     forward: Callable  # forward(model, **inputs) -> tensor or tuple of tensors
     description: str
     vocab: int = 0  # for token-id inputs
+    weight_dominated: bool = True
+    tolerance: Tolerance = Tolerance()
 
     def key(self) -> str:
         """Cache key: changes with the builder version, config, inputs and library versions."""
@@ -575,19 +577,4 @@ ARCHS: list[Arch] = [
 ]
 
 
-def _register_all() -> None:
-    for arch in ARCHS:
-        register(
-            CatalogModel(
-                name=arch.name,
-                kind="architecture",
-                size=arch.size,
-                build=arch.build,
-                make_inputs=arch.make_inputs,
-                weight_dominated=True,
-                description=arch.description,
-            )
-        )
-
-
-_register_all()
+register_specs("architecture", ARCHS)

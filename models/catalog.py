@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -50,6 +51,23 @@ def register(entry: CatalogModel) -> CatalogModel:
         raise ValueError(f"duplicate catalog entry {entry.name!r}")
     _REGISTRY[entry.name] = entry
     return entry
+
+
+def register_specs(kind: str, specs: Iterable[Any], describe: Callable[[Any], str] | None = None) -> None:
+    """Register one entry of this kind per spec, in order, from the spec's fields of the same names."""
+    for spec in specs:
+        register(
+            CatalogModel(
+                name=spec.name,
+                kind=kind,
+                size=spec.size,
+                description=describe(spec) if describe else spec.description,
+                build=spec.build,
+                make_inputs=spec.make_inputs,
+                tolerance=spec.tolerance,
+                weight_dominated=spec.weight_dominated,
+            )
+        )
 
 
 def _load_all() -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.catalog import CatalogModel, Tolerance, register
+from models.catalog import Tolerance, register_specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,20 +291,8 @@ WHEEL_MODELS = [
 ]
 
 
-def _register_all() -> None:
-    for m in WHEEL_MODELS:
-        register(
-            CatalogModel(
-                name=m.name,
-                kind="wheel",
-                size=m.size,
-                build=m.build,
-                make_inputs=m.make_inputs,
-                weight_dominated=m.weight_dominated,
-                tolerance=m.tolerance,
-                description=f"{m.description} [{m.wheel.package}=={m.wheel.version}: {m.member}]",
-            )
-        )
-
-
-_register_all()
+register_specs(
+    "wheel",
+    WHEEL_MODELS,
+    describe=lambda m: f"{m.description} [{m.wheel.package}=={m.wheel.version}: {m.member}]",
+)

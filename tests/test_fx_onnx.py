@@ -14,6 +14,7 @@ import torch
 import amp_compiler.fx as ampfx
 from amp_compiler import convert as convert_onnx
 from amp_compiler.checks import run_onnxruntime, validate
+from fx_helpers import CNN
 
 TENSOR_CORE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _SHORT = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.BFLOAT16: "bf16"}
@@ -48,21 +49,6 @@ class MLP(torch.nn.Module):
         h = torch.nn.functional.gelu(self.fc1(x))
         h = torch.tanh(self.fc2(h)) + h
         return self.fc3(h).log_softmax(-1)
-
-
-class CNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.b1 = torch.nn.BatchNorm2d(16)
-        self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.b2 = torch.nn.BatchNorm2d(32)
-        self.fc = torch.nn.Linear(32, 10)
-
-    def forward(self, x):
-        x = torch.relu(self.b1(self.c1(x)))
-        x = torch.relu(self.b2(self.c2(x)))
-        return self.fc(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
 def _cnn():

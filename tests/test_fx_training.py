@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import amp_compiler.fx as ampfx
+import fx_helpers
 from amp_compiler.fx import LossScaler
 
 
@@ -199,19 +200,12 @@ def test_unscale_twice_is_an_error_like_gradscaler():
 # -- convergence -------------------------------------------------------------------------------------
 
 
-class CNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.b1 = torch.nn.BatchNorm2d(16)
-        self.c2 = torch.nn.Conv2d(16, 32, 3, padding=1, stride=2)
-        self.b2 = torch.nn.BatchNorm2d(32)
-        self.fc = torch.nn.Linear(32, 10)
+class CNN(fx_helpers.CNN):
+    """The shared test CNN, pooling with a plain mean over height and width."""
 
-    def forward(self, x):
-        x = F.relu(self.b1(self.c1(x)))
-        x = F.relu(self.b2(self.c2(x)))
-        return self.fc(x.mean((2, 3)))
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Global average pooling as x.mean((2, 3))."""
+        return x.mean((2, 3))
 
 
 PATTERNS = torch.randn(10, 3, 16, 16, generator=torch.Generator().manual_seed(123))
