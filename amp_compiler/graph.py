@@ -529,7 +529,8 @@ class _Builder:
         find = self.uf.find
         members: dict[Slot, list[Slot]] = {}
         for slot, up in parent.items():
-            root = slot if up is slot else find(slot)
+            # Template groups are stars (every slot's parent is the root): no search needed.
+            root = up if parent[up] is up else find(slot)
             group = members.get(root)
             if group is None:
                 members[root] = [slot]
@@ -578,19 +579,21 @@ class _Builder:
                 defining[owner.inputs[index]] = vid
             else:
                 uses.append((owner.inputs[index] if kind is _NODE_IN else owner.outputs[index], vid))
-        succ = digraph.succ
+        edges: dict[tuple[int, int], list[ir.Value]] = {}
         for value, vid in uses:
-            if is_constant(value):
-                vertices[vid].constants.append(value)
-                continue
             src = defining.get(value)
-            if src is None or src == vid:
+            if src is None:  # constants have no defining slot (nor do tensors of untracked types)
+                if is_constant(value):
+                    vertices[vid].constants.append(value)
                 continue
-            data = succ[src].get(vid)
-            if data is not None:
-                data["values"].append(value)
+            if src == vid:
+                continue
+            values = edges.get((src, vid))
+            if values is None:
+                edges[src, vid] = [value]
             else:
-                digraph.add_edge(src, vid, values=[value])
+                values.append(value)
+        digraph.add_edges_from((src, vid, {"values": values}) for (src, vid), values in edges.items())
         return PrecisionGraph(
             self.model, self.target, vertices, slot_vertex, digraph, node_vertices, self.unknown_ops
         )
