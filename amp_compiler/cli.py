@@ -108,6 +108,7 @@ def _options(args: argparse.Namespace):
         block_ops=frozenset(args.block_op),
         block_nodes=tuple(args.block_node),
         pad_tensor_cores=args.pad_tensor_cores,
+        input_shapes=tuple((_input_shapes(args) or {}).items()),
     )
 
 

@@ -28,6 +28,7 @@ from amp_compiler.graph import (
     iter_graphs,
 )
 from amp_compiler import native_checks
+from amp_compiler.costs import element_counts
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx_io import (
     DeferredModel,
@@ -87,6 +88,9 @@ class ConvertOptions:
     placement: str = "mincut"
     # Pad low-precision MatMul/Gemm/Conv weights to multiples of 8 with zeros and Slice back (exact).
     pad_tensor_cores: bool = False
+    # Graph input shapes for the cast-cost model, where the model's dims are dynamic (--input-shape):
+    # ((name, (dim, ...)), ...). The output keeps its dynamic dims.
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclasses.dataclass(slots=True)  # no __dict__: a conversion makes one per node
@@ -252,7 +256,7 @@ def convert(
         analyses.append(CalibrationRangePass(ranges, opts.target))
     analyses.append(PaintPass())
     if opts.placement == "mincut":
-        analyses.append(MinCutPlacementPass())
+        analyses.append(MinCutPlacementPass(_element_counts(proto, opts.input_shapes)))
     elif opts.placement != "paint":
         raise OptionError(f"unknown placement {opts.placement!r}: expected mincut or paint")
     for analysis in analyses:
@@ -281,6 +285,15 @@ def node_order(model: ir.Model) -> list[ir.Node]:
     return [node for g in iter_graphs(model.graph) for node in g]
 
 
+def _element_counts(proto: onnx.ModelProto, input_shapes) -> dict[str, int] | None:
+    if not input_shapes:
+        return None
+    try:
+        return element_counts(proto, dict(input_shapes))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def _options(options: ConvertOptions | None, overrides: dict) -> ConvertOptions:
     opts = options or ConvertOptions()
     if not overrides:
@@ -299,6 +312,8 @@ def _options(options: ConvertOptions | None, overrides: dict) -> ConvertOptions:
     for key in ("block_nodes", "pinned_nodes"):
         if key in overrides:
             overrides[key] = tuple(overrides[key])
+    if isinstance(overrides.get("input_shapes"), dict):
+        overrides["input_shapes"] = tuple((k, tuple(v)) for k, v in overrides["input_shapes"].items())
     return dataclasses.replace(opts, **overrides)
 
 

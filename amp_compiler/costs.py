@@ -87,6 +87,28 @@ def with_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int,
     return out
 
 
+def element_counts(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Per tensor name, its number of elements once the graph inputs have ``input_shapes`` (shape
+    inference on a copy); tensors whose shape is still not fully known are left out. Raises
+    ValueError for a name that is not a graph input or a rank that does not match."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            with_input_shapes(model, input_shapes), strict_mode=False, data_prop=True
+        )
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return {}
+    counts: dict[str, int] = {}
+    for graph in iter_proto_graphs(inferred.graph):
+        for vi in (*graph.input, *graph.output, *graph.value_info):
+            tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+            if tt is None or not tt.HasField("shape"):
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
+            if all(d > 0 for d in dims):
+                counts[vi.name] = math.prod(dims)
+    return counts
+
+
 def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
     """Per tensor name: shape (unknown dims as 1) and element type; and the unknown dims seen."""
     try:

@@ -31,7 +31,7 @@ How it stays fast on 100,000-node graphs, exactly:
 Guarantees: painting's colouring is a feasible cut, so the result moves at most as many cast bytes
 as painting (both totals are recorded on the plan); only free vertices change. Maximum flows are
 networkx's ``boykov_kolmogorov`` on integer byte capacities. Tensor sizes come from the inferred
-shapes; unknown dims count as 1.
+shapes, or from ``--input-shape`` where dims are dynamic; unknown dims count as 1.
 """
 
 from __future__ import annotations
@@ -68,15 +68,17 @@ class _Tensor:
     value: ir.Value
     producer: int
     users: set[int]
+    bytes: int = 0  # what a Cast of it moves
 
     def needs_cast(self, low_of: dict[int, bool]) -> bool:
         p = low_of.get(self.producer)
         return p is not None and any(low_of.get(u, p) != p for u in self.users)
 
 
-def _tensors(graph: PrecisionGraph) -> list[_Tensor]:
-    """Every non-constant float tensor with its producing vertex and its using vertices: the
-    precision graph's edges, which carry them (constants and a vertex's own tensors excluded)."""
+def _tensors(graph: PrecisionGraph, elements: dict[str, int] | None = None) -> list[_Tensor]:
+    """Every non-constant float tensor with its producing vertex, its using vertices and the bytes a
+    Cast of it moves (``elements``: element counts by tensor name that override the inferred shape):
+    the precision graph's edges carry them (constants and a vertex's own tensors excluded)."""
     by_value: dict[ir.Value, _Tensor] = {}
     for src, dst, values in graph.digraph.edges(data="values"):
         for value in values:
@@ -85,16 +87,24 @@ def _tensors(graph: PrecisionGraph) -> list[_Tensor]:
                 by_value[value] = _Tensor(value, src, {dst})
             else:
                 t.users.add(dst)
+    for t in by_value.values():
+        n = elements.get(t.value.name) if elements else None
+        t.bytes = cast_bytes(t.value) if n is None else n * (4 + 2)
     return list(by_value.values())
 
 
 def total_cast_bytes(tensors: Iterable[_Tensor], low_of: dict[int, bool]) -> int:
     """Bytes moved by the Casts a colouring needs (one per tensor and dtype)."""
-    return sum(cast_bytes(t.value) for t in tensors if t.needs_cast(low_of))
+    return sum(t.bytes for t in tensors if t.needs_cast(low_of))
 
 
+@dataclasses.dataclass
 class MinCutPlacementPass:
-    """Re-decide painting's free vertices by minimum cut (see the module docstring)."""
+    """Re-decide painting's free vertices by minimum cut (see the module docstring). ``elements``:
+    tensor sizes (element counts by name) for the cost, where the model's dims are dynamic
+    (``--input-shape``); other tensors count their unknown dims as 1."""
+
+    elements: dict[str, int] | None = None
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         low = graph.target.dtype
@@ -109,10 +119,10 @@ class MinCutPlacementPass:
         regions = nx.utils.UnionFind(free)
         at_stake: list[_Tensor] = []
         painting = 0
-        for t in _tensors(graph):
+        for t in _tensors(graph, self.elements):
             stake = t.needs_cast(low_of)
             if stake:
-                painting += cast_bytes(t.value)
+                painting += t.bytes
             members = [v for v in (t.producer, *t.users) if v in free]
             for v in members:
                 incident.setdefault(v, []).append(t)
@@ -200,7 +210,7 @@ def _min_cut(
         users = {node(u) for u in t.users} - {p}
         if not users:
             continue
-        w = cast_bytes(t.value)
+        w = t.bytes
         if p in (_SOURCE, _SINK) and users <= {_SOURCE, _SINK}:
             fixed += w
             continue

@@ -199,3 +199,56 @@ def test_min_cut_finds_the_optimum_of_exhaustive_search(seed):
     if best == plan.cast_bytes_painting:
         assert changed == []
     assert all(plan.decisions[v].rule is Rule.MINCUT for v in changed)
+
+
+def _batch_then_slice():
+    """x: (B, 16), dynamic B, sliced to its first row before a MatMul. With B unknown (counted as 1)
+    a Cast before the Slice moves as many bytes as one after it, and painting's choice (before)
+    stands; at B = 64 the Cast belongs after the Slice."""
+    return model(
+        [
+            helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
+            helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
+        ],
+        [vi("x", F32, ["B", 16])], [vi("y", F32, [1, 8])],
+        [
+            tensor("starts", np.array([0, 0], np.int64)), tensor("ends", np.array([1, 16], np.int64)),
+            tensor("w", weights((16, 8))),
+        ],
+    )
+
+
+def test_input_shapes_decide_where_dynamic_tensors_are_cast():
+    m = _batch_then_slice()
+    default = convert(m)
+    assert {d.node: d.precision for d in default.decisions}["slice"] == "fp16"
+    assert default.cast_bytes == default.cast_bytes_painting == (16 + 8) * 6
+    shaped = convert(m, input_shapes={"x": (64, 16)})
+    d = {x.node: x for x in shaped.decisions}
+    assert d["slice"].precision == "fp32" and d["slice"].rule == "placement.min-cut"
+    assert shaped.cast_bytes_painting == (64 * 16 + 8) * 6 and shaped.cast_bytes == (16 + 8) * 6
+    assert shaped.model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "B"  # still dynamic
+    validate(shaped.model)
+
+
+def test_input_shapes_name_graph_inputs():
+    from amp_compiler.errors import OptionError
+
+    with pytest.raises(OptionError, match="names no graph input"):
+        convert(_batch_then_slice(), input_shapes={"nope": (1, 16)})
+
+
+def test_cli_input_shape_reaches_the_placement(tmp_path):
+    import contextlib
+    import io
+
+    import onnx
+
+    from amp_compiler.cli import main
+
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx"
+    onnx.save(_batch_then_slice(), src)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["convert", str(src), "-o", str(out), "--input-shape", "x:64x16"]) == 0
+    cast = next(n for n in onnx.load(out).graph.node if n.op_type == "Cast" and n.output[0] != "y")
+    assert cast.input[0] == "s"  # the sliced row is cast, not the whole input
