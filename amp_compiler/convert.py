@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import gc
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -331,35 +332,49 @@ def _checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, ch
     For models of ``CHILD_MIN_NODES`` nodes or more, onnx's checker and shape inference (C++, about
     a second each at 100,000 nodes) run in a child process (:mod:`amp_compiler.native_checks`) while
     this one checks the rest and deserializes the IR; the IR is used only once every check passed.
-    Smaller models do the same steps in this process, the checker before shape inference.
+    Smaller models do the same steps in this process. A model onnx_ir cannot deserialize gets the
+    checker's verdict first, which names the fault.
     """
     to_check = checker_input(proto, deferred) if check else None
     native = None
-    if len(proto.graph.node) >= native_checks.CHILD_MIN_NODES:
+    if len(proto.graph.node) >= native_checks.CHILD_MIN_NODES and sys.executable:
         try:
             native = native_checks.NativeChecks(to_check, proto)
         except OSError:  # no child process here: do it all in this one
             native = None
-    if native is None:
-        if check:
-            check_model_contents(proto, origin, deferred=deferred)
-            checker_verdict(proto, origin, native_checks.check(to_check))
-        return _typed_ir(proto, ir.from_proto(proto), native_checks.inferred_types(proto))
     try:
         if check:
             check_model_contents(proto, origin, deferred=deferred)
-        model = ir.from_proto(proto)
+        try:
+            model = ir.from_proto(proto)
+        except Exception:
+            _native_result(native, proto, origin, to_check)  # raises for an invalid model
+            raise
     except BaseException:
-        native.cancel()
+        if native is not None:
+            native.cancel()
         raise
-    result = native.result()
-    if result.crashed:
-        raise ModelLoadError(
-            f"{origin}: onnx's checker or shape inference stopped on this model ({result.crashed})"
-        )
-    if check:
-        checker_verdict(proto, origin, result.checker_error)
-    return _typed_ir(proto, model, result.types)
+    return _typed_ir(proto, model, _native_result(native, proto, origin, to_check))
+
+
+def _native_result(
+    native: native_checks.NativeChecks | None, proto: onnx.ModelProto, origin: str, to_check: onnx.ModelProto | None
+) -> native_checks.InferredTypes | None:
+    """The checker's verdict (raised when it refuses the model) and shape inference's types: from the
+    child process, or computed here (no child, or a child that failed for reasons of its own)."""
+    if native is not None:
+        result = native.result()
+        if result.crashed:
+            raise ModelLoadError(
+                f"{origin}: onnx's checker or shape inference stopped on this model ({result.crashed})"
+            )
+        if not result.failed:
+            if to_check is not None:
+                checker_verdict(proto, origin, result.checker_error)
+            return result.types
+    if to_check is not None:
+        checker_verdict(proto, origin, native_checks.check(to_check))
+    return native_checks.inferred_types(proto)
 
 
 def _typed_ir(proto: onnx.ModelProto, model: ir.Model, types: native_checks.InferredTypes | None) -> ir.Model:

@@ -7,7 +7,9 @@ the serialized model, so for large models :class:`NativeChecks` runs them in a c
 own checks and builds the IR. Smaller models call :func:`check` and :func:`infer` in-process.
 
 The child is also a wall: a hostile model that crashed either C++ call would take down only the
-child, and is reported as an invalid model.
+child (killed by a signal), and is reported as an invalid model. A child that fails any other way
+(it cannot start, exits with an error, answers garbage) says nothing about the model: the work is
+then done in-process.
 
 Protocol: the parent writes one JSON header line (the payload lengths) and the payloads (the model to
 check, or nothing when there is no check; then the model to infer, or nothing when it is the model
@@ -108,7 +110,8 @@ class InferredTypes:
 class NativeResult:
     checker_error: CheckerError | None  # None when the model passed
     types: InferredTypes | None  # None when shape inference failed
-    crashed: str | None = None  # the child died without an answer (how), so nothing above is known
+    crashed: str | None = None  # the child was killed by a signal (which) before answering
+    failed: str | None = None  # the child gave no usable answer otherwise (why): redo it in-process
 
 
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
@@ -202,17 +205,20 @@ class NativeChecks:
         return self._proc.wait()
 
     def result(self) -> NativeResult:
+        """The child's answer. Killed by a signal (a C++ crash, or the memory killer): ``crashed``.
+        Any other failure (an exit status, unreadable output) says nothing about the model:
+        ``failed``, and the caller does the work itself."""
         code = self._wait()
         data = self._out[0] if self._out else b""
+        if code < 0:
+            return NativeResult(None, None, crashed=f"signal {-code}")
         try:
             answer = json.loads(data) if code == 0 else None
-        except ValueError:
-            answer = None
-        if answer is None:
-            how = f"signal {-code}" if code < 0 else f"exit status {code}"
-            return NativeResult(None, None, crashed=how)
-        error, types = answer["checker_error"], answer["types"]
-        return NativeResult(error and CheckerError(**error), types and InferredTypes.from_json(types))
+            error, types = answer["checker_error"], answer["types"]
+            return NativeResult(error and CheckerError(**error), types and InferredTypes.from_json(types))
+        except (ValueError, TypeError, KeyError) as exc:
+            why = f"exit status {code}" if code else f"unreadable answer ({type(exc).__name__})"
+            return NativeResult(None, None, failed=why)
 
 
 def child_command() -> list[str]:

@@ -118,3 +118,18 @@ def test_shape_inference_failure_in_the_child_keeps_declared_types(child_always,
     result = convert(m)
     assert {d.node: d.precision for d in result.decisions}["mm"] == "fp16"
     assert result.casts_inserted == 2
+
+
+@pytest.mark.parametrize("child", ["import sys; sys.exit(3)", "print('not json')"])
+def test_a_child_that_fails_on_its_own_hands_the_work_back(child, child_always, monkeypatch):
+    """An exit status or an unreadable answer says nothing about the model: the checks and shape
+    inference run in this process instead, with the same result."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])], [tensor("w", weights((4, 4)))],
+    )
+    expected = _convert_bytes(m)
+    monkeypatch.setattr(native_checks, "child_command", lambda: [sys.executable, "-c", child])
+    assert _convert_bytes(m) == expected
+    with pytest.raises(ModelLoadError, match="cycle"):
+        convert(_cyclic())  # and the checker's verdict still comes, from this process
