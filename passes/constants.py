@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 import onnx_ir as ir
+from onnx_ir.serde import TensorProtoTensor
 
 from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.plan import PrecisionPlan, Role, Rule
@@ -121,7 +122,7 @@ class ConstantRangePass:
     significant: float = 2.0**-10
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
-        cache: dict[int, RangeStats | None] = {}
+        cache: dict[int, RangeStats | None] = dict.fromkeys(self._plainly_representable(graph, plan))
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
                 continue
@@ -148,6 +149,35 @@ class ConstantRangePass:
                 if verdict is not None:
                     plan.set_role(vertex.id, Role.DENY, *verdict)
                     break
+
+    def _plainly_representable(self, graph: PrecisionGraph, plan: PrecisionPlan) -> list[int]:
+        """The ids of FP32 initializers stored as raw little-endian bytes in the model whose every
+        value is within the target's range and none small enough to flush (zero aside): screened
+        together, in one pass over their bytes, without building an array per tensor."""
+        keys: list[int] = []
+        chunks: list[bytes] = []
+        for vertex in graph.vertices:
+            if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
+                continue
+            for value in vertex.constants:
+                tensor = value.const_value
+                if type(tensor) is not TensorProtoTensor or value.dtype is not ir.DataType.FLOAT:
+                    continue
+                proto = tensor.raw
+                if proto.data_location or not proto.HasField("raw_data"):
+                    continue
+                data = proto.raw_data
+                if data:
+                    keys.append(id(value))
+                    chunks.append(data)
+        if not keys:
+            return []
+        sizes = np.fromiter((len(c) // 4 for c in chunks), np.int64, len(chunks))
+        flat = np.abs(np.frombuffer(b"".join(chunks), dtype="<f4"))
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        plain = np.maximum.reduceat(flat, starts) <= self._limits[0]  # NaN: False
+        plain &= ~np.logical_or.reduceat((flat < self._limits[1]) & (flat != 0), starts)
+        return [key for key, ok in zip(keys, plain.tolist()) if ok]
 
     def _representable(self, arr: np.ndarray) -> bool:
         """A quick exact screen (a few passes over the data, none of them a conversion of the whole
