@@ -56,7 +56,7 @@ from amp_compiler.passes import (
     PaintPass,
     RemoveCancellingCastsPass,
 )
-from amp_compiler.plan import PrecisionPlan
+from amp_compiler.plan import PrecisionPlan, Rule
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Provider, Target
@@ -522,6 +522,8 @@ def _node_decisions(
 ) -> list[NodeDecision]:
     paths = {id(model.graph): "main"}
     out: list[NodeDecision] = []
+    decisions, notes = plan.decisions, plan.notes
+    rule_ids = {rule: rule.value for rule in Rule}
     for g in iter_graphs(model.graph):
         gpath = paths.get(id(g), "?")
         node_vertices, slot_vertex = graph.node_vertices, graph.slot_vertex
@@ -566,27 +568,18 @@ def _node_decisions(
                 else:
                     precision, rule, reason = "none", "nonfloat", "no float inputs or outputs"
             else:
-                dtypes = {plan.decisions[v].dtype for v in vids}
-                decision = plan.decisions[main]
-                if len(dtypes) == 1:
-                    precision = _SHORT.get(decision.dtype, decision.dtype.name.lower())
+                decision = decisions[main]
+                if len(vids) == 1 or len({decisions[v].dtype for v in vids}) == 1:
+                    precision = _SHORT.get(decision.dtype) or decision.dtype.name.lower()
                 else:
                     precision = "mixed"
-                rule, reason = decision.rule.value, decision.reason
-                if main in plan.notes:
-                    reason = f"{reason}; {plan.notes[main]}"
+                rule, reason = rule_ids[decision.rule], decision.reason
+                if main in notes:
+                    reason = f"{reason}; {notes[main]}"
             out.append(
                 NodeDecision(
-                    graph=gpath,
-                    node=node.name or "",
-                    op_type=node.op_type,
-                    domain=node.domain or "ai.onnx",
-                    precision=precision,
-                    rule=rule,
-                    reason=reason,
-                    input_dtypes=_dtype_names(node.inputs),
-                    output_dtypes=_dtype_names(node.outputs),
-                    index=positions.get(id(node)),
+                    gpath, node.name or "", node.op_type, node.domain or "ai.onnx", precision, rule, reason,
+                    _dtype_names(node.inputs), _dtype_names(node.outputs), positions.get(id(node)),
                 )
             )
     return out
