@@ -3,7 +3,7 @@
 Converting a large model spends about a second in each of two C++ calls that hold Python's GIL:
 ``onnx.checker.check_model`` and ``onnx.shape_inference.infer_shapes``. Neither needs anything but
 the serialized model, so for large models :class:`NativeChecks` runs them in a child Python process
-(``python native_checks.py``, which imports only onnx), on the second core, while the parent does its
+(this file, which imports only onnx), on the second core, while the parent does its
 own checks and builds the IR. Smaller models call :func:`check` and :func:`infer` in-process.
 
 The child is also a wall: a hostile model that crashed either C++ call would take down only the
@@ -222,9 +222,11 @@ class NativeChecks:
 
 
 def child_command() -> list[str]:
-    """The child's command line. -P: the script's folder (this package, whose module names could
-    shadow others) is not put on the child's sys.path."""
-    return [sys.executable, "-P", __file__]
+    """The child's command line: this file run as ``__main__`` with nothing put on its sys.path
+    (neither this package's folder, whose module names could shadow others, nor the current
+    directory). ``python -P`` would do the same from Python 3.11 on."""
+    boot = "import runpy, sys; sys.path.pop(0); runpy.run_path(sys.argv[1], run_name='__main__')"
+    return [sys.executable, "-c", boot, __file__]
 
 
 def _child() -> None:

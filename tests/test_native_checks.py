@@ -57,6 +57,12 @@ def test_large_model_from_a_file_uses_the_child_and_matches(tmp_path, monkeypatc
             started.append(True)
             super().__init__(*args)
 
+        def result(self):
+            answer = super().result()
+            assert answer.failed is None and answer.crashed is None  # the child answered
+            assert answer.types is not None and answer.types.graphs
+            return answer
+
     monkeypatch.setattr(native_checks, "NativeChecks", Spy)
     monkeypatch.setattr(native_checks, "CHILD_MIN_NODES", 500)
     via_child = _convert_bytes(str(path))
