@@ -46,6 +46,7 @@ from amp_compiler.onnx_io import (
 )
 from amp_compiler.passes import (
     CalibrationRangePass,
+    ConvertedConstant,
     compile_patterns,
     ClassifyPass,
     ConstantRangePass,
@@ -460,6 +461,10 @@ def _output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelPr
     tensors the input did not describe are dropped before serializing rather than serialized and then
     deleted (the same bytes, in a third of the time)."""
     described = _described_names(original)
+    ConvertedConstant.convert_together(
+        v.const_value for g in iter_graphs(ir_model.graph) for v in g.initializers.values()
+        if isinstance(v.const_value, ConvertedConstant)
+    )
     for g in iter_graphs(ir_model.graph):
         values = [v for v in g.initializers.values() if not v.is_graph_input()]
         values.extend(v for node in g for v in node.outputs)

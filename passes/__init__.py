@@ -15,7 +15,7 @@ from amp_compiler.passes.classify import ClassifyPass, compile_patterns
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.constants import ConstantRangePass
 from amp_compiler.passes.coverage import KernelCoveragePass
-from amp_compiler.passes.lower import LowerPlanPass
+from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
@@ -24,6 +24,7 @@ __all__ = [
     "CalibrationRangePass",
     "ClassifyPass",
     "ConstantRangePass",
+    "ConvertedConstant",
     "KernelCoveragePass",
     "LowerPlanPass",
     "MinCutPlacementPass",

@@ -15,12 +15,14 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import ml_dtypes
 import onnx
 import onnx.defs
 import numpy as np
 import onnx_ir as ir
+from onnx_ir.serde import TensorProtoTensor
 
 from amp_compiler.graph import PrecisionGraph, Slot, SlotKind, is_constant, iter_graphs
 from amp_compiler.plan import PrecisionPlan
@@ -57,12 +59,44 @@ class ConvertedConstant(ir.LazyTensor):
     disk is read only then. ``rewrite``: values below the target's lowest finite value that stand
     for -infinity (an attention mask) become this one."""
 
-    __slots__ = ("_source", "_rewrite")
+    __slots__ = ("_source", "_rewrite", "_bytes")
 
     def __init__(self, source: ir.TensorProtocol, dtype: ir.DataType, name: str, rewrite: float | None = None):
         super().__init__(None, dtype, source.shape, name=name, doc_string=source.doc_string)
         self._source = source
         self._rewrite = rewrite
+        self._bytes: bytes | None = None  # set by convert_together, read once by tobytes
+
+    @staticmethod
+    def convert_together(tensors: Iterable[ConvertedConstant]) -> None:
+        """Convert many FP32 constants held as raw bytes in the model in one numpy call over their
+        concatenated bytes (per tensor, numpy's own overhead is most of the cost); each keeps its
+        bytes until :meth:`tobytes` hands them over. Others (on disk, rewritten, other types) are
+        left to convert themselves."""
+        batch, chunks = [], []
+        for tensor in tensors:
+            source = tensor._source
+            if type(source) is not TensorProtoTensor or tensor._rewrite is not None:
+                continue
+            proto = source.raw
+            if proto.data_type != onnx.TensorProto.FLOAT or proto.data_location or not proto.HasField("raw_data"):
+                continue
+            batch.append(tensor)
+            chunks.append(proto.raw_data)
+        if not batch:
+            return
+        by_type: dict[ir.DataType, list[int]] = {}
+        for k, tensor in enumerate(batch):
+            by_type.setdefault(tensor.dtype, []).append(k)
+        for dtype, members in by_type.items():
+            target = numpy_dtype(dtype)
+            with np.errstate(over="ignore"):
+                data = np.frombuffer(b"".join(chunks[k] for k in members), dtype="<f4").astype(target).tobytes()
+            width, offset = target.itemsize, 0
+            for k in members:
+                size = len(chunks[k]) // 4 * width
+                batch[k]._bytes = data[offset:offset + size]
+                offset += size
 
     def numpy(self) -> np.ndarray:
         array = np.asarray(self._source.numpy())
@@ -74,6 +108,9 @@ class ConvertedConstant(ir.LazyTensor):
             return array.astype(target)
 
     def tobytes(self) -> bytes:
+        if self._bytes is not None:
+            data, self._bytes = self._bytes, None
+            return data
         return self.numpy().tobytes()
 
     def _evaluate(self) -> ir.Tensor:
