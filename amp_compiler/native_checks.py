@@ -192,7 +192,8 @@ class NativeChecks:
             pass
 
     def _read(self) -> None:
-        self._out.append(self._proc.stdout.read())
+        with self._proc.stdout as stream:
+            self._out.append(stream.read())
 
     def cancel(self) -> None:
         """Stop the child (the parent found the model invalid itself)."""
