@@ -226,21 +226,8 @@ class LowerPlanPass(ir.passes.InPlacePass):
         graph inputs) or every using slot (node inputs, graph outputs)."""
         dtypes = self._vertex_dtypes()
         for slot, vid in self.graph.slot_vertex.items():
-            kind, owner, index = slot
-            if defining:
-                if kind is SlotKind.NODE_OUT:
-                    value = owner.outputs[index]
-                elif kind is SlotKind.GRAPH_IN:
-                    value = owner.inputs[index]
-                else:
-                    continue
-            elif kind is SlotKind.NODE_IN:
-                value = owner.inputs[index]
-            elif kind is SlotKind.GRAPH_OUT:
-                value = owner.outputs[index]
-            else:
-                continue
-            yield slot, value, dtypes[vid]
+            if slot.defines == defining:
+                yield slot, slot.value, dtypes[vid]
 
     def _retarget_attribute(self, node: ir.Node, dtype: ir.DataType) -> None:
         vertex = self.graph.vertex_of(Slot(SlotKind.NODE_OUT, node, 0))
