@@ -160,8 +160,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
 def load_model_and_files(path: str | os.PathLike) -> tuple[onnx.ModelProto, list[Path]]:
     """Like :func:`load_model`, also returning every file read: the model, then its external data files."""
     p = Path(path)
-    model = _parse_model_file(p)
-    files = [p, *load_external_data(model, p.parent, origin=str(p))]
+    model, may_refer_to_files = _parse_model_file(p)
+    files = [p, *(load_external_data(model, p.parent, origin=str(p)) if may_refer_to_files else [])]
     check_model_valid(model, origin=str(p))
     return model, files
 
@@ -211,10 +211,8 @@ def load_model_deferred(
     builds the IR.
     """
     p = Path(path)
-    model, mentions_location = _parse_model_file(p, b"location")
-    # Every external tensor names its "location": a file without the word has none (and a tensor
-    # marked external without a location is refused by the model checks).
-    pending, sizes = _external_plan(model, p.parent, str(p)) if mentions_location else ([], {})
+    model, may_refer_to_files = _parse_model_file(p)
+    pending, sizes = _external_plan(model, p.parent, str(p)) if may_refer_to_files else ([], {})
     read = [entry for entry in pending if not (entry[4] and entry[3] >= min_bytes)]
     _read_external(read, str(p))
     locations = {
@@ -227,10 +225,12 @@ def load_model_deferred(
     return DeferredModel(model, [p, *sizes], locations, checked=check)
 
 
-def _parse_model_file(p: Path, word: bytes | None = None):
-    """The parsed model; with ``word``, also whether the file's bytes contain it."""
+def _parse_model_file(p: Path) -> tuple[onnx.ModelProto, bool]:
+    """The parsed model, and whether it may refer to external data files. Every external tensor
+    names its "location": a file without the word has none, and its external-data walk is skipped
+    (a tensor marked external without a location is then refused by the model checks)."""
     data = _read_model_bytes(p)
-    found = word is not None and word in data
+    may_refer_to_files = b"location" in data
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -249,7 +249,7 @@ def _parse_model_file(p: Path, word: bytes | None = None):
         raise ModelLoadError(f"{p}: parses as protobuf but holds no ONNX graph (is it an ONNX model file?)")
     if not model.opset_import:
         raise ModelLoadError(f"{p}: the model imports no opset")
-    return model if word is None else (model, found)
+    return model, may_refer_to_files
 
 
 def _read_model_bytes(p: Path) -> bytes:
