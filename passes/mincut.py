@@ -117,7 +117,7 @@ class MinCutPlacementPass:
         }
         incident: dict[int, list[_Tensor]] = {}
         regions = nx.utils.UnionFind(free)
-        at_stake: list[_Tensor] = []
+        at_stake: list[list[int]] = []  # the free vertices of each tensor that needs a Cast
         painting = 0
         for t in _tensors(graph, self.elements):
             stake = t.needs_cast(low_of)
@@ -129,11 +129,10 @@ class MinCutPlacementPass:
             for v in members[1:]:
                 regions.union(members[0], v)
             if members and stake:
-                at_stake.append(t)
+                at_stake.append(members)
         plan.cast_bytes_painting = painting
         seeds: dict[int, set[int]] = {}  # region -> free vertices of its tensors that need a Cast
-        for t in at_stake:
-            members = [v for v in (t.producer, *t.users) if v in free]
+        for members in at_stake:
             seeds.setdefault(regions[members[0]], set()).update(members)
 
         new_low: dict[int, bool] = {}
