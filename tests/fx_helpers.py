@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """torch on one thread while a module's tests run (import it into the test module to use it)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 class CNN(torch.nn.Module):

@@ -5,14 +5,7 @@ import torch
 
 import amp_compiler.fx as ampfx
 from test_fx_models import build, cosine
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 
 def _run(module, inputs, backend):

@@ -12,18 +12,11 @@ import torch
 
 import amp_compiler.fx as ampfx
 from models.architectures import ARCHS, _Positional, _to_torch, reestimate_batchnorm
+from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 SMALL = ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"]
 FULL = ["resnet50", "mobilenetv2", "bert-base", "gpt2"]
 TENSOR_CORE_OPS = {"conv2d", "linear", "matmul", "addmm", "bmm", "mm", "baddbmm"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @functools.cache

@@ -14,14 +14,7 @@ import torch.nn.functional as F
 import amp_compiler.fx as ampfx
 import fx_helpers
 from amp_compiler.fx import LossScaler
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 
 # -- loss scaling -------------------------------------------------------------------------------------
