@@ -232,8 +232,8 @@ class _Builder:
         # formal's allowed types, type key and whether it can be float. Pure functions of their keys.
         self._ops: dict[tuple[str, str], tuple[schemas.OpSignature | None, OpPolicy | None]] = {}
         self._formals: dict[tuple, tuple] = {}
-        # Per node shape (see _add_node) its template; per group root slot made from a template,
-        # (the template's key, or None for the node the template was taken from; the root's index).
+        # Per node shape (see _add_node) its template; per group root slot copied from a template,
+        # (the template's key, the root's index).
         self._templates: dict[tuple, tuple] = {}
         self._template_group: dict[Slot, tuple] = {}
 
@@ -322,8 +322,6 @@ class _Builder:
         find = self.uf.find
         index = {s: k for k, s in enumerate(created)}
         roots = tuple(index[find(s)] for s in created)
-        for r in set(roots):
-            self._template_group[created[r]] = (None, r)  # the first node of a shape: built slowly
         return (
             tuple((s.kind, s.index) for s in created),
             tuple((self.allowed[s], self.slot_dtype[s], self.fixed.get(s)) for s in created),
@@ -545,7 +543,7 @@ class _Builder:
         for root, slots in members.items():
             vid = len(vertices)
             group = template_group.get(root)
-            known = facts.get(group) if group is not None and group[0] is not None else None
+            known = facts.get(group) if group is not None else None
             if known is not None and len(slots) == len(known[0]):
                 # A group as its template made it, with nothing tied to it: as the template's was.
                 order, dtype, policy, reason = known
@@ -553,7 +551,7 @@ class _Builder:
             else:
                 made = list(slots)
                 vertex = self._make_vertex(vid, slots)
-                if group is not None and group[0] is not None and group not in facts:
+                if group is not None and group not in facts:
                     order = tuple(made.index(s) for s in vertex.slots)
                     facts[group] = (order, vertex.dtype, vertex.policy, vertex.fixed_reason)
             vertices.append(vertex)
