@@ -49,11 +49,10 @@ class KernelCoveragePass:
     provider: Provider = Provider.CUDA
     # The coverage to use; None: :func:`amp_compiler.providers.coverage_for` the provider.
     coverage: KernelCoverage | None = None
-    _memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    # per node shape (op, the vertex's slots, the other slots' types): why it has no kernel, or None
     _by_shape: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
-        self._memo.clear()
         self._by_shape.clear()
         coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
         if coverage is None:
@@ -111,17 +110,12 @@ class KernelCoveragePass:
         if sig is None:
             return None
         requirements = tuple(_requirements(node, sig, mine, target))
-        key = (domain, node.op_type, sig.since_version, requirements)
-        if key not in self._memo:  # most nodes of a model repeat a few (op, types) shapes
-            op = f"{node.op_type}-{sig.since_version}"
-            if not coverage.has_op(domain, node.op_type):
-                why = f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
-            elif not coverage.supports(domain, node.op_type, sig.since_version, requirements):
-                why = f"no {target_label(target)} kernel for {op} on the {provider} provider"
-            else:
-                why = None
-            self._memo[key] = why
-        return self._memo[key]
+        op = f"{node.op_type}-{sig.since_version}"
+        if not coverage.has_op(domain, node.op_type):
+            return f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
+        if not coverage.supports(domain, node.op_type, sig.since_version, requirements):
+            return f"no {target_label(target)} kernel for {op} on the {provider} provider"
+        return None
 
 
 def target_label(type_name: str) -> str:
