@@ -490,11 +490,8 @@ def _check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str], origin
                     "every tensor name must have one producer"
                 )
             producer[name] = i
-    seen_outputs: set[str] = set()
+    _check_output_names(graph, origin, subgraph=bool(outer))
     for v in graph.output:
-        if v.name in seen_outputs:
-            raise ModelLoadError(f"{where}: graph output {_q(v.name)} is listed twice; output names must be unique")
-        seen_outputs.add(v.name)
         if v.name not in producer and v.name not in defined and v.name not in outer:
             raise ModelLoadError(f"{where}: graph output {_q(v.name)} is not produced by any node")
     visible = defined | outer
