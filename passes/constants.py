@@ -25,6 +25,7 @@ import functools
 import math
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 from onnx_ir.serde import TensorProtoTensor
 
@@ -61,6 +62,18 @@ def feeds_only_softmax(graph: PrecisionGraph, start: Vertex) -> bool:
                 seen.add(w)
                 stack.append(w)
     return reached
+
+
+def raw_float32_bytes(tensor) -> bytes | None:
+    """The little-endian bytes of an FP32 tensor as the model file stores them (``raw_data``), or
+    None for any other tensor (another type, typed fields, external data, not from a file): what
+    vectorized passes over many small constants read without building an array per tensor."""
+    if type(tensor) is not TensorProtoTensor:
+        return None
+    proto = tensor.raw
+    if proto.data_type != onnx.TensorProto.FLOAT or proto.data_location or not proto.HasField("raw_data"):
+        return None
+    return proto.raw_data
 
 
 def constant_array(value: ir.Value) -> np.ndarray | None:
@@ -160,13 +173,7 @@ class ConstantRangePass:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
                 continue
             for value in vertex.constants:
-                tensor = value.const_value
-                if type(tensor) is not TensorProtoTensor or value.dtype is not ir.DataType.FLOAT:
-                    continue
-                proto = tensor.raw
-                if proto.data_location or not proto.HasField("raw_data"):
-                    continue
-                data = proto.raw_data
+                data = raw_float32_bytes(value.const_value)
                 if data:
                     keys.append(id(value))
                     chunks.append(data)

@@ -22,11 +22,10 @@ import onnx
 import onnx.defs
 import numpy as np
 import onnx_ir as ir
-from onnx_ir.serde import TensorProtoTensor
 
 from amp_compiler.graph import PrecisionGraph, Slot, SlotKind, is_constant, iter_graphs
 from amp_compiler.plan import PrecisionPlan
-from amp_compiler.passes.constants import constant_array
+from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 
 _NUMPY = {
     ir.DataType.FLOAT: np.dtype(np.float32),
@@ -75,14 +74,10 @@ class ConvertedConstant(ir.LazyTensor):
         left to convert themselves."""
         batch, chunks = [], []
         for tensor in tensors:
-            source = tensor._source
-            if type(source) is not TensorProtoTensor or tensor._rewrite is not None:
-                continue
-            proto = source.raw
-            if proto.data_type != onnx.TensorProto.FLOAT or proto.data_location or not proto.HasField("raw_data"):
-                continue
-            batch.append(tensor)
-            chunks.append(proto.raw_data)
+            data = raw_float32_bytes(tensor._source) if tensor._rewrite is None else None
+            if data is not None:
+                batch.append(tensor)
+                chunks.append(data)
         if not batch:
             return
         by_type: dict[ir.DataType, list[int]] = {}
@@ -176,11 +171,6 @@ class LowerPlanPass(ir.passes.InPlacePass):
         self.casts: list[CastRecord] = []
         self.converted_constants: dict[str, ir.DataType] = {}
 
-    def _dtype(self, slot: Slot) -> ir.DataType | None:
-        vid = self.graph.slot_vertex[slot]
-        dtype = self.plan.decisions[vid].dtype
-        return None if dtype is ir.DataType.UNDEFINED else dtype
-
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if model is not self.graph.model:
             raise ValueError("the plan was computed on another model object")
@@ -218,7 +208,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
             if slot.kind is SlotKind.NODE_OUT:
                 policy = vertices[self.graph.slot_vertex[slot]].policy
                 if policy is not None and policy.dtype_attr:
-                    self._retarget_attribute(slot.owner, dtype)
+                    self._retarget_attribute(slot.owner, policy.dtype_attr, dtype)
         return modified
 
     def _slot_values(self, defining: bool):
@@ -229,11 +219,11 @@ class LowerPlanPass(ir.passes.InPlacePass):
             if slot.defines == defining:
                 yield slot, slot.value, dtypes[vid]
 
-    def _retarget_attribute(self, node: ir.Node, dtype: ir.DataType) -> None:
-        vertex = self.graph.vertex_of(Slot(SlotKind.NODE_OUT, node, 0))
-        policy = vertex.policy if vertex is not None else None
-        name = policy.dtype_attr if policy is not None else None
-        if not name or name not in _attribute_types(node):
+    @staticmethod
+    def _retarget_attribute(node: ir.Node, name: str, dtype: ir.DataType) -> None:
+        """Set the attribute ``name`` that decides the node's output type (Cast ``to``,
+        ConstantOfShape ``value``, ``dtype``) to ``dtype``."""
+        if name not in _attribute_types(node):
             return  # the type is set by an input (CastLike), which its own slot retypes
         attr = node.attributes.get(name)
         if attr is None:  # the default (float32) applies: write the attribute out
