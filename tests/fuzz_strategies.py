@@ -591,11 +591,19 @@ def _softmax(op: str):
     return build
 
 
-def _cumsum(g: G) -> bool:
+def _float_and_axis(g: G):
+    """A float tensor of rank 1 or more and one of its axes (None when the graph has no such tensor)."""
     x = g.pick(F, lambda t: len(t.shape) >= 1)
     if x is None:
+        return None
+    return x, g.draw(st.integers(0, len(x.shape) - 1))
+
+
+def _cumsum(g: G) -> bool:
+    picked = _float_and_axis(g)
+    if picked is None:
         return False
-    axis = g.draw(st.integers(0, len(x.shape) - 1))
+    x, axis = picked
     n = x.shape[axis]
     y = g.out(F, x.shape, n * min(x.lo, 0.0), n * max(x.hi, 0.0))
     y.err = x.err * n + n * x.B + y.B
@@ -791,10 +799,10 @@ def _transpose(g: G) -> bool:
 
 
 def _concat(g: G) -> bool:
-    x = g.pick(F, lambda t: len(t.shape) >= 1)
-    if x is None:
+    picked = _float_and_axis(g)
+    if picked is None:
         return False
-    axis = g.draw(st.integers(0, len(x.shape) - 1))
+    x, axis = picked
     same = lambda t: len(t.shape) == len(x.shape) and all(  # noqa: E731
         a == b for i, (a, b) in enumerate(zip(t.shape, x.shape)) if i != axis
     )
@@ -810,10 +818,10 @@ def _concat(g: G) -> bool:
 
 
 def _slice(g: G) -> bool:
-    x = g.pick(F, lambda t: len(t.shape) >= 1)
-    if x is None:
+    picked = _float_and_axis(g)
+    if picked is None:
         return False
-    axis = g.draw(st.integers(0, len(x.shape) - 1))
+    x, axis = picked
     d = x.shape[axis]
     step = g.draw(st.sampled_from([1, 1, 2, -1]))
     if step > 0:
@@ -834,10 +842,10 @@ def _slice(g: G) -> bool:
 
 
 def _gather(g: G) -> bool:
-    x = g.pick(F, lambda t: len(t.shape) >= 1)
-    if x is None:
+    picked = _float_and_axis(g)
+    if picked is None:
         return False
-    axis = g.draw(st.integers(0, len(x.shape) - 1))
+    x, axis = picked
     n = x.shape[axis]
     idx = g.pick(I, lambda t: t.lo >= -n and t.hi <= n - 1 and len(t.shape) + len(x.shape) <= 5)
     if idx is None or g.draw(st.booleans()):
@@ -851,10 +859,10 @@ def _gather(g: G) -> bool:
 
 
 def _gather_elements(g: G) -> bool:
-    x = g.pick(F, lambda t: len(t.shape) >= 1)
-    if x is None:
+    picked = _float_and_axis(g)
+    if picked is None:
         return False
-    axis = g.draw(st.integers(0, len(x.shape) - 1))
+    x, axis = picked
     shape = list(x.shape)
     shape[axis] = g.draw(st.integers(1, 3))
     vals = np.random.default_rng(g.draw(st.integers(0, 99))).integers(0, x.shape[axis], shape)
