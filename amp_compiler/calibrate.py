@@ -20,12 +20,12 @@ import numpy as np
 import onnx
 import onnx.shape_inference
 
+from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.errors import AmpUserError
 from amp_compiler.report.model import TensorRange
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
 class CalibrationDataError(AmpUserError):
@@ -138,7 +138,7 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
             vi = types.get(name)
             if (
                 name and name not in existing and vi is not None and vi.type.HasField("tensor_type")
-                and vi.type.tensor_type.elem_type in _FLOAT_TYPES
+                and vi.type.tensor_type.elem_type in FLOAT_TYPES
             ):
                 extra.append(vi)
                 existing.add(name)

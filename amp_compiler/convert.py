@@ -30,6 +30,7 @@ from amp_compiler.graph import (
 )
 from amp_compiler import native_checks
 from amp_compiler.costs import element_counts
+from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx_io import (
     DeferredModel,
@@ -61,14 +62,6 @@ from amp_compiler.plan import PrecisionPlan, Rule
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Provider, Target
-
-_SHORT = {
-    ir.DataType.FLOAT: "fp32",
-    ir.DataType.FLOAT16: "fp16",
-    ir.DataType.BFLOAT16: "bf16",
-    ir.DataType.DOUBLE: "fp64",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class ConvertOptions:
@@ -508,9 +501,7 @@ def _dtype_names(values) -> list[str]:
         if vtype is None:
             names.append("?")
         elif isinstance(vtype, ir.TensorType):
-            dtype = vtype.dtype
-            short = _SHORT.get(dtype)
-            names.append(short if short is not None else dtype.name.lower())
+            names.append(short_name(vtype.dtype))
         else:
             names.append(str(vtype))
     return names
@@ -559,23 +550,23 @@ def _node_decisions(
                     cast = inserted[id(node)]
                     users = ", ".join(sorted({_user_name(s) for s in cast.users}))
                     precision, rule, reason = (
-                        _SHORT.get(cast.to, cast.to.name.lower()),
-                        "lowering.cast",
-                        f"Cast inserted: {users} need(s) {cast.source.name!r} as {_SHORT.get(cast.to)}",
+                        short_name(cast.to),
+                        Rule.LOWERING_CAST.value,
+                        f"Cast inserted: {users} need(s) {cast.source.name!r} as {short_name(cast.to)}",
                     )
                 elif node.op_type == "Constant" and node.outputs and is_constant(node.outputs[0]):
                     dtype = node.outputs[0].dtype
                     precision, rule, reason = (
-                        _SHORT[dtype] if dtype in _SHORT else "none",
-                        "constant",
+                        short_name(dtype) if dtype in FLOAT_TYPES else "none",
+                        Rule.CONSTANT.value,
                         "constant: converted offline for the precision its users need",
                     )
                 else:
-                    precision, rule, reason = "none", "nonfloat", "no float inputs or outputs"
+                    precision, rule, reason = "none", Rule.NONFLOAT.value, "no float inputs or outputs"
             else:
                 decision = decisions[main]
                 if len(vids) == 1 or len({decisions[v].dtype for v in vids}) == 1:
-                    precision = _SHORT.get(decision.dtype) or decision.dtype.name.lower()
+                    precision = short_name(decision.dtype)
                 else:
                     precision = "mixed"
                 rule, reason = rule_ids[decision.rule], decision.reason

@@ -28,19 +28,11 @@ import networkx as nx
 import onnx_ir as ir
 
 from amp_compiler import schemas
+from amp_compiler.dtypes import FLOAT_TYPES, schema_type
 from amp_compiler.policy import Category, OpPolicy, PolicyTable
 from amp_compiler.targets import Target
 
-FLOAT_TYPES = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
-)
-_TYPE_STR = {
-    ir.DataType.FLOAT: "tensor(float)",
-    ir.DataType.FLOAT16: "tensor(float16)",
-    ir.DataType.BFLOAT16: "tensor(bfloat16)",
-    ir.DataType.DOUBLE: "tensor(double)",
-}
-_FLOAT_TYPE_STRS = frozenset(_TYPE_STR.values())
+_FLOAT_TYPE_STRS = frozenset(schema_type(t) for t in FLOAT_TYPES)
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
@@ -133,7 +125,7 @@ def is_constant(value: ir.Value) -> bool:
     if value.const_value is not None and value.is_initializer():
         return True
     producer = value.producer()
-    return producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+    return producer is not None and producer.op_type == "Constant" and schemas.is_onnx_domain(producer.domain)
 
 
 def _tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
@@ -289,7 +281,7 @@ class _Builder:
         :meth:`_add_node_slow` and the others copy it. Control-flow nodes always take the slow path
         (they tie slots of their bodies)."""
         op_type, domain = node.op_type, node.domain
-        if op_type == "Constant" and domain in ("", "ai.onnx"):
+        if op_type == "Constant" and schemas.is_onnx_domain(domain):
             return  # a constant source, converted offline by lowering
         if op_type in CONTROL_FLOW_OPS:
             self._add_node_slow(node)
@@ -397,7 +389,7 @@ class _Builder:
             for slot in created:
                 fixed.setdefault(slot, f"{op_type} puts tensors into or takes them out of a sequence/optional")
         if not groups:
-            if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
+            if op_type in CONTROL_FLOW_OPS and schemas.is_onnx_domain(domain):
                 self._tie_control_flow(node)
             return created
         union = self.uf.union
@@ -419,7 +411,7 @@ class _Builder:
                 if (has_input and not group_has_output[key]) or input_absent:
                     if self.target.type_str in (self.allowed[slots[0]] or ()):
                         self.uf.union(groups[main][0], slots[0])
-        if op_type in CONTROL_FLOW_OPS and domain in ("", "ai.onnx"):
+        if op_type in CONTROL_FLOW_OPS and schemas.is_onnx_domain(domain):
             self._tie_control_flow(node)
         return created
 

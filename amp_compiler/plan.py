@@ -23,7 +23,7 @@ class Role(enum.Enum):
 
 
 class Rule(enum.Enum):
-    """Stable ids of the rules that decide a vertex's precision."""
+    """Stable ids of the rules that decide a node's precision (every id a decision can carry)."""
 
     POLICY_LOW = "policy.low"
     POLICY_HIGH_RANGE = "policy.high.range"
@@ -49,6 +49,12 @@ class Rule(enum.Enum):
     PAINT_DEFAULT = "paint.default-fp32"
     FIXED = "fixed"
     PAD_SLICE = "pad.slice"  # a Slice inserted by the opt-in Tensor Core padding
+    # Nodes that no vertex decides: what lowering made, and what has no float data.
+    LOWERING_CAST = "lowering.cast"  # a Cast lowering inserted
+    CONSTANT = "constant"  # a constant, converted offline (or read as it is) for its users
+    CONSTANT_STORED_LOW = "constant.stored-low"  # FX: a parameter or buffer stored in low precision
+    NONFLOAT = "nonfloat"  # no float inputs or outputs
+    OBSERVER = "observer"  # FX: reads a tensor's metadata only
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
 
+from amp_compiler.schemas import canonical_domain
 from amp_compiler.targets import Provider
 
 SNAPSHOT = "ort_cuda_kernels.json"
@@ -55,10 +56,6 @@ for k in C.get_all_opkernel_def():
         defs.append([k.domain, k.op_name, lo, hi, {p: list(t) for p, t in k.type_constraints.items()}])
 sys.stdout.write(json.dumps({"onnxruntime_version": onnxruntime.__version__, "provider": want, "kernels": defs}))
 """
-
-
-def normal_domain(domain: str) -> str:
-    return "ai.onnx" if domain in ("", "ai.onnx") else domain
 
 
 def short_type(type_str: str) -> str:
@@ -97,10 +94,10 @@ class KernelCoverage:
     kernels: Mapping[tuple[str, str], tuple[KernelDef, ...]]
 
     def defs(self, domain: str, op: str, since_version: int) -> tuple[KernelDef, ...]:
-        return tuple(k for k in self.kernels.get((normal_domain(domain), op), ()) if k.serves(since_version))
+        return tuple(k for k in self.kernels.get((canonical_domain(domain), op), ()) if k.serves(since_version))
 
     def has_op(self, domain: str, op: str) -> bool:
-        return (normal_domain(domain), op) in self.kernels
+        return (canonical_domain(domain), op) in self.kernels
 
     def supports(
         self, domain: str, op: str, since_version: int, requirements: Iterable[tuple[str, Iterable[str]]]
@@ -125,7 +122,7 @@ class KernelCoverage:
 def _build(provider: Provider, version: str, source: str, rows: Iterable) -> KernelCoverage:
     kernels: dict[tuple[str, str], list[KernelDef]] = {}
     for domain, op, start, end, types in rows:
-        kernels.setdefault((normal_domain(domain), op), []).append(
+        kernels.setdefault((canonical_domain(domain), op), []).append(
             KernelDef(
                 int(start),
                 OPEN_END if end is None else int(end),

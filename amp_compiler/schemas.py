@@ -14,6 +14,16 @@ import onnx
 import onnx.defs
 
 
+def is_onnx_domain(domain: str) -> bool:
+    """True for the default ONNX domain, spelled "" or "ai.onnx"."""
+    return domain in ("", "ai.onnx")
+
+
+def canonical_domain(domain: str) -> str:
+    """The domain as the policy tables and kernel registries key it: "ai.onnx" for the default one."""
+    return "ai.onnx" if is_onnx_domain(domain) else domain
+
+
 @dataclasses.dataclass(frozen=True)
 class Formal:
     """One formal input or output of a schema."""

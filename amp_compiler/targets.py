@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from amp_compiler.dtypes import schema_type
 
 class Target(enum.Enum):
     """The low-precision format a conversion produces."""
@@ -26,7 +27,7 @@ class Target(enum.Enum):
     @property
     def type_str(self) -> str:
         """The ONNX schema spelling, as in type constraints: ``tensor(float16)``."""
-        return "tensor(float16)" if self is Target.FP16 else "tensor(bfloat16)"
+        return schema_type(self.dtype)
 
     @property
     def max(self) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from amp_compiler.graph import iter_graphs
+from amp_compiler.schemas import is_onnx_domain
 
 # (narrow, wide): widening narrow -> wide and back is exact.
 _LOSSLESS = {
@@ -25,7 +26,7 @@ _LOSSLESS = {
 
 
 def _is_cast(node: ir.Node | None) -> bool:
-    return node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx")
+    return node is not None and node.op_type == "Cast" and is_onnx_domain(node.domain)
 
 
 class RemoveCancellingCastsPass(ir.passes.InPlacePass):

@@ -35,6 +35,7 @@ import dataclasses
 import onnx_ir as ir
 
 from amp_compiler import schemas
+from amp_compiler.dtypes import schema_type
 from amp_compiler.graph import PrecisionGraph, SlotKind, shape_codes
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.providers import SHORT_NAMES, KernelCoverage, coverage_for, short_type
@@ -104,7 +105,7 @@ class KernelCoveragePass:
     def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets, provider: str) -> str | None:
         domain = node.domain or ""
         opset = opsets.get("" if domain == "ai.onnx" else domain)
-        if opset is None and domain in ("", "ai.onnx"):
+        if opset is None and schemas.is_onnx_domain(domain):
             opset = opsets.get("ai.onnx")
         sig = schemas.lookup(domain, node.op_type, opset if opset is not None else 1)
         if sig is None:
@@ -139,17 +140,7 @@ def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool,
             dtype = value.dtype if isinstance(value.type, ir.TensorType) else None
             if dtype is None:
                 continue  # unknown (or not a tensor): no requirement
-            current = short_type(_type_str(dtype))
+            current = short_type(schema_type(dtype))
             out.append((param, (current, target) if current in _FLOAT_NAMES else (current,)))
     return out
 
-
-def _type_str(dtype: ir.DataType) -> str:
-    return "tensor(" + {
-        ir.DataType.FLOAT: "float",
-        ir.DataType.FLOAT16: "float16",
-        ir.DataType.BFLOAT16: "bfloat16",
-        ir.DataType.DOUBLE: "double",
-        ir.DataType.BOOL: "bool",
-        ir.DataType.STRING: "string",
-    }.get(dtype, dtype.name.lower()) + ")"

@@ -23,6 +23,7 @@ import onnx.defs
 import numpy as np
 import onnx_ir as ir
 
+from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import PrecisionGraph, Slot, SlotKind, is_constant, iter_graphs
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.passes.constants import constant_array, raw_float32_bytes
@@ -30,12 +31,6 @@ from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 _NUMPY = {
     ir.DataType.FLOAT: np.dtype(np.float32),
     ir.DataType.DOUBLE: np.dtype(np.float64),
-}
-_SHORT = {
-    ir.DataType.FLOAT: "fp32",
-    ir.DataType.FLOAT16: "fp16",
-    ir.DataType.BFLOAT16: "bf16",
-    ir.DataType.DOUBLE: "fp64",
 }
 
 
@@ -250,11 +245,12 @@ class LowerPlanPass(ir.passes.InPlacePass):
 
     def _insert_cast(self, value: ir.Value, dtype: ir.DataType, users: list[Slot], names: _Names) -> None:
         graph_out = [s for s in users if s.kind is SlotKind.GRAPH_OUT]
-        short = _SHORT.get(dtype, dtype.name.lower())
+        short = short_name(dtype)
         if graph_out:
             # The graph output keeps its name: the Cast's output takes it, the tensor is renamed.
             out_name = value.name
-            value.name = names.fresh(f"{out_name}_{_SHORT.get(value.dtype, 'src')}")
+            source = short_name(value.dtype) if value.dtype in FLOAT_TYPES else "src"
+            value.name = names.fresh(f"{out_name}_{source}")
         else:
             out_name = names.fresh(f"{value.name}_{short}")
         out = ir.Value(name=out_name, type=ir.TensorType(dtype), shape=value.shape)
@@ -314,7 +310,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
                 self._replace_constant(value, ConvertedConstant(tensor, dtype, value.name, mask), dtype)
                 self.converted_constants[value.name] = dtype
                 continue
-            name = names.fresh(f"{value.name}_{_SHORT.get(dtype, dtype.name.lower())}")
+            name = names.fresh(f"{value.name}_{short_name(dtype)}")
             new = self._new_constant(value, ConvertedConstant(tensor, dtype, name, mask), name, dtype)
             self.converted_constants[name] = dtype
             for slot in users:

@@ -31,13 +31,14 @@ import re
 import numpy as np
 import onnx_ir as ir
 
+from amp_compiler.dtypes import short_name
 from amp_compiler.graph import is_constant, iter_graphs
 from amp_compiler.passes.constants import constant_array
 from amp_compiler.passes.lower import _Names
 from amp_compiler.plan import Rule
+from amp_compiler.schemas import is_onnx_domain
 
 LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-_SHORT = {ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16"}
 
 
 @dataclasses.dataclass
@@ -78,7 +79,7 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
     # -- what to pad -----------------------------------------------------------------------------
     def _plan(self, node: ir.Node):
         """(weight axis, bias axis or None, output axis, dim name, size) for a node to pad, or None."""
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
+        if not is_onnx_domain(node.domain) or node.op_type not in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
             return None
         if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[0].dtype not in LOW:
             return None
@@ -194,7 +195,7 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
         renamed = {repr(new): repr(old) for new, old in (p.renamed for p in self.paddings)}
         pattern = re.compile("|".join(re.escape(k) for k in renamed)) if renamed else None
         for decision, node in zip(decisions, nodes):
-            if pattern is not None and decision.rule == "lowering.cast":  # Casts read the Slice's output,
+            if pattern is not None and decision.rule == Rule.LOWERING_CAST.value:  # Casts read the Slice's output,
                 decision.reason = pattern.sub(lambda m: renamed[m.group(0)], decision.reason)  # which kept the name
             p = by_node.get(id(node))
             if p is not None:
@@ -205,7 +206,7 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
             p = by_slice.get(id(node))
             if p is not None:
                 dtype = node.outputs[0].dtype
-                decision.precision = _SHORT.get(dtype, dtype.name.lower())
+                decision.precision = short_name(dtype)
                 decision.rule = Rule.PAD_SLICE.value
                 decision.reason = (
                     f"Slice inserted: drops the {p.after - p.before} zero outputs that padding "

@@ -190,6 +190,8 @@ class _Skip(Exception):
 def _has_float32(model: onnx.ModelProto) -> bool:
     from amp_compiler.onnx_io import iter_proto_graphs
 
+    from amp_compiler.schemas import is_onnx_domain
+
     FLOAT = onnx.TensorProto.FLOAT
     for vi in model.graph.input:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == FLOAT:
@@ -198,7 +200,7 @@ def _has_float32(model: onnx.ModelProto) -> bool:
         if any(init.data_type == FLOAT for init in g.initializer):
             return True
         for node in g.node:
-            if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            if node.op_type != "Constant" or not is_onnx_domain(node.domain):
                 continue
             for attr in node.attribute:
                 if attr.name == "value" and attr.t.data_type == FLOAT:

@@ -21,8 +21,10 @@ import dataclasses
 import torch
 import torch.fx as fx
 
+from amp_compiler.dtypes import short_name
 from amp_compiler.fx.graph import (
     IR_TO_TORCH,
+    TORCH_TO_IR,
     FxPrecisionGraph,
     FxSlot,
     replace_tensor_arguments,
@@ -35,13 +37,14 @@ from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan
 
 CAST = torch.ops.aten._to_copy.default
-SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
 
 def short(dtype: torch.dtype | None) -> str:
+    """A torch dtype's short name: the ONNX path's for float types ("fp16"), else torch's ("int64")."""
     if dtype is None:
         return ""
-    return SHORT.get(dtype, str(dtype).removeprefix("torch."))
+    ir_dtype = TORCH_TO_IR.get(dtype)
+    return short_name(ir_dtype) if ir_dtype is not None else str(dtype).removeprefix("torch.")
 
 
 @dataclasses.dataclass

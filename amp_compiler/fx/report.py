@@ -14,7 +14,7 @@ from amp_compiler.convert import NodeDecision
 from amp_compiler.fx.graph import FLOAT_DTYPES, FxPrecisionGraph, tensor_arguments, tensor_dtype
 from amp_compiler.fx.lower import Lowering, short
 from amp_compiler.graph import SlotKind
-from amp_compiler.plan import PrecisionPlan
+from amp_compiler.plan import PrecisionPlan, Rule
 
 
 @dataclasses.dataclass
@@ -145,19 +145,19 @@ def node_decisions(
         const_users[src] = {s.owner.name for s in slots}
     out = []
     for node in gm.graph.nodes:
-        precision, rule, reason = "none", "nonfloat", "no float inputs or outputs"
+        precision, rule, reason = "none", Rule.NONFLOAT.value, "no float inputs or outputs"
         op_type = str(node.target) if node.op in ("call_function", "call_module", "call_method") else node.op
         domain = "aten" if op_type.startswith("aten.") else "fx"
         if node in lowering.casts:
             c = lowering.casts[node]
-            precision, rule = short(c.dtype), "lowering.cast"
+            precision, rule = short(c.dtype), Rule.LOWERING_CAST.value
             reason = f"Cast inserted: {', '.join(c.users)} need(s) {c.source.name!r} as {short(c.dtype)}"
         elif node.op == "placeholder":
             if node in weight_placeholders:
-                precision, rule = short(tensor_dtype(node)), "constant"
+                precision, rule = short(tensor_dtype(node)), Rule.CONSTANT.value
                 reason = "parameter passed as a graph input: read as it is, or through a cast where a user needs another type"
             elif tensor_dtype(node) in FLOAT_DTYPES and node in fxg.defining:
-                precision, rule, reason = short(tensor_dtype(node)), "fixed", "graph inputs keep their dtype"
+                precision, rule, reason = short(tensor_dtype(node)), Rule.FIXED.value, "graph inputs keep their dtype"
         elif node.op == "get_attr":
             dtype = tensor_dtype(node)
             dtype = dtype if dtype in FLOAT_DTYPES else None
@@ -165,16 +165,16 @@ def node_decisions(
             users = ", ".join(sorted(const_users.get(node, ()))) or "no float computation"
             if target in lowering.stored:
                 s = lowering.stored[target]
-                precision, rule = short(s.after), "constant.stored-low"
+                precision, rule = short(s.after), Rule.CONSTANT_STORED_LOW.value
                 reason = f"stored in {short(s.after)} (was {short(s.before)}): every use ({users}) computes in {short(s.after)}"
             elif dtype is not None and node in fxg.constant_slots:
-                precision, rule = short(dtype), "constant"
+                precision, rule = short(dtype), Rule.CONSTANT.value
                 if training:
                     reason = f"FP32 master {_kind(gm, target)}: users ({users}) read it through a cast where they compute in another type; gradients flow back through the cast"
                 else:
                     reason = f"kept {short(dtype)}: read by {users}, not all in one other type"
             elif dtype is not None:
-                precision, rule = short(dtype), "constant"
+                precision, rule = short(dtype), Rule.CONSTANT.value
                 readers = sorted(
                     f"{n.name}'s {tensor_arguments(n)[k][0]!r}" for (n, k), src in fxg.fixed_inputs.items() if src is node
                 )
@@ -186,7 +186,7 @@ def node_decisions(
             dts = sorted({d for d in _dtypes_of(node, False) if d and d != "?"})
             if dts:
                 precision = dts[0] if len(dts) == 1 else "mixed"
-                rule, reason = "fixed", "graph outputs keep their dtype"
+                rule, reason = Rule.FIXED.value, "graph outputs keep their dtype"
         elif node.op == "call_function" and node.target is operator.getitem:
             src = node.args[0]
             vid = fxg.main_vertex.get(src)
@@ -195,7 +195,7 @@ def node_decisions(
                 rule = plan.decisions[vid].rule.value
                 reason = f"element {node.args[1]} of {src.name}: {plan.decisions[vid].reason}"
         elif node in fxg.observers:
-            precision, rule = "none", "observer"
+            precision, rule = "none", Rule.OBSERVER.value
             reason = "checks the inputs' shapes" if node.op == "call_module" else "checks a tensor's metadata"
             if node in lowering.dtype_rewrites:
                 reason += f"; its expected dtype follows the tensor ({short(lowering.dtype_rewrites[node])})"

@@ -12,6 +12,7 @@ import functools
 import tomllib
 from importlib import resources
 
+from amp_compiler.schemas import canonical_domain
 from amp_compiler.targets import Provider
 
 
@@ -44,23 +45,19 @@ class OpPolicy:
         return self.sensitivity is Sensitivity.ARITHMETIC and provider.value in self.fp32_inside
 
 
-def _normal_domain(domain: str) -> str:
-    return "ai.onnx" if domain in ("", "ai.onnx") else domain
-
-
 class PolicyTable:
     """Lookup of :class:`OpPolicy` by (domain, op type)."""
 
     def __init__(self, entries: list[OpPolicy]):
         self._entries: dict[tuple[str, str], OpPolicy] = {}
         for e in entries:
-            key = (_normal_domain(e.domain), e.op)
+            key = (canonical_domain(e.domain), e.op)
             if key in self._entries:
                 raise ValueError(f"duplicate policy entry {key}")
             self._entries[key] = e
 
     def get(self, domain: str, op: str) -> OpPolicy | None:
-        return self._entries.get((_normal_domain(domain), op))
+        return self._entries.get((canonical_domain(domain), op))
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -10,6 +10,7 @@ from amp_compiler.checks import OutputAccuracy as MeasuredAccuracy
 from amp_compiler.convert import ConversionResult
 from amp_compiler.costs import estimate
 from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.plan import Rule
 from amp_compiler.report.model import (
     NodeError,
     NodeReport,
@@ -19,7 +20,7 @@ from amp_compiler.report.model import (
     TensorRange,
 )
 
-CAST_RULE = "lowering.cast"
+CAST_RULE = Rule.LOWERING_CAST.value
 
 
 def _first_float_output(node: onnx.NodeProto, ranges: dict[str, TensorRange]) -> TensorRange | None:
@@ -119,7 +120,7 @@ def build_report(
             "dynamic dims taken as 1 for cost estimates: " + ", ".join(costs.assumed)
             + " (fix them with --input-shape NAME:DIMxDIM...)"
         )
-    unknown = sorted({r.op_type for r in reports if r.rule == "policy.unknown-op"})
+    unknown = sorted({r.op_type for r in reports if r.rule == Rule.UNKNOWN_OP.value})
     if unknown:
         notes.append("ops unknown to the policy table, kept FP32 with casts: " + ", ".join(unknown))
     return PrecisionReport(model=model_name, summary=summary, nodes=reports, warnings=notes)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import onnx_ir as ir
+
+from amp_compiler.dtypes import short_name
 from amp_compiler.report.model import NodeReport, PrecisionReport
+from amp_compiler.targets import Target
 
 SORTS = ("cost", "error", "name", "graph")
-LOW_PRECISIONS = ("fp16", "bf16")
+LOW_PRECISIONS = tuple(short_name(t.dtype) for t in Target)  # ("fp16", "bf16")
 # Order in which precisions are listed and stacked in plots: low precision first.
-PRECISION_ORDER = ("fp16", "bf16", "mixed", "fp32", "none")
+PRECISION_ORDER = (*LOW_PRECISIONS, "mixed", short_name(ir.DataType.FLOAT), "none")
 
 
 # ---------------------------------------------------------------------------------------------- numbers

@@ -25,6 +25,7 @@ from amp_compiler.report.common import (
     summary_parts,
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
+from amp_compiler.schemas import is_onnx_domain
 
 DEFAULT_WIDTH = 80
 ELLIPSIS = "…"
@@ -257,7 +258,7 @@ def _details(i: int, n: NodeReport, width: int) -> list[str]:
         f"#{i} in graph {clean(n.graph)}" if n.graph else f"#{i}",
         f"{','.join(map(clean, n.input_dtypes)) or '-'} -> {','.join(map(clean, n.output_dtypes)) or '-'}",
     ]
-    if n.domain not in ("", "ai.onnx"):
+    if not is_onnx_domain(n.domain):
         facts.append(f"domain {clean(n.domain)}")
     if n.bytes is not None:
         facts.append(f"{human_bytes(n.bytes)} moved")

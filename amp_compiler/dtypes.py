@@ -1,0 +1,26 @@
+"""Element types by name: the one table of the short names decisions and reports use ("fp16")."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+# The float types a conversion may change; everything else keeps its type.
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+
+_SHORT_NAMES = {
+    ir.DataType.FLOAT: "fp32",
+    ir.DataType.FLOAT16: "fp16",
+    ir.DataType.BFLOAT16: "bf16",
+    ir.DataType.DOUBLE: "fp64",
+}
+
+
+def short_name(dtype: ir.DataType) -> str:
+    """"fp32", "fp16", "bf16", "fp64" for the float types, else the type's name in lower case ("int64")."""
+    name = _SHORT_NAMES.get(dtype)
+    return name if name is not None else dtype.name.lower()
+
+
+def schema_type(dtype: ir.DataType) -> str:
+    """The ONNX schema spelling of a tensor type, as in type constraints: ``tensor(float16)``."""
+    return f"tensor({dtype.name.lower()})"
