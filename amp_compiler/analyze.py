@@ -100,5 +100,6 @@ def analyze(
         pinned=len(refinement.pinned) if refinement else 0,
         tolerance=tolerance,
         warnings=warnings,
+        policy=policy,
     )
     return Analysis(result, report, refinement)

@@ -8,6 +8,10 @@ FLOPs count a multiply-add as 2: MatMul/Gemm ``2*M*N*K``, Conv ``2 * out element
 kernel``, ConvTranspose ``2 * in elements * C_out/group * kernel``, LSTM/GRU/RNN their gate GEMMs per
 step, Einsum the product of all index sizes (times 2), other numeric ops one per output element,
 data movement none. Bytes are the sizes of all inputs and outputs at their element types.
+
+Tensor Core ops are the policy table's ``tensor_core`` entries. One in FP16/BF16 is eligible when the
+dims its kernel tiles are multiples of 8 (read for MatMul, Gemm, Conv and ConvTranspose; the others
+are not assessed).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import onnx
 import onnx.shape_inference
 
 from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.policy import PolicyTable, default_table
 
 LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
-TENSOR_CORE_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 DATA_MOVEMENT = {
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Tile", "Identity", "Shape", "Size", "Cast", "CastLike",
@@ -190,23 +194,42 @@ def _flops(node: onnx.NodeProto, shape) -> int:
     return _numel(out)
 
 
-def _tensor_core(node: onnx.NodeProto, shape, types) -> tuple[bool | None, str]:
-    op = node.op_type
-    if op not in TENSOR_CORE_OPS or not node.input or types.get(node.input[0]) not in LOW_TYPES:
-        return None, ""
-    ins = [shape(i) for i in node.input]
-    if op == "MatMul" and ins[0] and len(ins) > 1 and ins[1]:
-        dims = {"K": ins[0][-1], "N": ins[1][-1]}
-    elif op == "Gemm" and ins[0] and len(ins) > 1 and ins[1]:
+def _matmul_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
+    if ins[0] and len(ins) > 1 and ins[1]:
+        return {"K": ins[0][-1], "N": ins[1][-1]}
+    return None
+
+
+def _gemm_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
+    if ins[0] and len(ins) > 1 and ins[1]:
         k = ins[0][0] if _attr(node, "transA", 0) else ins[0][-1]
         n = ins[1][0] if _attr(node, "transB", 0) else ins[1][-1]
-        dims = {"K": k, "N": n}
-    elif op in ("Conv", "ConvTranspose") and len(ins) > 1 and ins[1] and len(ins[1]) >= 2:
+        return {"K": k, "N": n}
+    return None
+
+
+def _conv_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
+    if len(ins) > 1 and ins[1] and len(ins[1]) >= 2:
         group = _attr(node, "group", 1)
         w = ins[1]
-        c_in, c_out = (w[1], w[0] // group) if op == "Conv" else (w[0] // group, w[1])
-        dims = {"C_in/group": c_in, "C_out/group": c_out}
-    else:
+        c_in, c_out = (w[1], w[0] // group) if node.op_type == "Conv" else (w[0] // group, w[1])
+        return {"C_in/group": c_in, "C_out/group": c_out}
+    return None
+
+
+# How to read the dims a Tensor Core kernel wants in multiples of 8 (None: shapes unknown), per op.
+_GEMM_DIMS = {"MatMul": _matmul_dims, "Gemm": _gemm_dims, "Conv": _conv_dims, "ConvTranspose": _conv_dims}
+
+
+def _tensor_core(node: onnx.NodeProto, shape, types, policy: PolicyTable) -> tuple[bool | None, str]:
+    """Eligibility of a low-precision Tensor Core op (None: not one, or not assessed) and why."""
+    if not policy.is_tensor_core(node.domain, node.op_type) or not node.input or types.get(node.input[0]) not in LOW_TYPES:
+        return None, ""
+    read = _GEMM_DIMS.get(node.op_type)
+    if read is None:
+        return None, f"the GEMM dims of {node.op_type} are not checked"
+    dims = read(node, [shape(i) for i in node.input])
+    if dims is None:
         return None, "shapes unknown"
     bad = {k: v for k, v in dims.items() if v % 8}
     if bad:
@@ -214,8 +237,12 @@ def _tensor_core(node: onnx.NodeProto, shape, types) -> tuple[bool | None, str]:
     return True, ", ".join(f"{k}={v}" for k, v in dims.items())
 
 
-def estimate(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> CostModel:
-    """Costs of every node of ``model`` (see the module docstring)."""
+def estimate(
+    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, policy: PolicyTable | None = None
+) -> CostModel:
+    """Costs of every node of ``model`` (see the module docstring); ``policy`` says which ops are
+    Tensor Core ops (default: the shipped table)."""
+    policy = policy or default_table()
     fixed = with_input_shapes(model, input_shapes) if input_shapes else model
     shapes, types, assumed = _shapes(fixed)
     sizes = {t: onnx.helper.tensor_dtype_to_np_dtype(t).itemsize for t in set(types.values()) if t}
@@ -228,7 +255,7 @@ def estimate(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | 
 
     costs = []
     for node in iter_nodes(fixed):
-        tc, note = _tensor_core(node, shape, types)
+        tc, note = _tensor_core(node, shape, types, policy)
         costs.append(
             NodeCost(
                 flops=_flops(node, shape),

@@ -2,7 +2,7 @@
 
     python -m benchmarks.catalog_table [--size small|full|all] [--kind KIND]
 
-For each model and target: Tensor Core ops (Conv/ConvTranspose/MatMul/Gemm/Einsum/LSTM/GRU) in low
+For each model and target: Tensor Core ops (the policy table's ``tensor_core`` entries) in low
 precision, Casts inserted, model size before/after, accuracy against FP32 on onnxruntime CPU (worst
 float output: cosine, max error as a share of the output's range; both targets through the exact
 FP32 emulation of their storage, amp_compiler.emulate), conversion time; and whether onnxconverter-common's FP16 model runs, with its accuracy.
@@ -21,9 +21,8 @@ import numpy as np
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime
 from amp_compiler.emulate import emulate
+from amp_compiler.policy import default_table
 from models import catalog
-
-TENSOR_CORE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU"}
 
 
 def _worst(reference, outputs) -> tuple[float, float]:
@@ -63,6 +62,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     totals = {"fp16": [0, 0], "bf16": [0, 0]}
+    table = default_table()
     for entry in entries:
         model = catalog.load(entry)
         feeds = entry.make_inputs(np.random.default_rng(0))
@@ -72,7 +72,7 @@ def main() -> None:
             start = time.perf_counter()
             result = convert(model, target=target)
             seconds = time.perf_counter() - start
-            heavy = [d for d in result.decisions if d.op_type in TENSOR_CORE_OPS]
+            heavy = [d for d in result.decisions if table.is_tensor_core(d.domain, d.op_type)]
             low = sum(d.precision == target for d in heavy)
             totals[target][0] += low
             totals[target][1] += len(heavy)

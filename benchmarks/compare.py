@@ -18,7 +18,7 @@ Each (tool, model) runs in a fresh child process: load the file, convert, serial
 external data for the external-data model), ``repeats`` times; the time is the median, the memory the
 child's peak RSS (``VmHWM``). The parent then measures the last output: Cast nodes and the bytes they
 move (shapes from shape inference with the inputs' concrete shapes), the low-precision share of Tensor
-Core FLOPs (MatMul/Gemm/Conv/ConvTranspose, ``amp_compiler.costs.estimate``), model size, whether
+Core FLOPs (the policy table's ``tensor_core`` ops, FLOPs from ``amp_compiler.costs.estimate``), model size, whether
 onnxruntime (CPU) loads and runs it, and its accuracy against FP32 on onnxruntime with the converted
 model's FP16 storage emulated exactly (``amp_compiler.emulate``): worst cosine, worst max error as a
 share of the output's range, NaN/Inf where FP32 is finite. A tool that fails or runs past its time
@@ -50,7 +50,6 @@ import numpy as np
 import onnx
 
 TOOLS = ("amp-compiler", "onnxconverter-common", "modelopt-autocast")
-TENSOR_CORE_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 LOW_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -216,7 +215,9 @@ def _run_tool(tool: str, name: str, src: Path, out: Path, setting: Setting, exte
 def _cast_stats(model: onnx.ModelProto, shapes: dict | None) -> tuple[int, int, float | None]:
     """(Cast nodes, bytes they move, low-precision share of Tensor Core FLOPs)."""
     from amp_compiler.costs import estimate, iter_nodes
+    from amp_compiler.policy import default_table
 
+    table = default_table()
     costs = estimate(model, shapes)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -237,7 +238,7 @@ def _cast_stats(model: onnx.ModelProto, shapes: dict | None) -> tuple[int, int, 
         if node.op_type == "Cast":
             casts += 1
             cast_bytes += cost.bytes
-        elif node.op_type in TENSOR_CORE_OPS:
+        elif table.is_tensor_core(node.domain, node.op_type):
             tc_total += cost.flops
             if node.input and types.get(node.input[0]) in LOW_TYPES:
                 tc_low += cost.flops
@@ -537,7 +538,8 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "file, convert to FP16 with graph inputs/outputs kept FP32, serialize; the time is the median of the "
         "repeats, the memory the child's peak RSS. Casts and Cast bytes are those the conversion added (bytes "
         "read and written by the Cast nodes, shapes from shape inference with the inputs' concrete shapes); the "
-        "Tensor Core share is the share of MatMul/Gemm/Conv/ConvTranspose FLOPs whose inputs are FP16. "
+        "Tensor Core share is the share of the FLOPs of Tensor Core ops (MatMul, Gemm, Conv, ConvTranspose, "
+        "Einsum, LSTM, GRU, RNN: the policy table's `tensor_core` entries) whose inputs are FP16. "
         "Accuracy is against FP32 on onnxruntime CPU, with the converted model's FP16 storage emulated exactly "
         "(`amp_compiler.emulate`; onnxruntime's CPU FP16 path would hide overflow and rounding): the worst cosine "
         "and the worst max error as a share of the output's range over float outputs; NaN/Inf counts values that "

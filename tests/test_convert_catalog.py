@@ -15,11 +15,11 @@ from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.emulate import emulate
 from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.policy import default_table
 from models import catalog
 
 SMALL = catalog.entries("small")
 FULL = catalog.entries("full")
-TENSOR_CORE_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU"}
 PARAMS = [pytest.param(e, id=e.name) for e in SMALL] + [
     pytest.param(e, id=e.name, marks=pytest.mark.slow) for e in FULL
 ]
@@ -97,7 +97,7 @@ def test_tensor_core_ops_run_in_low_precision():
     heavy = low = 0
     for entry in SMALL:
         for d in _converted(entry.name, "fp16").decisions:
-            if d.op_type in TENSOR_CORE_OPS:
+            if default_table().is_tensor_core(d.domain, d.op_type):
                 heavy += 1
                 low += d.precision == "fp16"
     assert heavy > 0 and low / heavy >= 0.95, f"{low}/{heavy} Tensor Core ops in fp16"

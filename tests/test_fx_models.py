@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import amp_compiler.fx as ampfx
+from amp_compiler.fx.policy import default_policy
 from models.architectures import ARCHS, _Positional, _to_torch, reestimate_batchnorm
 from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 SMALL = ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"]
 FULL = ["resnet50", "mobilenetv2", "bert-base", "gpt2"]
-TENSOR_CORE_OPS = {"conv2d", "linear", "matmul", "addmm", "bmm", "mm", "baddbmm"}
 
 
 @functools.cache
@@ -55,7 +55,8 @@ def check(name: str, target: str, min_cosine: float):
     assert rep.parameter_ratio <= 0.53, f"{name}: parameters {rep.parameter_ratio:.3f}x"
     assert all(p.dtype == torch.float32 for p in module.parameters())
     # Every Tensor Core op runs in low precision.
-    heavy = [d for d in rep.decisions if d.op_type.split(".")[1:2] and d.op_type.split(".")[1] in TENSOR_CORE_OPS]
+    table = default_policy().table
+    heavy = [d for d in rep.decisions if d.op_type.split(".")[1:2] and table.is_tensor_core("aten", d.op_type.split(".")[1])]
     assert heavy and all(d.precision == target for d in heavy), [(d.node, d.precision) for d in heavy]
     return gm, rep
 

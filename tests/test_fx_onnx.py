@@ -8,16 +8,21 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 
 import amp_compiler.fx as ampfx
 from amp_compiler import convert as convert_onnx
 from amp_compiler.checks import run_onnxruntime, validate
+from amp_compiler.dtypes import short_name
+from amp_compiler.policy import default_table
 from fx_helpers import CNN
 
-TENSOR_CORE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-_SHORT = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.BFLOAT16: "bf16"}
+
+
+def _is_tensor_core(op) -> bool:
+    return default_table().is_tensor_core(op.domain, op.op_type)
 
 
 def export(module, inputs) -> onnx.ModelProto:
@@ -35,7 +40,8 @@ def tensor_core_precisions(model: onnx.ModelProto) -> list[tuple[str, str]]:
     g = inferred.graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
     types.update({t.name: t.data_type for t in g.initializer})
-    return [(n.op_type, _SHORT.get(types.get(n.input[0]), "?")) for n in g.node if n.op_type in TENSOR_CORE_OPS]
+    return [(n.op_type, short_name(ir.DataType(types[n.input[0]])) if n.input[0] in types else "?")
+            for n in g.node if _is_tensor_core(n)]
 
 
 class MLP(torch.nn.Module):
@@ -83,7 +89,7 @@ def test_onnx_export_is_valid_runs_and_decides_like_the_onnx_path(make):
     assert np.allclose(got[0], ours, atol=2e-2, rtol=2e-2)
 
     onnx_path = convert_onnx(export(module, inputs))
-    expected = [(d.op_type, d.precision) for d in onnx_path.decisions if d.op_type in TENSOR_CORE_OPS]
+    expected = [(d.op_type, d.precision) for d in onnx_path.decisions if _is_tensor_core(d)]
     assert expected and tensor_core_precisions(mixed) == expected
     assert any(n.op_type == "Cast" for n in mixed.graph.node)  # the casts are in the exported graph
 
@@ -95,7 +101,7 @@ def test_blocked_op_stays_fp32_in_the_export_too():
     validate(mixed)
     expected = convert_onnx(export(module, inputs), block_nodes=["^node_linear_1$"])  # the exporter names it so
     assert tensor_core_precisions(mixed) == [
-        (d.op_type, d.precision) for d in expected.decisions if d.op_type in TENSOR_CORE_OPS
+        (d.op_type, d.precision) for d in expected.decisions if _is_tensor_core(d)
     ] == [("Gemm", "fp16"), ("Gemm", "fp32"), ("Gemm", "fp16")]
 
 
@@ -113,5 +119,5 @@ def test_catalog_models_export_like_the_onnx_path(name):
         cos = float(np.dot(r.numpy().ravel(), g.ravel()) / (np.linalg.norm(r.numpy()) * np.linalg.norm(g)))
         assert cos > 0.999
     onnx_path = convert_onnx(export(module, inputs))
-    expected = [(d.op_type, d.precision) for d in onnx_path.decisions if d.op_type in TENSOR_CORE_OPS]
+    expected = [(d.op_type, d.precision) for d in onnx_path.decisions if _is_tensor_core(d)]
     assert expected and tensor_core_precisions(mixed) == expected

@@ -17,7 +17,7 @@ CATEGORIES = {"LOW", "HIGH", "FOLLOW", "PASS", "NONFLOAT"}
 DOMAINS = {"ai.onnx", "ai.onnx.ml", "com.microsoft"}
 SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
-ALLOWED_KEYS = {"op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside"}
+ALLOWED_KEYS = {"op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core"}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,22 @@ def table(entries):
 
 def test_parses_and_is_not_empty(entries):
     assert len(entries) > 300
+
+
+def test_tensor_core_ops_are_the_low_matrix_products(entries):
+    """"Tensor Core op" is defined once, by the tables' ``tensor_core`` entries, all of them LOW."""
+    from amp_compiler.fx.policy import default_policy
+    from amp_compiler.policy import default_table
+
+    marked = {(e["domain"], e["op"]) for e in entries if e.get("tensor_core")}
+    assert marked == {("ai.onnx", op) for op in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "RNN")}
+    assert all(e["category"] == "LOW" for e in entries if e.get("tensor_core"))
+    onnx_table, aten_table = default_table(), default_policy().table
+    assert onnx_table.is_tensor_core("", "MatMul") and onnx_table.is_tensor_core("ai.onnx", "Conv")
+    assert not onnx_table.is_tensor_core("", "Softmax") and not onnx_table.is_tensor_core("", "NoSuchOp")
+    aten = [e for e in aten_table if e.tensor_core]
+    assert {"mm", "linear", "conv2d", "lstm"} <= {e.op for e in aten} and "mv" not in {e.op for e in aten}
+    assert all(e.category.value == "LOW" for e in aten)
 
 
 def test_entry_fields(entries):

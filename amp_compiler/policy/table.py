@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import functools
 import tomllib
+from collections.abc import Iterator
 from importlib import resources
 
 from amp_compiler.schemas import canonical_domain
@@ -39,6 +40,7 @@ class OpPolicy:
     fp32_inside: dict[str, str] = dataclasses.field(default_factory=dict)
     dtype_attr: str | None = None
     refs: str = ""
+    tensor_core: bool = False  # its work is matrix products that run on Tensor Cores in FP16/BF16
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -62,11 +64,16 @@ class PolicyTable:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[OpPolicy]:
         return iter(self._entries.values())
 
     def op_names(self) -> set[str]:
         return {op for _, op in self._entries}
+
+    def is_tensor_core(self, domain: str, op_type: str) -> bool:
+        """True for ops whose work is matrix products that run on Tensor Cores (``tensor_core`` entries)."""
+        entry = self.get(domain, op_type)
+        return entry is not None and entry.tensor_core
 
     @classmethod
     def from_toml(cls, text: str) -> PolicyTable:
@@ -84,6 +91,7 @@ class PolicyTable:
                     fp32_inside=dict(raw.get("fp32_inside", {})),
                     dtype_attr=raw.get("dtype_attr"),
                     refs=raw.get("refs", ""),
+                    tensor_core=bool(raw.get("tensor_core", False)),
                 )
             )
         return cls(entries)

@@ -11,6 +11,7 @@ from amp_compiler.convert import ConversionResult
 from amp_compiler.costs import estimate
 from amp_compiler.onnx_io import iter_proto_graphs
 from amp_compiler.plan import Rule
+from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import (
     NodeError,
     NodeReport,
@@ -44,9 +45,11 @@ def build_report(
     pinned: int = 0,
     tolerance: float | None = None,
     warnings: list[str] | None = None,
+    policy: PolicyTable | None = None,
 ) -> PrecisionReport:
-    """One NodeReport per node of the converted model, with costs, casts, ranges and errors."""
-    costs = estimate(result.model, input_shapes)
+    """One NodeReport per node of the converted model, with costs, casts, ranges and errors
+    (``policy``: the table the conversion used, which says which ops are Tensor Core ops)."""
+    costs = estimate(result.model, input_shapes, policy)
     ranges = ranges or {}
     node_errors = node_errors or {}
     fp32_main = list(fp32.graph.node)
