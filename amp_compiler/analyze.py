@@ -62,9 +62,9 @@ def analyze(
 ) -> Analysis:
     """Convert ``model`` and build its precision report (see module doc)."""
     if tolerance is not None and calibration_data is None:
-        raise OptionError("--tolerance needs --calibration-data (the samples it measures error on)")
+        raise OptionError("needs calibration data (the samples it measures error on)", option="tolerance")
     if tolerance is not None and not tolerance > 0:
-        raise OptionError(f"--tolerance must be positive, got {tolerance}")
+        raise OptionError(f"must be positive, got {tolerance}", option="tolerance")
     samples = load_samples(calibration_data, model) if calibration_data is not None else []
     shapes = input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
     ranges = collect_ranges(model, samples) if samples else None

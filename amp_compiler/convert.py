@@ -253,7 +253,7 @@ def convert(
     if opts.placement == "mincut":
         analyses.append(MinCutPlacementPass(_element_counts(proto, opts.input_shapes)))
     elif opts.placement != "paint":
-        raise OptionError(f"unknown placement {opts.placement!r}: expected mincut or paint")
+        raise OptionError(f"unknown placement {opts.placement!r}: expected mincut or paint", option="placement")
     for analysis in analyses:
         analysis(graph, plan)
     lower = LowerPlanPass(graph, plan)
@@ -283,10 +283,7 @@ def node_order(model: ir.Model) -> list[ir.Node]:
 def _element_counts(proto: onnx.ModelProto, input_shapes) -> dict[str, int] | None:
     if not input_shapes:
         return None
-    try:
-        return element_counts(proto, dict(input_shapes))
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+    return element_counts(proto, dict(input_shapes))
 
 
 def _options(options: ConvertOptions | None, overrides: dict) -> ConvertOptions:
@@ -316,7 +313,7 @@ def _check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:
     known = policy.op_names()
     unknown = sorted(op for op in ops if op not in known and not schemas.lookup("", op, 100))
     if unknown:
-        raise OptionError(f"--block-op: unknown op type(s): {', '.join(unknown)}")
+        raise OptionError(f"unknown op type(s): {', '.join(unknown)}", option="block_ops")
 
 
 def _checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, check: bool) -> ir.Model:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import onnx
 import onnx.shape_inference
 
+from amp_compiler.errors import OptionError
 from amp_compiler.onnx_io import iter_proto_graphs
 from amp_compiler.policy import PolicyTable, default_table
 
@@ -67,34 +68,45 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
         if any(d < 0 for d in shape):
             raise ValueError
     except ValueError:
-        raise ValueError(f"--input-shape {text!r}: expected NAME:DIMxDIMx... (e.g. input:1x3x224x224)") from None
+        raise OptionError(
+            f"{text!r}: expected NAME:DIMxDIMx... (e.g. input:1x3x224x224)", option="input_shapes"
+        ) from None
     return name, shape
 
 
-def with_input_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """A copy of the model whose graph inputs have the given shapes (unknown names are an error)."""
-    known = {i.name for i in model.graph.input}
-    unknown = sorted(set(input_shapes) - known)
+def check_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Raise :class:`OptionError` unless every name is a graph input whose rank (where the model
+    gives one) the shape has."""
+    inputs = {i.name: i for i in model.graph.input}
+    unknown = sorted(set(input_shapes) - set(inputs))
     if unknown:
-        raise ValueError(f"--input-shape names no graph input: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})")
+        raise OptionError(
+            f"{', '.join(unknown)} is not a graph input (inputs: {', '.join(sorted(inputs))})", option="input_shapes"
+        )
+    for name, shape in input_shapes.items():
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) and len(dims) != len(shape):
+            raise OptionError(f"{name}: rank {len(shape)}, the model says {len(dims)}", option="input_shapes")
+
+
+def with_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of the model whose graph inputs have the given shapes (checked: :func:`check_input_shapes`)."""
+    check_input_shapes(model, input_shapes)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for inp in out.graph.input:
         if inp.name in input_shapes:
             shape = input_shapes[inp.name]
-            dims = inp.type.tensor_type.shape.dim
-            if len(dims) and len(dims) != len(shape):
-                raise ValueError(f"--input-shape {inp.name}: rank {len(shape)}, the model says {len(dims)}")
             del inp.type.tensor_type.shape.dim[:]
             for d in shape:
                 inp.type.tensor_type.shape.dim.add().dim_value = d
     return out
 
 
-def element_counts(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+def element_counts(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
     """Per tensor name, its number of elements once the graph inputs have ``input_shapes`` (shape
     inference on a copy); tensors whose shape is still not fully known are left out. Raises
-    ValueError for a name that is not a graph input or a rank that does not match."""
+    :class:`OptionError` for a name that is not a graph input or a rank that does not match."""
     try:
         inferred = onnx.shape_inference.infer_shapes(
             with_input_shapes(model, input_shapes), strict_mode=False, data_prop=True

@@ -21,6 +21,7 @@ import onnx
 from amp_compiler.calibrate import IntermediateRunner
 from amp_compiler.convert import ConversionResult, ConvertOptions, convert
 from amp_compiler.emulate import emulate
+from amp_compiler.errors import OptionError
 from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import NodeError, TensorRange
@@ -107,7 +108,7 @@ def refine(
 ) -> Refinement:
     """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc)."""
     if not samples:
-        raise ValueError("--tolerance needs calibration samples")
+        raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
     opts = options or ConvertOptions()
     fp32_runner = IntermediateRunner(fp32)
     pinned: list[tuple[int, str]] = []

@@ -9,6 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from amp_compiler.dtypes import schema_type
+from amp_compiler.errors import OptionError
 
 class Target(enum.Enum):
     """The low-precision format a conversion produces."""
@@ -47,7 +48,7 @@ class Target(enum.Enum):
         try:
             return cls(text.lower())
         except ValueError:
-            raise ValueError(f"unknown target {text!r}: expected fp16 or bf16") from None
+            raise OptionError(f"unknown target {text!r}: expected fp16 or bf16", option="target") from None
 
 
 class Provider(enum.Enum):
@@ -62,6 +63,6 @@ class Provider(enum.Enum):
         try:
             return cls(text.lower())
         except ValueError:
-            raise ValueError(
-                f"unknown provider {text!r}: expected one of cuda, tensorrt, cpu"
+            raise OptionError(
+                f"unknown provider {text!r}: expected one of cuda, tensorrt, cpu", option="provider"
             ) from None

@@ -25,14 +25,15 @@ from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.targets import Provider
 
 
-def compile_patterns(patterns: Iterable[str], option: str = "--block-node") -> tuple[re.Pattern, ...]:
-    """The regular expressions of a node-name option; an invalid one is an :class:`OptionError`."""
+def compile_patterns(patterns: Iterable[str], option: str = "block_nodes") -> tuple[re.Pattern, ...]:
+    """The regular expressions of a node-name option (``option``: its API keyword); an invalid one is
+    an :class:`OptionError`."""
     out = []
     for p in patterns:
         try:
             out.append(re.compile(p))
         except re.error as exc:
-            raise OptionError(f"{option}: invalid regular expression {p!r}: {exc}") from None
+            raise OptionError(f"invalid regular expression {p!r}: {exc}", option=option) from None
     return tuple(out)
 
 

@@ -234,7 +234,7 @@ def test_input_shapes_decide_where_dynamic_tensors_are_cast():
 def test_input_shapes_name_graph_inputs():
     from amp_compiler.errors import OptionError
 
-    with pytest.raises(OptionError, match="names no graph input"):
+    with pytest.raises(OptionError, match="is not a graph input"):
         convert(_batch_then_slice(), input_shapes={"nope": (1, 16)})
 
 

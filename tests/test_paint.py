@@ -111,10 +111,16 @@ def test_user_blocks_take_precedence_over_the_policy():
 
 def test_unknown_block_op_and_bad_pattern_are_option_errors():
     m = _chain(["MatMul"])
-    with pytest.raises(OptionError, match="NotAnOp"):
+    with pytest.raises(OptionError, match="NotAnOp") as bad_op:
         convert(m, policy=TEST_POLICY, block_ops=["NotAnOp"])
-    with pytest.raises(OptionError, match="regular expression"):
+    with pytest.raises(OptionError, match="regular expression") as bad_pattern:
         convert(m, policy=TEST_POLICY, block_nodes=["(unclosed"])
+    with pytest.raises(OptionError, match="fp8") as bad_target:
+        convert(m, policy=TEST_POLICY, target="fp8")
+    # Library errors name the API keyword they are about, and no command-line flag.
+    errors = (bad_op.value, bad_pattern.value, bad_target.value)
+    assert [e.option for e in errors] == ["block_ops", "block_nodes", "target"]
+    assert not any("--" in str(e) for e in errors)
 
 
 def test_bf16_target_paints_the_same_way():

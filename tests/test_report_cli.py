@@ -111,7 +111,7 @@ def test_calibration_data_mismatch_is_one_line_exit_2(ffn, tmp_path, capsys, arr
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        (["--tolerance", "1e-3"], "--tolerance needs --calibration-data"),
+        (["--tolerance", "1e-3"], "needs calibration data"),
         (["--calibration-data", "/nonexistent/samples"], "no such file or folder"),
         (["--input-shape", "x:8by64"], "expected NAME:DIMxDIM"),
         (["--input-shape", "nope:8x64"], "is not a graph input"),

@@ -83,8 +83,8 @@ def transform(
     block_ops = frozenset(block_ops)
     unknown = sorted(op for op in block_ops if policy.get(op) is None and not hasattr(torch.ops.aten, op))
     if unknown:
-        raise OptionError(f"block_ops: unknown ATen op(s): {', '.join(unknown)}")
-    patterns = compile_patterns(block_nodes, "block_nodes")
+        raise OptionError(f"unknown ATen op(s): {', '.join(unknown)}", option="block_ops")
+    patterns = compile_patterns(block_nodes)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     bytes_before = state_bytes(gm) if parameter_bytes_before is None else parameter_bytes_before
@@ -98,7 +98,7 @@ def transform(
         table_lookups=(mode == "inference"),
     )
     if placement not in ("mincut", "paint"):
-        raise OptionError(f"unknown placement {placement!r}: expected mincut or paint")
+        raise OptionError(f"unknown placement {placement!r}: expected mincut or paint", option="placement")
     plan = PrecisionPlan()
     analyses = [ClassifyPass(Provider.CUDA, block_ops, tuple(patterns)), ConstantRangePass(target), PaintPass()]
     if placement == "mincut":
