@@ -20,14 +20,10 @@ from onnx_ir import serde
 
 from amp_compiler import schemas
 from amp_compiler.errors import OptionError
-from amp_compiler.graph import (
-    PrecisionGraph,
-    Slot,
-    SlotKind,
-    build_precision_graph,
-    is_constant,
-    iter_graphs,
-)
+from amp_compiler.graph import SlotKind
+from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph, build_precision_graph
+from amp_compiler.onnx.slots import Slot
+from amp_compiler.onnx.walk import is_constant, iter_graphs
 from amp_compiler import native_checks
 from amp_compiler.costs import element_counts
 from amp_compiler.dtypes import FLOAT_TYPES, short_name
@@ -511,7 +507,7 @@ def _user_name(slot) -> str:
 
 
 def _node_decisions(
-    graph: PrecisionGraph, plan: PrecisionPlan, model: ir.Model, inserted: dict, positions: dict
+    graph: OnnxPrecisionGraph, plan: PrecisionPlan, model: ir.Model, inserted: dict, positions: dict
 ) -> list[NodeDecision]:
     paths = {id(model.graph): "main"}
     out: list[NodeDecision] = []

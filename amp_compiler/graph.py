@@ -1,38 +1,33 @@
-"""The precision graph: the ONNX frontend's framework-neutral view of a model for analysis.
+"""The precision graph: the framework-neutral view of a model that the analysis passes read.
 
-A *slot* is one place where a float tensor's dtype is fixed: a node input or output, a graph input or
-output. Slots that must share a dtype form one *vertex*:
+A *slot* is one place where a float tensor's dtype is fixed: an op's input or output, a graph input
+or output. Slots that must share a dtype form one *vertex* (MatMul's inputs and output share the
+type parameter ``T``; an If's outputs and both branches' outputs are one value). Edges go from the
+vertex that defines a tensor to every vertex that uses it. Analysis chooses a precision per vertex;
+where an edge joins two precisions, lowering inserts one Cast for that tensor and dtype. Constants
+are not vertices: each vertex lists the constants it reads, and lowering converts them offline.
 
-- inputs and outputs of a node that share a schema type parameter (``T`` of MatMul);
-- input-only type parameters of a node (BatchNormalization's ``T1``/``T2`` statistics) follow the
-  node's main group, so kernels templated on one type find a match;
-- the values that If/Loop/Scan pass across their bodies (branch outputs, loop-carried values, scan
-  inputs and outputs).
-
-Edges go from the vertex that defines a tensor to every vertex that uses it. A precision is chosen per
-vertex; where an edge joins two different precisions, lowering inserts one Cast for that tensor and
-dtype. Constants (initializers and Constant nodes) are not vertices: lowering converts them offline
-for each precision their users need.
-
-Building the graph reads the model and never edits it.
+A frontend builds the graph from its model: :mod:`amp_compiler.onnx.precision_graph` from an
+onnx_ir model, :mod:`amp_compiler.fx.graph` from a torch.fx GraphModule. What the passes may read
+of the frontend's objects is written down here as Protocols: :class:`OpView` (an operation),
+:class:`ValueView` (a tensor) and :class:`SlotView` (a slot). Everything else a frontend keeps
+(its nodes' other fields, how its slots name their owner) is for its own lowering.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import networkx as nx
 import onnx_ir as ir
 
-from amp_compiler import schemas
-from amp_compiler.dtypes import FLOAT_TYPES, schema_type
-from amp_compiler.policy import Category, OpPolicy, PolicyTable
+from amp_compiler.policy import Category, OpPolicy
 from amp_compiler.targets import Target
 
-_FLOAT_TYPE_STRS = frozenset(schema_type(t) for t in FLOAT_TYPES)
+# ONNX's control-flow ops: their vertices carry values across their bodies (precision neutral).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
@@ -47,44 +42,73 @@ class SlotKind(enum.Enum):
     __hash__ = object.__hash__
 
 
-_NODE_IN, _NODE_OUT, _GRAPH_IN, _GRAPH_OUT = (
-    SlotKind.NODE_IN, SlotKind.NODE_OUT, SlotKind.GRAPH_IN, SlotKind.GRAPH_OUT
-)
-
-
-class Slot(NamedTuple):
-    """One node input/output or graph input/output. Equal (and hashed) by kind, owner identity
-    (nodes and graphs compare by identity) and index; a tuple, so hashing and comparing run in C."""
-
-    kind: SlotKind
-    owner: ir.Node | ir.Graph
-    index: int
+class ValueView(Protocol):
+    """What the passes read of a tensor: its name (calibration ranges, cast sizes given by name)
+    and its shape (the bytes a Cast of it moves). Implemented by ``onnx_ir.Value`` and
+    :class:`amp_compiler.fx.views.FxValue`."""
 
     @property
-    def value(self) -> ir.Value | None:
-        kind = self.kind
-        if kind is _NODE_IN or kind is _GRAPH_IN:
-            return self.owner.inputs[self.index]
-        return self.owner.outputs[self.index]
+    def name(self) -> str | None: ...
+
+    @property
+    def shape(self) -> ir.Shape | None: ...
+
+
+class OpView(Protocol):
+    """What the passes read of an operation: its op type and domain (the policy table's key), its
+    name (user block patterns, reasons) and its inputs (a table lookup's table is ``inputs[0]``;
+    a constant input is one of the vertex's ``constants``). Implemented by ``onnx_ir.Node`` and
+    :class:`amp_compiler.fx.views.FxOp`. Ops are hashable: passes key dicts by them."""
+
+    @property
+    def op_type(self) -> str: ...
+
+    @property
+    def domain(self) -> str: ...
+
+    @property
+    def name(self) -> str | None: ...
+
+    @property
+    def inputs(self) -> Sequence[ValueView | None]: ...
+
+
+class SlotView(Hashable, Protocol):
+    """What the passes read of a slot: its kind, its index, its tensor and whether it defines it.
+    Implemented by :class:`amp_compiler.onnx.precision_graph.Slot` and
+    :class:`amp_compiler.fx.views.FxSlot`."""
+
+    @property
+    def kind(self) -> SlotKind: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def value(self) -> ValueView | None: ...
 
     @property
     def defines(self) -> bool:
-        """True for slots that produce their tensor (node outputs, graph inputs)."""
-        kind = self.kind
-        return kind is _NODE_OUT or kind is _GRAPH_IN
+        """True for slots that produce their tensor (op outputs, graph inputs)."""
+
+
+SlotT = TypeVar("SlotT", bound=SlotView)
+OpT = TypeVar("OpT", bound=OpView)
 
 
 @dataclasses.dataclass
-class Vertex:
+class Vertex(Generic[SlotT, OpT]):
     """Slots that share one dtype, and what the analysis needs to know about them."""
 
     id: int
-    slots: list[Slot]
-    node: ir.Node | None  # the node whose op decides the category; None for graph inputs/outputs
+    slots: list[SlotT]
+    node: OpT | None  # the op whose policy decides the category; None for graph inputs/outputs
     dtype: ir.DataType | None  # current element type (None: unknown)
     policy: OpPolicy | None
     fixed_reason: str | None = None  # why the dtype cannot change; None when it is a free choice
-    constants: list[ir.Value] = dataclasses.field(default_factory=list)  # constants it reads
+    # The constants it reads, as onnx_ir Values holding their tensors (the FX frontend wraps its
+    # parameters and Python scalars so), for the range rules and lowering.
+    constants: list[ir.Value] = dataclasses.field(default_factory=list)
 
     @property
     def free(self) -> bool:
@@ -103,530 +127,86 @@ class Vertex:
         return f"{slot.kind.value} {slot.value.name!r}" if slot.value is not None else "graph I/O"
 
 
-def iter_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
-    """The graph and all its subgraphs, depth first, parents before children."""
-    yield graph
-    for node in graph:
-        attrs = node.attributes.data  # the plain dict under the UserDict: iterating it is C-speed
-        if not attrs:
-            continue
-        for attr in attrs.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                yield from iter_graphs(attr.value)
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for sub in attr.value:
-                    yield from iter_graphs(sub)
-
-
-def is_constant(value: ir.Value) -> bool:
-    """Initializers (that are not graph inputs) and outputs of Constant nodes."""
-    if value.is_graph_input():
-        return False
-    if value.const_value is not None and value.is_initializer():
-        return True
-    producer = value.producer()
-    return producer is not None and producer.op_type == "Constant" and schemas.is_onnx_domain(producer.domain)
-
-
-def _tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
-    """(is a tensor or unknown, dtype) for a value; sequences and optionals are not tensors."""
-    if value is None:
-        return False, None
-    if value.type is None:
-        return True, None
-    if isinstance(value.type, ir.TensorType):
-        return True, value.type.dtype
-    return False, None
-
-
-def shape_codes(values) -> tuple:
-    """What slot creation reads of each value: absent (None), untyped ("?"), a tensor's dtype, or a
-    container ("C")."""
-    codes = []
-    for v in values:
-        if v is None:
-            codes.append(None)
-            continue
-        vtype = v.type
-        if vtype is None:
-            codes.append("?")
-        elif isinstance(vtype, ir.TensorType):
-            codes.append(vtype.dtype)
-        else:
-            codes.append("C")
-    return tuple(codes)
-
-
-def _slot_order(s: Slot) -> tuple:
-    """Slots of a vertex: node outputs first, then by kind and index."""
-    return (s.kind is not _NODE_OUT, s.kind.value, s.index)
-
-
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[Slot, Slot] = {}
-
-    def add(self, s: Slot) -> None:
-        self.parent.setdefault(s, s)
-
-    def find(self, s: Slot) -> Slot:
-        root = s
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[s] != root:
-            self.parent[s], s = root, self.parent[s]
-        return root
-
-    def union(self, a: Slot, b: Slot) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[rb] = ra
-
-
 @dataclasses.dataclass
-class PrecisionGraph:
-    model: ir.Model
-    target: Target
-    vertices: list[Vertex]
-    slot_vertex: dict[Slot, int]
-    digraph: nx.DiGraph  # vertex id -> vertex id, edge attribute "values": tensors on the edge
-    node_vertices: dict[ir.Node, list[int]]
-    unknown_ops: list[ir.Node]
+class PrecisionGraph(Generic[SlotT, OpT]):
+    """The vertices of a model, the edges between them, and the frontend's model they describe."""
 
-    def vertex_of(self, slot: Slot) -> Vertex | None:
+    model: Any  # the frontend's model (an onnx_ir Model, a torch.fx GraphModule): lowering edits it
+    target: Target
+    vertices: list[Vertex[SlotT, OpT]]
+    slot_vertex: dict[SlotT, int]
+    digraph: nx.DiGraph  # vertex id -> vertex id, edge attribute "values": the tensors (ValueView) on the edge
+    node_vertices: dict[OpT, list[int]]  # per op, the vertices of its slots
+    unknown_ops: list[OpT]  # ops without a schema (ONNX) or a policy entry (FX)
+
+    def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:
         vid = self.slot_vertex.get(slot)
         return None if vid is None else self.vertices[vid]
 
 
-def build_precision_graph(
-    model: ir.Model, target: Target, policy: PolicyTable, keep_io_types: bool = True
-) -> PrecisionGraph:
-    """Build the precision graph of ``model`` (which must carry inferred types)."""
-    return _Builder(model, target, policy, keep_io_types).build()
+T = TypeVar("T", bound=Hashable)
 
 
-class _Builder:
-    def __init__(self, model: ir.Model, target: Target, policy: PolicyTable, keep_io: bool):
-        self.model = model
-        self.target = target
-        self.policy = policy
-        self.keep_io = keep_io
-        self.type_str = target.type_str
-        self.uf = _UnionFind()
-        # Per slot: the types its schema allows (None: no schema, the slot is fixed).
-        self.allowed: dict[Slot, frozenset[str] | None] = {}
-        self.slot_node: dict[Slot, ir.Node | None] = {}
-        self.slot_dtype: dict[Slot, ir.DataType | None] = {}  # element type when the graph was built
-        self.fixed: dict[Slot, str] = {}  # slots fixed for a reason of their own
-        self.tied: set[Slot] = set()  # body I/O slots tied to a control-flow node
-        self.unknown_ops: list[ir.Node] = []
-        # Memos: per (domain, op) its signature and policy; per (domain, op, is_input, index) its
-        # formal's allowed types, type key and whether it can be float. Pure functions of their keys.
-        self._ops: dict[tuple[str, str], tuple[schemas.OpSignature | None, OpPolicy | None]] = {}
-        self._formals: dict[tuple, tuple] = {}
-        # Per node shape (see _add_node) its template; per group root slot copied from a template,
-        # (the template's key, the root's index).
-        self._templates: dict[tuple, tuple] = {}
-        self._template_group: dict[Slot, tuple] = {}
+class UnionFind(Generic[T]):
+    """Disjoint sets of slots (the frontends group slots that share a dtype with it).
 
-    # -- slots ---------------------------------------------------------------------------------
-    def _slot(self, kind: SlotKind, owner, index: int, allowed, node) -> Slot | None:
-        value = owner.inputs[index] if kind is _NODE_IN or kind is _GRAPH_IN else owner.outputs[index]
-        is_tensor, dtype = _tensor_dtype(value)
-        if not is_tensor:
-            return None
-        if dtype is not None and dtype not in FLOAT_TYPES:
-            return None
-        if dtype is None and allowed is not None and not (allowed & _FLOAT_TYPE_STRS):
-            return None  # untyped, but the schema says it cannot be float
-        slot = Slot(kind, owner, index)
-        self.uf.add(slot)
-        self.allowed[slot] = allowed
-        self.slot_node[slot] = node
-        self.slot_dtype[slot] = dtype
-        if dtype is None:
-            self.fixed[slot] = "its element type is unknown (shape inference gave none)"
-        return slot
+    ``parent`` maps every item to its parent; a root is its own parent. ``find`` compresses paths;
+    ``union`` keeps the first set's root. A frontend may write ``parent`` directly to add a whole
+    group at once as a star (every member's parent is the root), as the ONNX builder does for nodes
+    that copy a template.
+    """
 
-    def _opset(self, domain: str) -> int:
-        imports = self.model.opset_imports
-        dom = "" if domain == "ai.onnx" else domain
-        return imports.get(dom, imports.get("ai.onnx", 1) if dom == "" else 1)
+    def __init__(self) -> None:
+        self.parent: dict[T, T] = {}
 
-    def _op(self, domain: str, op_type: str) -> tuple[schemas.OpSignature | None, OpPolicy | None]:
-        key = (domain, op_type)
-        found = self._ops.get(key)
-        if found is None:
-            found = self._ops[key] = (
-                schemas.lookup(domain, op_type, self._opset(domain)),
-                self.policy.get(domain, op_type),
-            )
-        return found
+    def add(self, item: T) -> None:
+        self.parent.setdefault(item, item)
 
-    def _formal(self, sig: schemas.OpSignature, op: tuple[str, str], is_input: bool, i: int) -> tuple:
-        """(allowed types, type key, can be float, is a fixed-type formal) of one position."""
-        key = (op, is_input, i)
-        found = self._formals.get(key)
-        if found is None:
-            allowed = sig.allowed_types(is_input, i)
-            type_key = sig.type_key(is_input, i)
-            fixed_type = type_key is not None and not isinstance(type_key, tuple) and type_key not in sig.allowed
-            found = self._formals[key] = (allowed, type_key, bool(allowed & _FLOAT_TYPE_STRS), fixed_type)
-        return found
+    def find(self, item: T) -> T:
+        parent = self.parent
+        root = item
+        while parent[root] != root:
+            root = parent[root]
+        while parent[item] != root:
+            parent[item], item = root, parent[item]
+        return root
 
-    # -- nodes ---------------------------------------------------------------------------------
-    def _add_node(self, node: ir.Node) -> None:
-        """The node's slots and how they group, from a template per node shape (op and the kind of
-        each input and output): nodes of one shape group alike, so the first one is worked out by
-        :meth:`_add_node_slow` and the others copy it. Control-flow nodes always take the slow path
-        (they tie slots of their bodies)."""
-        op_type, domain = node.op_type, node.domain
-        if op_type == "Constant" and schemas.is_onnx_domain(domain):
-            return  # a constant source, converted offline by lowering
-        if op_type in CONTROL_FLOW_OPS:
-            self._add_node_slow(node)
-            return
-        key = (domain, op_type, shape_codes(node.inputs), shape_codes(node.outputs))
-        template = self._templates.get(key)
-        if template is None:
-            self._templates[key] = self._template(node, self._add_node_slow(node))
-            return
-        positions, infos, roots, unknown = template
-        parent, allowed_of, slot_node, slot_dtype, fixed = (
-            self.uf.parent, self.allowed, self.slot_node, self.slot_dtype, self.fixed
-        )
-        slots = [Slot(kind, node, i) for kind, i in positions]
-        for slot, (allowed, dtype, reason), r in zip(slots, infos, roots):
-            parent[slot] = slots[r]
-            allowed_of[slot] = allowed
-            slot_node[slot] = node
-            slot_dtype[slot] = dtype
-            if reason is not None:
-                fixed[slot] = reason
-        for r in set(roots):
-            self._template_group[slots[r]] = (key, r)
-        if unknown:
-            self.unknown_ops.append(node)
+    def union(self, a: T, b: T) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
 
-    def _template(self, node: ir.Node, created: list[Slot]) -> tuple:
-        """What :meth:`_add_node_slow` did for ``node``, relative to the node: per slot its position,
-        (allowed types, dtype, fixed reason), and the index of its group's root."""
-        find = self.uf.find
-        index = {s: k for k, s in enumerate(created)}
-        roots = tuple(index[find(s)] for s in created)
-        return (
-            tuple((s.kind, s.index) for s in created),
-            tuple((self.allowed[s], self.slot_dtype[s], self.fixed.get(s)) for s in created),
-            roots,
-            bool(self.unknown_ops) and self.unknown_ops[-1] is node,
-        )
-
-    def _add_node_slow(self, node: ir.Node) -> list[Slot]:
-        """Create the node's slots and group them by the schema's type parameters; returns them."""
-        op_type, domain = node.op_type, node.domain
-        op = (domain, op_type)
-        sig, policy = self._op(domain, op_type)
-        if sig is None:
-            self.unknown_ops.append(node)
-        parent, allowed_of, slot_node, slot_dtype, fixed = (
-            self.uf.parent, self.allowed, self.slot_node, self.slot_dtype, self.fixed
-        )
-        formal = self._formal
-        tensor_type = ir.TensorType
-        groups: dict[object, list[Slot]] = {}
-        group_has_output: dict[object, bool] = {}
-        created: list[Slot] = []
-        has_container = False  # reads or makes a sequence/optional: its tensors keep their types
-        for is_input, values in ((True, node.inputs), (False, node.outputs)):
-            kind = _NODE_IN if is_input else _NODE_OUT
-            for i, v in enumerate(values):
-                if v is None:
-                    continue
-                # The value's element type (as _tensor_dtype): not a tensor -> no slot.
-                vtype = v.type
-                if vtype is None:
-                    dtype = None
-                elif isinstance(vtype, tensor_type):
-                    dtype = vtype.dtype
-                    if dtype not in FLOAT_TYPES:
-                        continue
-                else:
-                    has_container = True
-                    continue
-                if sig is not None:
-                    allowed, key, can_be_float, fixed_type = formal(sig, op, is_input, i)
-                    if dtype is None and not can_be_float:
-                        continue  # untyped, but the schema says it cannot be float
-                else:
-                    allowed = None
-                slot = Slot(kind, node, i)
-                parent[slot] = slot
-                allowed_of[slot] = allowed
-                slot_node[slot] = node
-                slot_dtype[slot] = dtype
-                created.append(slot)
-                if dtype is None:
-                    fixed[slot] = "its element type is unknown (shape inference gave none)"
-                if sig is None:
-                    fixed[slot] = f"no schema is known for {domain or 'ai.onnx'}::{op_type}"
-                    continue
-                if key is None:
-                    fixed[slot] = "the schema has no formal parameter at this position"
-                    continue
-                if fixed_type:
-                    continue  # a fixed-type formal ("tensor(float)"): its own, fixed, group
-                members = groups.get(key)
-                if members is None:
-                    groups[key] = [slot]
-                    group_has_output[key] = not is_input
-                else:
-                    members.append(slot)
-                    if not is_input:
-                        group_has_output[key] = True
-        if has_container and op_type not in CONTROL_FLOW_OPS:
-            # Sequence/optional element types are not followed through the containers: the
-            # tensors going in and out of them keep their types.
-            for slot in created:
-                fixed.setdefault(slot, f"{op_type} puts tensors into or takes them out of a sequence/optional")
-        if not groups:
-            if op_type in CONTROL_FLOW_OPS and schemas.is_onnx_domain(domain):
-                self._tie_control_flow(node)
-            return created
-        union = self.uf.union
-        for slots in groups.values():
-            for s in slots[1:]:
-                union(slots[0], s)
-        # Input-only type parameters follow the node's main group (the first one with an output).
-        # Not for conversion ops (Cast, CastLike: ``dtype_attr``), whose input and output types differ.
-        main = next((k for k, has_out in group_has_output.items() if has_out), None)
-        converts = policy is not None and policy.dtype_attr is not None
-        # Output-only groups whose type parameter belongs to an input that is absent (LinearAttention's
-        # present_state without past_state) take the main group's type in onnx's type inference.
-        if main is not None and len(groups) > 1 and not isinstance(main, tuple) and not converts:
-            for key, slots in groups.items():
-                if key == main or isinstance(key, tuple):
-                    continue
-                has_input = any(s.kind is _NODE_IN for s in slots)
-                input_absent = not has_input and any(f.type_str == key for f in sig.inputs)
-                if (has_input and not group_has_output[key]) or input_absent:
-                    if self.target.type_str in (self.allowed[slots[0]] or ()):
-                        self.uf.union(groups[main][0], slots[0])
-        if op_type in CONTROL_FLOW_OPS and schemas.is_onnx_domain(domain):
-            self._tie_control_flow(node)
-        return created
-
-    def _body(self, node: ir.Node, name: str) -> ir.Graph | None:
-        attr = node.attributes.get(name)
-        return attr.value if attr is not None and attr.type == ir.AttributeType.GRAPH else None
-
-    def _tie(self, *slots: Slot | None) -> None:
-        present = [s for s in slots if s is not None]
-        for s in present:
-            if s.kind in (SlotKind.GRAPH_IN, SlotKind.GRAPH_OUT):
-                self.tied.add(s)
-        for s in present[1:]:
-            self.uf.union(present[0], s)
-
-    def _io(self, graph: ir.Graph, is_input: bool, index: int) -> Slot | None:
-        kind = SlotKind.GRAPH_IN if is_input else SlotKind.GRAPH_OUT
-        n = len(graph.inputs if is_input else graph.outputs)
-        if index >= n:
-            return None
-        slot = Slot(kind, graph, index)
-        return slot if slot in self.uf.parent else None
-
-    def _out(self, node: ir.Node, i: int) -> Slot | None:
-        s = Slot(SlotKind.NODE_OUT, node, i)
-        return s if s in self.uf.parent else None
-
-    def _in(self, node: ir.Node, i: int) -> Slot | None:
-        s = Slot(SlotKind.NODE_IN, node, i)
-        return s if s in self.uf.parent else None
-
-    def _tie_control_flow(self, node: ir.Node) -> None:
-        op = node.op_type
-        if op == "If":
-            then_g, else_g = self._body(node, "then_branch"), self._body(node, "else_branch")
-            if then_g is None or else_g is None:
-                return
-            for k in range(len(node.outputs)):
-                self._tie(self._out(node, k), self._io(then_g, False, k), self._io(else_g, False, k))
-        elif op == "Loop":
-            body = self._body(node, "body")
-            if body is None:
-                return
-            n_carried = max(len(node.inputs) - 2, 0)
-            for k in range(n_carried):
-                self._tie(
-                    self._in(node, 2 + k),
-                    self._io(body, True, 2 + k),
-                    self._io(body, False, 1 + k),
-                    self._out(node, k),
-                )
-            for j in range(n_carried, len(node.outputs)):
-                self._tie(self._io(body, False, 1 + j), self._out(node, j))
-        elif op == "Scan":
-            body = self._body(node, "body")
-            n_scan = node.attributes.get("num_scan_inputs")
-            if body is None or n_scan is None or self._opset("") < 9:
-                return
-            n_state = len(node.inputs) - n_scan.as_int()
-            for k in range(len(node.inputs)):
-                self._tie(self._in(node, k), self._io(body, True, k))
-            for k in range(len(node.outputs)):
-                self._tie(self._io(body, False, k), self._out(node, k))
-                if k < n_state:
-                    self._tie(self._io(body, True, k), self._io(body, False, k))
-
-    # -- graph I/O -----------------------------------------------------------------------------
-    def _add_graph_io(self, graph: ir.Graph, is_main: bool) -> None:
-        for is_input, values in ((True, graph.inputs), (False, graph.outputs)):
-            kind = SlotKind.GRAPH_IN if is_input else SlotKind.GRAPH_OUT
-            for i in range(len(values)):
-                slot = self._slot(kind, graph, i, None, None)
-                if slot is None:
-                    continue
-                if is_main and self.keep_io:
-                    self.fixed[slot] = "graph inputs and outputs keep their dtype (keep_io_types)"
-                elif is_main and not is_input and (
-                    is_constant(values[i]) or values[i].is_graph_input()
-                ):
-                    self.fixed[slot] = "a graph output that is a constant or a graph input keeps its dtype"
-                elif is_main and is_input and values[i].is_graph_output():
-                    self.fixed[slot] = "a graph input that is also a graph output keeps its dtype and name"
-                elif is_main and is_input and values[i].const_value is not None:
-                    self.fixed[slot] = "a graph input with an initializer (an overridable default) keeps its dtype"
-
-    # -- assemble ------------------------------------------------------------------------------
-    def build(self) -> PrecisionGraph:
-        main = self.model.graph
-        graphs = list(iter_graphs(main))
-        for g in graphs:
-            self._add_graph_io(g, g is main)
-        for g in graphs:
-            for node in g:
-                self._add_node(node)
-        for g in graphs:
-            if g is main:
-                continue
-            for slot in [Slot(_GRAPH_IN, g, i) for i in range(len(g.inputs))] + [
-                Slot(_GRAPH_OUT, g, i) for i in range(len(g.outputs))
-            ]:
-                if slot in self.uf.parent and slot not in self.tied:
-                    self.fixed[slot] = "a subgraph input/output whose owner op is not If/Loop/Scan"
-
-        parent = self.uf.parent
-        find = self.uf.find
-        members: dict[Slot, list[Slot]] = {}
-        for slot, up in parent.items():
-            # Template groups are stars (every slot's parent is the root): no search needed.
-            root = up if parent[up] is up else find(slot)
+    def groups(self) -> dict[T, list[T]]:
+        """Every set by its root, members in the order they were added, sets in the order of their
+        first member."""
+        parent, find = self.parent, self.find
+        members: dict[T, list[T]] = {}
+        for item, up in parent.items():
+            # Stars (every member's parent is the root) need no search.
+            root = up if parent[up] is up else find(item)
             group = members.get(root)
             if group is None:
-                members[root] = [slot]
+                members[root] = [item]
             else:
-                group.append(slot)
+                group.append(item)
+        return members
 
-        vertices: list[Vertex] = []
-        slot_vertex: dict[Slot, int] = {}
-        node_vertices: dict[ir.Node, list[int]] = {}
-        template_group = self._template_group
-        facts: dict[tuple, tuple] = {}  # per template group: (slot order, dtype, policy, fixed reason)
-        for root, slots in members.items():
-            vid = len(vertices)
-            group = template_group.get(root)
-            known = facts.get(group) if group is not None else None
-            if known is not None and len(slots) == len(known[0]):
-                # A group as its template made it, with nothing tied to it: as the template's was.
-                order, dtype, policy, reason = known
-                vertex = Vertex(vid, [slots[k] for k in order], root.owner, dtype, policy, reason)
-            else:
-                made = list(slots)
-                vertex = self._make_vertex(vid, slots)
-                if group is not None and group not in facts:
-                    order = tuple(made.index(s) for s in vertex.slots)
-                    facts[group] = (order, vertex.dtype, vertex.policy, vertex.fixed_reason)
-            vertices.append(vertex)
-            for s in slots:
-                slot_vertex[s] = vid
-                kind = s.kind
-                if kind is _NODE_IN or kind is _NODE_OUT:
-                    lst = node_vertices.get(s.owner)
-                    if lst is None:
-                        node_vertices[s.owner] = [vid]
-                    elif vid not in lst:
-                        lst.append(vid)
 
-        digraph = nx.DiGraph()
-        digraph.add_nodes_from(range(len(vertices)))
-        defining: dict[ir.Value, int] = {}
-        uses: list[tuple[ir.Value, int]] = []
-        for slot, vid in slot_vertex.items():
-            kind, owner, index = slot
-            if kind is _NODE_OUT:
-                defining[owner.outputs[index]] = vid
-            elif kind is _GRAPH_IN:
-                defining[owner.inputs[index]] = vid
-            else:
-                uses.append((owner.inputs[index] if kind is _NODE_IN else owner.outputs[index], vid))
-        edges: dict[tuple[int, int], list[ir.Value]] = {}
-        for value, vid in uses:
-            src = defining.get(value)
-            if src is None:  # constants have no defining slot (nor do tensors of untracked types)
-                if is_constant(value):
-                    vertices[vid].constants.append(value)
-                continue
-            if src == vid:
-                continue
-            values = edges.get((src, vid))
-            if values is None:
-                edges[src, vid] = [value]
-            else:
-                values.append(value)
-        digraph.add_edges_from((src, vid, {"values": values}) for (src, vid), values in edges.items())
-        return PrecisionGraph(
-            self.model, self.target, vertices, slot_vertex, digraph, node_vertices, self.unknown_ops
-        )
-
-    def _make_vertex(self, vid: int, slots: list[Slot]) -> Vertex:
-        if len(slots) > 1:
-            slots.sort(key=_slot_order)
-        node = None
-        slot_node = self.slot_node
-        for s in slots:
-            owner_node = slot_node.get(s)
-            if owner_node is not None and (node is None or owner_node.op_type in CONTROL_FLOW_OPS):
-                node = owner_node
-        policy = self._op(node.domain, node.op_type)[1] if node is not None else None
-        slot_dtype = self.slot_dtype
-        dtypes = {d for s in slots if (d := slot_dtype[s]) is not None}
-        vertex = Vertex(vid, slots, node, next(iter(dtypes)) if len(dtypes) == 1 else None, policy)
-        vertex.fixed_reason = self._fixed_reason(vertex, slots, dtypes)
-        return vertex
-
-    def _fixed_reason(self, vertex: Vertex, slots: list[Slot], dtypes: set) -> str | None:
-        for s in slots:
-            if s in self.fixed:
-                return self.fixed[s]
-        if len(dtypes) > 1:
-            return "its slots disagree on the element type"
-        if vertex.dtype is not ir.DataType.FLOAT:
-            return f"it is already {vertex.dtype.name.lower()}"
-        type_str = self.type_str
-        for s in slots:
-            allowed = self.allowed.get(s)
-            if allowed is not None and type_str not in allowed:
-                who = s.owner.op_type if isinstance(s.owner, ir.Node) else "graph"
-                return f"the {who} schema does not allow {self.target.value} at this opset"
-        node = vertex.node
-        if node is not None:
-            if vertex.policy is not None and vertex.policy.category is Category.NONFLOAT:
-                return f"{node.op_type} is never touched: {vertex.policy.reason}"
-            has_input = any(s.kind is SlotKind.NODE_IN for s in slots)
-            if not has_input and node.op_type not in CONTROL_FLOW_OPS:
-                attr = vertex.policy.dtype_attr if vertex.policy is not None else None
-                if attr is None:
-                    return f"{node.op_type} sets this output's type itself"
-                if any(_tensor_dtype(v)[1] in FLOAT_TYPES for v in node.inputs if v is not None):
-                    return f"{node.op_type} between float types is an explicit precision boundary"
-        return None
+def tensor_edges(n_vertices: int, uses: Iterable[tuple[int, int, ValueView]]) -> nx.DiGraph:
+    """The digraph over vertex ids ``0 .. n_vertices - 1`` with an edge from the vertex defining a
+    tensor to each other vertex using it: ``uses`` gives (defining vertex, using vertex, tensor) per
+    use, and each edge's ``"values"`` lists its tensors in that order (a vertex's own tensors make
+    no edge)."""
+    edges: dict[tuple[int, int], list[ValueView]] = {}
+    for src, dst, value in uses:
+        if src == dst:
+            continue
+        values = edges.get((src, dst))
+        if values is None:
+            edges[src, dst] = [value]
+        else:
+            values.append(value)
+    digraph = nx.DiGraph()
+    digraph.add_nodes_from(range(n_vertices))
+    digraph.add_edges_from((src, dst, {"values": values}) for (src, dst), values in edges.items())
+    return digraph

@@ -24,7 +24,10 @@ import numpy as np
 import onnx_ir as ir
 
 from amp_compiler.dtypes import FLOAT_TYPES, short_name
-from amp_compiler.graph import PrecisionGraph, Slot, SlotKind, is_constant, iter_graphs
+from amp_compiler.graph import SlotKind
+from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
+from amp_compiler.onnx.slots import Slot
+from amp_compiler.onnx.walk import is_constant, iter_graphs
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 
@@ -159,7 +162,7 @@ class _Names:
 class LowerPlanPass(ir.passes.InPlacePass):
     """Apply a :class:`PrecisionPlan` computed on ``graph`` (built from the same model object)."""
 
-    def __init__(self, graph: PrecisionGraph, plan: PrecisionPlan):
+    def __init__(self, graph: OnnxPrecisionGraph, plan: PrecisionPlan):
         super().__init__()
         self.graph = graph
         self.plan = plan

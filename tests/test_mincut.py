@@ -12,7 +12,7 @@ from onnx import helper
 
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.graph import build_precision_graph
+from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.passes import (
     ClassifyPass,
     ConstantRangePass,

@@ -214,7 +214,7 @@ def test_cpu_provider_reports_missing_kernels_without_pinning():
 
 
 def test_the_pass_accepts_a_given_coverage():
-    from amp_compiler.graph import build_precision_graph
+    from amp_compiler.onnx.precision_graph import build_precision_graph
     from amp_compiler.passes import ClassifyPass, KernelCoveragePass
     from amp_compiler.plan import PrecisionPlan, Role
     from amp_compiler.policy import default_table

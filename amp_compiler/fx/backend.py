@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from amp_compiler.fx.convert import transform
-from amp_compiler.fx.graph import is_float
+from amp_compiler.fx.views import is_float
 from amp_compiler.fx.report import FxReport
 from amp_compiler.fx.rewrite import functionalize_inplace
 from amp_compiler.targets import Target

@@ -25,8 +25,8 @@ that view of a ``torch.fx.GraphModule`` captured by ``torch.export``:
 - nodes that are not ATen operators (higher-order ops, calls of submodules) keep their dtypes;
 - an in-place op that could not be made functional shares the vertex of the tensor it mutates.
 
-Vertices hold :class:`FxOp` adapters as their ``node``: ``op_type`` is the ATen packet name
-(``"linear"``), ``domain`` is ``"aten"``, ``name`` the FX node name.
+Vertices hold :class:`~amp_compiler.fx.views.FxOp` views as their ``node``, and
+:class:`~amp_compiler.fx.views.FxSlot` slots (:mod:`amp_compiler.fx.views`).
 """
 
 from __future__ import annotations
@@ -34,116 +34,32 @@ from __future__ import annotations
 import dataclasses
 import operator
 
-import networkx as nx
 import numpy as np
 import onnx_ir as ir
 import torch
 import torch.fx as fx
 from onnx_ir.tensor_adapters import TorchTensor
 
+from amp_compiler.fx.arguments import (
+    has_dtype_argument,
+    mutated_arguments,
+    scalar_constants,
+    schema_argument,
+    tensor_arguments,
+    viewed,
+)
 from amp_compiler.fx.policy import AtenPolicy, op_name, policy_name
-from amp_compiler.graph import PrecisionGraph, SlotKind, Vertex
+from amp_compiler.fx.views import FLOAT_DTYPES, TORCH_TO_IR, FxOp, FxSlot, FxValue, is_float, tensor_dtype
+from amp_compiler.graph import PrecisionGraph, SlotKind, UnionFind, Vertex, tensor_edges
 from amp_compiler.policy import Category
 from amp_compiler.targets import Target
-
-TORCH_TO_IR = {
-    torch.float32: ir.DataType.FLOAT,
-    torch.float16: ir.DataType.FLOAT16,
-    torch.bfloat16: ir.DataType.BFLOAT16,
-    torch.float64: ir.DataType.DOUBLE,
-}
-IR_TO_TORCH = {v: k for k, v in TORCH_TO_IR.items()}
-FLOAT_DTYPES = frozenset(TORCH_TO_IR)
-_SCALAR_TYPES = ("Tensor", "Optional[Tensor]", "number", "Optional[number]")  # Tensor and Scalar arguments
-
-
-def tensor_dtype(node) -> torch.dtype | None:
-    """The dtype of the tensor an FX node produces (from its traced ``val``), None if not a tensor."""
-    if not isinstance(node, fx.Node):
-        return None
-    val = node.meta.get("val")
-    return val.dtype if isinstance(val, torch.Tensor) else None
-
-
-def is_float(node) -> bool:
-    return tensor_dtype(node) in FLOAT_DTYPES
-
-
-class FxOp:
-    """What the analysis passes read of a node (``op_type``, ``domain``, ``name``, ``inputs``)."""
-
-    __slots__ = ("fx", "op_type", "domain", "name", "inputs")
-
-    def __init__(self, node: fx.Node, op_type: str, domain: str, inputs: list):
-        self.fx = node
-        self.op_type = op_type
-        self.domain = domain
-        self.name = node.name
-        self.inputs = inputs
-
-    def __repr__(self) -> str:
-        return f"FxOp({self.op_type}, {self.name})"
-
-
-class FxValue:
-    """A tensor of the FX graph as the passes read values (``onnx_ir.Value``'s names): its name, its
-    shape (symbolic sizes count as their hint, or 1), and whether it is a graph input or a constant."""
-
-    __slots__ = ("name", "shape", "_input", "_constant")
-
-    def __init__(self, node: fx.Node, *, graph_input: bool, constant: bool):
-        self.name = node.name
-        val = node.meta.get("val")
-        dims = []
-        for d in getattr(val, "shape", ()):
-            try:
-                dims.append(int(d))
-            except (TypeError, ValueError, RuntimeError):
-                hint = getattr(getattr(d, "node", None), "hint", None)
-                dims.append(int(hint) if isinstance(hint, int) else 1)
-        self.shape = ir.Shape(dims) if val is not None else None
-        self._input = graph_input
-        self._constant = constant
-
-    def is_graph_input(self) -> bool:
-        return self._input
-
-    def is_initializer(self) -> bool:
-        return self._constant
-
-    @property
-    def const_value(self):
-        return True if self._constant else None
-
-    def producer(self):
-        return None
-
-    def __repr__(self) -> str:
-        return f"FxValue({self.name})"
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class FxSlot:
-    """A float tensor a node reads (NODE_IN, GRAPH_OUT) or produces (NODE_OUT, GRAPH_IN)."""
-
-    kind: SlotKind
-    owner: fx.Node  # the node reading or producing the tensor (the output node for GRAPH_OUT)
-    index: int  # NODE_IN/GRAPH_OUT: position among the owner's tensor arguments; NODE_OUT: output index
-    tensor: fx.Node  # the node whose value the tensor is (a getitem node for tuple outputs)
-    dtype: torch.dtype  # the traced dtype
-    arg: str | None = None  # the schema argument name (NODE_IN)
-    value: FxValue | None = None  # one adapter per tensor, shared by all its slots
-
-    @property
-    def defines(self) -> bool:
-        return self.kind in (SlotKind.NODE_OUT, SlotKind.GRAPH_IN)
 
 
 @dataclasses.dataclass
 class FxPrecisionGraph:
     """The precision graph and what lowering needs to apply a plan to the FX graph."""
 
-    graph: PrecisionGraph
+    graph: PrecisionGraph[FxSlot, FxOp]
     slots: list[FxSlot]
     defining: dict[fx.Node, FxSlot]  # tensor -> the slot producing it
     constant_slots: dict[fx.Node, list[FxSlot]]  # parameter/buffer source -> NODE_IN slots reading it
@@ -153,142 +69,8 @@ class FxPrecisionGraph:
     fixed_inputs: dict[tuple[fx.Node, int], fx.Node]  # (node, arg position) -> constant read as it is
     main_vertex: dict[fx.Node, int]  # the vertex that decides a node's reported precision
 
-    def vertex_of(self, slot: FxSlot) -> Vertex:
+    def vertex_of(self, slot: FxSlot) -> Vertex[FxSlot, FxOp]:
         return self.graph.vertices[self.graph.slot_vertex[slot]]
-
-
-def tensor_arguments(node: fx.Node) -> list[tuple[str | None, fx.Node]]:
-    """(schema argument name, node) for every node among ``node``'s args then kwargs, in map_arg order."""
-    names = _positional_names(node)
-    out: list[tuple[str | None, fx.Node]] = []
-    for i, a in enumerate(node.args):
-        name = names[i] if i < len(names) else None
-        fx.node.map_arg(a, lambda n, name=name: out.append((name, n)) or n)
-    for key, a in node.kwargs.items():
-        fx.node.map_arg(a, lambda n, key=key: out.append((key, n)) or n)
-    return out
-
-
-def replace_tensor_arguments(node: fx.Node, replacements: dict[int, fx.Node]) -> None:
-    """Replace the tensor arguments at the given positions (as numbered by :func:`tensor_arguments`)."""
-    if not replacements:
-        return
-    counter = iter(range(1 << 30))
-
-    def swap(n: fx.Node) -> fx.Node:
-        return replacements.get(next(counter), n)
-
-    args = tuple(fx.node.map_arg(a, swap) for a in node.args)
-    kwargs = {k: fx.node.map_arg(a, swap) for k, a in node.kwargs.items()}
-    node.args = args
-    node.kwargs = kwargs
-
-
-def _positional_names(node: fx.Node) -> list[str]:
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return [a.name for a in target._schema.arguments if not a.kwarg_only]
-    return []
-
-
-def schema_argument(node: fx.Node, name: str):
-    """(present, value) of the schema argument ``name`` in the call (keyword or positional)."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return False, None
-    if name in node.kwargs:
-        return True, node.kwargs[name]
-    for i, a in enumerate(target._schema.arguments):
-        if a.name == name:
-            if not a.kwarg_only and i < len(node.args):
-                return True, node.args[i]
-            return False, a.default_value if a.has_default_value() else None
-    return False, None
-
-
-def set_schema_argument(node: fx.Node, name: str, value) -> None:
-    """Set the schema argument ``name`` (where the call passes it, else as a keyword)."""
-    target = node.target
-    for i, a in enumerate(target._schema.arguments):
-        if a.name == name and not a.kwarg_only and i < len(node.args) and name not in node.kwargs:
-            args = list(node.args)
-            args[i] = value
-            node.args = tuple(args)
-            return
-    kwargs = dict(node.kwargs)
-    kwargs[name] = value
-    node.kwargs = kwargs
-
-
-def has_dtype_argument(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and any(
-        a.name == "dtype" for a in target._schema.arguments
-    )
-
-
-def _scalar_constants(node: fx.Node) -> list[tuple[str, float]]:
-    """Python floats the call passes where the schema takes a Tensor or Scalar."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return []
-    out = []
-    args = target._schema.arguments
-    for i, a in enumerate(args):
-        if a.kwarg_only or i >= len(node.args):
-            value = node.kwargs.get(a.name)
-        else:
-            value = node.args[i]
-        if isinstance(value, float) and str(a.type) in _SCALAR_TYPES:
-            out.append((a.name, value))
-    return out
-
-
-def _mutated_arguments(node: fx.Node) -> set[str]:
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return set()
-    return {
-        a.name for a in target._schema.arguments if a.alias_info is not None and a.alias_info.is_write
-    }
-
-
-def _viewed(node: fx.Node) -> fx.Node | None:
-    """The tensor ``node`` is a view of (its first tensor argument), or None if it is not a view."""
-    if node.op != "call_function":
-        return None
-    if node.target is operator.getitem:
-        node = node.args[0]
-        if not isinstance(node, fx.Node) or node.op != "call_function":
-            return None
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    if not any(r.alias_info is not None for r in target._schema.returns):
-        return None
-    args = tensor_arguments(node)
-    return args[0][1] if args else None
-
-
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[FxSlot, FxSlot] = {}
-
-    def add(self, s: FxSlot) -> None:
-        self.parent.setdefault(s, s)
-
-    def find(self, s: FxSlot) -> FxSlot:
-        root = s
-        while self.parent[root] is not root:
-            root = self.parent[root]
-        while self.parent[s] is not root:
-            self.parent[s], s = root, self.parent[s]
-        return root
-
-    def union(self, a: FxSlot, b: FxSlot) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra is not rb:
-            self.parent[rb] = ra
 
 
 def build_fx_precision_graph(
@@ -321,7 +103,7 @@ class _Builder:
         self.constants = constant_sources
         self.unchecked = unchecked
         self.table_lookups = table_lookups
-        self.uf = _UnionFind()
+        self.uf: UnionFind[FxSlot] = UnionFind()
         self.values: dict[fx.Node, FxValue] = {}
         self.slots: list[FxSlot] = []
         self.fixed: dict[FxSlot, str] = {}
@@ -342,12 +124,7 @@ class _Builder:
     def _value(self, tensor: fx.Node) -> FxValue:
         value = self.values.get(tensor)
         if value is None:
-            value = FxValue(
-                tensor,
-                graph_input=tensor.op == "placeholder" and tensor not in self.constants,
-                constant=tensor in self.constants,
-            )
-            self.values[tensor] = value
+            value = self.values[tensor] = FxValue(tensor)
         return value
 
     def _slot(self, kind, owner, index, tensor, op=None, policy=None, arg=None) -> FxSlot:
@@ -493,12 +270,12 @@ class _Builder:
                 shape=ir.Shape([]),
                 const_value=ir.tensor(np.array(v, dtype=np.float32)),
             )
-            for arg, v in _scalar_constants(node)
+            for arg, v in scalar_constants(node)
         ]
         if scalars:
             self.scalars.setdefault(main, []).extend(scalars)
 
-        mutated = _mutated_arguments(node)
+        mutated = mutated_arguments(node)
         for arg, t in args:
             if arg not in mutated or not is_float(t):
                 continue
@@ -549,11 +326,9 @@ class _Builder:
                 src = self.defining.get(tensor)
                 if src is not None:
                     self.uf.union(main, src)
-                tensor = _viewed(tensor)
+                tensor = viewed(tensor)
 
-        members: dict[FxSlot, list[FxSlot]] = {}
-        for slot in self.slots:
-            members.setdefault(self.uf.find(slot), []).append(slot)
+        members = self.uf.groups()
         vertices: list[Vertex] = []
         slot_vertex: dict[FxSlot, int] = {}
         node_vertices: dict[FxOp, list[int]] = {}
@@ -568,20 +343,14 @@ class _Builder:
                     if vertex.id not in lst:
                         lst.append(vertex.id)
 
-        digraph = nx.DiGraph()
-        digraph.add_nodes_from(range(len(vertices)))
-        for slot in self.slots:
-            if slot.defines or slot.tensor in self.constants:
-                continue
-            src = self.defining.get(slot.tensor)
-            vid = slot_vertex[slot]
-            if src is None or slot_vertex[src] == vid:
-                continue
-            s = slot_vertex[src]
-            if digraph.has_edge(s, vid):  # edges carry the tensors as the passes read them (FxValue)
-                digraph[s][vid]["values"].append(slot.value)
-            else:
-                digraph.add_edge(s, vid, values=[slot.value])
+        # Edges carry the tensors as the passes read them (FxValue); constants make no edge.
+        uses = (
+            (slot_vertex[src], slot_vertex[slot], slot.value)
+            for slot in self.slots
+            if not slot.defines and slot.tensor not in self.constants
+            and (src := self.defining.get(slot.tensor)) is not None
+        )
+        digraph = tensor_edges(len(vertices), uses)
 
         graph = PrecisionGraph(
             model=self.gm,

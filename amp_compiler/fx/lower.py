@@ -22,17 +22,9 @@ import torch
 import torch.fx as fx
 
 from amp_compiler.dtypes import short_name
-from amp_compiler.fx.graph import (
-    IR_TO_TORCH,
-    TORCH_TO_IR,
-    FxPrecisionGraph,
-    FxSlot,
-    replace_tensor_arguments,
-    schema_argument,
-    set_schema_argument,
-    tensor_arguments,
-    tensor_dtype,
-)
+from amp_compiler.fx.arguments import replace_tensor_arguments, schema_argument, set_schema_argument, tensor_arguments
+from amp_compiler.fx.graph import FxPrecisionGraph
+from amp_compiler.fx.views import IR_TO_TORCH, TORCH_TO_IR, FxSlot, tensor_dtype
 from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan
 

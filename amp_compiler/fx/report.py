@@ -11,7 +11,9 @@ import torch
 import torch.fx as fx
 
 from amp_compiler.convert import NodeDecision
-from amp_compiler.fx.graph import FLOAT_DTYPES, FxPrecisionGraph, tensor_arguments, tensor_dtype
+from amp_compiler.fx.arguments import tensor_arguments
+from amp_compiler.fx.graph import FxPrecisionGraph
+from amp_compiler.fx.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.fx.lower import Lowering, short
 from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan, Rule
