@@ -42,18 +42,13 @@ from amp_compiler.onnx_io import (
     save_model,
 )
 from amp_compiler.passes import (
-    CalibrationRangePass,
     ConvertedConstant,
     compile_patterns,
-    ClassifyPass,
-    ConstantRangePass,
-    KernelCoveragePass,
     LowerPlanPass,
-    MinCutPlacementPass,
     PadTensorCoresPass,
-    PaintPass,
     RemoveCancellingCastsPass,
 )
+from amp_compiler.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.plan import PrecisionPlan, Rule
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
@@ -226,6 +221,7 @@ def convert(
     policy = policy or default_table()
     _check_block_ops(opts.block_ops, policy)
     patterns = compile_patterns(opts.block_nodes)
+    check_placement(opts.placement)
     deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
     if isinstance(deferred, DeferredModel):
         proto, locations, checked, origin = deferred.model, deferred.locations, deferred.checked, str(deferred.files[0])
@@ -238,20 +234,13 @@ def convert(
     if locations:
         defer_ir_tensors(ir_model, locations)
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
-    plan = PrecisionPlan()
     nodes = node_order(ir_model)
     pinned = {nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)}
-    analyses = [ClassifyPass(opts.provider, opts.block_ops, patterns, pinned), ConstantRangePass(opts.target)]
-    analyses.insert(1, KernelCoveragePass(opts.provider))  # right after classification
-    if ranges:
-        analyses.append(CalibrationRangePass(ranges, opts.target))
-    analyses.append(PaintPass())
-    if opts.placement == "mincut":
-        analyses.append(MinCutPlacementPass(_element_counts(proto, opts.input_shapes)))
-    elif opts.placement != "paint":
-        raise OptionError(f"unknown placement {opts.placement!r}: expected mincut or paint", option="placement")
-    for analysis in analyses:
-        analysis(graph, plan)
+    elements = _element_counts(proto, opts.input_shapes) if opts.placement == "mincut" else None
+    settings = AnalysisSettings(
+        opts.target, opts.provider, opts.block_ops, patterns, pinned, ranges, opts.placement, elements
+    )
+    plan = plan_precisions(graph, settings)
     lower = LowerPlanPass(graph, plan)
     lower(ir_model)
     RemoveCancellingCastsPass()(ir_model)

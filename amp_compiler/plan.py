@@ -85,3 +85,10 @@ class PrecisionPlan:
 
     def decide(self, vid: int, dtype: ir.DataType, rule: Rule, reason: str) -> None:
         self.decisions[vid] = Decision(dtype, rule, reason)
+
+    def snapshot(self) -> PrecisionPlan:
+        """A copy that later ``set_role``/``decide`` calls on this plan leave as it is."""
+        return dataclasses.replace(
+            self, roles=dict(self.roles), role_rules=dict(self.role_rules), decisions=dict(self.decisions),
+            constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes),
+        )

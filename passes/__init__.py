@@ -1,15 +1,19 @@
 """Graph passes, installed as ``amp_compiler.passes``.
 
-Analysis passes read a :class:`~amp_compiler.graph.PrecisionGraph` and write a
-:class:`~amp_compiler.plan.PrecisionPlan` (they never edit the model):
-``ClassifyPass`` (policy roles), ``ConstantRangePass`` (unrepresentable constants),
-``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation), ``MinCutPlacementPass``
-(cast bytes minimised exactly over painting's free choices), ``KernelCoveragePass`` (ops without a
-low-precision kernel on the target provider stay FP32). Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``):
-``LowerPlanPass`` (apply the plan), ``RemoveCancellingCastsPass`` (cleanup) and the opt-in
-``PadTensorCoresPass`` (weights padded to multiples of 8, sliced back).
+Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read a
+:class:`~amp_compiler.graph.PrecisionGraph` and write a :class:`~amp_compiler.plan.PrecisionPlan`
+(they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
+puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
+low-precision kernel on the target provider stay FP32), ``ConstantRangePass`` (unrepresentable
+constants), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
+``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
+
+Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``): ``LowerPlanPass`` (apply
+the plan), ``RemoveCancellingCastsPass`` (cleanup) and the opt-in ``PadTensorCoresPass`` (weights
+padded to multiples of 8, sliced back).
 """
 
+from amp_compiler.passes.base import AnalysisPass
 from amp_compiler.passes.calibration import CalibrationRangePass
 from amp_compiler.passes.classify import ClassifyPass, compile_patterns
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
@@ -21,6 +25,7 @@ from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
 
 __all__ = [
+    "AnalysisPass",
     "CalibrationRangePass",
     "ClassifyPass",
     "ConstantRangePass",

@@ -7,26 +7,47 @@ Guarantees, given per-tensor ranges observed on the FP32 model (``amp_compiler.c
   keeps its producer and consumers FP32 (rule ``calibration.underflow``; FP16 only: BF16 has FP32's
   exponent range, so neither rule can fire for it);
 - fixed vertices and vertices already pinned keep their role and reason.
+``ensures`` checks the overflow rule and that only free vertices changed, and only to DENY.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from amp_compiler.graph import PrecisionGraph, SlotKind
+from amp_compiler.graph import PrecisionGraph, SlotKind, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Target
 
 
+_PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+
+
 @dataclasses.dataclass
-class CalibrationRangePass:
-    ranges: dict[str, TensorRange]
+class CalibrationRangePass(AnalysisPass):
+    ranges: Mapping[str, TensorRange]
     target: Target
     margin: float = 2.0
     max_underflow_share: float = 0.25
 
-    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        rules = frozenset({Rule.CALIBRATION_OVERFLOW, Rule.CALIBRATION_UNDERFLOW})
+        ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, rules)
+        def within_range(vertex: Vertex) -> bool:
+            return plan.roles[vertex.id] not in _PINNABLE or all(
+                r.absmax * self.margin <= self.target.max
+                for s in vertex.slots
+                if s.value is not None and s.value.name and (r := self.ranges.get(s.value.name)) is not None
+            )
+
+        ensure_all(self, graph.vertices, within_range, "is left free with a tensor beyond the target's range")
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         name = self.target.value.upper()
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):

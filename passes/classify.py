@@ -1,7 +1,7 @@
 """Classify: give every vertex its painting role from the policy table and the user's overrides.
 
-Guarantees: every vertex gets exactly one role and a rule id with a reason. Fixed vertices (dtype
-cannot change) are FIXED; user-blocked ops and nodes are DENY; HIGH ops are DENY, except
+Guarantees (checked by ``ensures``): every vertex gets exactly one role and a rule id with a reason.
+Fixed vertices (dtype cannot change), and only they, are FIXED; user-blocked ops and nodes are DENY; HIGH ops are DENY, except
 ``arithmetic`` HIGH ops whose kernel on the target provider computes in FP32 inside, which are INFER
 (they take low-precision inputs and outputs when their neighbours do); LOW ops are ALLOW; FOLLOW is
 INFER; PASS is CLEAR.
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
-
-import onnx_ir as ir
+from collections.abc import Hashable, Iterable, Mapping
 
 from amp_compiler.errors import OptionError
 from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.targets import Provider
@@ -38,17 +37,33 @@ def compile_patterns(patterns: Iterable[str], option: str = "block_nodes") -> tu
 
 
 @dataclasses.dataclass
-class ClassifyPass:
+class ClassifyPass(AnalysisPass):
     provider: Provider = Provider.CUDA
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[re.Pattern, ...] = ()
-    pinned: dict[ir.Node, str] = dataclasses.field(default_factory=dict)  # node -> why (--tolerance)
+    pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)  # op -> why (--tolerance)
 
-    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         unknown = set(graph.unknown_ops)
         for vertex in graph.vertices:
             role, rule, reason = self._classify(vertex, vertex.node in unknown)
             plan.set_role(vertex.id, role, rule, reason)
+
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require(not plan.roles, self, "the plan has roles already: classification runs first")
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        ensure(set(plan.roles) == {v.id for v in graph.vertices}, self, "not every vertex (only) has a role")
+        ensure_all(
+            self, graph.vertices,
+            lambda v: isinstance(plan.roles[v.id], Role) and isinstance(plan.role_rules[v.id][0], Rule)
+            and bool(plan.role_rules[v.id][1]),
+            "has no role, rule id or reason",
+        )
+        ensure_all(
+            self, graph.vertices, lambda v: (plan.roles[v.id] is Role.FIXED) == (not v.free),
+            "is FIXED while its dtype is free, or not FIXED while it is fixed",
+        )
 
     def _classify(self, vertex: Vertex, unknown_op: bool) -> tuple[Role, Rule, str]:
         node = vertex.node

@@ -3,7 +3,9 @@
 Guarantees: no initializer or Constant value is clamped or flushed silently. A vertex that reads a
 constant with a finite value beyond the target's range (it would become inf), or with non-zero values
 that would flush to zero (a ``Clip(1e-9, ...)`` bound, an epsilon), is pinned to FP32 (DENY) with the
-offending values in its reason. Infinities are representable and convert exactly.
+offending values in its reason. Infinities are representable and convert exactly. ``ensures`` checks
+that only free vertices changed, to DENY, and that no vertex left free reads a constant that a plain
+conversion makes infinite (attention masks rewritten as below aside).
 
 One exception, stated in the decision: a large negative constant (float32's lowest, -3.4e38, or
 -1e9) that only feeds an additive attention mask into a Softmax stands for -infinity. Pinning it
@@ -30,6 +32,7 @@ import onnx_ir as ir
 from onnx_ir.serde import TensorProtoTensor
 
 from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.targets import Target
 
@@ -129,12 +132,46 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
     )
 
 
+_PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+
+
+def overflows(value: ir.Value, target: Target) -> bool:
+    """True when an FP32 constant holds a finite value that becomes infinite in ``target``: a plain
+    conversion, the check :class:`ConstantRangePass` is held to."""
+    array = constant_array(value) if value.dtype is ir.DataType.FLOAT else None
+    if array is None:
+        return False
+    array = np.asarray(array, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        return bool((np.isfinite(array) & ~np.isfinite(array.astype(target.numpy_dtype))).any())
+
+
 @dataclasses.dataclass
-class ConstantRangePass:
+class ConstantRangePass(AnalysisPass):
     target: Target
     significant: float = 2.0**-10
 
-    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        rules = frozenset({Rule.CONSTANT_OVERFLOW, Rule.CONSTANT_UNDERFLOW})
+        ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, rules)
+        verdicts: dict[int, bool] = {}
+
+        def unrepresentable(value: ir.Value) -> bool:
+            key = id(value)
+            if key not in verdicts:
+                verdicts[key] = value not in plan.constant_rewrites and overflows(value, self.target)
+            return verdicts[key]
+
+        ensure_all(
+            self, graph.vertices,
+            lambda v: plan.roles[v.id] not in _PINNABLE or not any(map(unrepresentable, v.constants)),
+            f"is left free while it reads a constant beyond {self.target.value}'s range",
+        )
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         cache: dict[int, RangeStats | None] = dict.fromkeys(self._plainly_representable(graph, plan))
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):

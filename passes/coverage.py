@@ -24,8 +24,9 @@ BF16 coverage is smaller still: a BF16 model needs a GPU provider (``emulate_bf1
 anywhere). TensorRT has no kernel registry: it builds its engine from the graph, taking each
 tensor's type from the model, so every decision is already in the graph and nothing is pinned.
 
-Guarantees: only free, not yet denied vertices change; each pinned vertex names the op, its version,
-the provider and where the coverage came from.
+Guarantees (checked by ``ensures``): only free, not yet denied vertices change, to FIXED with the rule
+``provider.no-kernel`` (none on the CPU provider); each pinned vertex names the op, its version, the
+provider and where the coverage came from.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from amp_compiler import schemas
 from amp_compiler.dtypes import schema_type
 from amp_compiler.graph import PrecisionGraph, SlotKind
 from amp_compiler.onnx.slots import shape_codes
+from amp_compiler.passes.base import AnalysisPass, ensure_only_pinned, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.providers import SHORT_NAMES, KernelCoverage, coverage_for, short_type
 from amp_compiler.targets import Provider
@@ -46,15 +48,26 @@ _FLOAT_NAMES = {"float", "float16", "bfloat16", "double"}
 _NODE_IN, _NODE_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT
 
 
+_FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+
+
 @dataclasses.dataclass
-class KernelCoveragePass:
+class KernelCoveragePass(AnalysisPass):
     provider: Provider = Provider.CUDA
     # The coverage to use; None: :func:`amp_compiler.providers.coverage_for` the provider.
     coverage: KernelCoverage | None = None
     # per node shape (op, the vertex's slots, the other slots' types): why it has no kernel, or None
     _by_shape: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
-    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+        require(isinstance(graph.model, ir.Model), self, "kernels are looked up for the ops of an ONNX model")
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        pins = frozenset() if self.provider is Provider.CPU else frozenset({Rule.PROVIDER_NO_KERNEL})
+        ensure_only_pinned(self, graph, plan, before, _FREE, Role.FIXED, pins)
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         self._by_shape.clear()
         coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
         if coverage is None:
@@ -63,7 +76,7 @@ class KernelCoveragePass:
         target = short_type(graph.target.type_str)
         opsets = graph.model.opset_imports
         for vertex in graph.vertices:
-            if plan.roles.get(vertex.id) not in (Role.ALLOW, Role.INFER, Role.CLEAR):
+            if plan.roles.get(vertex.id) not in _FREE:
                 continue
             missing = self._missing(vertex, coverage, target, opsets)
             if missing is None:

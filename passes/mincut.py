@@ -28,8 +28,9 @@ How it stays fast on 100,000-node graphs, exactly:
   bias capacities are needed (those made augmenting paths walk the whole residual stream of a
   transformer once per vertex: quadratic).
 
-Guarantees: painting's colouring is a feasible cut, so the result moves at most as many cast bytes
-as painting (both totals are recorded on the plan); only free vertices change. Maximum flows are
+Guarantees (checked by ``ensures``, which recounts both totals): painting's colouring is a feasible
+cut, so the result moves at most as many cast bytes as painting (both totals are recorded on the
+plan); only free vertices change. Maximum flows are
 networkx's ``boykov_kolmogorov`` on integer byte capacities. Tensor sizes come from the inferred
 shapes, or from ``--input-shape`` where dims are dynamic; unknown dims count as 1.
 """
@@ -39,33 +40,34 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import networkx as nx
 import onnx_ir as ir
 from networkx.algorithms.flow import boykov_kolmogorov
 
-from amp_compiler.graph import PrecisionGraph
+from amp_compiler.graph import PrecisionGraph, ValueView
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 _SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side
 
 
-def tensor_elements(value: ir.Value) -> int:
+def tensor_elements(value: ValueView) -> int:
     shape = value.shape
     if shape is None:
         return 1
     return math.prod(d if isinstance(d, int) and d > 0 else 1 for d in shape.dims)
 
 
-def cast_bytes(value: ir.Value) -> int:
+def cast_bytes(value: ValueView) -> int:
     """Bytes a Cast between FP32 and a 16-bit type reads and writes for this tensor."""
     return tensor_elements(value) * (4 + 2)
 
 
 @dataclasses.dataclass(eq=False)
 class _Tensor:
-    value: ir.Value
+    value: ValueView
     producer: int
     users: set[int]
     bytes: int = 0  # what a Cast of it moves
@@ -75,11 +77,11 @@ class _Tensor:
         return p is not None and any(low_of.get(u, p) != p for u in self.users)
 
 
-def _tensors(graph: PrecisionGraph, elements: dict[str, int] | None = None) -> list[_Tensor]:
+def _tensors(graph: PrecisionGraph, elements: Mapping[str, int] | None = None) -> list[_Tensor]:
     """Every non-constant float tensor with its producing vertex, its using vertices and the bytes a
     Cast of it moves (``elements``: element counts by tensor name that override the inferred shape):
     the precision graph's edges carry them (constants and a vertex's own tensors excluded)."""
-    by_value: dict[ir.Value, _Tensor] = {}
+    by_value: dict[ValueView, _Tensor] = {}
     for src, dst, values in graph.digraph.edges(data="values"):
         for value in values:
             t = by_value.get(value)
@@ -98,23 +100,46 @@ def total_cast_bytes(tensors: Iterable[_Tensor], low_of: dict[int, bool]) -> int
     return sum(t.bytes for t in tensors if t.needs_cast(low_of))
 
 
+def _free(plan: PrecisionPlan, vid: int) -> bool:
+    """Painting was free to colour the vertex (FOLLOW/PASS, not forced FP32, not a table lookup)."""
+    return plan.roles[vid] in (Role.INFER, Role.CLEAR) and plan.decisions[vid].rule not in (
+        Rule.PAINT_DENY, Rule.PAINT_TABLE
+    )
+
+
 @dataclasses.dataclass
-class MinCutPlacementPass:
+class MinCutPlacementPass(AnalysisPass):
     """Re-decide painting's free vertices by minimum cut (see the module docstring). ``elements``:
     tensor sizes (element counts by name) for the cost, where the model's dims are dynamic
     (``--input-shape``); other tensors count their unknown dims as 1."""
 
-    elements: dict[str, int] | None = None
+    elements: Mapping[str, int] | None = None
 
-    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+        require(set(plan.decisions) == {v.id for v in graph.vertices}, self, "painting must decide every vertex first")
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        """Never more cast bytes than painting; only free vertices change; both totals recounted."""
+        painting, final = plan.cast_bytes_painting, plan.cast_bytes_final
+        ensure(painting is not None and final is not None, self, "the cast byte totals are not recorded")
+        ensure(final <= painting, self, f"the Casts move {final} bytes, painting's {painting}")
+        ensure_all(
+            self, graph.vertices,
+            lambda v: plan.decisions[v.id] == before.decisions[v.id]
+            or (_free(before, v.id) and plan.decisions[v.id].rule is Rule.MINCUT),
+            "changed colour, though painting was not free to choose it",
+        )
+        low = graph.target.dtype
+        tensors = _tensors(graph, self.elements)
+        for name, total, decided in (("painting", painting, before), ("placement", final, plan)):
+            recount = total_cast_bytes(tensors, {v.id: decided.decisions[v.id].dtype == low for v in graph.vertices})
+            ensure(recount == total, self, f"{name}'s Casts move {recount} bytes, {total} are recorded")
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         low = graph.target.dtype
         low_of = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
-        free = {
-            v.id
-            for v in graph.vertices
-            if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
-            and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
-        }
+        free = {v.id for v in graph.vertices if _free(plan, v.id)}
         incident: dict[int, list[_Tensor]] = {}
         regions = nx.utils.UnionFind(free)
         at_stake: list[list[int]] = []  # the free vertices of each tensor that needs a Cast

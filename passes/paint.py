@@ -1,6 +1,7 @@
 """Paint: decide every vertex's precision from its role, by propagation (TensorFlow AMP's painting).
 
-Steps (DESIGN section 4):
+Steps (TensorFlow's auto_mixed_precision painting, with the refinements README's "How decisions are
+made" describes):
 1. ALLOW vertices start low precision.
 2. DENY spreads forward through INFER vertices, and through CLEAR vertices that lead to a DENY or
    INFER vertex, stopping at ALLOW vertices: an Add fed by Exp stays FP32.
@@ -14,8 +15,9 @@ Steps (DESIGN section 4):
 4. Low precision spreads through CLEAR vertices in both directions.
 5. Values that must share a dtype (If outputs, Loop-carried values) are one vertex already.
 
-Guarantees: every vertex gets a decision; FIXED vertices keep their dtype; DENY vertices are FP32;
-only free vertices become low precision. Runs in O(V + E).
+Guarantees (checked by ``ensures``): every vertex gets a decision with a rule id and a reason; FIXED
+vertices keep their dtype; DENY vertices are FP32; ALLOW vertices are low precision; only free
+vertices become low precision. Runs in O(V + E).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterable
 import onnx_ir as ir
 
 from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 
@@ -67,8 +70,17 @@ def _bfs(
 
 
 @dataclasses.dataclass
-class PaintPass:
-    def __call__(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+class PaintPass(AnalysisPass):
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+        require(not plan.decisions, self, "the plan has decisions already")
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        ensure(set(plan.decisions) == {v.id for v in graph.vertices}, self, "not every vertex (only) is decided")
+        low = graph.target.dtype
+        ensure_all(self, graph.vertices, lambda v: _painted_as_its_role(v, plan, low), "is decided against its role")
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         g = graph.digraph
         roles = plan.roles
         low = graph.target.dtype
@@ -153,6 +165,21 @@ class PaintPass:
                     vid, ir.DataType.FLOAT, Rule.PAINT_DEFAULT,
                     f"FP32: {_label(plan, vid)}, without low-precision neighbours on both sides",
                 )
+
+
+def _painted_as_its_role(vertex: Vertex, plan: PrecisionPlan, low: ir.DataType) -> bool:
+    """The decision keeps the role: FIXED its dtype, DENY FP32, ALLOW low precision, and low
+    precision only where the vertex is free (or already low); a rule id and a reason each."""
+    decision, role = plan.decisions[vertex.id], plan.roles[vertex.id]
+    if not (isinstance(decision.rule, Rule) and decision.reason):
+        return False
+    if role is Role.FIXED:
+        return decision.dtype == (vertex.dtype or ir.DataType.UNDEFINED)
+    if role is Role.DENY:
+        return decision.dtype == ir.DataType.FLOAT
+    if role is Role.ALLOW:
+        return decision.dtype == low
+    return decision.dtype in (low, ir.DataType.FLOAT)
 
 
 def _label(plan: PrecisionPlan, vid: int) -> str:

@@ -13,15 +13,10 @@ from onnx import helper
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.onnx.precision_graph import build_precision_graph
-from amp_compiler.passes import (
-    ClassifyPass,
-    ConstantRangePass,
-    KernelCoveragePass,
-    MinCutPlacementPass,
-    PaintPass,
-)
+from amp_compiler.passes import MinCutPlacementPass
 from amp_compiler.passes.mincut import _tensors, total_cast_bytes
-from amp_compiler.plan import PrecisionPlan, Role, Rule
+from amp_compiler.plan import Role, Rule
+from amp_compiler.pipeline import AnalysisSettings, plan_precisions
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider, Target
 from models import catalog
@@ -130,13 +125,7 @@ def _painted(m):
     """The precision graph and plan of ``m`` right after painting (convert's analyses, in order)."""
     irm = ir.from_proto(onnx.shape_inference.infer_shapes(m))
     graph = build_precision_graph(irm, Target.FP16, default_table())
-    plan = PrecisionPlan()
-    for analysis in (
-        ClassifyPass(Provider.CUDA, frozenset(), (), {}), KernelCoveragePass(Provider.CUDA),
-        ConstantRangePass(Target.FP16), PaintPass(),
-    ):
-        analysis(graph, plan)
-    return graph, plan
+    return graph, plan_precisions(graph, AnalysisSettings(Target.FP16, Provider.CUDA, placement="paint"))
 
 
 def _random_graph(seed: int):

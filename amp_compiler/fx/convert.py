@@ -21,8 +21,8 @@ from amp_compiler.fx.policy import AtenPolicy, default_policy
 from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
 from amp_compiler.fx.report import FxReport, node_decisions, state_bytes
 from amp_compiler.graph import SlotKind
-from amp_compiler.passes import ClassifyPass, ConstantRangePass, MinCutPlacementPass, PaintPass, compile_patterns
-from amp_compiler.plan import PrecisionPlan
+from amp_compiler.passes import compile_patterns
+from amp_compiler.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.targets import Provider, Target
 
 REPORT_KEY = "amp_compiler"
@@ -85,6 +85,7 @@ def transform(
     if unknown:
         raise OptionError(f"unknown ATen op(s): {', '.join(unknown)}", option="block_ops")
     patterns = compile_patterns(block_nodes)
+    check_placement(placement)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     bytes_before = state_bytes(gm) if parameter_bytes_before is None else parameter_bytes_before
@@ -97,14 +98,9 @@ def transform(
         unchecked_constants=set(unchecked_constants),
         table_lookups=(mode == "inference"),
     )
-    if placement not in ("mincut", "paint"):
-        raise OptionError(f"unknown placement {placement!r}: expected mincut or paint", option="placement")
-    plan = PrecisionPlan()
-    analyses = [ClassifyPass(Provider.CUDA, block_ops, tuple(patterns)), ConstantRangePass(target), PaintPass()]
-    if placement == "mincut":
-        analyses.append(MinCutPlacementPass())
-    for analysis in analyses:
-        analysis(fxg.graph, plan)
+    # The ONNX path's analysis; no kernel coverage (it looks ONNX ops up in onnxruntime's registry).
+    settings = AnalysisSettings(target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False)
+    plan = plan_precisions(fxg.graph, settings)
     lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
     fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
     _check(gm, fxg, lowering, fake)
