@@ -8,8 +8,11 @@
 The PyTorch path lives in ``amp_compiler.fx`` and is the only place that imports torch.
 """
 
-from amp_compiler.convert import ConversionResult, ConvertOptions, NodeDecision, convert
+from amp_compiler.convert import convert
+from amp_compiler.decisions import NodeDecision
 from amp_compiler.errors import AmpUserError
+from amp_compiler.options import ConvertOptions
+from amp_compiler.result import ConversionResult
 from amp_compiler.targets import Provider, Target
 
 __all__ = [

@@ -14,13 +14,15 @@ import onnx
 
 from amp_compiler.calibrate import collect_ranges, load_samples, random_samples
 from amp_compiler.checks import compare, run_onnxruntime
-from amp_compiler.convert import ConversionResult, ConvertOptions, convert
+from amp_compiler.convert import convert
 from amp_compiler.emulate import emulate
 from amp_compiler.errors import OptionError
+from amp_compiler.options import ConvertOptions
 from amp_compiler.policy import PolicyTable
 from amp_compiler.refine import Refinement, measure, refine
 from amp_compiler.report.build import build_report
 from amp_compiler.report.model import PrecisionReport
+from amp_compiler.result import ConversionResult
 from amp_compiler.targets import Target
 
 

@@ -19,14 +19,15 @@ import numpy as np
 import onnx
 
 from amp_compiler.calibrate import IntermediateRunner
-from amp_compiler.convert import ConversionResult, ConvertOptions, convert
+from amp_compiler.convert import convert
 from amp_compiler.emulate import emulate
 from amp_compiler.errors import OptionError
+from amp_compiler.options import ConvertOptions
 from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import NodeError, TensorRange
+from amp_compiler.result import ConversionResult
 from amp_compiler.targets import Target
-
 
 # Decisions that pinning cannot change.
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))

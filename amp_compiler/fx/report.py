@@ -1,4 +1,4 @@
-"""The per-node report of an FX conversion: the same :class:`~amp_compiler.convert.NodeDecision`
+"""The per-node report of an FX conversion: the same :class:`~amp_compiler.decisions.NodeDecision`
 records as the ONNX path (node, op, precision, rule id, reason, dtypes), one per graph node, plus the
 casts inserted and the parameter memory before and after."""
 
@@ -10,11 +10,11 @@ import operator
 import torch
 import torch.fx as fx
 
-from amp_compiler.convert import NodeDecision
+from amp_compiler.decisions import NodeDecision
 from amp_compiler.fx.arguments import tensor_arguments
 from amp_compiler.fx.graph import FxPrecisionGraph
-from amp_compiler.fx.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.fx.lower import Lowering, short
+from amp_compiler.fx.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan, Rule
 

@@ -32,3 +32,8 @@ def is_constant(value: ir.Value) -> bool:
         return True
     producer = value.producer()
     return producer is not None and producer.op_type == "Constant" and is_onnx_domain(producer.domain)
+
+
+def node_order(model: ir.Model) -> list[ir.Node]:
+    """Every node of every graph, in the order decisions are reported (and ``pinned_nodes`` counts)."""
+    return [node for g in iter_graphs(model.graph) for node in g]

@@ -7,7 +7,6 @@ from collections import Counter
 import onnx
 
 from amp_compiler.checks import OutputAccuracy as MeasuredAccuracy
-from amp_compiler.convert import ConversionResult
 from amp_compiler.costs import estimate
 from amp_compiler.onnx_io import iter_proto_graphs
 from amp_compiler.plan import Rule
@@ -20,6 +19,7 @@ from amp_compiler.report.model import (
     Summary,
     TensorRange,
 )
+from amp_compiler.result import ConversionResult
 
 CAST_RULE = Rule.LOWERING_CAST.value
 

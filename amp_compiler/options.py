@@ -1,0 +1,70 @@
+"""Conversion options: what to convert to and what to leave alone, and their checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from amp_compiler import schemas
+from amp_compiler.errors import OptionError
+from amp_compiler.policy import PolicyTable
+from amp_compiler.targets import Provider, Target
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """What to convert to and what to leave alone.
+
+    ``block_ops``: op types kept in FP32. ``block_nodes``: regular expressions searched in node
+    names; matching nodes are kept in FP32. A blocked node wins over the policy table; a dtype fixed
+    by the schema or the model wins over both.
+    """
+
+    target: Target = Target.FP16
+    provider: Provider = Provider.CUDA
+    keep_io_types: bool = True
+    block_ops: frozenset[str] = frozenset()
+    block_nodes: tuple[str, ...] = ()
+    # Nodes kept FP32 by the --tolerance refinement: (position in node_order(), reason).
+    pinned_nodes: tuple[tuple[int, str], ...] = ()
+    # "mincut": re-decide painting's free choices to move the fewest cast bytes; "paint": painting only.
+    placement: str = "mincut"
+    # Pad low-precision MatMul/Gemm/Conv weights to multiples of 8 with zeros and Slice back (exact).
+    pad_tensor_cores: bool = False
+    # Graph input shapes for the cast-cost model, where the model's dims are dynamic (--input-shape):
+    # ((name, (dim, ...)), ...). The output keeps its dynamic dims.
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:
+    """``options`` (default: ``ConvertOptions()``) with keyword ``overrides`` of its fields, given in
+    the plain types people write (``target="bf16"``, ``block_ops=["Softmax"]``, ``input_shapes={...}``)."""
+    opts = options or ConvertOptions()
+    if not overrides:
+        return opts
+    fields = {f.name for f in dataclasses.fields(ConvertOptions)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    values = dict(overrides)
+    if isinstance(values.get("target"), str):
+        values["target"] = Target.parse(values["target"])
+    if isinstance(values.get("provider"), str):
+        values["provider"] = Provider.parse(values["provider"])
+    if "block_ops" in values:
+        values["block_ops"] = frozenset(values["block_ops"])
+    for key in ("block_nodes", "pinned_nodes"):
+        if key in values:
+            values[key] = tuple(values[key])
+    if isinstance(values.get("input_shapes"), dict):
+        values["input_shapes"] = tuple((k, tuple(v)) for k, v in values["input_shapes"].items())
+    return dataclasses.replace(opts, **values)
+
+
+def check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:
+    """Raise :class:`OptionError` for op types that neither the policy table nor the ONNX schemas know."""
+    known = policy.op_names()
+    unknown = sorted(op for op in ops if op not in known and not schemas.lookup("", op, 100))
+    if unknown:
+        raise OptionError(f"unknown op type(s): {', '.join(unknown)}", option="block_ops")

@@ -1,0 +1,86 @@
+"""What a conversion returns: the converted model, one decision per node, and how to save it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import onnx
+import onnx_ir as ir
+
+from amp_compiler.decisions import NodeDecision
+from amp_compiler.onnx_io import check_output_path, save_ir_model, save_model
+from amp_compiler.options import ConvertOptions
+
+
+class DeferredOutput(Protocol):
+    """A conversion's IR whose unconverted weights are still on disk, and how to make its ModelProto."""
+
+    ir_model: ir.Model
+
+    def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto: ...
+
+    def materialize(self) -> onnx.ModelProto:
+        """The ModelProto with every weight read into it."""
+        ...
+
+
+@dataclasses.dataclass
+class ConversionResult:
+    """The converted model, one :class:`NodeDecision` per node of it, and what the conversion changed."""
+
+    model: onnx.ModelProto
+    decisions: list[NodeDecision]
+    casts_inserted: int
+    constants_converted: int
+    options: ConvertOptions
+    cast_bytes_painting: int | None = None  # bytes Casts would move as painted (shapes as inferred)
+    cast_bytes: int | None = None  # bytes the placed Casts move
+
+    # Set when the input kept its large weights on disk (a path or a DeferredModel with external
+    # data): the converted IR, written by save() with its weights in a data file; ``model`` builds
+    # the ModelProto, with every weight inside it, only when it is asked for.
+    output: DeferredOutput | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def decisions_by_rule(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            counts[d.rule] = counts.get(d.rule, 0) + 1
+        return counts
+
+    def save(
+        self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False
+    ) -> Path | None:
+        """Write the converted model to ``path``, refusing to overwrite ``input_files`` (the input
+        model, then its external data; ``force`` allows the model file itself).
+
+        A model converted from one with external data is written the same way: its initializers of
+        1 KiB or more go to ``<path>.data`` beside it, one tensor at a time (weights never all in
+        memory, and no 2 GiB protobuf limit). Returns that data file, or None for a single file.
+        """
+        files = [Path(f) for f in input_files]
+        if self.output is not None:
+            return save_ir_model(
+                self.output.ir_model, path, self.output.to_proto, input_files=files, force=force
+            )
+        check_output_path(path, files, force=force)
+        save_model(self.model, path, input_path=None if force or not files else files[0])
+        return None
+
+
+def _result_model(self: ConversionResult) -> onnx.ModelProto:
+    if self._model is None and self.output is not None:
+        self._model = self.output.materialize()
+    return self._model
+
+
+def _set_result_model(self: ConversionResult, model: onnx.ModelProto | None) -> None:
+    self._model = model
+
+
+# ``model`` is a field (positional first argument, in repr and ==) read through a property, so that
+# a deferred conversion builds its ModelProto only when asked.
+ConversionResult.model = property(_result_model, _set_result_model, doc="The converted ModelProto.")  # type: ignore[assignment]
