@@ -21,7 +21,7 @@ from amp_compiler.decisions import NodeDecision, node_decisions
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.precision_graph import build_precision_graph
-from amp_compiler.onnx.walk import iter_graphs, node_order
+from amp_compiler.onnx.ir_walk import iter_graphs, node_order
 from amp_compiler.onnx_io import (
     DeferredModel,
     DeferredTensor,

@@ -11,7 +11,7 @@ from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import SlotKind
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
-from amp_compiler.onnx.walk import is_constant, iter_graphs
+from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.passes.lower import CastRecord
 from amp_compiler.plan import PrecisionPlan, Rule
 
@@ -59,7 +59,7 @@ def node_decisions(
     graph: OnnxPrecisionGraph, plan: PrecisionPlan, model: ir.Model, casts: Iterable[CastRecord],
     input_nodes: Sequence[ir.Node],
 ) -> list[NodeDecision]:
-    """One decision per node of the lowered ``model``, in :func:`~amp_compiler.onnx.walk.node_order`:
+    """One decision per node of the lowered ``model``, in :func:`~amp_compiler.onnx.ir_walk.node_order`:
     the decision of the vertex that decides the node (the one vertex of its slots, or its first
     output's), the Casts lowering inserted (``casts``), constants and nodes without float data.
     ``input_nodes``: the input model's nodes in order, whose positions the decisions carry (``index``)."""

@@ -20,7 +20,7 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-from amp_compiler.onnx.walk import iter_graphs
+from amp_compiler.onnx.ir_walk import iter_graphs
 
 _F32 = ir.DataType.FLOAT
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)

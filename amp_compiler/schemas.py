@@ -14,11 +14,6 @@ import onnx
 import onnx.defs
 
 
-def is_onnx_domain(domain: str) -> bool:
-    """True for the default ONNX domain, spelled "" or "ai.onnx"."""
-    return domain in ("", "ai.onnx")
-
-
 def canonical_domain(domain: str) -> str:
     """The domain as the policy tables and kernel registries key it: "ai.onnx" for the default one."""
     return "ai.onnx" if is_onnx_domain(domain) else domain
@@ -145,3 +140,8 @@ def lookup(domain: str, op_type: str, opset: int) -> OpSignature | None:
         return None
     chosen = [s for s in versions if s.since_version <= opset] or versions[:1]
     return _from_ort(chosen[-1])
+
+
+def is_onnx_domain(domain: str) -> bool:
+    """True for the default ONNX domain, spelled "" or "ai.onnx"."""
+    return domain in ("", "ai.onnx")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from amp_compiler.onnx.walk import iter_graphs
+from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.schemas import is_onnx_domain
 
 # (narrow, wide): widening narrow -> wide and back is exact.

@@ -27,7 +27,7 @@ from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import SlotKind
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
-from amp_compiler.onnx.walk import is_constant, iter_graphs
+from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 

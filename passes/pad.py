@@ -32,7 +32,7 @@ import numpy as np
 import onnx_ir as ir
 
 from amp_compiler.dtypes import short_name
-from amp_compiler.onnx.walk import is_constant, iter_graphs
+from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.passes.constants import constant_array
 from amp_compiler.passes.lower import _Names
 from amp_compiler.plan import Rule

@@ -1,4 +1,4 @@
-"""Painting (DESIGN section 4): each step on a graph where the answer is known."""
+"""Painting (passes/paint.py: TensorFlow's AMP painting): each step on a graph where the answer is known."""
 
 import numpy as np
 import pytest

@@ -34,7 +34,7 @@ from amp_compiler.onnx.slots import (
     slot_order,
     tensor_dtype,
 )
-from amp_compiler.onnx.walk import is_constant, iter_graphs
+from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.policy import Category, OpPolicy, PolicyTable
 from amp_compiler.targets import Target
 

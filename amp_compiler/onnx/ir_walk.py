@@ -1,4 +1,4 @@
-"""Walks over onnx_ir models: every graph with its subgraphs, and which values are constants."""
+"""Walks over onnx_ir models: every graph with its subgraphs, their nodes in order, and which values are constants."""
 
 from __future__ import annotations
 
