@@ -88,7 +88,8 @@ def analyze(
             warnings.append("output accuracy measured on random inputs: pass --calibration-data for real ones")
     except Exception as exc:  # the model does not run here (custom ops, missing kernels)
         accuracy = []
-        warnings.append(f"output accuracy not measured: onnxruntime could not run the model ({str(exc).splitlines()[0][:160]})")
+        first = str(exc).splitlines()[0][:160]
+        warnings.append(f"output accuracy not measured: onnxruntime could not run the model ({first})")
     report = build_report(
         model,
         result,

@@ -58,7 +58,9 @@ def _check_sample(sample: dict[str, np.ndarray], model: onnx.ModelProto, origin:
             )
         if tt.HasField("shape"):
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-            bad = len(dims) != array.ndim or any(d is not None and d != a for d, a in zip(dims, array.shape))
+            bad = len(dims) != array.ndim or any(
+                d is not None and d != a for d, a in zip(dims, array.shape, strict=True)
+            )
             if bad:
                 shown = "x".join("?" if d is None else str(d) for d in dims) or "scalar"
                 raise CalibrationDataError(
@@ -162,7 +164,7 @@ class IntermediateRunner:
     def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
         values = self.session.run(None, {k: v for k, v in sample.items() if k in self.feeds})
-        return dict(zip(self.names, values))
+        return dict(zip(self.names, values, strict=True))
 
 
 @dataclasses.dataclass

@@ -20,8 +20,8 @@ from amp_compiler.costs import check_input_shapes, element_counts
 from amp_compiler.decisions import NodeDecision, node_decisions
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.gc_pause import gc_paused
-from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.onnx.ir_walk import iter_graphs, node_order
+from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.onnx_io import (
     DeferredModel,
     DeferredTensor,
@@ -110,7 +110,7 @@ def convert(
     casts_added = sum(d.op_type == "Cast" for d in decisions) - sum(n.op_type == "Cast" for n in nodes)
     output = _DeferredOutput(ir_model, proto) if locations else None
     return ConversionResult(
-        None if output else _output_proto(ir_model, proto), decisions, casts_added,
+        None if output else _output_proto(ir_model, proto), decisions, casts_added,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
     )
 

@@ -195,10 +195,10 @@ def _flops(node: onnx.NodeProto, shape) -> int:
         eq = _attr(node, "equation", b"")
         eq = eq.decode() if isinstance(eq, bytes) else eq
         terms = eq.replace(" ", "").split("->")[0].split(",")
-        for term, s in zip(terms, ins):
+        for term, s in zip(terms, ins, strict=False):
             if s is None or "." in term:
                 continue
-            for letter, d in zip(term, s):
+            for letter, d in zip(term, s, strict=False):
                 sizes[letter] = d
         return 2 * math.prod(sizes.values()) if sizes else 0
     if op in DATA_MOVEMENT or out is None:
@@ -235,7 +235,8 @@ _GEMM_DIMS = {"MatMul": _matmul_dims, "Gemm": _gemm_dims, "Conv": _conv_dims, "C
 
 def _tensor_core(node: onnx.NodeProto, shape, types, policy: PolicyTable) -> tuple[bool | None, str]:
     """Eligibility of a low-precision Tensor Core op (None: not one, or not assessed) and why."""
-    if not policy.is_tensor_core(node.domain, node.op_type) or not node.input or types.get(node.input[0]) not in LOW_TYPES:
+    low = bool(node.input) and types.get(node.input[0]) in LOW_TYPES
+    if not low or not policy.is_tensor_core(node.domain, node.op_type):
         return None, ""
     read = _GEMM_DIMS.get(node.op_type)
     if read is None:

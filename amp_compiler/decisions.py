@@ -9,9 +9,9 @@ import onnx_ir as ir
 
 from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import SlotKind
+from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
-from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.passes.lower import CastRecord
 from amp_compiler.plan import PrecisionPlan, Rule
 
@@ -50,9 +50,10 @@ def _dtype_names(values: Iterable[ir.Value | None]) -> list[str]:
 
 
 def _user_name(slot: Slot) -> str:
-    if slot.kind is SlotKind.GRAPH_OUT:
+    owner = slot.owner
+    if slot.kind is SlotKind.GRAPH_OUT or not isinstance(owner, ir.Node):
         return f"graph output {slot.index}"
-    return slot.owner.name or slot.owner.op_type
+    return owner.name or owner.op_type
 
 
 def node_decisions(
@@ -114,7 +115,7 @@ def node_decisions(
                     precision, rule, reason = "none", Rule.NONFLOAT.value, "no float inputs or outputs"
             else:
                 decision = decisions[main]
-                if len(vids) == 1 or len({decisions[v].dtype for v in vids}) == 1:
+                if not vids or len(vids) == 1 or len({decisions[v].dtype for v in vids}) == 1:
                     precision = short_name(decision.dtype)
                 else:
                     precision = "mixed"

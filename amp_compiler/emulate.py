@@ -24,9 +24,10 @@ from amp_compiler.onnx.ir_walk import iter_graphs
 
 _F32 = ir.DataType.FLOAT
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+_LOW_INTS = frozenset(int(t) for t in _LOW)
 
 
-def _widen_tensor(t: ir.TensorProtocol, name: str | None) -> ir.Tensor:
+def _widen_tensor(t: ir.TensorProtocol, name: str | None) -> ir.TensorProtocol:
     return ir.tensor(t.numpy().astype(np.float32), name=name)
 
 
@@ -75,7 +76,7 @@ def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
             for name, attr in list(node.attributes.items()):
                 if attr.type == ir.AttributeType.TENSOR and attr.value.dtype in _LOW:
                     node.attributes[name] = ir.AttrTensor(name, _widen_tensor(attr.value, attr.value.name))
-                elif name in ("to", "dtype") and attr.type == ir.AttributeType.INT and attr.value in {int(t) for t in _LOW}:
+                elif name in ("to", "dtype") and attr.type == ir.AttributeType.INT and attr.value in _LOW_INTS:
                     node.attributes[name] = ir.AttrInt64(name, int(_F32))
             for out in node.outputs:
                 if out.dtype in _LOW:

@@ -71,14 +71,15 @@ class ConversionResult:
         return None
 
 
-def _result_model(self: ConversionResult) -> onnx.ModelProto:
-    if self._model is None and self.output is not None:
-        self._model = self.output.materialize()
-    return self._model
+def _result_model(self: ConversionResult) -> onnx.ModelProto | None:
+    model = self.__dict__.get("_model")
+    if model is None and self.output is not None:
+        model = self.__dict__["_model"] = self.output.materialize()
+    return model
 
 
 def _set_result_model(self: ConversionResult, model: onnx.ModelProto | None) -> None:
-    self._model = model
+    self.__dict__["_model"] = model
 
 
 # ``model`` is a field (positional first argument, in repr and ==) read through a property, so that

@@ -11,6 +11,7 @@ import onnx_ir as ir
 from amp_compiler.dtypes import schema_type
 from amp_compiler.errors import OptionError
 
+
 class Target(enum.Enum):
     """The low-precision format a conversion produces."""
 

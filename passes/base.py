@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 from onnx_ir.passes import PostconditionError, PreconditionError
 
@@ -51,7 +52,12 @@ def require(ok: bool, pass_: AnalysisPass, message: str) -> None:
 def ensure(ok: bool, pass_: AnalysisPass, message: str) -> None:
     """A postcondition of ``pass_``."""
     if not ok:
-        raise PostconditionError(f"{type(pass_).__name__}: {message}")
+        fail(pass_, message)
+
+
+def fail(pass_: AnalysisPass, message: str) -> NoReturn:
+    """A postcondition of ``pass_`` that does not hold."""
+    raise PostconditionError(f"{type(pass_).__name__}: {message}")
 
 
 def ensure_all(pass_: AnalysisPass, vertices: Iterable[Vertex], ok: Callable[[Vertex], bool], what: str) -> None:
@@ -81,4 +87,5 @@ def ensure_only_pinned(
         rule, reason = plan.role_rules[vid]
         return before.roles[vid] in pinnable and plan.roles[vid] is role and rule in rules and bool(reason)
 
-    ensure_all(pass_, graph.vertices, kept_or_pinned, f"changed role, where only {role.value} by {sorted(r.value for r in rules)} may")
+    allowed = f"only {role.value} by {sorted(r.value for r in rules)} may"
+    ensure_all(pass_, graph.vertices, kept_or_pinned, f"changed role, where {allowed}")

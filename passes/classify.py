@@ -1,10 +1,10 @@
 """Classify: give every vertex its painting role from the policy table and the user's overrides.
 
 Guarantees (checked by ``ensures``): every vertex gets exactly one role and a rule id with a reason.
-Fixed vertices (dtype cannot change), and only they, are FIXED; user-blocked ops and nodes are DENY; HIGH ops are DENY, except
-``arithmetic`` HIGH ops whose kernel on the target provider computes in FP32 inside, which are INFER
-(they take low-precision inputs and outputs when their neighbours do); LOW ops are ALLOW; FOLLOW is
-INFER; PASS is CLEAR.
+Fixed vertices (dtype cannot change), and only they, are FIXED; user-blocked ops and nodes are DENY;
+HIGH ops are DENY, except ``arithmetic`` HIGH ops whose kernel on the target provider computes in
+FP32 inside, which are INFER (they take low-precision inputs and outputs when their neighbours do);
+LOW ops are ALLOW; FOLLOW is INFER; PASS is CLEAR.
 
 Precedence, highest first: fixed by the schema or the model > user ``block_nodes`` > user
 ``block_ops`` > nodes pinned by ``--tolerance`` > the policy table.
@@ -16,9 +16,10 @@ import dataclasses
 import re
 from collections.abc import Hashable, Iterable, Mapping
 
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require
+
 from amp_compiler.errors import OptionError
 from amp_compiler.graph import PrecisionGraph, Vertex
-from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.targets import Provider
@@ -87,7 +88,7 @@ class ClassifyPass(AnalysisPass):
         if category is Category.LOW:
             return Role.ALLOW, Rule.POLICY_LOW, f"LOW: {op}: {reason}"
         if category is Category.HIGH:
-            if policy.sensitivity is Sensitivity.ARITHMETIC:
+            if policy is not None and policy.sensitivity is Sensitivity.ARITHMETIC:
                 if policy.accumulates_fp32_on(self.provider):
                     return (
                         Role.INFER,

@@ -10,13 +10,15 @@ removed; no other node is.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import onnx_ir as ir
 
 from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.schemas import is_onnx_domain
 
 # (narrow, wide): widening narrow -> wide and back is exact.
-_LOSSLESS = {
+_LOSSLESS: set[tuple[ir.DataType | None, ir.DataType | None]] = {
     (ir.DataType.FLOAT16, ir.DataType.FLOAT),
     (ir.DataType.BFLOAT16, ir.DataType.FLOAT),
     (ir.DataType.FLOAT16, ir.DataType.DOUBLE),
@@ -25,7 +27,7 @@ _LOSSLESS = {
 }
 
 
-def _is_cast(node: ir.Node | None) -> bool:
+def _is_cast(node: ir.Node | None) -> TypeGuard[ir.Node]:
     return node is not None and node.op_type == "Cast" and is_onnx_domain(node.domain)
 
 
@@ -53,8 +55,8 @@ class RemoveCancellingCastsPass(ir.passes.InPlacePass):
                     continue
                 out.replace_all_uses_with(origin)
                 graph.remove(node, safe=True)
-                widened = inner.outputs[0]
-                if not widened.uses() and not widened.is_graph_output():
-                    inner.graph.remove(inner, safe=True)
+                widened, home = inner.outputs[0], inner.graph
+                if not widened.uses() and not widened.is_graph_output() and home is not None:
+                    home.remove(inner, safe=True)
                 modified = True
         return ir.passes.PassResult(model, modified)

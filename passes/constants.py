@@ -29,13 +29,12 @@ import math
 import numpy as np
 import onnx
 import onnx_ir as ir
+from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from onnx_ir.serde import TensorProtoTensor
 
 from amp_compiler.graph import PrecisionGraph, Vertex
-from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.targets import Target
-
 
 MASK_LOWEST = -32768.0
 # Ops an additive mask passes through on its way to the Softmax, and the ops it must end in.
@@ -221,7 +220,7 @@ class ConstantRangePass(AnalysisPass):
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         plain = np.maximum.reduceat(flat, starts) <= self._limits[0]  # NaN: False
         plain &= ~np.logical_or.reduceat((flat < self._limits[1]) & (flat != 0), starts)
-        return [key for key, ok in zip(keys, plain.tolist()) if ok]
+        return [key for key, ok in zip(keys, plain.tolist(), strict=True) if ok]
 
     def _representable(self, arr: np.ndarray) -> bool:
         """A quick exact screen (a few passes over the data, none of them a conversion of the whole

@@ -18,27 +18,31 @@ import dataclasses
 from collections.abc import Iterable
 
 import ml_dtypes
+import numpy as np
 import onnx
 import onnx.defs
-import numpy as np
 import onnx_ir as ir
+from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 
 from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import SlotKind
+from amp_compiler.onnx.ir_walk import home_graph, is_constant, iter_graphs
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
-from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.plan import PrecisionPlan
-from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 
-_NUMPY = {
+_NUMPY: dict[ir.DataType, np.dtype] = {
     ir.DataType.FLOAT: np.dtype(np.float32),
     ir.DataType.DOUBLE: np.dtype(np.float64),
 }
 
 
 def numpy_dtype(dtype: ir.DataType) -> np.dtype:
-    return _NUMPY.get(dtype) or dtype.numpy()
+    """The numpy dtype of an element type (ml_dtypes' for bfloat16)."""
+    found = _NUMPY.get(dtype)
+    if found is not None:
+        return found
+    return np.dtype(dtype.numpy())
 
 
 def _attribute_types(node: ir.Node) -> dict[str, ir.AttributeType]:
@@ -47,7 +51,8 @@ def _attribute_types(node: ir.Node) -> dict[str, ir.AttributeType]:
         schema = onnx.defs.get_schema(node.op_type, node.version or 100, node.domain)
     except onnx.defs.SchemaError:
         return {}
-    return {name: ir.AttributeType(int(a.type)) for name, a in schema.attributes.items()}
+    # onnx's stubs type AttrType without __int__; it is an int enum.
+    return {name: ir.AttributeType(int(a.type)) for name, a in schema.attributes.items()}  # type: ignore[call-overload]
 
 
 class ConvertedConstant(ir.LazyTensor):
@@ -58,8 +63,11 @@ class ConvertedConstant(ir.LazyTensor):
 
     __slots__ = ("_source", "_rewrite", "_bytes")
 
-    def __init__(self, source: ir.TensorProtocol, dtype: ir.DataType, name: str, rewrite: float | None = None):
-        super().__init__(None, dtype, source.shape, name=name, doc_string=source.doc_string)
+    def __init__(
+        self, source: ir.TensorProtocol, dtype: ir.DataType, name: str | None, rewrite: float | None = None
+    ):
+        # No thunk: _evaluate is this class's own. The source's shape is an onnx_ir Shape.
+        super().__init__(None, dtype, source.shape, name=name, doc_string=source.doc_string)  # type: ignore[arg-type]
         self._source = source
         self._rewrite = rewrite
         self._bytes: bytes | None = None  # set by convert_together, read once by tobytes
@@ -167,7 +175,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
         self.graph = graph
         self.plan = plan
         self.casts: list[CastRecord] = []
-        self.converted_constants: dict[str, ir.DataType] = {}
+        self.converted_constants: dict[str | None, ir.DataType] = {}
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if model is not self.graph.model:
@@ -267,9 +275,9 @@ class LowerPlanPass(ir.passes.InPlacePass):
         )
         producer = value.producer()
         if producer is not None:
-            producer.graph.insert_after(producer, cast)
+            home_graph(producer).insert_after(producer, cast)
         else:
-            home = value.graph
+            home = home_graph(value)
             if len(home) > 0:
                 home.insert_before(next(iter(home)), cast)
             else:
@@ -289,10 +297,12 @@ class LowerPlanPass(ir.passes.InPlacePass):
 
     @staticmethod
     def _rewire(slot: Slot, new: ir.Value) -> None:
-        if slot.kind is SlotKind.NODE_IN:
-            slot.owner.replace_input_with(slot.index, new)
+        """Make a using slot (a node input, a graph output) read ``new``."""
+        owner = slot.owner
+        if isinstance(owner, ir.Node):
+            owner.replace_input_with(slot.index, new)
         else:
-            slot.owner.outputs[slot.index] = new
+            owner.outputs[slot.index] = new
 
     def _convert_constant(
         self, value: ir.Value, by_dtype: dict[ir.DataType, list[Slot]], names: _Names
@@ -339,8 +349,8 @@ class LowerPlanPass(ir.passes.InPlacePass):
                 "", "Constant", [], attributes=[ir.AttrTensor("value", tensor)], outputs=[out],
                 name=name,
             )
-            producer.graph.insert_after(producer, twin)
+            home_graph(producer).insert_after(producer, twin)
             return out
         new = ir.Value(name=name, type=ir.TensorType(dtype), shape=value.shape, const_value=tensor)
-        value.graph.register_initializer(new)
+        home_graph(value).register_initializer(new)
         return new

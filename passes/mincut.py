@@ -44,10 +44,10 @@ from collections.abc import Iterable, Mapping
 
 import networkx as nx
 import onnx_ir as ir
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from networkx.algorithms.flow import boykov_kolmogorov
 
 from amp_compiler.graph import PrecisionGraph, ValueView
-from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 _SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side
@@ -90,7 +90,8 @@ def _tensors(graph: PrecisionGraph, elements: Mapping[str, int] | None = None) -
             else:
                 t.users.add(dst)
     for t in by_value.values():
-        n = elements.get(t.value.name) if elements else None
+        name = t.value.name
+        n = elements.get(name) if elements and name is not None else None
         t.bytes = cast_bytes(t.value) if n is None else n * (4 + 2)
     return list(by_value.values())
 
@@ -122,8 +123,10 @@ class MinCutPlacementPass(AnalysisPass):
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
         """Never more cast bytes than painting; only free vertices change; both totals recounted."""
         painting, final = plan.cast_bytes_painting, plan.cast_bytes_final
-        ensure(painting is not None and final is not None, self, "the cast byte totals are not recorded")
-        ensure(final <= painting, self, f"the Casts move {final} bytes, painting's {painting}")
+        ensure(
+            painting is not None and final is not None and final <= painting, self,
+            f"the Casts move {final} bytes, painting's {painting} (None: not recorded)",
+        )
         ensure_all(
             self, graph.vertices,
             lambda v: plan.decisions[v.id] == before.decisions[v.id]

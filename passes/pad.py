@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
+from amp_compiler.passes.constants import constant_array
+from amp_compiler.passes.lower import _Names
 
 from amp_compiler.dtypes import short_name
 from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
-from amp_compiler.passes.constants import constant_array
-from amp_compiler.passes.lower import _Names
 from amp_compiler.plan import Rule
 from amp_compiler.schemas import is_onnx_domain
 
@@ -48,7 +49,18 @@ class Padding:
     before: int
     after: int
     slice: ir.Node
-    renamed: tuple[str, str]  # (the padded output's new name, the name the Slice's output took over)
+    renamed: tuple[str | None, str | None]  # (the padded output's new name, the name the Slice's output took over)
+
+
+class _PadPlan(NamedTuple):
+    """Where to pad a node: the weight's padded axis, the bias's kind (None: no bias to pad), the
+    output axis the Slice cuts, the dim's name and its size."""
+
+    w_axis: int
+    bias_axis: str | None
+    out_axis: int
+    dim: str
+    n: int
 
 
 def _int_attr(node: ir.Node, name: str, default: int) -> int:
@@ -73,12 +85,12 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
             for node in list(graph):
                 plan = self._plan(node)
                 if plan is not None:
-                    self._apply(graph, node, *plan, names, opset)
+                    self._apply(graph, node, plan, names, opset)
         return ir.passes.PassResult(model, bool(self.paddings))
 
     # -- what to pad -----------------------------------------------------------------------------
-    def _plan(self, node: ir.Node):
-        """(weight axis, bias axis or None, output axis, dim name, size) for a node to pad, or None."""
+    def _plan(self, node: ir.Node) -> _PadPlan | None:
+        """Where to pad the node, or None when it is not padded."""
         if not is_onnx_domain(node.domain) or node.op_type not in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
             return None
         if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[0].dtype not in LOW:
@@ -111,10 +123,10 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         if bias is not None and not self._bias_paddable(bias, bias_axis, n):
             return None
-        return w_axis, bias_axis, out_axis, dim, n
+        return _PadPlan(w_axis, bias_axis, out_axis, dim, n)
 
     @staticmethod
-    def _bias_paddable(bias: ir.Value, kind: str, n: int) -> bool:
+    def _bias_paddable(bias: ir.Value, kind: str | None, n: int) -> bool:
         if not is_constant(bias) or bias.shape is None or not bias.shape.is_static():
             return False
         dims = list(bias.shape.numpy())
@@ -124,7 +136,8 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
         return len(dims) <= 2 and (not dims or dims[-1] in (1, n))
 
     # -- how -------------------------------------------------------------------------------------
-    def _apply(self, graph, node, w_axis, bias_axis, out_axis, dim, n, names: _Names, opset: int) -> None:
+    def _apply(self, graph: ir.Graph, node: ir.Node, plan: _PadPlan, names: _Names, opset: int) -> None:
+        w_axis, _, out_axis, dim, n = plan
         padded = _round_up(n, self.multiple)
         self._replace_constant(graph, node, 1, w_axis, padded, names)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -140,21 +153,23 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
             dims = list(y.shape)
             dims[out_axis] = padded
             y.shape = ir.Shape(dims)
-        inputs, attrs = [y], []
+        inputs: list[ir.Value] = [y]
+        attrs: list[ir.Attr] = []
         if opset >= 10:
             for suffix, values in (("starts", [0]), ("ends", [n]), ("axes", [out_axis])):
+                const_name = names.fresh(f"{original_name}_unpad_{suffix}")
                 const = ir.Value(
-                    name=names.fresh(f"{original_name}_unpad_{suffix}"),
+                    name=const_name,
                     type=ir.TensorType(ir.DataType.INT64),
                     shape=ir.Shape([1]),
-                    const_value=ir.tensor(np.array(values, dtype=np.int64)),
+                    const_value=ir.tensor(np.array(values, dtype=np.int64), name=const_name),
                 )
-                const.const_value.name = const.name
                 graph.register_initializer(const)
                 inputs.append(const)
         else:  # Slice-1 takes them as attributes
             attrs = [ir.AttrInt64s("starts", [0]), ir.AttrInt64s("ends", [n]), ir.AttrInt64s("axes", [out_axis])]
-        sl = ir.Node("", "Slice", inputs, attributes=attrs, outputs=[out], name=names.fresh(f"{node.name or node.op_type}/unpad"))
+        name = names.fresh(f"{node.name or node.op_type}/unpad")
+        sl = ir.Node("", "Slice", inputs, attributes=attrs, outputs=[out], name=name)
         graph.insert_after(node, sl)
         for user, index in uses:
             user.replace_input_with(index, out)
@@ -164,9 +179,10 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
         self.paddings.append(Padding(node, dim, n, padded, sl, (y.name, original_name)))
 
     @staticmethod
-    def _replace_constant(graph, node: ir.Node, index: int, axis: int, size: int, names: _Names) -> None:
+    def _replace_constant(graph: ir.Graph, node: ir.Node, index: int, axis: int, size: int, names: _Names) -> None:
         old = node.inputs[index]
-        array = constant_array(old)
+        array = constant_array(old) if old is not None else None
+        assert old is not None and old.dtype is not None and array is not None, "planned for a constant"
         extra = list(array.shape)
         extra[axis] = size - array.shape[axis]
         new_array = np.concatenate([array, np.zeros(extra, array.dtype)], axis=axis)
@@ -181,11 +197,11 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
         node.replace_input_with(index, new)
         if old.uses() or old.is_graph_output():
             return
-        producer = old.producer()
-        if producer is not None and producer.op_type == "Constant":
+        producer, home = old.producer(), old.graph
+        if producer is not None and producer.op_type == "Constant" and producer.graph is not None:
             producer.graph.remove(producer, safe=True)
-        elif old.is_initializer() and old.name in old.graph.initializers:
-            old.graph.initializers.pop(old.name)
+        elif old.is_initializer() and home is not None and old.name is not None and old.name in home.initializers:
+            home.initializers.pop(old.name)
 
     # -- decisions -------------------------------------------------------------------------------
     def explain(self, decisions: list, nodes: list[ir.Node]) -> None:
@@ -194,7 +210,7 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
         by_slice = {id(p.slice): p for p in self.paddings}
         renamed = {repr(new): repr(old) for new, old in (p.renamed for p in self.paddings)}
         pattern = re.compile("|".join(re.escape(k) for k in renamed)) if renamed else None
-        for decision, node in zip(decisions, nodes):
+        for decision, node in zip(decisions, nodes, strict=False):
             if pattern is not None and decision.rule == Rule.LOWERING_CAST.value:  # Casts read the Slice's output,
                 decision.reason = pattern.sub(lambda m: renamed[m.group(0)], decision.reason)  # which kept the name
             p = by_node.get(id(node))
@@ -206,7 +222,7 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
             p = by_slice.get(id(node))
             if p is not None:
                 dtype = node.outputs[0].dtype
-                decision.precision = short_name(dtype)
+                decision.precision = short_name(dtype) if dtype is not None else "?"
                 decision.rule = Rule.PAD_SLICE.value
                 decision.reason = (
                     f"Slice inserted: drops the {p.after - p.before} zero outputs that padding "

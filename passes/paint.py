@@ -28,11 +28,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 import onnx_ir as ir
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 
 from amp_compiler.graph import PrecisionGraph, Vertex
-from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
-
 
 # ONNX gathers, and ATen's embedding (the FX frontend names vertices' ops by their ATen packet name).
 TABLE_LOOKUP_OPS = frozenset({"Gather", "GatherElements", "GatherND", "embedding"})
@@ -55,7 +54,7 @@ def _bfs(
 ) -> dict[int, int]:
     """Vertices reachable from ``seeds`` through admitted vertices, each with the seed it came from."""
     parent: dict[int, int] = {}
-    queue = deque()
+    queue: deque[int] = deque()
     for s in seeds:
         if s not in parent:
             parent[s] = s

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -15,11 +17,18 @@ def tensor_arguments(node: fx.Node) -> list[tuple[str | None, fx.Node]]:
     """(schema argument name, node) for every node among ``node``'s args then kwargs, in map_arg order."""
     names = _positional_names(node)
     out: list[tuple[str | None, fx.Node]] = []
+
+    def collect(name: str | None) -> Callable[[fx.Node], fx.Node]:
+        def add(n: fx.Node) -> fx.Node:
+            out.append((name, n))
+            return n
+
+        return add
+
     for i, a in enumerate(node.args):
-        name = names[i] if i < len(names) else None
-        fx.node.map_arg(a, lambda n, name=name: out.append((name, n)) or n)
+        fx.node.map_arg(a, collect(names[i] if i < len(names) else None))
     for key, a in node.kwargs.items():
-        fx.node.map_arg(a, lambda n, key=key: out.append((key, n)) or n)
+        fx.node.map_arg(a, collect(key))
     return out
 
 
@@ -45,7 +54,7 @@ def _positional_names(node: fx.Node) -> list[str]:
     return []
 
 
-def schema_argument(node: fx.Node, name: str):
+def schema_argument(node: fx.Node, name: str) -> tuple[bool, Any]:
     """(present, value) of the schema argument ``name`` in the call (keyword or positional)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
@@ -60,9 +69,11 @@ def schema_argument(node: fx.Node, name: str):
     return False, None
 
 
-def set_schema_argument(node: fx.Node, name: str, value) -> None:
-    """Set the schema argument ``name`` (where the call passes it, else as a keyword)."""
+def set_schema_argument(node: fx.Node, name: str, value: Any) -> None:
+    """Set the schema argument ``name`` of an ATen call (where the call passes it, else as a keyword)."""
     target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        raise TypeError(f"{node.name} does not call an ATen operator")
     for i, a in enumerate(target._schema.arguments):
         if a.name == name and not a.kwarg_only and i < len(node.args) and name not in node.kwargs:
             args = list(node.args)
@@ -112,9 +123,10 @@ def viewed(node: fx.Node) -> fx.Node | None:
     if node.op != "call_function":
         return None
     if node.target is operator.getitem:
-        node = node.args[0]
-        if not isinstance(node, fx.Node) or node.op != "call_function":
+        source = node.args[0]
+        if not isinstance(source, fx.Node) or source.op != "call_function":
             return None
+        node = source
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return None

@@ -18,9 +18,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from amp_compiler.fx.convert import transform
-from amp_compiler.fx.views import is_float
 from amp_compiler.fx.report import FxReport
 from amp_compiler.fx.rewrite import functionalize_inplace
+from amp_compiler.fx.views import is_float
 from amp_compiler.targets import Target
 
 _STATE_MARKERS = ("._parameters[", "._buffers[")
@@ -68,12 +68,12 @@ class AmpBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs):
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         state_index = {
-            i for i, (n, x) in enumerate(zip(placeholders, example_inputs))
+            i for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=False))
             if isinstance(x, torch.Tensor) and _is_state(n, x)
         }
         fakes = _fake_inputs(example_inputs)
-        if fakes is not None:
-            mode = torch._guards.detect_fake_mode(fakes)
+        mode = torch._guards.detect_fake_mode(fakes) if fakes is not None else None
+        if fakes is not None and mode is not None:
             allow = mode.allow_non_fake_inputs
             mode.allow_non_fake_inputs = True  # the graph's own tensor constants are real
             try:
@@ -92,7 +92,9 @@ class AmpBackend:
         report = transform(
             aten_gm, self.target, mode="compile", block_ops=self.block_ops, block_nodes=self.block_nodes,
             constant_sources=sources, fake_inputs=fakes,
-            notes={a.name: f"torch.compile input {p.name}" for a, p in zip(aten_placeholders, placeholders)},
+            notes={
+                a.name: f"torch.compile input {p.name}" for a, p in zip(aten_placeholders, placeholders, strict=False)
+            },
         )
         self.reports.append(report)
         self.graphs.append(aten_gm)

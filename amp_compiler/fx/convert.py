@@ -18,8 +18,8 @@ from amp_compiler.errors import OptionError
 from amp_compiler.fx.graph import FxPrecisionGraph, build_fx_precision_graph
 from amp_compiler.fx.lower import lower_plan, short
 from amp_compiler.fx.policy import AtenPolicy, default_policy
-from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
 from amp_compiler.fx.report import FxReport, node_decisions, state_bytes
+from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
 from amp_compiler.graph import SlotKind
 from amp_compiler.passes import compile_patterns
 from amp_compiler.pipeline import AnalysisSettings, check_placement, plan_precisions

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 import onnx_ir as ir
@@ -51,7 +52,7 @@ from amp_compiler.fx.arguments import (
 from amp_compiler.fx.policy import AtenPolicy, op_name, policy_name
 from amp_compiler.fx.views import FLOAT_DTYPES, TORCH_TO_IR, FxOp, FxSlot, FxValue, is_float, tensor_dtype
 from amp_compiler.graph import PrecisionGraph, SlotKind, UnionFind, Vertex, tensor_edges
-from amp_compiler.policy import Category
+from amp_compiler.policy import Category, OpPolicy
 from amp_compiler.targets import Target
 
 
@@ -79,7 +80,7 @@ def build_fx_precision_graph(
     policy: AtenPolicy,
     *,
     constant_sources: dict[fx.Node, torch.Tensor | None] | None = None,
-    unchecked_constants: set[fx.Node] = frozenset(),
+    unchecked_constants: AbstractSet[fx.Node] = frozenset(),
     table_lookups: bool = True,
 ) -> FxPrecisionGraph:
     """Build the precision graph of ``gm`` (an ATen-level graph whose nodes carry ``meta["val"]``).
@@ -108,7 +109,7 @@ class _Builder:
         self.slots: list[FxSlot] = []
         self.fixed: dict[FxSlot, str] = {}
         self.slot_op: dict[FxSlot, FxOp] = {}
-        self.slot_policy: dict[FxSlot, object] = {}
+        self.slot_policy: dict[FxSlot, OpPolicy | None] = {}
         self.defining: dict[fx.Node, FxSlot] = {}
         self.constant_slots: dict[fx.Node, list[FxSlot]] = {}
         self.constant_values: dict[fx.Node, ir.Value] = {}
@@ -128,7 +129,10 @@ class _Builder:
         return value
 
     def _slot(self, kind, owner, index, tensor, op=None, policy=None, arg=None) -> FxSlot:
-        slot = FxSlot(kind, owner, index, tensor, tensor_dtype(tensor), arg, self._value(tensor))
+        dtype = tensor_dtype(tensor)
+        if dtype is None:
+            raise ValueError(f"{tensor.name} is not a tensor: it has no slot")
+        slot = FxSlot(kind, owner, index, tensor, dtype, self._value(tensor), arg)
         self.uf.add(slot)
         self.slots.append(slot)
         if op is not None:
@@ -171,8 +175,9 @@ class _Builder:
         if isinstance(val, (tuple, list)):
             out = []
             for user in node.users:
-                if user.op == "call_function" and user.target is operator.getitem and is_float(user):
-                    out.append((int(user.args[1]), user))
+                index = user.args[1] if user.op == "call_function" and user.target is operator.getitem else None
+                if isinstance(index, int) and is_float(user):
+                    out.append((index, user))
             return sorted(out, key=lambda p: (p[0], p[1].name))
         return []
 
@@ -319,8 +324,9 @@ class _Builder:
                 self.constant_slots.setdefault(slot.tensor, []).append(slot)
         # An in-place op that stayed in place writes into its tensor and, through views, into their
         # bases: all of them share its vertex, so no cast copy stands between the write and a reader.
-        for main, tensor in self.pending_unions:
+        for main, written in self.pending_unions:
             seen = set()
+            tensor: fx.Node | None = written
             while isinstance(tensor, fx.Node) and tensor not in seen:
                 seen.add(tensor)
                 src = self.defining.get(tensor)
@@ -398,6 +404,7 @@ class _Builder:
             return "its tensors disagree on the element type"
         if vertex.dtype is not ir.DataType.FLOAT:
             return f"it is already {str(next(iter(dtypes))).removeprefix('torch.')}"
-        if vertex.policy is not None and vertex.policy.category is Category.NONFLOAT:
-            return f"{vertex.node.op_type} is never touched: {vertex.policy.reason}"
+        op = vertex.node
+        if op is not None and vertex.policy is not None and vertex.policy.category is Category.NONFLOAT:
+            return f"{op.op_type} is never touched: {vertex.policy.reason}"
         return None

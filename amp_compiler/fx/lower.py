@@ -17,6 +17,7 @@ Guarantees (the FX counterpart of ``passes/lower.py``):
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -83,7 +84,7 @@ def lower_plan(
 ) -> Lowering:
     graph = gm.graph
     dtypes = slot_dtypes(fxg, plan)
-    produced = {t: dtypes[s] for t, s in fxg.defining.items()}
+    produced: dict[fx.Node, torch.dtype | None] = {t: dtypes[s] for t, s in fxg.defining.items()}
     lowering = Lowering(dtypes, {}, {}, {})
 
     # 1. dtype arguments that follow the plan.
@@ -133,7 +134,7 @@ def lower_plan(
             for name in _aliases(gm, tensor) | {str(src.target) for src in sources}:
                 _set_attr(gm, name, converted)
             lowering.stored[str(sources[0].target)] = StoredConstant(
-                str(sources[0].target), current, new, sorted({s.owner.name for s in uses})
+                str(sources[0].target), tensor.dtype, new, sorted({s.owner.name for s in uses})
             )
             for src in sources:
                 produced[src] = new
@@ -176,7 +177,7 @@ def lower_plan(
 def _tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
     if node.op != "get_attr":
         return node.meta["val"]
-    obj = gm
+    obj: Any = gm
     for part in str(node.target).split("."):
         obj = getattr(obj, part)
     return obj

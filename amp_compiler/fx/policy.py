@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import tomllib
 from importlib import resources
 
+import tomllib
 import torch
 
 from amp_compiler.policy import OpPolicy, PolicyTable

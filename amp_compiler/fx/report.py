@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Set as AbstractSet
 
 import torch
 import torch.fx as fx
@@ -75,7 +76,7 @@ class FxReport:
         widths = [min(max(len(r[i]) for r in rows), 48) for i in range(4)]
         lines = [self.summary()]
         for k, r in enumerate(rows):
-            lines.append("  ".join(c[:w].ljust(w) for c, w in zip(r, widths)).rstrip())
+            lines.append("  ".join(c[:w].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
             if verbose and k:
                 lines.append("    " + self.decisions[k - 1].reason)
         return "\n".join(lines)
@@ -135,7 +136,7 @@ def node_decisions(
     order: dict[fx.Node, int],
     *,
     training: bool,
-    weight_placeholders: set[fx.Node] = frozenset(),
+    weight_placeholders: AbstractSet[fx.Node] = frozenset(),
 ) -> list[NodeDecision]:
     """One decision per node of the converted graph (inserted casts included), in graph order."""
     own_slots: dict[fx.Node, list] = {}
@@ -157,7 +158,10 @@ def node_decisions(
         elif node.op == "placeholder":
             if node in weight_placeholders:
                 precision, rule = short(tensor_dtype(node)), Rule.CONSTANT.value
-                reason = "parameter passed as a graph input: read as it is, or through a cast where a user needs another type"
+                reason = (
+                    "parameter passed as a graph input: read as it is, or through a cast where a user needs "
+                    "another type"
+                )
             elif tensor_dtype(node) in FLOAT_DTYPES and node in fxg.defining:
                 precision, rule, reason = short(tensor_dtype(node)), Rule.FIXED.value, "graph inputs keep their dtype"
         elif node.op == "get_attr":
@@ -166,22 +170,31 @@ def node_decisions(
             target = str(node.target)
             users = ", ".join(sorted(const_users.get(node, ()))) or "no float computation"
             if target in lowering.stored:
-                s = lowering.stored[target]
-                precision, rule = short(s.after), Rule.CONSTANT_STORED_LOW.value
-                reason = f"stored in {short(s.after)} (was {short(s.before)}): every use ({users}) computes in {short(s.after)}"
+                stored = lowering.stored[target]
+                precision, rule = short(stored.after), Rule.CONSTANT_STORED_LOW.value
+                reason = (
+                    f"stored in {short(stored.after)} (was {short(stored.before)}): every use ({users}) computes "
+                    f"in {short(stored.after)}"
+                )
             elif dtype is not None and node in fxg.constant_slots:
                 precision, rule = short(dtype), Rule.CONSTANT.value
                 if training:
-                    reason = f"FP32 master {_kind(gm, target)}: users ({users}) read it through a cast where they compute in another type; gradients flow back through the cast"
+                    reason = (
+                        f"FP32 master {_kind(gm, target)}: users ({users}) read it through a cast where they "
+                        "compute in another type; gradients flow back through the cast"
+                    )
                 else:
                     reason = f"kept {short(dtype)}: read by {users}, not all in one other type"
             elif dtype is not None:
                 precision, rule = short(dtype), Rule.CONSTANT.value
                 readers = sorted(
-                    f"{n.name}'s {tensor_arguments(n)[k][0]!r}" for (n, k), src in fxg.fixed_inputs.items() if src is node
+                    f"{n.name}'s {tensor_arguments(n)[k][0]!r}"
+                    for (n, k), src in fxg.fixed_inputs.items() if src is node
                 )
                 if readers:
-                    reason = f"kept {short(dtype)}: read as it is by {', '.join(readers)} (a mixed-type kernel argument)"
+                    reason = (
+                        f"kept {short(dtype)}: read as it is by {', '.join(readers)} (a mixed-type kernel argument)"
+                    )
                 else:
                     reason = "read as it is: no float computation reads it"
         elif node.op == "output":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -27,7 +28,8 @@ def _aliases_input(node: fx.Node) -> bool:
     if node.op != "call_function":
         return True
     if node.target is operator.getitem:
-        return _aliases_input(node.args[0])
+        source = node.args[0]
+        return _aliases_input(source) if isinstance(source, fx.Node) else True
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return True
@@ -76,7 +78,7 @@ class Folded:
 def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
     if not isinstance(node, fx.Node) or node.op != "get_attr":
         return None
-    obj = gm
+    obj: Any = gm
     for part in str(node.target).split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -129,7 +131,8 @@ def fold_batchnorm(gm: fx.GraphModule) -> list[Folded]:
             scale = torch.rsqrt(var_t.double() + eps)
             if gamma is not None:
                 scale = scale * gamma.double()
-            bias = (conv_b.double() if conv_b is not None else torch.zeros_like(mean_t, dtype=torch.float64)) - mean_t.double()
+            conv_bias = conv_b.double() if conv_b is not None else torch.zeros_like(mean_t, dtype=torch.float64)
+            bias = conv_bias - mean_t.double()
             bias = bias * scale + (beta.double() if beta is not None else 0.0)
             new_w = (conv_w.double() * scale.reshape(-1, *([1] * (conv_w.dim() - 1)))).float()
             new_b = bias.float()

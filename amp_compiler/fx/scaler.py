@@ -179,7 +179,9 @@ class LossScaler:
         if not self._enabled:
             return
         if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled instance.")
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved from a disabled instance."
+            )
         self.scale_tensor.fill_(float(state_dict["scale"]))  # in place: the graph holds this tensor
         self._growth_factor = float(state_dict["growth_factor"])
         self._backoff_factor = float(state_dict["backoff_factor"])

@@ -54,7 +54,9 @@ def make_scaler(target: Target, loss_scale) -> LossScaler:
         return LossScaler()
     if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool) and loss_scale > 0:
         return LossScaler(init_scale=float(loss_scale), dynamic=False)
-    raise ValueError(f"loss_scale must be 'auto', 'dynamic', None, a positive number or a LossScaler, got {loss_scale!r}")
+    raise ValueError(
+        f"loss_scale must be 'auto', 'dynamic', None, a positive number or a LossScaler, got {loss_scale!r}"
+    )
 
 
 class TrainStep:
@@ -154,6 +156,6 @@ def _share_state(gm: fx.GraphModule, wrapper: torch.nn.Module) -> None:
         except AttributeError:
             continue
         if leaf in module._parameters and module._parameters[leaf] is not t:
-            module._parameters[leaf] = t
+            module._parameters[leaf] = t  # type: ignore[assignment]  # t is the wrapper's own Parameter
         elif leaf in module._buffers and module._buffers[leaf] is not t:
             module._buffers[leaf] = t

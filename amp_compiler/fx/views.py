@@ -86,8 +86,8 @@ class FxSlot:
     index: int  # NODE_IN/GRAPH_OUT: position among the owner's tensor arguments; NODE_OUT: output index
     tensor: fx.Node  # the node whose value the tensor is (a getitem node for tuple outputs)
     dtype: torch.dtype  # the traced dtype
+    value: FxValue  # one view per tensor, shared by all its slots
     arg: str | None = None  # the schema argument name (NODE_IN)
-    value: FxValue | None = None  # one adapter per tensor, shared by all its slots
 
     @property
     def defines(self) -> bool:

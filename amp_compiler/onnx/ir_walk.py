@@ -37,3 +37,11 @@ def is_constant(value: ir.Value) -> bool:
 def node_order(model: ir.Model) -> list[ir.Node]:
     """Every node of every graph, in the order decisions are reported (and ``pinned_nodes`` counts)."""
     return [node for g in iter_graphs(model.graph) for node in g]
+
+
+def home_graph(item: ir.Node | ir.Value) -> ir.Graph:
+    """The graph a node or value belongs to (where a pass inserts beside it)."""
+    graph = item.graph
+    if graph is None:
+        raise ValueError(f"{item!r} belongs to no graph")
+    return graph

@@ -17,6 +17,7 @@ Building the graph reads the model and never edits it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import onnx_ir as ir
 
@@ -24,6 +25,7 @@ from amp_compiler import schemas
 from amp_compiler.dtypes import FLOAT_TYPES, schema_type
 from amp_compiler.graph import CONTROL_FLOW_OPS, PrecisionGraph, SlotKind, UnionFind, Vertex, tensor_edges
 from amp_compiler.onnx.control_flow import carried_values
+from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.onnx.slots import (
     GRAPH_IN,
     GRAPH_OUT,
@@ -34,7 +36,6 @@ from amp_compiler.onnx.slots import (
     slot_order,
     tensor_dtype,
 )
-from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.policy import Category, OpPolicy, PolicyTable
 from amp_compiler.targets import Target
 
@@ -139,7 +140,7 @@ class _Builder:
             self.uf.parent, self.allowed, self.slot_node, self.slot_dtype, self.fixed
         )
         slots = [Slot(kind, node, i) for kind, i in positions]
-        for slot, (allowed, dtype, reason), r in zip(slots, infos, roots):
+        for slot, (allowed, dtype, reason), r in zip(slots, infos, roots, strict=True):
             parent[slot] = slots[r]
             allowed_of[slot] = allowed
             slot_node[slot] = node
@@ -250,7 +251,7 @@ class _Builder:
                 if key == main or isinstance(key, tuple):
                     continue
                 has_input = any(s.kind is NODE_IN for s in slots)
-                input_absent = not has_input and any(f.type_str == key for f in sig.inputs)
+                input_absent = not has_input and sig is not None and any(f.type_str == key for f in sig.inputs)
                 if (has_input and not group_has_output[key]) or input_absent:
                     if self.target.type_str in (self.allowed[slots[0]] or ()):
                         self.uf.union(groups[main][0], slots[0])
@@ -320,7 +321,8 @@ class _Builder:
             if known is not None and len(slots) == len(known[0]):
                 # A group as its template made it, with nothing tied to it: as the template's was.
                 order, dtype, policy, reason = known
-                vertex = Vertex(vid, [slots[k] for k in order], root.owner, dtype, policy, reason)
+                op: Any = root.owner  # a template's group: its root is a node's slot
+                vertex = Vertex(vid, [slots[k] for k in order], op, dtype, policy, reason)
             else:
                 made = list(slots)
                 vertex = self._make_vertex(vid, slots)
@@ -332,9 +334,10 @@ class _Builder:
                 slot_vertex[s] = vid
                 kind = s.kind
                 if kind is NODE_IN or kind is NODE_OUT:
-                    lst = node_vertices.get(s.owner)
+                    owner: Any = s.owner  # a node
+                    lst = node_vertices.get(owner)
                     if lst is None:
-                        node_vertices[s.owner] = [vid]
+                        node_vertices[owner] = [vid]
                     elif vid not in lst:
                         lst.append(vid)
 
@@ -347,8 +350,8 @@ class _Builder:
     def _uses(slot_vertex: dict[Slot, int], vertices: list[Vertex]) -> Iterator[tuple[int, int, ir.Value]]:
         """(defining vertex, using vertex, tensor) per use of a tensor that a slot defines; the
         constants a vertex reads are listed on it instead."""
-        defining: dict[ir.Value, int] = {}
-        uses: list[tuple[ir.Value, int]] = []
+        defining: dict[ir.Value | None, int] = {}
+        uses: list[tuple[ir.Value | None, int]] = []
         for (kind, owner, index), vid in slot_vertex.items():
             if kind is NODE_OUT:
                 defining[owner.outputs[index]] = vid
@@ -358,6 +361,8 @@ class _Builder:
                 uses.append((owner.inputs[index] if kind is NODE_IN else owner.outputs[index], vid))
         for value, vid in uses:
             src = defining.get(value)
+            if value is None:
+                continue  # slots hold tensors: not reached
             if src is not None:
                 yield src, vid, value
             elif is_constant(value):  # constants have no defining slot (nor do tensors of untracked types)
@@ -385,8 +390,11 @@ class _Builder:
                 return self.fixed[s]
         if len(dtypes) > 1:
             return "its slots disagree on the element type"
-        if vertex.dtype is not ir.DataType.FLOAT:
-            return f"it is already {vertex.dtype.name.lower()}"
+        dtype = vertex.dtype
+        if dtype is None:
+            return "its element type is unknown"  # every slot of it was fixed above: not reached
+        if dtype is not ir.DataType.FLOAT:
+            return f"it is already {dtype.name.lower()}"
         type_str = self.type_str
         for s in slots:
             allowed = self.allowed.get(s)

@@ -19,7 +19,7 @@ class Slot(NamedTuple):
 
     kind: SlotKind
     owner: ir.Node | ir.Graph
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which nothing calls on a slot
 
     @property
     def value(self) -> ir.Value | None:

@@ -154,7 +154,8 @@ def snapshot(version: str, workdir: Path, wheel: Path | None = None) -> dict:
         domain = domain or "ai.onnx"
         if domain in SKIP_DOMAINS:
             continue
-        entry = [start, None if end >= OPEN_END else end, {p: [short_type(t) for t in ts] for p, ts in sorted(types.items())}]
+        constraints = {p: [short_type(t) for t in ts] for p, ts in sorted(types.items())}
+        entry = [start, None if end >= OPEN_END else end, constraints]
         defs = kernels.setdefault(domain, {}).setdefault(op, [])
         if entry not in defs:
             defs.append(entry)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import tomllib
 from collections.abc import Iterator
 from importlib import resources
+
+import tomllib
 
 from amp_compiler.schemas import canonical_domain
 from amp_compiler.targets import Provider

@@ -59,7 +59,7 @@ def build_report(
     cast_names = {}
     produced_by_cast: dict[str, str] = {}
     final_nodes = [n for g in iter_proto_graphs(result.model.graph) for n in g.node]
-    for d, node in zip(decisions, final_nodes):
+    for d, node in zip(decisions, final_nodes, strict=False):
         if d.rule == CAST_RULE:
             cast_names[id(node)] = node.name
             produced_by_cast[node.output[0]] = node.name
@@ -69,7 +69,7 @@ def build_report(
             read_by_cast.setdefault(node.input[0], []).append(node.name)
 
     reports: list[NodeReport] = []
-    for d, node, cost in zip(decisions, final_nodes, costs.nodes):
+    for d, node, cost in zip(decisions, final_nodes, costs.nodes, strict=False):
         original = fp32_main[d.index] if d.index is not None and d.index < len(fp32_main) else None
         reports.append(
             NodeReport(
@@ -86,7 +86,9 @@ def build_report(
                 bytes=cost.bytes,
                 tensor_core=cost.tensor_core,
                 tensor_core_note=cost.tensor_core_note,
-                casts_in=[produced_by_cast[i] for i in node.input if i in produced_by_cast and id(node) not in cast_names],
+                casts_in=[
+                    produced_by_cast[i] for i in node.input if i in produced_by_cast and id(node) not in cast_names
+                ],
                 casts_out=[c for o in node.output for c in read_by_cast.get(o, []) if id(node) not in cast_names],
                 range=_first_float_output(original, ranges) if original is not None else None,
                 error=node_errors.get(d.index) if d.index is not None else None,

@@ -19,8 +19,8 @@ from amp_compiler.report.common import (
     human_bytes,
     human_count,
     pct,
-    select_nodes,
     sci,
+    select_nodes,
     short_num,
     summary_parts,
 )
@@ -211,7 +211,8 @@ def _columns(report: PrecisionReport, width: int) -> list[_Col]:
             colour=lambda n, t: _error_colour(n.error.rel_l2 if n.error else None),
         ))
     if has_ranges(report):
-        optional.append(_Col("absmax", lambda i, n: short_num(n.range.absmax, 6) if n.range else "-", width=6, align=">"))
+        absmax = _Col("absmax", lambda i, n: short_num(n.range.absmax, 6) if n.range else "-", width=6, align=">")
+        optional.append(absmax)
     if has_errors(report):
         optional.append(_Col(
             "+err", lambda i, n: sci(n.error.added) if n.error else "-", width=7, align=">",
@@ -307,8 +308,8 @@ def render_terminal(
     summary = _fill_parts(parts, width)
     nonfinite = any("NON-FINITE" in p for p in parts)
     out += [paint(ln, _BOLD + (_RED if nonfinite else "")) for ln in summary]
-    for w in report.warnings:
-        out += [paint(ln, _YELLOW) for ln in _wrap("warning: " + clean(w), width, "")]
+    for warning in report.warnings:
+        out += [paint(ln, _YELLOW) for ln in _wrap("warning: " + clean(warning), width, "")]
 
     rows = select_nodes(report, sort=sort, op=op, precision=precision)
     shown = rows if limit is None else rows[: max(limit, 0)]
@@ -317,12 +318,12 @@ def render_terminal(
     widths = _layout(cols, cells, width)
 
     out.append("")
-    header = " ".join(f"{fit_end(c.header, w):{c.align}{w}}" for c, w in zip(cols, widths)).rstrip()
+    header = " ".join(f"{fit_end(c.header, w):{c.align}{w}}" for c, w in zip(cols, widths, strict=True)).rstrip()
     out.append(paint(header, _BOLD))
     out.append("-" * len(header))
-    for (i, n), row in zip(shown, cells):
+    for (i, n), row in zip(shown, cells, strict=True):
         texts = []
-        for c, w, text in zip(cols, widths, row):
+        for c, w, text in zip(cols, widths, row, strict=True):
             cell = f"{(c.fit(text, w) if not c.width else fit_end(text, w)):{c.align}{w}}"
             texts.append(paint(cell, c.colour(n, text) if (c.colour and color) else None))
         line = " ".join(texts)
