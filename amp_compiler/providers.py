@@ -29,9 +29,13 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from amp_compiler.schemas import canonical_domain
 from amp_compiler.targets import Provider
+
+if TYPE_CHECKING:  # onnx is imported where a model is checked
+    import onnx
 
 SNAPSHOT = "ort_cuda_kernels.json"
 ORT_NAMES = {
@@ -212,7 +216,7 @@ def coverage_for(provider: Provider) -> KernelCoverage | None:
     return None
 
 
-def undecided_values(model) -> list[str]:
+def undecided_values(model: onnx.ModelProto) -> list[str]:
     """Tensors of ``model`` (an ``onnx.ModelProto``) whose element type the graph does not fix.
 
     TensorRT 10's strongly typed networks take every tensor's type from the model, with no builder

@@ -66,7 +66,7 @@ def feeds_only_softmax(graph: PrecisionGraph, start: Vertex) -> bool:
     return reached
 
 
-def raw_float32_bytes(tensor) -> bytes | None:
+def raw_float32_bytes(tensor: object) -> bytes | None:
     """The little-endian bytes of an FP32 tensor as the model file stores them (``raw_data``), or
     None for any other tensor (another type, typed fields, external data, not from a file): what
     vectorized passes over many small constants read without building an array per tensor."""

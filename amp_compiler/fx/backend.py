@@ -12,6 +12,9 @@ inner backend (Inductor by default), which differentiates the graph with the cas
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
@@ -57,7 +60,10 @@ def _fake_inputs(example_inputs) -> list | None:
 class AmpBackend:
     """The backend callable; ``reports`` holds one :class:`FxReport` per graph it compiled."""
 
-    def __init__(self, target: Target | str = "fp16", *, inner="inductor", block_ops=(), block_nodes=()):
+    def __init__(
+        self, target: Target | str = "fp16", *, inner: str | Callable = "inductor",
+        block_ops: Iterable[str] = (), block_nodes: Iterable[str] = (),
+    ):
         self.target = Target.parse(target) if isinstance(target, str) else target
         self.inner = inner
         self.block_ops = tuple(block_ops)
@@ -65,7 +71,7 @@ class AmpBackend:
         self.reports: list[FxReport] = []
         self.graphs: list[fx.GraphModule] = []
 
-    def __call__(self, gm: fx.GraphModule, example_inputs):
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         state_index = {
             i for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=False))
@@ -114,7 +120,10 @@ class AmpBackend:
         return lookup_backend(self.inner)(gm, example_inputs)
 
 
-def backend(target: Target | str = "fp16", *, inner="inductor", block_ops=(), block_nodes=()) -> AmpBackend:
+def backend(
+    target: Target | str = "fp16", *, inner: str | Callable = "inductor",
+    block_ops: Iterable[str] = (), block_nodes: Iterable[str] = (),
+) -> AmpBackend:
     """A ``torch.compile`` backend: the mixed-precision pass, then ``inner`` (``"inductor"``, another
     registered backend name, ``"eager"`` to run the converted graph as it is, or a callable)."""
     return AmpBackend(target, inner=inner, block_ops=block_ops, block_nodes=block_nodes)

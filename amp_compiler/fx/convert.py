@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -37,7 +38,7 @@ def capture(
     example_inputs: tuple,
     example_kwargs: dict | None = None,
     *,
-    dynamic_shapes=None,
+    dynamic_shapes: Any = None,
     strict: bool = False,
 ) -> fx.GraphModule:
     """The model as an ATen-level GraphModule (``torch.export``), with in-place ops made functional
@@ -168,13 +169,13 @@ def _check(gm: fx.GraphModule, fxg: FxPrecisionGraph, lowering, fake: list) -> N
 
 def convert(
     model: torch.nn.Module,
-    example_inputs,
+    example_inputs: Any,
     example_kwargs: dict | None = None,
     *,
     target: Target | str = "fp16",
     block_ops: Iterable[str] = (),
     block_nodes: Iterable[str] = (),
-    dynamic_shapes=None,
+    dynamic_shapes: Any = None,
     fold_bn: bool = True,
     placement: str = "mincut",
     policy: AtenPolicy | None = None,

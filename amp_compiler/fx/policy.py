@@ -65,7 +65,7 @@ def default_policy() -> AtenPolicy:
     return load_policy(text)
 
 
-def op_name(target) -> str | None:
+def op_name(target: object) -> str | None:
     """The table key of an FX call target: the ATen overload packet name, or None for other callables."""
     if isinstance(target, torch._ops.OpOverload) and target.namespace == DOMAIN:
         return target._schema.name.split("::", 1)[1]

@@ -18,6 +18,7 @@ from amp_compiler.fx.lower import Lowering, short
 from amp_compiler.fx.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan, Rule
+from amp_compiler.report.model import PrecisionReport
 
 
 @dataclasses.dataclass
@@ -84,7 +85,7 @@ class FxReport:
     def __str__(self) -> str:
         return self.table()
 
-    def to_precision_report(self, model: str = "GraphModule"):
+    def to_precision_report(self, model: str = "GraphModule") -> PrecisionReport:
         """The report as :class:`amp_compiler.report.model.PrecisionReport`, for its renderers."""
         from amp_compiler.report.model import NodeReport, PrecisionReport, Summary
 

@@ -22,6 +22,7 @@ multiplies by); ``scale_window`` = ``growth_interval``.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ class LossScaler:
     def _state(self, optimizer) -> dict:
         return self._states.setdefault(id(optimizer), {"stage": _Stage.READY, "found_inf": None})
 
-    def unscale_(self, optimizer) -> None:
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide ``optimizer``'s gradients by the scale in place and record whether any is inf/NaN."""
         if not self._enabled:
             return
@@ -122,12 +123,12 @@ class LossScaler:
         state["found_inf"] = found_inf
         state["stage"] = _Stage.UNSCALED
 
-    def found_inf(self, optimizer) -> bool:
+    def found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether the gradients unscaled for ``optimizer`` in this step hold an inf or NaN."""
         state = self._states.get(id(optimizer))
         return bool(state and state["found_inf"] is not None and state["found_inf"].item())
 
-    def step(self, optimizer, *args, **kwargs):
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """``optimizer.step()`` unless the (unscaled) gradients hold an inf or NaN; returns its result."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)

@@ -14,6 +14,9 @@ scaler updates in place; backward starts from the scaled loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 import torch.fx as fx
 
@@ -41,7 +44,7 @@ class _LossGraph(torch.nn.Module):
         return loss, loss * getattr(self, SCALE_BUFFER)
 
 
-def make_scaler(target: Target, loss_scale) -> LossScaler:
+def make_scaler(target: Target, loss_scale: LossScaler | str | float | None) -> LossScaler:
     """The scaler for ``loss_scale``: "auto" (dynamic for FP16, none for BF16), "dynamic", a number
     (a static scale), None or "none" (no scaling), or a :class:`LossScaler`."""
     if isinstance(loss_scale, LossScaler):
@@ -62,7 +65,9 @@ def make_scaler(target: Target, loss_scale) -> LossScaler:
 class TrainStep:
     """One training step over the converted graph; ``step(x, y, optimizer)`` returns the loss."""
 
-    def __init__(self, graph_module: fx.GraphModule, scaler: LossScaler, parameters: list, clip_grad_norm):
+    def __init__(
+        self, graph_module: fx.GraphModule, scaler: LossScaler, parameters: list, clip_grad_norm: float | None
+    ):
         self.graph_module = graph_module
         self.scaler = scaler
         self.parameters = parameters
@@ -75,12 +80,14 @@ class TrainStep:
     def report(self) -> FxReport:
         return self.graph_module.meta["amp_compiler"]
 
-    def forward(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, scaled loss) without a backward pass or a step."""
         inputs = x if isinstance(x, tuple) else (x,)
         return self.graph_module(*inputs, y)
 
-    def __call__(self, x, y, optimizer, *, clip_grad_norm: float | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: Any, y: Any, optimizer: torch.optim.Optimizer, *, clip_grad_norm: float | None = None
+    ) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss, scaled = self.forward(x, y)
         scaled.backward()
@@ -106,15 +113,15 @@ class TrainStep:
 
 def prepare_training(
     model: torch.nn.Module,
-    loss_fn,
+    loss_fn: Callable,
     example_inputs: tuple,
     *,
     target: Target | str = "fp16",
-    loss_scale="auto",
+    loss_scale: LossScaler | str | float | None = "auto",
     clip_grad_norm: float | None = None,
-    block_ops=(),
-    block_nodes=(),
-    dynamic_shapes=None,
+    block_ops: Iterable[str] = (),
+    block_nodes: Iterable[str] = (),
+    dynamic_shapes: Any = None,
     policy: AtenPolicy | None = None,
 ) -> TrainStep:
     """A mixed-precision training step for ``model`` and ``loss_fn(model(*x), y)``.

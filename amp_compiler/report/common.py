@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import onnx_ir as ir
 
 from amp_compiler.dtypes import short_name
-from amp_compiler.report.model import NodeReport, PrecisionReport
+from amp_compiler.report.model import NodeReport, OutputAccuracy, PrecisionReport
 from amp_compiler.targets import Target
 
 SORTS = ("cost", "error", "name", "graph")
@@ -182,12 +182,12 @@ def _as_text(value: str | Iterable[str]) -> str:
     return value if isinstance(value, str) else ",".join(str(v) for v in value)
 
 
-def filter_note(op, precision, sort: str) -> str:
+def filter_note(op: str | Iterable[str] | None, precision: str | Iterable[str] | None, sort: str) -> str:
     """'op MatMul; precision fp32; sorted by cost'."""
     bits = []
-    if _as_set(op):
+    if op is not None and _as_set(op):
         bits.append("op " + clean(_as_text(op)))
-    if _as_set(precision):
+    if precision is not None and _as_set(precision):
         bits.append("precision " + clean(_as_text(precision)))
     return "; ".join(bits + [f"sorted by {sort}"])
 
@@ -220,7 +220,9 @@ def has_errors(report: PrecisionReport) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- summary
-def worst_accuracy(report: PrecisionReport):
+def worst_accuracy(
+    report: PrecisionReport,
+) -> tuple[OutputAccuracy | None, OutputAccuracy | None, list[OutputAccuracy]]:
     """(worst cosine output, worst max-abs-error output, non-finite outputs), or Nones when unmeasured."""
     acc = report.summary.accuracy
     if not acc:
@@ -248,7 +250,7 @@ def summary_parts(report: PrecisionReport) -> list[str]:
     if nonfinite:
         names = ", ".join(a.name for a in nonfinite[:3]) + (", ..." if len(nonfinite) > 3 else "")
         parts.append(f"NON-FINITE output{'s' if len(nonfinite) > 1 else ''} {names}")
-    if worst_cos is not None:
+    if worst_cos is not None and worst_err is not None:
         parts.append(f"worst output cosine {cosine_str(worst_cos.cosine)}")
         parts.append(f"max abs error {sci(worst_err.max_abs_error)}")
     if s.calibration_samples:
