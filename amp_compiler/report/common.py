@@ -13,8 +13,9 @@ from amp_compiler.targets import Target
 
 SORTS = ("cost", "error", "name", "graph")
 LOW_PRECISIONS = tuple(short_name(t.dtype) for t in Target)  # ("fp16", "bf16")
+HIGH_PRECISION = short_name(ir.DataType.FLOAT)  # "fp32"
 # Order in which precisions are listed and stacked in plots: low precision first.
-PRECISION_ORDER = (*LOW_PRECISIONS, "mixed", short_name(ir.DataType.FLOAT), "none")
+PRECISION_ORDER = (*LOW_PRECISIONS, "mixed", HIGH_PRECISION, "none")
 
 
 # ---------------------------------------------------------------------------------------------- numbers
@@ -157,7 +158,7 @@ def select_nodes(
         if "low" in precs:
             precs |= set(LOW_PRECISIONS)
         if "high" in precs:
-            precs.add("fp32")
+            precs.add(HIGH_PRECISION)
     rows = [
         (i, n)
         for i, n in enumerate(report.nodes)

@@ -11,6 +11,7 @@ import textwrap
 from collections.abc import Callable, Iterable
 
 from amp_compiler.report.common import (
+    HIGH_PRECISION,
     LOW_PRECISIONS,
     clean,
     filter_note,
@@ -170,7 +171,7 @@ class _Col:
 def _precision_colour(n: NodeReport, _text: str) -> str | None:
     if n.precision in LOW_PRECISIONS:
         return _GREEN
-    return {"fp32": _YELLOW, "mixed": _MAGENTA, "none": _DIM}.get(n.precision)
+    return {HIGH_PRECISION: _YELLOW, "mixed": _MAGENTA, "none": _DIM}.get(n.precision)
 
 
 def _error_colour(value: float | None) -> str | None:
