@@ -1,7 +1,8 @@
 """The FX pipeline: capture with torch.export, analyse with the shared passes, lower casts into the graph.
 
-    capture (torch.export, in-place ops made functional) -> precision graph -> classify -> constant
-    ranges -> paint -> lower (cast nodes, parameter storage) -> fake-tensor check -> report
+    capture (torch.export, in-place ops made functional) -> precision graph -> analysis (classify,
+    constant ranges, paint, min-cut: amp_compiler.pipeline) -> lower (cast nodes, parameter storage)
+    -> fake-tensor check -> report
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The FX frontend: a :class:`~amp_compiler.graph.PrecisionGraph` built from an ATen-level FX graph.
 
-The analysis passes (classify, constant ranges, paint) are the ONNX path's, unchanged: they read
+The analysis passes (:mod:`amp_compiler.pipeline`) are the ONNX path's, unchanged: they read
 vertices, their policy entries, their constants and the edges between them. This module gives them
 that view of a ``torch.fx.GraphModule`` captured by ``torch.export``:
 
