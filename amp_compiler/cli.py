@@ -170,7 +170,7 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from amp_compiler.onnx_io import load_model
+    from amp_compiler.onnx.files import load_model
     from amp_compiler.report.render import render
 
     src = Path(args.model)
@@ -196,10 +196,14 @@ def _report(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from amp_compiler.convert import convert
-    from amp_compiler.onnx_io import check_output_path, load_model_deferred, save_model
+    from amp_compiler.onnx.files import load_model_deferred
+    from amp_compiler.onnx.save import InputOverwriteError, check_output_path, save_model
 
     src, dst = Path(args.model), Path(args.output)
-    check_output_path(dst, [src], force=args.force)  # fail before the work, not after it
+    try:
+        check_output_path(dst, [src], force=args.force)  # fail before the work, not after it
+    except InputOverwriteError as exc:
+        raise OutputError(f"{exc} (use --force to allow)") from None
     start = time.perf_counter()
     # Large external-data weights stay on disk (validated), read one at a time by the conversion.
     # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import onnx
 import onnx.shape_inference
 
-from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.onnx.walk import iter_proto_graphs
 
 LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 TENSOR_CORE_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}

@@ -10,7 +10,12 @@ class ModelLoadError(AmpUserError):
 
 
 class OptionError(AmpUserError):
-    """An option names something that does not exist or has a bad value."""
+    """An option names something that does not exist or has a bad value. ``option`` is the API
+    keyword it is about (the CLI names the matching flag)."""
+
+    def __init__(self, message: str, *, option: str | None = None):
+        super().__init__(message)
+        self.option = option
 
 
 class OutputError(AmpUserError):

@@ -135,3 +135,8 @@ def lookup(domain: str, op_type: str, opset: int) -> OpSignature | None:
         return None
     chosen = [s for s in versions if s.since_version <= opset] or versions[:1]
     return _from_ort(chosen[-1])
+
+
+def is_onnx_domain(domain: str) -> bool:
+    """True for the default ONNX domain, spelled "" or "ai.onnx"."""
+    return domain in ("", "ai.onnx")

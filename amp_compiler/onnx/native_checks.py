@@ -69,8 +69,9 @@ class InferredTypes:
     @classmethod
     def of(cls, typed: onnx.ModelProto, original: onnx.ModelProto) -> InferredTypes:
         """Summarize ``typed`` (``original`` after shape inference)."""
-        changed = len(typed.functions) != len(original.functions) or any(
-            a.SerializeToString() != b.SerializeToString() for a, b in zip(typed.functions, original.functions)
+        before, after = original.functions, typed.functions
+        changed = len(after) != len(before) or any(
+            a.SerializeToString() != b.SerializeToString() for a, b in zip(after, before, strict=True)
         )
         index: dict[bytes, int] = {}
 
