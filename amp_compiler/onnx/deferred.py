@@ -112,12 +112,12 @@ def defer_ir_tensors(model: ir.Model, locations: dict[str, Path]) -> int:
     their validated files (:class:`DeferredTensor`). Returns how many were bound."""
     n = 0
     for graph in model.graphs():
-        for value in graph.initializers.values():
+        for name, value in graph.initializers.items():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, DeferredTensor):
                 file = locations.get(str(tensor.location))
                 if file is None:
-                    raise ModelLoadError(f"tensor {quote(value.name)}: external data that was not validated")
+                    raise ModelLoadError(f"tensor {quote(name)}: external data that was not validated")
                 value.const_value = DeferredTensor(tensor, file)
                 n += 1
     return n

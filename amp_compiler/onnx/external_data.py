@@ -20,7 +20,7 @@ from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.text import quote
 from amp_compiler.onnx.walk import tagged_tensors
 
-_ELEMENT_BYTES = {
+_ELEMENT_BYTES: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT8: 1,
     onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4,
     onnx.TensorProto.INT64: 8, onnx.TensorProto.BOOL: 1, onnx.TensorProto.FLOAT16: 2,

@@ -14,6 +14,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import cast
 
 import onnx
 import onnx_ir as ir
@@ -106,7 +107,7 @@ class OutputPath:
             with os.fdopen(fd, "wb") as f:
                 offset = 0
                 for graph in model.graphs():
-                    for value in graph.initializers.values():
+                    for name, value in graph.initializers.items():
                         tensor = value.const_value
                         if tensor is None or tensor.dtype == ir.DataType.STRING or tensor.nbytes < min_bytes:
                             continue
@@ -118,12 +119,12 @@ class OutputPath:
                         else:
                             f.write(tensor.tobytes())
                         if f.tell() != offset + tensor.nbytes:
-                            written, name = f.tell() - offset, quote(value.name)
-                            raise OutputError(f"{out}: tensor {name} wrote {written} bytes, not {tensor.nbytes}")
+                            written = f.tell() - offset
+                            raise OutputError(f"{out}: tensor {quote(name)} wrote {written} bytes, not {tensor.nbytes}")
                         moved.append((value, tensor))
                         value.const_value = ir.ExternalTensor(
-                            data_path.name, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
-                            name=value.name, doc_string=tensor.doc_string,
+                            data_path.name, offset, tensor.nbytes, tensor.dtype, shape=cast(ir.Shape, tensor.shape),
+                            name=name, doc_string=tensor.doc_string,
                             metadata_props=dict(tensor.metadata_props), base_dir=folder,
                         )
                         offset += tensor.nbytes

@@ -8,6 +8,7 @@ IR; inferred types are then applied to the IR without deserializing the inferred
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 import onnx
 import onnx_ir as ir
@@ -101,9 +102,9 @@ def typed_ir(proto: onnx.ModelProto, model: ir.Model, types: native_checks.Infer
             for node in g:
                 for value in node.outputs:
                     name = value.name
-                    k = get(name) if name else None
-                    if k is not None:
-                        entries[k].apply(value)
+                    found = get(name) if name else None
+                    if found is not None:
+                        entries[found].apply(value)
         for value, k in zip(g.outputs, t.outputs, strict=False):
             serde.deserialize_value_info_proto(entries[k].info, value)
     return model
@@ -117,7 +118,7 @@ class _Entry:
     def __init__(self, data: bytes):
         self.data = data
         self._info: onnx.ValueInfoProto | None = None
-        self._plain: tuple[ir.Shape | None, ir.DataType | None] | None | bool = None
+        self._plain: tuple[ir.Shape | None, ir.DataType | None] | Literal[False] | None = None  # None: not decoded yet
 
     @property
     def info(self) -> onnx.ValueInfoProto:
@@ -136,7 +137,8 @@ class _Entry:
             )
             if plain:
                 tensor_type = serde.deserialize_type_proto_for_type(type_proto)
-                self._plain = (serde.deserialize_type_proto_for_shape(type_proto), tensor_type and tensor_type.dtype)
+                dtype = None if tensor_type is None else tensor_type.dtype
+                self._plain = (serde.deserialize_type_proto_for_shape(type_proto), dtype)
             else:
                 self._plain = False
         if self._plain is False:

@@ -14,6 +14,7 @@ import onnx
 import onnx.defs
 import onnx_ir as ir
 from google.protobuf.descriptor import FieldDescriptor as _FD
+from google.protobuf.message import Message
 
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import native_checks
@@ -105,7 +106,7 @@ def _check_versions(model: onnx.ModelProto, origin: str) -> None:
             )
 
 
-def _find_bad_string(msg, path: tuple) -> tuple | None:
+def _find_bad_string(msg: Message, path: tuple | None) -> tuple | None:
     """The field path of the first string that is not valid UTF-8 (protobuf's Python runtime hands
     such proto2 strings back as ``bytes``), or None. Tensor payloads are not visited (not copied)."""
     if isinstance(msg, onnx.TensorProto):
@@ -183,7 +184,7 @@ _TENSOR_TEXT_FIELDS = [
 
 
 _KNOWN_DTYPES = frozenset(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
-_TYPED_FIELD = {  # data_type -> (the repeated field holding its values, values per element)
+_TYPED_FIELD: dict[int, tuple[str, int]] = {  # data_type -> (the repeated field holding its values, values per element)
     onnx.TensorProto.FLOAT: ("float_data", 1), onnx.TensorProto.COMPLEX64: ("float_data", 2),
     onnx.TensorProto.DOUBLE: ("double_data", 1), onnx.TensorProto.COMPLEX128: ("double_data", 2),
     onnx.TensorProto.INT64: ("int64_data", 1), onnx.TensorProto.UINT32: ("uint64_data", 1),

@@ -2,7 +2,8 @@
 
 No network: no external scripts, fonts, stylesheets or images (a Content-Security-Policy in the page
 forbids them), the plots are SVG (:mod:`amp_compiler.report.html_plots`). Every model-provided string
-goes through html.escape (``e``). The table is sortable by clicking a header (a few lines of inline JS); without JS it is a plain table.
+goes through html.escape (``e``). The table is sortable by clicking a header (a few lines of inline
+JS); without JS it is a plain table.
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ def _cards(report: PrecisionReport) -> str:
             "Worst output cosine", cosine_str(worst_cos.cosine), sub, "bad" if nonfinite else "",
         ))
     if s.calibration_samples or s.model_runs:
-        sub = [f"{s.model_runs} run(s) of the converted model"] if s.model_runs else []
+        notes = [f"{s.model_runs} run(s) of the converted model"] if s.model_runs else []
         if s.pinned_by_tolerance:
-            sub.append(f"{s.pinned_by_tolerance} node(s) pinned to fp32 by --tolerance")
-        cards.append(_card("Calibration samples", str(s.calibration_samples), "; ".join(sub)))
+            notes.append(f"{s.pinned_by_tolerance} node(s) pinned to fp32 by --tolerance")
+        cards.append(_card("Calibration samples", str(s.calibration_samples), "; ".join(notes)))
     else:
         cards.append(_card("Calibration", "none", "ranges and per-node error need --calibration-data"))
     return '<section class="cards">' + "".join(cards) + "</section>"
@@ -149,16 +150,16 @@ def _table(report: PrecisionReport, rows: list[tuple[int, NodeReport]]) -> str:
         if ranges:
             r = n.range
             cells += [
-                _num(r and r.min, f"{short_num(r.min)} &hellip; {short_num(r.max)}" if r else "-", "wrap"),
-                _num(r and r.absmax, short_num(r.absmax) if r else "-"),
-                _num(r and r.underflow_share, pct(r.underflow_share) if r else "-"),
+                _num(r.min if r else None, f"{short_num(r.min)} &hellip; {short_num(r.max)}" if r else "-", "wrap"),
+                _num(r.absmax if r else None, short_num(r.absmax) if r else "-"),
+                _num(r.underflow_share if r else None, pct(r.underflow_share) if r else "-"),
             ]
         if errors:
             er = n.error
             cells += [
-                _num(er and er.rel_l2, sci(er.rel_l2) if er else "-"),
-                _num(er and er.max_abs, sci(er.max_abs) if er else "-"),
-                _num(er and er.added, sci(er.added) if er else "-"),
+                _num(er.rel_l2 if er else None, sci(er.rel_l2) if er else "-"),
+                _num(er.max_abs if er else None, sci(er.max_abs) if er else "-"),
+                _num(er.added if er else None, sci(er.added) if er else "-"),
             ]
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")

@@ -305,8 +305,8 @@ def graph_plot(report: PrecisionReport) -> tuple[str, str]:
     # Legend (top right).
     present = sorted({n.precision for _, _, n in pts}, key=precision_rank)
     x = L + PW - 72 * len(present) - (90 if errors and any(not math.isfinite(v) for _, v, _ in pts) else 0)
-    for p in present:
-        out.append(_legend_swatch(x, 18, p, e(p)))
+    for prec in present:
+        out.append(_legend_swatch(x, 18, prec, e(prec)))
         x += 72
     if errors and any(not math.isfinite(v) for _, v, _ in pts):
         out.append(f'<rect x="{_f(x)}" y="9" width="11" height="11" fill="{BAD_COLOUR}"/>'
