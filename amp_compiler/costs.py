@@ -24,7 +24,7 @@ import onnx
 import onnx.shape_inference
 
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler.policy import PolicyTable, default_table
 
 LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}

@@ -227,7 +227,7 @@ def undecided_values(model: onnx.ModelProto) -> list[str]:
     import onnx
     import onnx.shape_inference
 
-    from amp_compiler.onnx_io import iter_proto_graphs
+    from amp_compiler.onnx.walk import iter_proto_graphs
 
     inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     missing = []

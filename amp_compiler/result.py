@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.decisions import NodeDecision
-from amp_compiler.onnx_io import check_output_path, save_ir_model, save_model
+from amp_compiler.onnx.save import check_output_path, save_ir_model, save_model
 from amp_compiler.options import ConvertOptions
 
 

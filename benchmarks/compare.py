@@ -223,7 +223,7 @@ def _cast_stats(model: onnx.ModelProto, shapes: dict | None) -> tuple[int, int, 
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - no types: the share stays unknown
         inferred = model
-    from amp_compiler.onnx_io import iter_proto_graphs
+    from amp_compiler.onnx.walk import iter_proto_graphs
 
     types: dict[str, int] = {}
     for g in iter_proto_graphs(inferred.graph):
@@ -358,7 +358,7 @@ def _cases(setting: Setting, folder: Path, log) -> list[Case]:
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
-    from amp_compiler.onnx_io import iter_model_tensors
+    from amp_compiler.onnx.walk import iter_model_tensors
 
     return sum(len(t.raw_data) for t in iter_model_tensors(model))
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.catalog import Tolerance, register_specs
+from models.entry import Tolerance, entries_from_specs
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def realistic_init(model, seed: int = SEED) -> None:
         t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype) * std)
 
     with torch.no_grad():
-        for name, module in model.named_modules():
+        for _name, module in model.named_modules():
             cls = type(module).__name__
             weight = getattr(module, "weight", None)
             bias = getattr(module, "bias", None)
@@ -150,14 +150,14 @@ def check_onnx_model(
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = sess.run(None, inputs)
     names = [o.name for o in sess.get_outputs()]
-    for name, out in zip(names, outs):
+    for name, out in zip(names, outs, strict=True):
         if not np.issubdtype(out.dtype, np.floating):
             continue
         if not np.isfinite(out).all():
             raise ValueError(f"output {name!r} has non-finite values")
         if out.size > 1 and float(out.std()) <= min_std:
             raise ValueError(f"output {name!r} is nearly constant (std {out.std():.3g})")
-    for name, out, ref in zip(names, outs, reference or []):
+    for name, out, ref in zip(names, outs, reference or [], strict=False):
         if out.shape != ref.shape:
             raise ValueError(f"output {name!r} has shape {out.shape}, PyTorch gives {ref.shape}")
         if (cos := _cosine(out, ref)) < 0.9999:
@@ -273,7 +273,7 @@ def _Positional(inner, names: list[str]):  # noqa: N802 - a class factory (torch
             self.inner = inner
 
         def forward(self, *args):
-            return self.inner(**dict(zip(names, args)))
+            return self.inner(**dict(zip(names, args, strict=False)))
 
     return Positional()
 
@@ -577,4 +577,4 @@ ARCHS: list[Arch] = [
 ]
 
 
-register_specs("architecture", ARCHS)
+ENTRIES = entries_from_specs("architecture", ARCHS)

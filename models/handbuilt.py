@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from models.catalog import CatalogModel, Tolerance, register
+from models.entry import CatalogModel, Tolerance
 
 F32 = TensorProto.FLOAT
 F16 = TensorProto.FLOAT16
@@ -102,17 +102,21 @@ def _model(g: _Graph, name: str, inputs, outputs, opset: int, ir_version: int | 
     return model
 
 
+#: Every hand-built entry, in the order of this file (``models.catalog`` indexes them by name).
+ENTRIES: list[CatalogModel] = []
+
+
 def _register(name: str, build: Callable[[], onnx.ModelProto],
               make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]],
-              description: str, tolerance: Tolerance = Tolerance()) -> None:
-    register(
+              description: str, tolerance: Tolerance | None = None) -> None:
+    ENTRIES.append(
         CatalogModel(
             name=name,
             kind="rule",
             size="small",
             build=lambda _cache, _b=build: _b(),
             make_inputs=make_inputs,
-            tolerance=tolerance,
+            tolerance=tolerance or Tolerance(),
             weight_dominated=False,
             description=description,
         )

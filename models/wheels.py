@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.catalog import Tolerance, register_specs
+from models.entry import Tolerance, entries_from_specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +291,7 @@ WHEEL_MODELS = [
 ]
 
 
-register_specs(
+ENTRIES = entries_from_specs(
     "wheel",
     WHEEL_MODELS,
     describe=lambda m: f"{m.description} [{m.wheel.package}=={m.wheel.version}: {m.member}]",

@@ -21,12 +21,8 @@ from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.cli import main
 from amp_compiler.emulate import emulate
 from amp_compiler.errors import ModelLoadError, OutputError
-from amp_compiler.onnx_io import (
-    DEFER_MIN_BYTES,
-    DeferredTensor,
-    load_model,
-    load_model_deferred,
-)
+from amp_compiler.onnx.deferred import DeferredTensor
+from amp_compiler.onnx.files import DEFER_MIN_BYTES, load_model, load_model_deferred
 from benchmarks.generate import transformer_inputs, transformer_model
 
 
@@ -183,7 +179,7 @@ def test_the_output_data_file_never_overwrites_the_inputs(tmp_path):
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
-    import amp_compiler.onnx_io as io
+    import amp_compiler.onnx.save as io  # the module that renames the written files into place
 
     path, _ = _saved(tmp_path / "model")
     result = convert(path)

@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from amp_compiler.emulate import emulate
-from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler import convert
 from models import catalog
 

@@ -25,7 +25,7 @@ from amp_compiler import convert
 from amp_compiler.checks import validate
 from amp_compiler.cli import main
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx_io import PROTOBUF_LIMIT, load_model
+from amp_compiler.onnx.files import PROTOBUF_LIMIT, load_model
 from onnx_builders import F32, tensor, vi, weights
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -626,7 +626,7 @@ def model_file(tmp_path) -> Path:
 
 
 def test_output_folder_missing_is_reported_before_any_work(model_file, tmp_path, monkeypatch):
-    import amp_compiler.onnx_io as io
+    import amp_compiler.onnx.files as io  # the CLI loads through this module
 
     for loader in ("load_model_deferred", "load_model_and_files", "load_model"):
         monkeypatch.setattr(io, loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
@@ -715,7 +715,7 @@ def test_a_model_protobuf_cannot_serialize_is_a_clear_output_error(tmp_path):
     """upb raises EncodeError (not ValueError) for a message of 2 GiB or more: still one clear line."""
     from google.protobuf.message import EncodeError
 
-    import amp_compiler.onnx_io as io
+    import amp_compiler.onnx.save as io
 
     class TooLarge:
         def SerializeToString(self):
@@ -747,7 +747,7 @@ def _big_external_model(tmp_path: Path, location: str) -> Path:
 
 
 def test_large_external_weights_convert_through_the_deferred_path(tmp_path):
-    from amp_compiler.onnx_io import DEFER_MIN_BYTES
+    from amp_compiler.onnx.files import DEFER_MIN_BYTES
 
     assert len(_BIG_BYTES) >= DEFER_MIN_BYTES
     p = _big_external_model(tmp_path, "w.bin")
@@ -784,7 +784,7 @@ def test_large_external_weights_missing_or_short(tmp_path, size):
 
 def test_external_data_that_shrinks_after_validation_is_a_clear_error(tmp_path):
     """Validated, then truncated before the conversion reads it (a file changed under us)."""
-    from amp_compiler.onnx_io import load_model_deferred
+    from amp_compiler.onnx.files import load_model_deferred
 
     p = _big_external_model(tmp_path, "w.bin")
     data = p.parent / "w.bin"

@@ -19,11 +19,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import amp_compiler.onnx_io as onnx_io
+import amp_compiler.onnx.save as onnx_save  # the module that writes the output
 from amp_compiler import convert
 from amp_compiler.checks import run_onnxruntime, validate
 from amp_compiler.cli import main
-from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.onnx.walk import iter_proto_graphs
 
 vi = helper.make_tensor_value_info
 
@@ -283,11 +283,11 @@ def test_failure_while_writing_leaves_output_untouched(paths, monkeypatch, where
                 self.f.write(data[: len(data) // 2])
                 raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(onnx_io.os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+        monkeypatch.setattr(onnx_save.os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
     elif where == "fsync":
-        monkeypatch.setattr(onnx_io.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+        monkeypatch.setattr(onnx_save.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
     else:
-        monkeypatch.setattr(onnx_io.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
+        monkeypatch.setattr(onnx_save.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
     code, err = _cli(["convert", src, "-o", dst])
     assert code == 2 and "cannot write" in err, err
     _untouched(dst)
@@ -299,7 +299,7 @@ def test_interrupt_while_writing_leaves_output_untouched(paths, monkeypatch):
     def interrupted(fd):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(onnx_io.os, "fsync", interrupted)
+    monkeypatch.setattr(onnx_save.os, "fsync", interrupted)
     code, err = _cli(["convert", src, "-o", dst])
     assert code == 130 and "interrupted" in err
     _untouched(dst)

@@ -18,7 +18,7 @@ import pytest
 
 from amp_compiler.report import NodeError, NodeReport, OutputAccuracy, PrecisionReport, Summary, TensorRange
 from amp_compiler.report.csv_render import csv_columns
-from amp_compiler.report.html import COLOURS, MAX_MARKS
+from amp_compiler.report.html_plots import COLOURS, MAX_MARKS
 from amp_compiler.report.render import FORMATS, render
 from amp_compiler.report.terminal import fit_path, fit_rule, strip_ansi
 

@@ -23,10 +23,26 @@ import onnx_ir as ir
 
 from amp_compiler import schemas
 from amp_compiler.dtypes import FLOAT_TYPES, schema_type
-from amp_compiler.graph import CONTROL_FLOW_OPS, PrecisionGraph, SlotKind, UnionFind, Vertex, tensor_edges
+from amp_compiler.graph import (
+    CONTROL_FLOW_OPS,
+    PrecisionGraph,
+    SlotKind,
+    UnionFind,
+    Vertex,
+    tensor_edges,
+)
 from amp_compiler.onnx.control_flow import carried_values
 from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
-from amp_compiler.onnx.slots import GRAPH_IN, GRAPH_OUT, NODE_IN, NODE_OUT, Slot, shape_codes, slot_order, tensor_dtype
+from amp_compiler.onnx.slots import (
+    GRAPH_IN,
+    GRAPH_OUT,
+    NODE_IN,
+    NODE_OUT,
+    Slot,
+    shape_codes,
+    slot_order,
+    tensor_dtype,
+)
 from amp_compiler.policy import Category, OpPolicy, PolicyTable
 from amp_compiler.targets import Target
 

@@ -8,7 +8,7 @@ import onnx
 
 from amp_compiler.checks import OutputAccuracy as MeasuredAccuracy
 from amp_compiler.costs import estimate
-from amp_compiler.onnx_io import iter_proto_graphs
+from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import (

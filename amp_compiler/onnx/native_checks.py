@@ -69,8 +69,9 @@ class InferredTypes:
     @classmethod
     def of(cls, typed: onnx.ModelProto, original: onnx.ModelProto) -> InferredTypes:
         """Summarize ``typed`` (``original`` after shape inference)."""
-        changed = len(typed.functions) != len(original.functions) or any(
-            a.SerializeToString() != b.SerializeToString() for a, b in zip(typed.functions, original.functions)
+        before, after = original.functions, typed.functions
+        changed = len(after) != len(before) or any(
+            a.SerializeToString() != b.SerializeToString() for a, b in zip(after, before, strict=True)
         )
         index: dict[bytes, int] = {}
 
@@ -184,15 +185,19 @@ class NativeChecks:
         self._reader.start()
 
     def _write(self, *parts: bytes) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None  # a pipe
         try:
             for part in parts:
-                self._proc.stdin.write(part)
-            self._proc.stdin.close()
+                stdin.write(part)
+            stdin.close()
         except OSError:  # the child died: result() reports it
             pass
 
     def _read(self) -> None:
-        with self._proc.stdout as stream:
+        stream = self._proc.stdout
+        assert stream is not None  # a pipe
+        with stream:
             self._out.append(stream.read())
 
     def cancel(self) -> None:
@@ -213,13 +218,14 @@ class NativeChecks:
         data = self._out[0] if self._out else b""
         if code < 0:
             return NativeResult(None, None, crashed=f"signal {-code}")
+        if code:
+            return NativeResult(None, None, failed=f"exit status {code}")
         try:
-            answer = json.loads(data) if code == 0 else None
+            answer = json.loads(data)
             error, types = answer["checker_error"], answer["types"]
             return NativeResult(error and CheckerError(**error), types and InferredTypes.from_json(types))
         except (ValueError, TypeError, KeyError) as exc:
-            why = f"exit status {code}" if code else f"unreadable answer ({type(exc).__name__})"
-            return NativeResult(None, None, failed=why)
+            return NativeResult(None, None, failed=f"unreadable answer ({type(exc).__name__})")
 
 
 def child_command() -> list[str]:
@@ -241,6 +247,7 @@ def _child() -> None:
         to_infer.ParseFromString(sys.stdin.buffer.read(header["infer"]))
     else:
         to_infer = to_check
+    assert to_infer is not None  # the parent sends a model to infer, or one to check
     error = check(to_check) if to_check is not None else None
     types = inferred_types(to_infer)
     answer = {"checker_error": error and dataclasses.asdict(error), "types": types and types.to_json()}

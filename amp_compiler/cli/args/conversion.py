@@ -1,0 +1,83 @@
+"""What to convert to and what to keep in FP32: the options of :class:`~amp_compiler.ConvertOptions`."""
+
+from __future__ import annotations
+
+import argparse
+
+import onnx
+
+from amp_compiler import ConvertOptions
+from amp_compiler.cli.args.group import ArgGroup
+from amp_compiler.costs import check_input_shapes, parse_input_shape
+from amp_compiler.targets import Provider, Target
+
+
+class ConversionArgs(ArgGroup):
+    """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
+    ``--input-shape``, ``--pad-tensor-cores``. Depends on nothing to parse; checking that the
+    ``--input-shape`` names are graph inputs needs the loaded model (:meth:`check_input_shapes`)."""
+
+    title = "conversion"
+    flags = {
+        "target": "--target",
+        "provider": "--provider",
+        "block_ops": "--block-op",
+        "block_nodes": "--block-node",
+        "keep_io_types": "--no-keep-io-types",
+        "input_shapes": "--input-shape",
+        "pad_tensor_cores": "--pad-tensor-cores",
+    }
+
+    def __init__(self) -> None:
+        self.options = ConvertOptions()
+        self.input_shapes: dict[str, tuple[int, ...]] | None = None  # None: no --input-shape
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("--target", default="fp16", choices=[t.value for t in Target])
+        group.add_argument(
+            "--provider", default="cuda", choices=[p.value for p in Provider],
+            help="execution provider the model is meant for (default: cuda)",
+        )
+        group.add_argument(
+            "--block-op", action="append", default=[], metavar="OP",
+            help="keep every node of this op type in FP32 (repeatable)",
+        )
+        group.add_argument(
+            "--block-node", action="append", default=[], metavar="REGEX",
+            help="keep nodes whose name matches this regular expression (re.search) in FP32 (repeatable)",
+        )
+        group.add_argument(
+            "--no-keep-io-types", dest="keep_io_types", action="store_false",
+            help="let graph inputs and outputs take the low-precision type too",
+        )
+        group.add_argument(
+            "--input-shape", action="append", default=[], metavar="NAME:DIMS",
+            help="fix a graph input's shape, e.g. input:1x3x224x224 (cost estimates, random inputs; repeatable)",
+        )
+        group.add_argument(
+            "--pad-tensor-cores", action="store_true",
+            help="pad FP16/BF16 MatMul/Gemm/Conv weights to multiples of 8 with zeros and slice the "
+            "outputs back (exact; off by default)",
+        )
+
+    def parse(self, args: argparse.Namespace) -> None:
+        shapes: dict[str, tuple[int, ...]] = {}
+        for text in args.input_shape:
+            name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
+            shapes[name] = shape
+        self.input_shapes = shapes or None
+        self.options = ConvertOptions(
+            target=Target.parse(args.target),
+            provider=Provider.parse(args.provider),
+            keep_io_types=args.keep_io_types,
+            block_ops=frozenset(args.block_op),
+            block_nodes=tuple(args.block_node),
+            pad_tensor_cores=args.pad_tensor_cores,
+            input_shapes=tuple(shapes.items()),
+        )
+
+    def check_input_shapes(self, model: onnx.ModelProto) -> None:
+        """Refuse an ``--input-shape`` that names no graph input of ``model`` (checked once, as soon as
+        the model is read, for the conversion and the analysis alike)."""
+        if self.input_shapes:
+            check_input_shapes(model, self.input_shapes)

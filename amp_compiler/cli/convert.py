@@ -1,0 +1,92 @@
+"""``amp-compiler convert``: convert a model file and print a one-line summary.
+
+    model file -> (output path checked) -> load, large weights left on disk -> convert
+                  (or, with --report/--calibration-data/--tolerance, analyze) -> save -> summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from pathlib import Path
+
+from amp_compiler import ConversionResult, convert
+from amp_compiler.analyze import Analysis
+from amp_compiler.cli.args.analysis import AnalysisArgs
+from amp_compiler.cli.args.conversion import ConversionArgs
+from amp_compiler.cli.args.model_file import ModelFileArgs
+from amp_compiler.cli.args.report import ReportFileArgs
+from amp_compiler.cli.command import Command
+from amp_compiler.plan import Rule
+from amp_compiler.policy import default_table
+
+
+class ConvertCommand(Command):
+    """Convert; the analysis path (every weight in memory, onnxruntime runs) only when a report,
+    calibration data or a tolerance asks for it."""
+
+    name = "convert"
+    help = "convert an FP32 ONNX model to mixed precision"
+
+    def __init__(self) -> None:
+        self.files = ModelFileArgs(output=True)
+        self.conversion = ConversionArgs()
+        self.analysis = AnalysisArgs(self.conversion)
+        self.report = ReportFileArgs()
+        self.groups = [self.files, self.conversion, self.analysis, self.report]
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+
+    def run(self, args: argparse.Namespace) -> int:
+        files = self.files.open()  # the output path is checked before the work, not after it
+        start = time.perf_counter()
+        explain = self.analysis.asked or self.report.path is not None
+        # Large external-data weights stay on disk (validated), read one at a time by the conversion.
+        # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).
+        loaded = files.load_deferred(check=explain)
+        self.conversion.check_input_shapes(loaded.model)
+        analysis = self.analysis.run(loaded.load(), model_name=files.source.name) if explain else None
+        result = analysis.result if analysis else convert(loaded, self.conversion.options)
+        if analysis:
+            self.report.write(analysis.report)
+        output_files = files.save(result)
+        if not args.quiet:
+            print(summary_line(result, files.files, output_files, time.perf_counter() - start))
+            if analysis and analysis.refinement:
+                print(tolerance_line(analysis, self.analysis.tolerance))
+        return 0
+
+
+def summary_line(result: ConversionResult, input_files: list[Path], output_files: list[Path], seconds: float) -> str:
+    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts, and the size
+    (model file plus external data files, before and after)."""
+    dst = output_files[0]
+    decisions = result.decisions
+    target = result.options.target.value
+    policy = default_table()
+    heavy = [d for d in decisions if policy.is_tensor_core(d.domain, d.op_type)]
+    heavy_low = sum(1 for d in heavy if d.precision == target)
+    by_precision = Counter(d.precision for d in decisions if d.rule != Rule.LOWERING_CAST.value)
+    size_in = sum(Path(f).stat().st_size for f in input_files)
+    size_out = sum(Path(f).stat().st_size for f in output_files)
+    return (
+        f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
+        + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
+        + f" | casts inserted: {result.casts_inserted}"
+        + f" | size {size_in / 1e6:.2f} MB -> {size_out / 1e6:.2f} MB"
+    )
+
+
+def tolerance_line(analysis: Analysis, tolerance: float | None) -> str:
+    """Whether ``--tolerance`` was met, the worst output error, and what it took."""
+    r = analysis.refinement
+    assert r is not None
+    worst = max(r.output_errors.values(), default=0.0)
+    return (
+        f"--tolerance {tolerance:g}: {'met' if r.met else 'NOT met'} (worst output "
+        f"relative L2 {worst:.3g}) after {r.rounds} conversions, {r.model_runs} model runs; "
+        f"{len(r.pinned)} node(s) pinned to FP32"
+    )

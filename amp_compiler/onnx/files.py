@@ -1,0 +1,129 @@
+"""Reading a model file safely: every failure is a :class:`ModelLoadError` with one line that names it.
+
+A model file is untrusted input (people convert files they downloaded): missing, empty, not a regular
+file, over protobuf's 2 GiB limit, not protobuf, truncated, nested deeper than protobuf parses, or
+invalid (:mod:`amp_compiler.onnx.validate`). Its external data is read by
+:mod:`amp_compiler.onnx.external_data`, never by onnx; :func:`load_model_deferred` leaves the large
+weights on disk (:mod:`amp_compiler.onnx.deferred`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from amp_compiler.errors import ModelLoadError
+from amp_compiler.onnx.deferred import DeferredModel
+from amp_compiler.onnx.external_data import (
+    external_fields,
+    load_external_data,
+    plan_external_reads,
+    read_external,
+)
+from amp_compiler.onnx.text import first_line
+from amp_compiler.onnx.validate import check_model_valid
+
+#: Protobuf cannot serialize or parse one message of 2 GiB or more.
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and validate an ONNX model file (external data is read, after validation, from beside it)."""
+    return load_model_and_files(path)[0]
+
+
+def load_model_and_files(path: str | os.PathLike) -> tuple[onnx.ModelProto, list[Path]]:
+    """Like :func:`load_model`, also returning every file read: the model, then its external data files."""
+    p = Path(path)
+    model, may_refer_to_files = _parse_model_file(p)
+    files = [p, *(load_external_data(model, p.parent, origin=str(p)) if may_refer_to_files else [])]
+    check_model_valid(model, origin=str(p))
+    return model, files
+
+
+#: Deferred loading leaves initializers of at least this many bytes on disk; smaller external
+#: tensors (shapes, scales: what shape inference reads) are read into the model.
+DEFER_MIN_BYTES = 64 * 1024
+
+
+def load_model_deferred(
+    path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTES, *, check: bool = True
+) -> DeferredModel:
+    """Load and validate a model file, leaving its large external-data initializers on disk.
+
+    Every external data location is validated as :func:`load_model` validates it, and the model is
+    checked as :func:`~amp_compiler.onnx.validate.check_model_valid` checks it; only the bytes of
+    initializers of ``min_bytes`` or more are not read (:class:`~amp_compiler.onnx.deferred.DeferredTensor`
+    reads them, one at a time, when needed). A model without external data is loaded whole.
+    ``check=False`` leaves the model checks to the caller (``DeferredModel.checked`` is False):
+    :func:`amp_compiler.convert.convert` does them while it builds the IR.
+    """
+    p = Path(path)
+    model, may_refer_to_files = _parse_model_file(p)
+    pending, sizes = plan_external_reads(model, p.parent, str(p)) if may_refer_to_files else ([], {})
+    read_external([entry for entry in pending if not (entry.initializer and entry.length >= min_bytes)], str(p))
+    locations = {
+        external_fields(entry.tensor, str(p))[0]: entry.file
+        for entry in pending
+        if entry.initializer and entry.length >= min_bytes
+    }
+    if check:
+        check_model_valid(model, origin=str(p), deferred=bool(locations))
+    return DeferredModel(model, [p, *sizes], locations, checked=check)
+
+
+def _parse_model_file(p: Path) -> tuple[onnx.ModelProto, bool]:
+    """The parsed model, and whether it may refer to external data files. Every external tensor
+    names its "location": a file without the word has none, and its external-data walk is skipped
+    (a tensor marked external without a location is then refused by the model checks)."""
+    data = _read_model_bytes(p)
+    may_refer_to_files = b"location" in data
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as exc:
+        detail = first_line(exc)
+        if "depth" in detail.lower() or "recursion" in detail.lower():
+            raise ModelLoadError(
+                f"{p}: nests messages deeper than protobuf can parse (subgraphs inside subgraphs, "
+                f"about 30 levels at most): {detail}"
+            ) from None
+        raise ModelLoadError(f"{p}: not an ONNX model or truncated (protobuf parse failed: {detail})") from None
+    except (RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"{p}: not an ONNX model (protobuf parse failed: {first_line(exc)})") from None
+    del data
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelLoadError(f"{p}: parses as protobuf but holds no ONNX graph (is it an ONNX model file?)")
+    if not model.opset_import:
+        raise ModelLoadError(f"{p}: the model imports no opset")
+    return model, may_refer_to_files
+
+
+def _read_model_bytes(p: Path) -> bytes:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ModelLoadError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelLoadError(f"{p}: is a directory, not an ONNX model file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelLoadError(f"{p}: is not a regular file (a device, pipe or socket), not an ONNX model file")
+    if st.st_size == 0:
+        raise ModelLoadError(f"{p}: the file is empty, not an ONNX model")
+    if st.st_size > PROTOBUF_LIMIT:
+        raise ModelLoadError(
+            f"{p}: the file is {st.st_size / 2**30:.2f} GiB, over protobuf's 2 GiB limit for one message; "
+            "a model this large must keep its weights as external data "
+            "(onnx.save_model(model, path, save_as_external_data=True))"
+        )
+    try:
+        with open(p, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ModelLoadError(f"{p}: cannot read: {exc.strerror or exc}") from None

@@ -1,0 +1,94 @@
+"""The converted IR as the output ModelProto: the input's IR version, only the value_info it described.
+
+:class:`DeferredOutput` keeps a conversion whose unconverted weights are still on disk (from a model
+with external data) until it is written (with its weights in a data file) or asked for in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from amp_compiler.onnx.deferred import DeferredTensor
+from amp_compiler.onnx.ir_walk import iter_graphs
+from amp_compiler.onnx.save import OutputPath
+from amp_compiler.onnx.walk import iter_proto_graphs
+from amp_compiler.passes import ConvertedConstant
+
+
+def output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelProto:
+    """The converted IR model as a ModelProto with the input's IR version and only the value_info
+    entries the input had (see :func:`keep_value_info_of`). Consumes ``ir_model``: the types of
+    tensors the input did not describe are dropped before serializing rather than serialized and then
+    deleted (the same bytes, in a third of the time)."""
+    described = described_names(original)
+    ConvertedConstant.convert_together(
+        v.const_value for g in iter_graphs(ir_model.graph) for v in g.initializers.values()
+        if isinstance(v.const_value, ConvertedConstant)
+    )
+    for g in iter_graphs(ir_model.graph):
+        values = [v for v in g.initializers.values() if not v.is_graph_input()]
+        values.extend(v for node in g for v in node.outputs)
+        for v in values:
+            if v.name not in described and not v.is_graph_output():
+                v.type = None
+                v.shape = None
+    out = ir.to_proto(ir_model)
+    out.ir_version = original.ir_version
+    keep_value_info_of(original, out, described)
+    return out
+
+
+def described_names(model: onnx.ModelProto) -> set[str]:
+    """The names of the tensors a model's value_info entries describe, in every graph."""
+    return {v.name for g in iter_proto_graphs(model.graph) for v in g.value_info}
+
+
+def keep_value_info_of(original: onnx.ModelProto, out: onnx.ModelProto, described: set[str] | None = None) -> None:
+    """Keep value_info entries only for the tensors the input model described (with their new types).
+
+    Types inferred for the analysis are not written out: the output describes what the input
+    described, so converting a converted model gives back the same bytes.
+    """
+    if described is None:
+        described = described_names(original)
+    for g in iter_proto_graphs(out.graph):
+        kept = [v for v in g.value_info if v.name in described]
+        if len(kept) != len(g.value_info):
+            del g.value_info[:]
+            g.value_info.extend(kept)
+
+
+@dataclasses.dataclass(eq=False)
+class DeferredOutput:
+    """A conversion's IR whose unconverted weights are still on disk (DeferredTensor)."""
+
+    ir_model: ir.Model
+    original: onnx.ModelProto  # the input (weights deferred): its IR version and value_info names
+
+    def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto:
+        """:func:`output_proto` of ``model`` (by default the conversion's IR), weights left as they are."""
+        return output_proto(model or self.ir_model, self.original)
+
+    def materialize(self) -> onnx.ModelProto:
+        """The ModelProto with every weight read into it (as the in-memory path builds it)."""
+        swapped: list[tuple[ir.Value, DeferredTensor]] = []
+        for g in self.ir_model.graphs():
+            for value in g.initializers.values():
+                tensor = value.const_value
+                if isinstance(tensor, DeferredTensor):
+                    swapped.append((value, tensor))
+                    value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name, doc_string=tensor.doc_string)
+        try:
+            return self.to_proto()
+        finally:
+            for value, tensor in swapped:
+                value.const_value = tensor
+
+    def write(self, output: OutputPath) -> Path | None:
+        """Write the conversion to ``output``, its large weights in ``<output>.data`` (one at a time).
+        Returns that data file, or None when no weight needed one."""
+        return output.write_ir_model(self.ir_model, self.to_proto)

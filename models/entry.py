@@ -1,0 +1,57 @@
+"""What a catalog entry is: the data types the builder modules fill in (no registry, no builders).
+
+``models.catalog`` gathers the entries of ``models.handbuilt``, ``models.architectures`` and
+``models.wheels``; those modules import only this one, so the catalog and its builders do not import
+each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Accuracy a converted model must reach against the FP32 model, per float output."""
+
+    min_cosine: float = 0.999
+    max_error_of_range: float = 0.02  # max |error| as a share of the FP32 output's (max - min)
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogModel:
+    """One catalog entry: how to build its FP32 model and its inputs, and the accuracy it must keep."""
+
+    name: str
+    kind: str  # "rule" (hand-built), "architecture" (transformers config), "wheel" (trained, from PyPI)
+    size: str  # "small" or "full"
+    build: Callable[[Path], onnx.ModelProto]  # cache dir -> FP32 model
+    make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]
+    tolerance: Tolerance = Tolerance()
+    weight_dominated: bool = False  # file size is mostly float weights (shrinks ~2x in FP16)
+    description: str = ""
+
+
+def entries_from_specs(
+    kind: str, specs: Iterable[Any], describe: Callable[[Any], str] | None = None
+) -> list[CatalogModel]:
+    """One entry of this kind per spec, in order, from the spec's fields of the same names."""
+    return [
+        CatalogModel(
+            name=spec.name,
+            kind=kind,
+            size=spec.size,
+            description=describe(spec) if describe else spec.description,
+            build=spec.build,
+            make_inputs=spec.make_inputs,
+            tolerance=spec.tolerance,
+            weight_dominated=spec.weight_dominated,
+        )
+        for spec in specs
+    ]

@@ -1,0 +1,175 @@
+"""The CLI's argument groups: the analysis path only when asked for, the output path checked once,
+option errors printed with their flags.
+
+A plain ``convert`` (``--input-shape`` included) runs no onnxruntime session and never reads the
+deferred weights into memory; ``--report`` and ``--calibration-data`` choose the analysis path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import helper
+from onnx_builders import F32, model, tensor, vi, weights
+
+import amp_compiler.cli.args.model_file as model_file
+import amp_compiler.cli.convert as convert_command
+import amp_compiler.onnx.save as onnx_save
+from amp_compiler.cli import main
+from amp_compiler.cli.app import build_parser, error_text
+from amp_compiler.cli.convert import ConvertCommand
+from amp_compiler.cli.report import ReportCommand
+from amp_compiler.errors import OptionError
+from amp_compiler.onnx.deferred import DeferredModel
+from amp_compiler.onnx.files import DEFER_MIN_BYTES
+from amp_compiler.onnx.save import InputOverwriteError, check_output_path
+
+_W = (160, 160)  # 100 KiB of FP32: over DEFER_MIN_BYTES, so a plain convert leaves it on disk
+
+
+def _external_model(folder: Path) -> Path:
+    """x (dynamic batch, 160) @ w, with w in ``w.bin`` beside the model."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [vi("x", F32, ["B", 160])], [vi("y", F32, ["B", 160])], [tensor("w", weights(_W))],
+    )
+    assert weights(_W).nbytes >= DEFER_MIN_BYTES
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "m.onnx"
+    onnx.save_model(m, path, save_as_external_data=True, location="w.bin", size_threshold=1024)
+    return path
+
+
+def _run(argv) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([str(a) for a in argv])
+    return code, err.getvalue()
+
+
+@pytest.fixture
+def watched(monkeypatch):
+    """Records onnxruntime sessions, whole-model weight loads and the options convert() is given."""
+    seen: dict[str, list] = {"sessions": [], "loads": [], "options": []}
+    real_session, real_load, real_convert = onnxruntime.InferenceSession, DeferredModel.load, convert_command.convert
+
+    def session(*args, **kwargs):
+        seen["sessions"].append(True)
+        return real_session(*args, **kwargs)
+
+    def load(self):
+        seen["loads"].append(True)
+        return real_load(self)
+
+    def convert(loaded, options, **kwargs):
+        seen["options"].append(options)
+        return real_convert(loaded, options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    monkeypatch.setattr(DeferredModel, "load", load)
+    monkeypatch.setattr(convert_command, "convert", convert)
+    return seen
+
+
+def test_plain_convert_with_input_shape_runs_no_model_and_keeps_weights_on_disk(tmp_path, watched):
+    src, out = _external_model(tmp_path / "in"), tmp_path / "out.onnx"
+    code, err = _run(["convert", src, "-o", out, "--input-shape", "x:64x160"])
+    assert code == 0, err
+    assert [o.input_shapes for o in watched["options"]] == [(("x", (64, 160)),)]  # reached the min-cut cost
+    assert watched["sessions"] == [] and watched["loads"] == []
+    assert (tmp_path / "out.onnx.data").exists()  # written with external data, as a deferred conversion is
+
+
+@pytest.mark.parametrize("ask", ["report", "calibration-data"])
+def test_report_or_calibration_data_choose_the_analysis_path(tmp_path, watched, ask):
+    src, out = _external_model(tmp_path / "in"), tmp_path / "out.onnx"
+    if ask == "report":
+        extra = ["--report", tmp_path / "r.json"]
+    else:
+        np.savez(tmp_path / "s.npz", x=np.ones((2, 160), np.float32))
+        extra = ["--calibration-data", tmp_path / "s.npz"]
+    code, err = _run(["convert", src, "-o", out, *extra])
+    assert code == 0, err
+    assert watched["options"] == []  # analyze() converted, not the plain path
+    assert watched["sessions"] and watched["loads"] == [True]
+
+
+def test_unknown_input_shape_name_is_refused_before_converting(tmp_path, watched):
+    src, out = _external_model(tmp_path / "in"), tmp_path / "out.onnx"
+    code, err = _run(["convert", src, "-o", out, "--input-shape", "nope:1x160"])
+    assert code == 2 and err.strip() == "amp-compiler: error: --input-shape: nope is not a graph input (inputs: x)"
+    assert watched["options"] == [] and not out.exists()
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["single-file", "external-data"])
+def test_the_output_path_is_checked_once(tmp_path, monkeypatch, external):
+    if external:
+        src = _external_model(tmp_path / "in")
+    else:
+        src = tmp_path / "m.onnx"
+        onnx.save(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F32, [2])], [vi("y", F32, [2])]), src)
+    checks, extra = [], []
+    real_check, real_extra = onnx_save.check_output_path, onnx_save.OutputPath.with_external_data
+
+    def check(*args, **kwargs):
+        checks.append(args[0])
+        return real_check(*args, **kwargs)
+
+    def with_external_data(self, files):
+        extra.append(list(files))
+        return real_extra(self, files)
+
+    convert_module = importlib.import_module("amp_compiler.convert")  # the module (ConversionResult.save)
+    for module in (model_file, onnx_save, convert_module):  # every caller of check_output_path
+        monkeypatch.setattr(module, "check_output_path", check)
+    monkeypatch.setattr(onnx_save.OutputPath, "with_external_data", with_external_data)
+    code, err = _run(["convert", src, "-o", tmp_path / "out.onnx"])
+    assert code == 0, err
+    assert checks == [tmp_path / "out.onnx"]
+    # and, once the model is read, against its external data files only (nothing else is checked again)
+    assert [f for f in extra if f] == ([[src.parent / "w.bin"]] if external else [])
+
+
+def test_overwriting_the_input_is_refused_without_naming_a_flag_in_the_library(tmp_path):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(b"x")
+    with pytest.raises(InputOverwriteError) as info:
+        check_output_path(src, [src])
+    assert "--" not in str(info.value)
+    code, err = _run(["convert", src, "-o", src])
+    assert code == 2 and err.strip().endswith("the output would overwrite the input model (use --force to allow)")
+
+
+@pytest.mark.parametrize("command", [ConvertCommand, ReportCommand])
+def test_every_flag_a_group_names_is_an_option_of_its_command(command):
+    cmd = command()
+    parser = build_parser([cmd])
+    sub = next(a for a in parser._actions if a.dest == "command").choices[cmd.name]
+    options = {s for action in sub._actions for s in action.option_strings}
+    for group in cmd.groups:
+        assert set(group.flags.values()) <= options, type(group).__name__
+
+
+def test_option_errors_are_printed_with_the_flag_of_their_option(tmp_path, monkeypatch):
+    flags = {"block_ops": "--block-op"}
+    assert error_text(OptionError("unknown op type(s): Foo", option="block_ops"), flags) == (
+        "--block-op: unknown op type(s): Foo"
+    )
+    assert error_text(OptionError("unknown placement 'x'", option="placement"), flags) == "unknown placement 'x'"
+    assert error_text(OptionError("bad"), flags) == "bad"
+
+    def refuse(*args, **kwargs):
+        raise OptionError("unknown op type(s): Foo", option="block_ops")
+
+    monkeypatch.setattr(convert_command, "convert", refuse)
+    src = tmp_path / "m.onnx"
+    onnx.save(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F32, [2])], [vi("y", F32, [2])]), src)
+    code, err = _run(["convert", src, "-o", tmp_path / "o.onnx"])
+    assert code == 2 and err.strip() == "amp-compiler: error: --block-op: unknown op type(s): Foo"
