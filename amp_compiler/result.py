@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.decisions import NodeDecision
-from amp_compiler.onnx.save import check_output_path, save_ir_model, save_model
+from amp_compiler.onnx.save import check_output_path
 from amp_compiler.options import ConvertOptions
 
 
@@ -61,13 +61,10 @@ class ConversionResult:
         1 KiB or more go to ``<path>.data`` beside it, one tensor at a time (weights never all in
         memory, and no 2 GiB protobuf limit). Returns that data file, or None for a single file.
         """
-        files = [Path(f) for f in input_files]
+        output = check_output_path(path, input_files, force=force)
         if self.output is not None:
-            return save_ir_model(
-                self.output.ir_model, path, self.output.to_proto, input_files=files, force=force
-            )
-        check_output_path(path, files, force=force)
-        save_model(self.model, path, input_path=None if force or not files else files[0])
+            return output.write_ir_model(self.output.ir_model, self.output.to_proto)
+        output.write_model(self.model)
         return None
 
 

@@ -126,8 +126,8 @@ def test_the_output_path_is_checked_once(tmp_path, monkeypatch, external):
         extra.append(list(files))
         return real_extra(self, files)
 
-    convert_module = importlib.import_module("amp_compiler.convert")  # the module (ConversionResult.save)
-    for module in (model_file, onnx_save, convert_module):  # every caller of check_output_path
+    result_module = importlib.import_module("amp_compiler.result")  # ConversionResult.save
+    for module in (model_file, onnx_save, result_module):  # every caller of check_output_path
         monkeypatch.setattr(module, "check_output_path", check)
     monkeypatch.setattr(onnx_save.OutputPath, "with_external_data", with_external_data)
     code, err = _run(["convert", src, "-o", tmp_path / "out.onnx"])
