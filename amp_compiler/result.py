@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.decisions import NodeDecision
-from amp_compiler.onnx.save import check_output_path
+from amp_compiler.onnx.save import OutputPath, check_output_path
 from amp_compiler.options import ConvertOptions
 
 
@@ -25,6 +25,10 @@ class DeferredOutput(Protocol):
 
     def materialize(self) -> onnx.ModelProto:
         """The ModelProto with every weight read into it."""
+        ...
+
+    def write(self, output: OutputPath) -> Path | None:
+        """Write to ``output``, the large weights in ``<output>.data``; returns that file, or None."""
         ...
 
 
@@ -63,7 +67,7 @@ class ConversionResult:
         """
         output = check_output_path(path, input_files, force=force)
         if self.output is not None:
-            return output.write_ir_model(self.output.ir_model, self.output.to_proto)
+            return self.output.write(output)
         output.write_model(self.model)
         return None
 

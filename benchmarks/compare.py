@@ -470,7 +470,7 @@ def _machine() -> str:
         pass
     mem = ""
     try:
-        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        kb = int(next(s for s in Path("/proc/meminfo").read_text().splitlines() if s.startswith("MemTotal")).split()[1])
         mem = f", {kb / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration):
         pass

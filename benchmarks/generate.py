@@ -120,12 +120,12 @@ def transformer_model(
     for b in range(n_blocks):
         p = f"blk{b}"
 
-        def node(op, inputs, name, **attrs):
+        def node(op, inputs, name, p=p, **attrs):
             out = f"{p}/{name}"
             nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
             return out
 
-        def weight(name, shape, std):
+        def weight(name, shape, std, p=p):
             return w.add(f"{p}.{name}", normal(shape, std))
 
         ln1 = node(

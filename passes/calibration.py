@@ -15,9 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
-
 from amp_compiler.graph import PrecisionGraph, SlotKind, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Target

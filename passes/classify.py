@@ -16,10 +16,9 @@ import dataclasses
 import re
 from collections.abc import Hashable, Iterable, Mapping
 
-from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require
-
 from amp_compiler.errors import OptionError
 from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.targets import Provider

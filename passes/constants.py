@@ -29,10 +29,10 @@ import math
 import numpy as np
 import onnx
 import onnx_ir as ir
-from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from onnx_ir.serde import TensorProtoTensor
 
 from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.targets import Target
 

@@ -34,12 +34,12 @@ from __future__ import annotations
 import dataclasses
 
 import onnx_ir as ir
-from amp_compiler.passes.base import AnalysisPass, ensure_only_pinned, require, require_roles
 
 from amp_compiler import schemas
 from amp_compiler.dtypes import schema_type
 from amp_compiler.graph import PrecisionGraph, SlotKind
 from amp_compiler.onnx.slots import shape_codes
+from amp_compiler.passes.base import AnalysisPass, ensure_only_pinned, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.providers import SHORT_NAMES, KernelCoverage, coverage_for, short_type
 from amp_compiler.targets import Provider

@@ -22,13 +22,13 @@ import numpy as np
 import onnx
 import onnx.defs
 import onnx_ir as ir
-from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 
 from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import SlotKind
 from amp_compiler.onnx.ir_walk import home_graph, is_constant, iter_graphs
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
+from amp_compiler.passes.constants import constant_array, raw_float32_bytes
 from amp_compiler.plan import PrecisionPlan
 
 _NUMPY: dict[ir.DataType, np.dtype] = {

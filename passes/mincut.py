@@ -44,10 +44,10 @@ from collections.abc import Iterable, Mapping
 
 import networkx as nx
 import onnx_ir as ir
-from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from networkx.algorithms.flow import boykov_kolmogorov
 
 from amp_compiler.graph import PrecisionGraph, ValueView
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 _SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side

@@ -31,11 +31,11 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
-from amp_compiler.passes.constants import constant_array
-from amp_compiler.passes.lower import _Names
 
 from amp_compiler.dtypes import short_name
 from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
+from amp_compiler.passes.constants import constant_array
+from amp_compiler.passes.lower import _Names
 from amp_compiler.plan import Rule
 from amp_compiler.schemas import is_onnx_domain
 

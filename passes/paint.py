@@ -28,9 +28,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 import onnx_ir as ir
-from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 
 from amp_compiler.graph import PrecisionGraph, Vertex
+from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
 # ONNX gathers, and ATen's embedding (the FX frontend names vertices' ops by their ATen packet name).

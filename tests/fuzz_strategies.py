@@ -43,7 +43,7 @@ ABS_FLOOR = 1e-6
 B_MAX = 1000.0  # largest |value| any float tensor may take
 INT_MAX = 200  # integer tensors stay small (exact in FP16 and BF16 when cast to float)
 
-F, I, BOOL = "f", "i", "b"
+F, I, BOOL = "f", "i", "b"  # noqa: E741 (I: the integer kind, beside F and BOOL)
 _ONNX_TYPE = {F: TensorProto.FLOAT, I: TensorProto.INT64, BOOL: TensorProto.BOOL}
 _NP_TYPE = {F: np.float32, I: np.int64, BOOL: np.bool_}
 # opset -> the IR version to write (the lowest that allows it; onnxruntime 1.31 reads up to IR 13)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from onnx import helper
+from onnx_builders import F32, model, tensor, vi
 
 from amp_compiler import convert
 from amp_compiler.analyze import analyze
@@ -16,7 +17,6 @@ from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.convert import ConvertOptions
 from amp_compiler.emulate import emulate
 from amp_compiler.refine import refine
-from onnx_builders import F32, model, tensor, vi
 
 
 def _rng(seed=0):

@@ -5,13 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler.cli import main
-from onnx_builders import F32, model, tensor, vi, weights
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import fuzz_strategies as fz
 import numpy as np
 import onnx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from onnx import TensorProto, helper
 
-import fuzz_strategies as fz
 from amp_compiler import convert
 from amp_compiler.checks import run_onnxruntime, validate
 

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
+from test_fx_models import build, cosine
 
 import amp_compiler.fx as ampfx
-from test_fx_models import build, cosine
-from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 
 def _run(module, inputs, backend):

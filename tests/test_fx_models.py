@@ -9,11 +9,11 @@ import functools
 import numpy as np
 import pytest
 import torch
+from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 import amp_compiler.fx as ampfx
 from amp_compiler.fx.policy import default_policy
 from models.architectures import ARCHS, _Positional, _to_torch, reestimate_batchnorm
-from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 SMALL = ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"]
 FULL = ["resnet50", "mobilenetv2", "bert-base", "gpt2"]

@@ -11,14 +11,13 @@ import onnx
 import onnx_ir as ir
 import pytest
 import torch
+from fx_helpers import CNN
 
 import amp_compiler.fx as ampfx
 from amp_compiler import convert as convert_onnx
 from amp_compiler.checks import run_onnxruntime, validate
 from amp_compiler.dtypes import short_name
 from amp_compiler.policy import default_table
-from fx_helpers import CNN
-
 
 
 def _is_tensor_core(op) -> bool:

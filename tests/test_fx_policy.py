@@ -7,11 +7,11 @@ inputs, an op on an FP32 list returns FP32 from FP16 inputs.
 
 import subprocess
 import sys
-import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -7,15 +7,14 @@ FP16. The runs use one thread: on a shared 2-core machine more threads spin and 
 
 import math
 
+import fx_helpers
 import pytest
 import torch
 import torch.nn.functional as F
-
-import amp_compiler.fx as ampfx
-import fx_helpers
-from amp_compiler.fx import LossScaler
 from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
+import amp_compiler.fx as ampfx
+from amp_compiler.fx import LossScaler
 
 # -- loss scaling -------------------------------------------------------------------------------------
 

@@ -4,13 +4,13 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
+from onnx_builders import F32, TEST_POLICY, model, tensor, vi, weights
 
-from amp_compiler.schemas import is_onnx_domain
 from amp_compiler.graph import SlotKind
 from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.onnx.slots import Slot
+from amp_compiler.schemas import is_onnx_domain
 from amp_compiler.targets import Target
-from onnx_builders import F32, TEST_POLICY, model, tensor, vi, weights
 
 
 def _graph(m, target=Target.FP16, keep_io=True):

@@ -19,9 +19,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from amp_compiler import convert
 from amp_compiler.emulate import emulate
 from amp_compiler.onnx.walk import iter_proto_graphs
-from amp_compiler import convert
 from models import catalog
 
 ENTRIES = catalog.entries(size="small", kind="rule")

@@ -20,13 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import F32, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.checks import validate
 from amp_compiler.cli import main
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.files import PROTOBUF_LIMIT, load_model
-from onnx_builders import F32, tensor, vi, weights
 
 # ------------------------------------------------------------------------------------------ helpers
 

@@ -4,10 +4,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from onnx_builders import F16, F32, TEST_POLICY, model, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
-from onnx_builders import F16, F32, TEST_POLICY, model, tensor, vi, weights
 
 
 def _convert(m, **kw):

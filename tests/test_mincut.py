@@ -9,19 +9,18 @@ import onnx
 import onnx_ir as ir
 import pytest
 from onnx import helper
+from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.passes import MinCutPlacementPass
 from amp_compiler.passes.mincut import _tensors, total_cast_bytes
-from amp_compiler.plan import Role, Rule
 from amp_compiler.pipeline import AnalysisSettings, plan_precisions
+from amp_compiler.plan import Role, Rule
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider, Target
 from models import catalog
-from onnx_builders import F32, model, tensor, vi, weights
-
 
 
 def _slice_then_matmul():

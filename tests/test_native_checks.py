@@ -9,17 +9,16 @@ from __future__ import annotations
 import signal
 import sys
 
-import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import native_checks
 from benchmarks.generate import transformer_model
 from models import catalog
-from onnx_builders import F32, model, tensor, vi, weights
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ fail.
 from __future__ import annotations
 
 import pytest
-
 from backend_sweep import FAIL_STATUSES, SKIP_STATUSES, node_case_dirs, run_case
 
 _CASES = node_case_dirs()

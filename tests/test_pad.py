@@ -4,13 +4,13 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.checks import run_onnxruntime, validate
 from amp_compiler.cli import main
 from amp_compiler.costs import estimate
 from amp_compiler.emulate import emulate
-from onnx_builders import F32, model, tensor, vi, weights
 
 
 def _model(opset=17):

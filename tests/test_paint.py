@@ -1,12 +1,11 @@
 """Painting (passes/paint.py: TensorFlow's AMP painting): each step on a graph where the answer is known."""
 
-import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from onnx_builders import F32, TEST_POLICY, model, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.errors import OptionError
-from onnx_builders import F32, TEST_POLICY, model, tensor, vi, weights
 
 
 def _decide(m, **kw):

@@ -10,6 +10,7 @@ import onnx.parser
 import onnx.shape_inference
 import onnx_ir as ir
 import pytest
+from onnx_builders import tensor, weights
 from onnx_ir.passes import PostconditionError, PreconditionError
 
 from amp_compiler.errors import OptionError
@@ -27,7 +28,6 @@ from amp_compiler.plan import Role, Rule
 from amp_compiler.policy import default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Provider, Target
-from onnx_builders import tensor, weights
 
 # x -> Mul(x, 1e6) -> MatMul -> Relu -> Slice -> MatMul: a constant beyond FP16's range, a MatMul on each
 # side of two PASS ops, and a Slice that makes the cheaper Cast the one after it.

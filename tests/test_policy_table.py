@@ -3,11 +3,11 @@
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import onnx.defs
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "amp_compiler" / "policy" / "onnx_ops.toml"

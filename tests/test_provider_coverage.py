@@ -1,13 +1,13 @@
 """Execution-provider awareness: kernel coverage data, the coverage rule, and TensorRT's typed graphs."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler import convert, providers
 from amp_compiler.checks import compare, run_onnxruntime, validate
@@ -15,7 +15,6 @@ from amp_compiler.emulate import emulate
 from amp_compiler.policy.make_kernel_snapshot import dump, merge_defs
 from amp_compiler.providers import KernelCoverage, coverage_for, load_snapshot, probe_registry, undecided_values
 from amp_compiler.targets import Provider
-from onnx_builders import F32, model, tensor, vi, weights
 
 DEMO = Path(__file__).resolve().parent.parent / "models" / "demo.onnx"
 
@@ -214,12 +213,13 @@ def test_cpu_provider_reports_missing_kernels_without_pinning():
 
 
 def test_the_pass_accepts_a_given_coverage():
+    import onnx_ir as ir
+
     from amp_compiler.onnx.precision_graph import build_precision_graph
     from amp_compiler.passes import ClassifyPass, KernelCoveragePass
     from amp_compiler.plan import PrecisionPlan, Role
     from amp_compiler.policy import default_table
     from amp_compiler.targets import Target
-    import onnx_ir as ir
 
     nothing = KernelCoverage(Provider.CUDA, "0", "an empty registry", {})
     ir_model = ir.from_proto(onnx.shape_inference.infer_shapes(_gridsample_model()))
@@ -274,5 +274,5 @@ def test_undecided_values_finds_untyped_tensors():
     )
     assert undecided_values(m) == []
     m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.UNDEFINED
-    with pytest.raises(Exception):
+    with pytest.raises(onnx.shape_inference.InferenceError):
         undecided_values(m)  # strict inference refuses a graph input without a type

@@ -1,4 +1,4 @@
-"""The ONNX frontend: reading, checking and writing model files, the typed IR a conversion starts from, and its precision graph.
+"""The ONNX frontend: model files in and out, the typed IR a conversion starts from, its precision graph.
 
 ``files`` reads a model file safely (``external_data`` its weights, ``validate`` and ``structure``
 check it, ``deferred`` leaves large weights on disk), ``typing`` builds the typed IR (onnx's checker

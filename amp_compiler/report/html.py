@@ -70,7 +70,7 @@ def _cards(report: PrecisionReport) -> str:
         "Model size", f"{_nb(human_bytes(s.size_before))} &rarr; {_nb(human_bytes(s.size_after))}", change, "small"
     ))
     worst_cos, worst_err, nonfinite = worst_accuracy(report)
-    if worst_cos is None:
+    if worst_cos is None or worst_err is None:
         cards.append(_card("Output accuracy", "-", "not measured"))
     else:
         sub = f"max abs error {sci(worst_err.max_abs_error)} ({e(worst_err.name)}), " \
