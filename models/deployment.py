@@ -25,10 +25,11 @@ is checked to run on onnxruntime's CPU provider; fused encoders and the torch ex
 PyTorch (cosine >= 0.9999). The decoders' ``make_inputs`` is a decode step with a non-empty cache
 (past length 7, one new token per row); ``prompt_inputs`` is a prompt with an empty cache.
 
-Needs, beyond the test extra: ``onnxruntime-genai`` for the builder entries (its builder imports
-torch and transformers). Entries are not registered in the catalog here: ``SPECS`` lists them with
-the fields ``models.catalog.register_specs`` reads. ``python -m models.deployment OUT`` builds every
-small entry and its anchors into ``OUT`` and prints one line per model.
+Needs ``onnxruntime-genai`` (the test extra brings it) for the builder entries (its builder
+imports torch and transformers). ``ENTRIES`` registers them in the catalog as kind "deployment";
+``SPECS`` keeps what the catalog entry does not carry (``anchors()``, ``prompt_inputs``).
+``python -m models.deployment OUT`` builds every small entry and its anchors into ``OUT`` and prints
+one line per model.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.architectures import ARCHS, Arch, In, _cached, _export_once, _Positional, _to_torch
-from models.catalog import Tolerance
+from models.architectures import ARCHS, Arch, In, cached, export_once, positional_module, to_torch
+from models.entry import Tolerance, entries_from_specs
 
 RECIPE_VERSION = "1"
 # Op types the optimizer fuses into (com.microsoft, and SimplifiedLayerNormalization in the default domain).
@@ -163,18 +164,18 @@ class FusedEncoder:
     def build_export(self, cache: Path) -> onnx.ModelProto:
         """The unfused TorchScript export (opset 17), checked against PyTorch on onnxruntime CPU."""
         path = Path(cache) / f"{self.name}.export.{self._key()}.onnx"
-        return _cached(path, self._export)
+        return cached(path, self._export)
 
     def _export(self) -> onnx.ModelProto:
         import torch
 
         inputs = self.arch.make_inputs(np.random.default_rng(0))
-        module = _Positional(self.arch.torch_module(), list(inputs))
+        module = positional_module(self.arch.torch_module(), list(inputs))
         with torch.no_grad():
-            ref = module(*_to_torch(inputs).values())
+            ref = module(*to_torch(inputs).values())
         ref = [ref] if isinstance(ref, torch.Tensor) else list(ref)
-        proto = _export_once(
-            module, _to_torch(self.arch._example()), list(self.arch.output_names), self.arch.dynamic_axes(),
+        proto = export_once(
+            module, to_torch(self.arch._example()), list(self.arch.output_names), self.arch.dynamic_axes(),
             EXPORT_OPSET, dynamo=False,
         )
         check_runs(proto, inputs, [r.numpy() for r in ref])
@@ -212,7 +213,7 @@ class FusedEncoder:
             fused.doc_string = self.description
             return fused
 
-        return _cached(path, make)
+        return cached(path, make)
 
     def anchor_fp16(self, cache: Path) -> onnx.ModelProto:
         """The optimizer's FP16 graph: ``optimize_model(...).convert_float_to_float16(keep_io_types=True)``."""
@@ -223,7 +224,7 @@ class FusedEncoder:
             opt.convert_float_to_float16(keep_io_types=True)
             return opt.model
 
-        return _cached(path, make)
+        return cached(path, make)
 
     def anchor_cli_fp16(self, cache: Path) -> onnx.ModelProto:
         """The optimizer command line's FP16 graph:
@@ -244,7 +245,7 @@ class FusedEncoder:
                 _run(cmd)
                 return onnx.load(str(dst))
 
-        return _cached(path, make)
+        return cached(path, make)
 
     def anchors(self) -> dict[str, Callable[[Path], onnx.ModelProto]]:
         """The anchor graphs by name (the command line's ``--float16`` writes the same bytes as
@@ -439,7 +440,7 @@ class GenaiDecoder:
             model.doc_string = self.description
             return model
 
-        return _cached(self._path(cache, self.precision), make)
+        return cached(self._path(cache, self.precision), make)
 
     def make_inputs(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A decode step: one new token per row after ``past`` cached ones."""
@@ -453,7 +454,7 @@ class GenaiDecoder:
         """The builder's CUDA graph at the same weight precision: ``-p fp16 -e cuda`` for the FP32
         model, ``-p int4 -e cuda`` (FP16 activations, MatMulNBits) for the int4 one."""
         precision = "fp16" if self.precision == "fp32" else self.precision
-        return _cached(self._path(cache, f"genai-{precision}-cuda"),
+        return cached(self._path(cache, f"genai-{precision}-cuda"),
                        lambda: _genai_build(self.decoder, cache, precision, "cuda"))
 
     def anchors(self) -> dict[str, Callable[[Path], onnx.ModelProto]]:
@@ -477,6 +478,16 @@ class TorchDecoder:
         return self.decoder.size
 
     @property
+    def extra_casts(self) -> int:
+        """Casts a conversion has beyond its anchor's (which converts everything but a short block
+        list): RMSNorm is decomposed here (Pow, ReduceMean, ... after the norm's explicit
+        ``Cast(to=float)``, which the TorchScript trace shares with the residual stream), so its
+        norms stay FP32 and so does the residual stream: a Cast into and out of each attention and
+        MLP block (4 per layer), plus the first norm's own Cast, rotary Cos/Sin kept FP32 (2 Casts
+        to FP16) and the final norm's output (1)."""
+        return 4 * int(self.decoder.config["num_hidden_layers"]) + 4
+
+    @property
     def description(self) -> str:
         return f"{self.decoder.description}; torch.onnx.export (TorchScript, opset {EXPORT_OPSET}) with a KV cache"
 
@@ -492,7 +503,7 @@ class TorchDecoder:
         return Path(cache) / f"{self.name}.{flavour}.{_key(self.decoder.config, 'torch-kv')}.onnx"
 
     def build(self, cache: Path) -> onnx.ModelProto:
-        return _cached(self._path(cache, "fp32"), lambda: self._export(cache))
+        return cached(self._path(cache, "fp32"), lambda: self._export(cache))
 
     def _export(self, cache: Path) -> onnx.ModelProto:
         import torch
@@ -511,10 +522,10 @@ class TorchDecoder:
         axes.update({n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]})
         # Trace with a prompt of 3 tokens after 5 cached ones (no dimension of size 1).
         trace = self.decoder._inputs(np.random.default_rng(1), 3, 5, positions=True)
-        proto = _export_once(wrapper, _to_torch(trace), outputs, axes, EXPORT_OPSET, dynamo=False)
+        proto = export_once(wrapper, to_torch(trace), outputs, axes, EXPORT_OPSET, dynamo=False)
         for inputs in (self.make_inputs(np.random.default_rng(0)), self.prompt_inputs(np.random.default_rng(0))):
             with torch.no_grad():
-                ref = [r.numpy() for r in wrapper(*_to_torch(inputs).values())]
+                ref = [r.numpy() for r in wrapper(*to_torch(inputs).values())]
             check_runs(proto, inputs, ref)
         proto.doc_string = self.description
         return proto
@@ -529,7 +540,7 @@ class TorchDecoder:
             m.convert_float_to_float16(keep_io_types=True)
             return m.model
 
-        return _cached(self._path(cache, "ort-fp16"), make)
+        return cached(self._path(cache, "ort-fp16"), make)
 
     def anchors(self) -> dict[str, Callable[[Path], onnx.ModelProto]]:
         return {"ort-fp16": self.anchor_fp16}
@@ -573,19 +584,25 @@ _LLAMA_FULL = Decoder(
 
 # int4: the builder's own FP16 graph (-p int4 -e cuda) reaches only cosine 0.99938 (full) / 0.99994
 # (small) against the -p int4 -e cpu graph on onnxruntime CPU, so these entries ask for 0.999.
+# Their weights are 4-bit already (only the scales and the embedding halve): not weight dominated.
 _INT4 = Tolerance(min_cosine=0.999, max_error_of_range=0.05)
 DECODERS: list[GenaiDecoder | TorchDecoder] = [
     GenaiDecoder("llama-genai-fp32-small", _LLAMA_SMALL, "fp32"),
     GenaiDecoder("llama-genai-fp32", _LLAMA_FULL, "fp32"),
-    GenaiDecoder("llama-genai-int4-small", _LLAMA_SMALL, "int4", _INT4),
-    GenaiDecoder("llama-genai-int4", _LLAMA_FULL, "int4", _INT4),
+    GenaiDecoder("llama-genai-int4-small", _LLAMA_SMALL, "int4", _INT4, weight_dominated=False),
+    GenaiDecoder("llama-genai-int4", _LLAMA_FULL, "int4", _INT4, weight_dominated=False),
     TorchDecoder("llama-torch-kv-small", _LLAMA_SMALL),
     TorchDecoder("llama-torch-kv", _LLAMA_FULL),
 ]
 
-# What models.catalog.register_specs reads (name, size, description, build, make_inputs, tolerance,
-# weight_dominated); ``anchors()`` gives each entry's FP16 reference graphs by name.
+# Every deployment graph; ``anchors()`` gives each one's FP16 reference graphs by name.
 SPECS: list[FusedEncoder | GenaiDecoder | TorchDecoder] = [*ENCODERS, *DECODERS]
+ENTRIES = entries_from_specs("deployment", SPECS)
+
+
+def spec(name: str) -> FusedEncoder | GenaiDecoder | TorchDecoder:
+    """The deployment graph of this catalog name (with its anchors and prompt inputs)."""
+    return next(s for s in SPECS if s.name == name)
 
 
 def build_all(out: Path, size: str = "small") -> list[dict]:
