@@ -1,4 +1,5 @@
-"""The typed IR a conversion starts from: the model checked, deserialized, and typed by shape inference.
+"""The typed IR a conversion starts from: the model checked, deserialized, and typed by shape inference
+(then by the ops' schemas, where onnx's inference types nothing: :mod:`amp_compiler.onnx.schema_typing`).
 
 For models of ``CHILD_MIN_NODES`` nodes or more, onnx's checker and shape inference run in a child
 process (:mod:`amp_compiler.onnx.native_checks`) while this one checks the rest and deserializes the
@@ -17,6 +18,7 @@ from onnx_ir import serde
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import native_checks
 from amp_compiler.onnx.ir_walk import iter_graphs
+from amp_compiler.onnx.schema_typing import type_from_schemas
 from amp_compiler.onnx.validate import (
     check_model_contents,
     checker_input,
@@ -25,7 +27,8 @@ from amp_compiler.onnx.validate import (
 
 
 def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, check: bool) -> ir.Model:
-    """The model as IR with every tensor's type inferred, after checking it (unless ``check`` is
+    """The model as IR with every tensor's type inferred (by onnx's shape inference, then from the
+    schemas of the ops it cannot type), after checking it (unless ``check`` is
     False: it was checked already) as :func:`~amp_compiler.onnx.validate.check_model_valid` does.
 
     For models of ``CHILD_MIN_NODES`` nodes or more, onnx's checker and shape inference (C++, about
@@ -53,7 +56,9 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
         if native is not None:
             native.cancel()
         raise
-    return typed_ir(proto, model, native_result(native, proto, origin, to_check))
+    model = typed_ir(proto, model, native_result(native, proto, origin, to_check))
+    type_from_schemas(model)  # what onnx's inference cannot type: contrib ops and what follows them
+    return model
 
 
 def native_result(
