@@ -39,9 +39,13 @@ def onnxruntime(needed_for: str) -> ModuleType:
             f"pip uninstall {' '.join(distributions)}, then {INSTALL_HINT}"
         )
     try:
-        return importlib.import_module(PACKAGE)
+        return _import()
     except ImportError as exc:
         if distributions:  # installed, but broken (a missing shared library, ...)
             raise RuntimeMissingError(f"{distributions[0]} is installed but does not load ({exc}); needed to "
                                       f"{needed_for}") from None
         raise RuntimeMissingError(f"onnxruntime is not installed (needed to {needed_for}): {INSTALL_HINT}") from None
+
+
+def _import() -> ModuleType:
+    return importlib.import_module(PACKAGE)
