@@ -81,7 +81,9 @@ def convert(
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
     nodes = node_order(ir_model)
     mincut = opts.placement == "mincut"
-    unshaped = unshaped_tensors(graph) if mincut and foreign_ops(proto).nodes else set()
+    unshaped = unshaped_tensors(graph) if mincut else set()
+    if unshaped and not foreign_ops(proto).nodes:
+        unshaped = set()  # onnx's inference had its say: symbolic inference adds nothing worth its time
     settings = AnalysisSettings(
         opts.target, opts.provider, opts.block_ops, patterns,
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},

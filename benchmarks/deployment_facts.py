@@ -1,6 +1,12 @@
 """Facts about the deployment graphs (models/deployment.py) and what amp-compiler does with them.
 
     python -m benchmarks.deployment_facts [--size small|full] [--json OUT.json] [NAME ...]
+    python -m benchmarks.deployment_facts --table [--size small|full|all] [--results benchmarks/RESULTS.md]
+
+``--table`` prints the side-by-side table of amp-compiler against each model's anchor (the FP16
+graph its own flow ships): fused and MatMul nodes in FP16, Casts, accuracy against FP32 with FP16
+storage emulated exactly, size, conversion time; ``--results`` writes it into that file's
+deployment section (between its markers, the rest of the file kept).
 
 Per model, printed as one JSON object per line (and all of them in ``--json``):
 
@@ -234,16 +240,89 @@ def facts_for(spec, cache: Path) -> dict:
     return facts
 
 
+SECTION_BEGIN = "<!-- deployment-graphs:begin (python -m benchmarks.deployment_facts --table --results) -->"
+SECTION_END = "<!-- deployment-graphs:end -->"
+
+
+def _accuracy_cell(model: onnx.ModelProto, inputs: dict, reference: dict) -> str:
+    try:
+        got = run_cpu(emulate(model), inputs)
+    except Exception as exc:  # noqa: BLE001 - a fact for the table
+        return f"does not run: {str(exc).splitlines()[0][:80]}"
+    acc = accuracy(reference, got)
+    return f"{acc['cosine']:.7f} / {acc['error_of_range']:.2%}"
+
+
+def side_by_side(spec, cache: Path) -> list[str]:
+    """Table rows: amp-compiler (graph I/O kept FP32, and free to change) and each anchor of ``spec``;
+    an anchor's Casts with the bound the tests hold ours to (its Casts, plus one per graph input or
+    output it makes FP16 and ours keeps FP32)."""
+    from amp_compiler import convert
+    from models.anchors import cast_allowance, counts
+
+    model = spec.build(cache)
+    inputs = spec.make_inputs(np.random.default_rng(0))
+    reference = run_cpu(model, inputs)
+    t0 = time.perf_counter()
+    ours = convert(model).model
+    seconds = time.perf_counter() - t0
+    free_io = convert(model, keep_io_types=False).model
+    anchors = {label: build(cache) for label, build in spec.anchors().items()}
+    rows = []
+    for label, m, c, extra in [("amp-compiler", ours, counts(ours), f"{seconds:.2f} s"),
+                               ("amp-compiler --no-keep-io-types", free_io, counts(free_io), ""),
+                               *((a, m, counts(m), "") for a, m in anchors.items())]:
+        allowance = "" if label.startswith("amp-compiler") else f" (bound for ours: {cast_allowance(ours, c)})"
+        rows.append(
+            f"| {spec.name} | {label} | {c.fused_low}/{c.fused} | {c.matmul_low}/{c.matmul} | {c.casts}{allowance} | "
+            f"{_accuracy_cell(m, inputs, reference)} | {m.ByteSize() / 1e6:.2f} | {extra} |"
+        )
+    return rows
+
+
+def table(size: str, names: list[str], cache: Path) -> str:
+    header = [
+        "| model | graph | fused ops in FP16 | MatMul in FP16 | Casts | cosine / max error (of range), emulated FP16 | MB | convert |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rows = []
+    for spec in SPECS:
+        if (size == "all" or spec.size == size) and (not names or spec.name in names):
+            rows += side_by_side(spec, cache)
+            print(spec.name, file=sys.stderr, flush=True)
+    return "\n".join(header + rows) + "\n"
+
+
+def write_section(path: Path, text: str) -> None:
+    """Put ``text`` between the deployment markers of ``path`` (appended with them when absent)."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
+    if SECTION_BEGIN in old and SECTION_END in old:
+        head, rest = old.split(SECTION_BEGIN, 1)
+        new = head + block + rest.split(SECTION_END, 1)[1].lstrip("\n")
+    else:
+        new = old.rstrip("\n") + "\n\n" + block
+    path.write_text(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.deployment_facts", description=__doc__.split("\n")[0])
-    ap.add_argument("--size", choices=["small", "full"], default="small")
+    ap.add_argument("--size", choices=["small", "full", "all"], default="small")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--table", action="store_true", help="the side-by-side table against the anchors")
+    ap.add_argument("--results", type=Path, default=None, help="write the table into this file's section")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args(argv)
     cache = Path(os.environ.get("AMP_MODELS_CACHE", catalog.CACHE_DIR))
+    if args.table:
+        text = table(args.size, args.names, cache)
+        print(text)
+        if args.results:
+            write_section(args.results, text)
+        return 0
     rows = []
     for spec in SPECS:
-        if spec.size != args.size or (args.names and spec.name not in args.names):
+        if (args.size != "all" and spec.size != args.size) or (args.names and spec.name not in args.names):
             continue
         rows.append(facts_for(spec, cache))
         print(json.dumps(rows[-1]), flush=True)

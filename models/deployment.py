@@ -514,7 +514,6 @@ class TorchDecoder:
         wrapper = _CacheAsTensors(model)
         layers = model.config.num_hidden_layers
         past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-        names = ["input_ids", "attention_mask", "position_ids", *past_names]
         outputs = ["logits", *(n.replace("past_key_values", "present") for n in past_names)]
         axes = {"input_ids": {0: "batch", 1: "sequence"}, "position_ids": {0: "batch", 1: "sequence"},
                 "attention_mask": {0: "batch", 1: "total_sequence"}, "logits": {0: "batch", 1: "sequence"}}

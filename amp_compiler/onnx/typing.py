@@ -17,6 +17,7 @@ from onnx_ir import serde
 
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import native_checks
+from amp_compiler.onnx.foreign_ops import foreign_ops
 from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.onnx.schema_typing import type_from_schemas
 from amp_compiler.onnx.validate import (
@@ -37,7 +38,8 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
     Smaller models do the same steps in this process. A model onnx_ir cannot deserialize gets the
     checker's verdict first, which names the fault.
     """
-    to_check = checker_input(proto, deferred) if check else None
+    found = foreign_ops(proto) if check else None
+    to_check = checker_input(proto, deferred, found) if check else None
     native = None
     if len(proto.graph.node) >= native_checks.CHILD_MIN_NODES and sys.executable:
         try:
@@ -46,7 +48,7 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
             native = None
     try:
         if check:
-            check_model_contents(proto, origin, deferred=deferred)
+            check_model_contents(proto, origin, deferred=deferred, found=found)
         try:
             model = ir.from_proto(proto)
         except Exception:
