@@ -226,7 +226,7 @@ def _flops(node: onnx.NodeProto, shape) -> int:
             for letter, d in zip(term, s, strict=False):
                 sizes[letter] = d
         return 2 * math.prod(sizes.values()) if sizes else 0
-    if not schemas.is_onnx_domain(node.domain):
+    if not schemas.is_onnx_domain(node.domain) or not onnx.defs.has(op):  # onnxruntime's ops
         fused = fused_flops(node, shape)
         if fused is not None:
             return fused

@@ -11,7 +11,9 @@ ops' definitions in onnxruntime's contrib op documentation:
   every query head's scores (``4·B·S·T·H·d``), plus its rotary embedding (3 per rotated element);
 - MatMulNBits: ``2·M·N·K`` (K and N are attributes; M the rows of A), plus the bias;
 - FusedMatMul and GemmFastGelu: MatMul's ``2·M·N·K`` with the transposes applied (plus 8 per output
-  element for the GELU).
+  element for the GELU);
+- the fused elementwise and normalization ops: :data:`PER_ELEMENT` FLOPs per output element (one
+  per element, as for every other numeric op, would understate a fused GELU or layer norm).
 
 Shapes come from the caller (``shape(name)``: a tuple with unknown dims as 1, or None); a formula
 whose shapes are unknown gives None and the caller falls back to one FLOP per output element.
@@ -28,6 +30,20 @@ Shape = tuple[int, ...]
 ShapeOf = Callable[[str], Shape | None]
 
 SOFTMAX_FLOPS = 5  # per attention score: max, subtract, exp, sum, divide
+
+# FLOPs per output element of the fused elementwise and normalization ops.
+PER_ELEMENT = {
+    "QuickGelu": 4,  # x * sigmoid(alpha * x)
+    "FastGelu": 9,  # tanh approximation, plus the bias
+    "BiasGelu": 9,  # erf GELU plus the bias
+    "Gelu": 8,
+    "GemmFastGelu": 8,  # on top of its GEMM
+    "SkipLayerNormalization": 8,  # skip and bias adds, mean, variance, scale and shift
+    "SkipSimplifiedLayerNormalization": 6,  # skip add, mean of squares, scale
+    "EmbedLayerNormalization": 8,  # the gathers' sum, then layer norm
+    "SimplifiedLayerNormalization": 4,  # mean of squares, scale (also in the default domain)
+    "RotaryEmbedding": 3,
+}
 
 
 def attr(node: onnx.NodeProto, name: str, default):
@@ -134,7 +150,9 @@ def fused_flops(node: onnx.NodeProto, shape: ShapeOf) -> int | None:
         return _fused_matmul(node, shape, out)
     if op == "GemmFastGelu":
         gemm = _fused_matmul(node, shape, out)
-        return None if gemm is None or out is None else gemm + 8 * math.prod(out)
+        return None if gemm is None or out is None else gemm + PER_ELEMENT[op] * math.prod(out)
+    if op in PER_ELEMENT and out is not None:
+        return PER_ELEMENT[op] * math.prod(out)
     return None
 
 

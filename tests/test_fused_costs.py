@@ -81,6 +81,7 @@ def test_shapes_of_fused_outputs_come_from_symbolic_inference() -> None:
     assert "n" not in {v.name for v in inferred.graph.value_info if v.type.tensor_type.HasField("shape")}
     costs = estimate(m).nodes
     assert costs[1].flops == 2 * 4 * 16 * 8
+    assert costs[0].flops == 8 * 4 * 8  # about 8 per element: adds, mean, variance, scale, shift
     assert costs[0].bytes == 4 * (4 * 8 * 3 + 8)  # x, skip, n and gamma in FP32
 
 
