@@ -280,8 +280,35 @@ def side_by_side(spec, cache: Path) -> list[str]:
     return rows
 
 
+LEGEND = """## Deployment graphs against their anchors
+
+Command: `python -m benchmarks.deployment_facts --table --size all --results benchmarks/RESULTS.md`
+(models from `models/deployment.py`; `tests/test_deployment.py` holds the small ones, and with `-m slow`
+the full ones, to the same bounds). Anchors: `ort-fp16` is onnxruntime's transformer optimizer's
+`convert_float_to_float16(keep_io_types=True)` (its `--float16` writes the same bytes), `genai-cuda`
+onnxruntime-genai's builder `-p fp16 -e cuda` (`-p int4 -e cuda` for the int4 model). Fused ops
+(com.microsoft, SimplifiedLayerNormalization) and MatMul/Gemm/MatMulNBits count as FP16 when their first
+output is, by onnxruntime's symbolic inference. Casts are every Cast of the graph (the model's own
+included); an anchor's row gives the bound the tests hold amp-compiler to: its Casts plus one per graph
+input or output it makes FP16 and amp-compiler keeps FP32. Accuracy: against the FP32 model on
+onnxruntime CPU with FP16 storage emulated exactly (`amp_compiler.emulate`), decoders on a decode step
+(one new token after 7 cached ones, small; 120, full), worst float output. The convert time includes
+onnxruntime's symbolic shape inference (cast sizes of fused ops' outputs) and varies with the machine's
+load.
+
+- The torch-exported decoder (`llama-torch-kv`) has more Casts than its anchor: its RMSNorm is decomposed
+  (Pow, ReduceMean, ...) behind the model's own `Cast(to=float)`, which the TorchScript trace shares with
+  the residual stream, so amp-compiler keeps the norms and the residual stream FP32 (Pow overflows FP16
+  above 256) and rotary Cos/Sin FP32: 4 Casts per layer and 4 more (`TorchDecoder.extra_casts`). The
+  anchor converts everything but a short block list, Pow and Cos/Sin included.
+- The genai decoders' graph inputs and outputs (KV cache, logits) are FP16 in the builder's graph: with
+  them kept FP32 amp-compiler adds a Cast at each; with `--no-keep-io-types` the Casts are the builder's 2.
+"""
+
+
 def table(size: str, names: list[str], cache: Path) -> str:
     header = [
+        LEGEND,
         "| model | graph | fused ops in FP16 | MatMul in FP16 | Casts | cosine / max error (of range), emulated FP16 | MB | convert |",
         "|---|---|---|---|---|---|---|---|",
     ]
