@@ -398,7 +398,11 @@ def _genai_build(decoder: Decoder, cache: Path, precision: str, provider: str) -
     """What ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p precision -e provider`` writes
     (called in process through the same two functions its command line calls: about 0.2 s a model
     instead of 10-20 s of start-up), loaded with its external data inline."""
-    from onnxruntime_genai.models.builder import create_model, parse_extra_options
+    try:
+        from onnxruntime_genai.models.builder import create_model, parse_extra_options
+    except ImportError as exc:
+        raise RuntimeError(f"{decoder.name}: onnxruntime-genai builds this model and is not installed "
+                           f"(the test extra brings it): {exc}") from None
 
     hf = str(decoder.hf_folder(cache))
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()), \
