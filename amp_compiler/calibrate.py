@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import onnx.shape_inference
 
+from amp_compiler import runtime
 from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.errors import AmpUserError
 from amp_compiler.report.model import TensorRange
@@ -152,8 +153,7 @@ class IntermediateRunner:
     """Runs a model on onnxruntime with every main-graph float tensor exposed."""
 
     def __init__(self, model: onnx.ModelProto):
-        import onnxruntime as ort
-
+        ort = runtime.onnxruntime("run the model")
         exposed, self.names = exposed_model(model)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3

@@ -1,8 +1,10 @@
 """The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
 
-    load -> check and type the IR (shape inference) -> precision graph -> analysis (classify, kernel
-    coverage, constant and calibration ranges, paint, min-cut: amp_compiler.pipeline) -> lower (casts,
-    constants) -> cleanup -> Tensor Core padding (opt-in) -> per-node decisions
+    load -> check and type the IR (shape inference, then the ops' schemas) -> precision graph ->
+    analysis (classify, kernel coverage, constant and calibration ranges, paint, min-cut:
+    amp_compiler.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding (opt-in)
+    -> per-node decisions (nodes left as they are for want of an element type: a warning, or with
+    ``strict`` an error)
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import os
 
 import onnx
 
-from amp_compiler.costs import check_input_shapes, element_counts
-from amp_compiler.decisions import NodeDecision, node_decisions
+from amp_compiler.costs import check_input_shapes, placement_elements
+from amp_compiler.decisions import NodeDecision, node_decisions, untyped_message, untyped_nodes
+from amp_compiler.errors import UntypedTensorsError
 from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
 from amp_compiler.onnx.files import load_model_deferred
+from amp_compiler.onnx.foreign_ops import foreign_ops
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.onnx.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.output import output_proto as _output_proto
@@ -28,7 +32,9 @@ from amp_compiler.passes import (
     RemoveCancellingCastsPass,
     compile_patterns,
 )
+from amp_compiler.passes.mincut import unshaped_tensors
 from amp_compiler.pipeline import AnalysisSettings, check_placement, plan_precisions
+from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.result import ConversionResult
@@ -70,16 +76,21 @@ def convert(
     if locations:
         defer_ir_tensors(ir_model, locations)
 
-    # Analysis: the precision graph, then the plan (amp_compiler.pipeline).
+    # Analysis: the precision graph, then the plan (amp_compiler.pipeline). Cast sizes for placement
+    # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
     nodes = node_order(ir_model)
+    mincut = opts.placement == "mincut"
+    unshaped = unshaped_tensors(graph) if mincut else set()
+    if unshaped and not foreign_ops(proto).nodes:
+        unshaped = set()  # onnx's inference had its say: symbolic inference adds nothing worth its time
     settings = AnalysisSettings(
         opts.target, opts.provider, opts.block_ops, patterns,
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
-        elements=element_counts(proto, dict(opts.input_shapes)) if opts.input_shapes and opts.placement == "mincut"
-        else None,
+        elements=placement_elements(proto, unshaped, dict(opts.input_shapes))
+        if mincut and (opts.input_shapes or unshaped) else None,
     )
     plan = plan_precisions(graph, settings)
 
@@ -95,11 +106,16 @@ def convert(
     decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes)
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
-    casts_added = sum(d.op_type == "Cast" for d in decisions) - sum(n.op_type == "Cast" for n in nodes)
+    untyped = untyped_nodes(decisions)
+    if opts.strict and untyped:
+        raise UntypedTensorsError(untyped_message(untyped))
+    inserted = sum(d.rule == Rule.LOWERING_CAST.value for d in decisions)
+    kept = sum(d.op_type == "Cast" and d.rule != Rule.LOWERING_CAST.value for d in decisions)
     output = _DeferredOutput(ir_model, proto) if locations else None
     return ConversionResult(
-        None if output else _output_proto(ir_model, proto), decisions, casts_added,  # type: ignore[arg-type]
+        None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
+        casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
     )
 
 

@@ -1,17 +1,21 @@
 """Cost estimates per node: floating-point operations, bytes moved, Tensor Core eligibility.
 
 Shapes come from onnx shape inference on the model with its graph inputs' dynamic dims fixed
-(``input_shapes``, e.g. ``{"pixel_values": (1, 3, 224, 224)}``); dims still unknown count as 1, and
-the caller is told (``CostModel.assumed``).
+(``input_shapes``, e.g. ``{"pixel_values": (1, 3, 224, 224)}``), and where it has none for a model
+with ops onnx does not define, from onnxruntime's symbolic shape inference
+(:mod:`amp_compiler.onnx.symbolic_shapes`); dims still unknown count as 1, and the caller is told
+(``CostModel.assumed``).
 
 FLOPs count a multiply-add as 2: MatMul/Gemm ``2*M*N*K``, Conv ``2 * out elements * C_in/group *
 kernel``, ConvTranspose ``2 * in elements * C_out/group * kernel``, LSTM/GRU/RNN their gate GEMMs per
-step, Einsum the product of all index sizes (times 2), other numeric ops one per output element,
-data movement none. Bytes are the sizes of all inputs and outputs at their element types.
+step, Einsum the product of all index sizes (times 2), onnxruntime's fused attention and GEMM ops
+their matrix products and softmax (:mod:`amp_compiler.fused_costs`), other numeric ops one per
+output element, data movement none. Bytes are the sizes of all inputs and outputs at their element
+types.
 
 Tensor Core ops are the policy table's ``tensor_core`` entries. One in FP16/BF16 is eligible when the
-dims its kernel tiles are multiples of 8 (read for MatMul, Gemm, Conv and ConvTranspose; the others
-are not assessed).
+dims its kernel tiles are multiples of 8 (read for MatMul, Gemm, Conv, ConvTranspose and the fused
+ops :func:`~amp_compiler.fused_costs.fused_gemm_dims` knows; the others are not assessed).
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ from collections.abc import Iterator, Mapping
 import onnx
 import onnx.shape_inference
 
+from amp_compiler import schemas
 from amp_compiler.errors import OptionError
+from amp_compiler.fused_costs import attr, fused_flops, fused_gemm_dims
+from amp_compiler.onnx.foreign_ops import foreign_ops
+from amp_compiler.onnx.symbolic_shapes import symbolic_infos
 from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler.policy import PolicyTable, default_table
 
@@ -125,6 +133,24 @@ def element_counts(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int,
     return counts
 
 
+def placement_elements(
+    model: onnx.ModelProto, unshaped: set[str], input_shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, int]:
+    """Element counts for the cast costs of placement: by tensor name, from onnx's inference with
+    ``input_shapes`` fixed (:func:`element_counts`, when given), and for the ``unshaped`` tensors
+    that onnx's inference cannot shape (outputs of ops it does not define, and what follows them)
+    from onnxruntime's symbolic shape inference (dynamic dims counted as 1)."""
+    counts = element_counts(model, input_shapes) if input_shapes else {}
+    missing = unshaped - counts.keys()
+    if missing:
+        fixed = with_input_shapes(model, input_shapes) if input_shapes else model
+        for name, info in symbolic_infos(fixed).items():
+            n = info.elements() if name in missing else None
+            if n is not None:
+                counts[name] = n
+    return counts
+
+
 def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
     """Per tensor name: shape (unknown dims as 1) and element type; and the unknown dims seen."""
     try:
@@ -157,18 +183,17 @@ def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[st
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
                 shapes[node.output[0]] = tuple(node.attribute[0].t.dims)
                 types[node.output[0]] = node.attribute[0].t.data_type
+    if foreign_ops(model).nodes:  # ops onnx does not define: onnxruntime's symbolic inference knows them
+        for name, info in symbolic_infos(model).items():
+            if info.elem_type and not types.get(name):
+                types[name] = info.elem_type
+            if info.dims is not None and name not in shapes:  # its symbols derive from the inputs' dims
+                shapes[name] = tuple(d if isinstance(d, int) else 1 for d in info.dims)
     return shapes, types, sorted(assumed)
 
 
 def _numel(shape: tuple[int, ...] | None) -> int:
     return math.prod(shape) if shape is not None else 0
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
 
 
 def _flops(node: onnx.NodeProto, shape) -> int:
@@ -178,7 +203,7 @@ def _flops(node: onnx.NodeProto, shape) -> int:
     if op == "MatMul" and ins[0] and out is not None:
         return 2 * _numel(out) * ins[0][-1]
     if op == "Gemm" and ins[0] and out is not None:
-        k = ins[0][0] if _attr(node, "transA", 0) else ins[0][-1]
+        k = ins[0][0] if attr(node, "transA", 0) else ins[0][-1]
         return 2 * _numel(out) * k + (_numel(out) if len(node.input) > 2 else 0)
     if op == "Conv" and len(ins) > 1 and ins[1] and out is not None:
         w = ins[1]  # (C_out, C_in/group, k...)
@@ -192,7 +217,7 @@ def _flops(node: onnx.NodeProto, shape) -> int:
         return 2 * seq * batch * dirs * gates_h * (size + hidden)
     if op == "Einsum":
         sizes: dict[str, int] = {}
-        eq = _attr(node, "equation", b"")
+        eq = attr(node, "equation", b"")
         eq = eq.decode() if isinstance(eq, bytes) else eq
         terms = eq.replace(" ", "").split("->")[0].split(",")
         for term, s in zip(terms, ins, strict=False):
@@ -201,6 +226,10 @@ def _flops(node: onnx.NodeProto, shape) -> int:
             for letter, d in zip(term, s, strict=False):
                 sizes[letter] = d
         return 2 * math.prod(sizes.values()) if sizes else 0
+    if not schemas.is_onnx_domain(node.domain) or not onnx.defs.has(op):  # onnxruntime's ops
+        fused = fused_flops(node, shape)
+        if fused is not None:
+            return fused
     if op in DATA_MOVEMENT or out is None:
         return 0
     return _numel(out)
@@ -214,15 +243,15 @@ def _matmul_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
 
 def _gemm_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
     if ins[0] and len(ins) > 1 and ins[1]:
-        k = ins[0][0] if _attr(node, "transA", 0) else ins[0][-1]
-        n = ins[1][0] if _attr(node, "transB", 0) else ins[1][-1]
+        k = ins[0][0] if attr(node, "transA", 0) else ins[0][-1]
+        n = ins[1][0] if attr(node, "transB", 0) else ins[1][-1]
         return {"K": k, "N": n}
     return None
 
 
 def _conv_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
     if len(ins) > 1 and ins[1] and len(ins[1]) >= 2:
-        group = _attr(node, "group", 1)
+        group = attr(node, "group", 1)
         w = ins[1]
         c_in, c_out = (w[1], w[0] // group) if node.op_type == "Conv" else (w[0] // group, w[1])
         return {"C_in/group": c_in, "C_out/group": c_out}
@@ -238,7 +267,7 @@ def _tensor_core(node: onnx.NodeProto, shape, types, policy: PolicyTable) -> tup
     low = bool(node.input) and types.get(node.input[0]) in LOW_TYPES
     if not low or not policy.is_tensor_core(node.domain, node.op_type):
         return None, ""
-    read = _GEMM_DIMS.get(node.op_type)
+    read = _GEMM_DIMS.get(node.op_type) if schemas.is_onnx_domain(node.domain) else fused_gemm_dims
     if read is None:
         return None, f"the GEMM dims of {node.op_type} are not checked"
     dims = read(node, [shape(i) for i in node.input])

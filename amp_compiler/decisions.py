@@ -65,6 +65,7 @@ def node_decisions(
     output's), the Casts lowering inserted (``casts``), constants and nodes without float data.
     ``input_nodes``: the input model's nodes in order, whose positions the decisions carry (``index``)."""
     inserted = {id(c.node): c for c in casts}
+    shape_readers = {id(node) for node in graph.shape_readers}
     positions = {id(node): i for i, node in enumerate(input_nodes)}
     paths = {id(model.graph): "main"}
     out: list[NodeDecision] = []
@@ -111,6 +112,11 @@ def node_decisions(
                         Rule.CONSTANT.value,
                         "constant: converted offline for the precision its users need",
                     )
+                elif id(node) in shape_readers:
+                    precision, rule, reason = (
+                        "none", Rule.SHAPE_ONLY.value,
+                        "reads only the shape of its float input: takes it in any float type, without a Cast",
+                    )
                 else:
                     precision, rule, reason = "none", Rule.NONFLOAT.value, "no float inputs or outputs"
             else:
@@ -129,3 +135,25 @@ def node_decisions(
                 )
             )
     return out
+
+
+_UNTYPED_RULES = frozenset({Rule.UNKNOWN_TYPE.value, Rule.UNKNOWN_OP.value})
+
+
+def untyped_nodes(decisions: Iterable[NodeDecision]) -> tuple[str, ...]:
+    """The nodes left as they are because an element type of theirs is still unknown after shape
+    inference and the schemas (a tensor of a custom op onnxruntime does not know either, and what
+    follows it): ``"name (op_type)"`` for each, in order."""
+    return tuple(
+        f"{d.node or '?'} ({d.op_type})" for d in decisions
+        if d.rule in _UNTYPED_RULES and ("?" in d.input_dtypes or "?" in d.output_dtypes)
+    )
+
+
+def untyped_message(untyped: Sequence[str]) -> str:
+    """One line about the nodes of :func:`untyped_nodes`."""
+    shown = ", ".join(untyped[:3]) + (", ..." if len(untyped) > 3 else "")
+    return (
+        f"{len(untyped)} node(s) left as they are because the element type of a tensor of theirs is "
+        f"unknown (neither shape inference nor an op schema gives it): {shown}"
+    )

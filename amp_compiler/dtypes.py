@@ -24,3 +24,11 @@ def short_name(dtype: ir.DataType) -> str:
 def schema_type(dtype: ir.DataType) -> str:
     """The ONNX schema spelling of a tensor type, as in type constraints: ``tensor(float16)``."""
     return f"tensor({dtype.name.lower()})"
+
+
+def from_schema_type(type_str: str) -> ir.DataType | None:
+    """The element type a schema's ``tensor(float16)`` names (None for other type strings: sequences,
+    maps, optionals)."""
+    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
+        return None
+    return ir.DataType.__members__.get(type_str[len("tensor(") : -1].upper())

@@ -10,7 +10,10 @@ inf and flush to zero included. Low-precision constants widen to FP32 exactly, s
 are the ones the converted model holds. Tests check accuracy this way on CPU-only machines.
 
 Graph inputs and outputs that were FP16/BF16 become FP32 (feed FP32 arrays; they are rounded on
-entry).
+entry). Tensor types come from onnx's shape inference, and for the ops it does not define
+(onnxruntime's contrib ops) from their schemas (:mod:`amp_compiler.onnx.schema_typing`), so their
+low-precision outputs are rounded too; their kernels run in FP32 on rounded inputs. A tensor whose
+type neither gives is not rounded (none is, in the catalog's models).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import onnx.shape_inference
 import onnx_ir as ir
 
 from amp_compiler.onnx.ir_walk import iter_graphs
+from amp_compiler.onnx.schema_typing import type_from_schemas
 
 _F32 = ir.DataType.FLOAT
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -59,7 +63,8 @@ def _round_trip(graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: 
 
 def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
     """An FP32 model that computes what ``model`` computes with FP16/BF16 storage (see module doc)."""
-    m = ir.from_proto(onnx.shape_inference.infer_shapes(model))  # every tensor's type
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    type_from_schemas(m)  # every tensor's type, contrib ops' outputs (and what follows them) included
     tag = 0
     for graph in list(iter_graphs(m.graph)):
         for init in list(graph.initializers.values()):

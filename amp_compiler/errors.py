@@ -20,3 +20,14 @@ class OptionError(AmpUserError):
 
 class OutputError(AmpUserError):
     """The output cannot be written where asked."""
+
+
+class RuntimeMissingError(AmpUserError):
+    """onnxruntime is needed (an op's schema, a model run) and is not installed, or is installed twice."""
+
+
+class UntypedTensorsError(AmpUserError):
+    """The conversion would leave nodes as they are because their tensors' element types are unknown,
+    and the ``strict`` option makes that an error. ``option`` names that keyword (as an OptionError's)."""
+
+    option = "strict"

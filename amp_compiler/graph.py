@@ -106,6 +106,7 @@ class Vertex(Generic[SlotT, OpT]):
     dtype: ir.DataType | None  # current element type (None: unknown)
     policy: OpPolicy | None
     fixed_reason: str | None = None  # why the dtype cannot change; None when it is a free choice
+    untyped: bool = False  # no slot has a known element type: the vertex is left as it is
     # The constants it reads, as onnx_ir Values holding their tensors (the FX frontend wraps its
     # parameters and Python scalars so), for the range rules and lowering.
     constants: list[ir.Value] = dataclasses.field(default_factory=list)
@@ -138,6 +139,9 @@ class PrecisionGraph(Generic[SlotT, OpT]):
     digraph: nx.DiGraph  # vertex id -> vertex id, edge attribute "values": the tensors (ValueView) on the edge
     node_vertices: dict[OpT, list[int]]  # per op, the vertices of its slots
     unknown_ops: list[OpT]  # ops without a schema (ONNX) or a policy entry (FX)
+    # Ops that read only the shape of their float inputs (the policy's ``shape_inputs``): those
+    # inputs are no slots, so they take whatever float type their producer gives.
+    shape_readers: list[OpT] = dataclasses.field(default_factory=list)
 
     def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:
         vid = self.slot_vertex.get(slot)

@@ -35,6 +35,9 @@ class ConvertOptions:
     # Graph input shapes for the cast-cost model, where the model's dims are dynamic (--input-shape):
     # ((name, (dim, ...)), ...). The output keeps its dynamic dims.
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Refuse to leave nodes as they are for want of an element type (UntypedTensorsError) instead of
+    # warning about them (ConversionResult.untyped_nodes).
+    strict: bool = False
 
 
 def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:

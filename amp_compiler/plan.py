@@ -48,12 +48,14 @@ class Rule(enum.Enum):
     MINCUT = "placement.min-cut"
     PAINT_DEFAULT = "paint.default-fp32"
     FIXED = "fixed"
+    UNKNOWN_TYPE = "fixed.unknown-type"  # no element type is known: left as it is, and a warning
     PAD_SLICE = "pad.slice"  # a Slice inserted by the opt-in Tensor Core padding
     # Nodes that no vertex decides: what lowering made, and what has no float data.
     LOWERING_CAST = "lowering.cast"  # a Cast lowering inserted
     CONSTANT = "constant"  # a constant, converted offline (or read as it is) for its users
     CONSTANT_STORED_LOW = "constant.stored-low"  # FX: a parameter or buffer stored in low precision
     NONFLOAT = "nonfloat"  # no float inputs or outputs
+    SHAPE_ONLY = "nonfloat.shape-only"  # reads only the shape of its float inputs: any float type, no Cast
     OBSERVER = "observer"  # FX: reads a tensor's metadata only
 
 

@@ -38,7 +38,7 @@ class ConversionResult:
 
     model: onnx.ModelProto
     decisions: list[NodeDecision]
-    casts_inserted: int
+    casts_inserted: int  # Casts the conversion inserted (in the output)
     constants_converted: int
     options: ConvertOptions
     cast_bytes_painting: int | None = None  # bytes Casts would move as painted (shapes as inferred)
@@ -48,6 +48,9 @@ class ConversionResult:
     # data): the converted IR, written by save() with its weights in a data file; ``model`` builds
     # the ModelProto, with every weight inside it, only when it is asked for.
     output: DeferredOutput | None = dataclasses.field(default=None, repr=False, compare=False)
+    casts_removed: int = 0  # Casts of the input model that the conversion made unnecessary
+    # Nodes left as they are because an element type of theirs is unknown ("name (op)"): a warning.
+    untyped_nodes: tuple[str, ...] = ()
 
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -1,17 +1,21 @@
-"""Op signatures from the ONNX schemas (and onnxruntime's contrib schemas).
+"""Op signatures from the ONNX schemas (and onnxruntime's, for the ops onnx does not define).
 
 The precision graph needs, for every node, which of its inputs and outputs share a type parameter and
-which types each parameter allows. That comes from ``onnx.defs`` for the standard domains and from
-onnxruntime's registered schemas for ``com.microsoft``: no per-op special cases.
+which types each parameter allows. That comes from ``onnx.defs`` for the ops onnx defines and from
+onnxruntime's registered schemas for the others (``com.microsoft``'s contrib ops, and the ops
+onnxruntime registers in onnx's own domains): no per-op special cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 
 import onnx
 import onnx.defs
+
+from amp_compiler import runtime
 
 
 def canonical_domain(domain: str) -> str:
@@ -89,23 +93,37 @@ def _from_onnx(schema: onnx.defs.OpSchema) -> OpSignature:
     )
 
 
-@functools.cache
-def _contrib_schemas() -> dict[tuple[str, str], list]:
-    """onnxruntime's registered schemas for non-ONNX domains (com.microsoft, ...), by (domain, op)."""
-    try:
-        from onnxruntime.capi import _pybind_state as C
+ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")  # the domains onnx's own schemas cover
 
-        raw = C.get_all_operator_schema()
-    except Exception:  # an onnxruntime build without schema export: contrib ops become unknown
-        return {}
+
+@functools.cache
+def _ort_schemas() -> dict[tuple[str, str], list]:
+    """onnxruntime's registered schemas, by (domain, op) with "" for the default domain, oldest first.
+    Read only for ops onnx has no schema for (com.microsoft's, and the ones onnxruntime registers in
+    onnx's own domains, such as SimplifiedLayerNormalization); onnxruntime is imported then."""
+    ort = runtime.onnxruntime("read the schemas of ops that onnx does not define")
     out: dict[tuple[str, str], list] = {}
-    for s in raw:
-        if s.domain in ("", "ai.onnx", "ai.onnx.ml"):
-            continue
-        out.setdefault((s.domain, s.name), []).append(s)
+    for s in ort.capi._pybind_state.get_all_operator_schema():
+        domain = "" if is_onnx_domain(s.domain) else s.domain
+        out.setdefault((domain, s.name), []).append(s)
     for versions in out.values():
         versions.sort(key=lambda s: s.since_version)
     return out
+
+
+def ort_schema(domain: str, op_type: str, opset: int):
+    """onnxruntime's schema of ``op_type`` in ``domain`` as of ``opset`` (its newest version not newer
+    than ``opset``, else its oldest), or None when onnxruntime registers no such op."""
+    versions = _ort_schemas().get(("" if is_onnx_domain(domain) else domain, op_type))
+    if not versions:
+        return None
+    return ([s for s in versions if s.since_version <= opset] or versions[:1])[-1]
+
+
+def onnx_knows(domain: str, op_type: str, opset: int) -> bool:
+    """True when onnx itself has a schema for ``op_type`` in ``domain`` at ``opset``."""
+    dom = "" if is_onnx_domain(domain) else domain
+    return dom in ONNX_DOMAINS and onnx.defs.has(op_type, opset, dom)
 
 
 def _from_ort(schema) -> OpSignature:
@@ -128,18 +146,23 @@ def _from_ort(schema) -> OpSignature:
 
 @functools.lru_cache(maxsize=4096)
 def lookup(domain: str, op_type: str, opset: int) -> OpSignature | None:
-    """The signature of ``op_type`` as of ``opset`` in ``domain``, or None when no schema is known."""
-    dom = "" if domain == "ai.onnx" else domain
-    if dom in ("", "ai.onnx.ml", "ai.onnx.preview.training"):
+    """The signature of ``op_type`` as of ``opset`` in ``domain``, or None when no schema is known:
+    onnx's schema, else onnxruntime's (for contrib ops, in whatever domain the model puts them)."""
+    dom = "" if is_onnx_domain(domain) else domain
+    if dom in ONNX_DOMAINS:
         try:
             return _from_onnx(onnx.defs.get_schema(op_type, opset, dom))
         except onnx.defs.SchemaError:
-            return None
-    versions = _contrib_schemas().get((dom, op_type))
-    if not versions:
-        return None
-    chosen = [s for s in versions if s.since_version <= opset] or versions[:1]
-    return _from_ort(chosen[-1])
+            pass
+    schema = ort_schema(dom, op_type, opset)
+    return None if schema is None else _from_ort(schema)
+
+
+def opset_in(imports: Mapping[str, int], domain: str) -> int:
+    """The opset a model imports for ``domain`` (``imports``: onnx_ir's ``opset_imports``), the
+    default domain spelled either way; 1 when it imports none."""
+    dom = "" if is_onnx_domain(domain) else domain
+    return imports.get(dom, imports.get("ai.onnx", 1) if dom == "" else 1)
 
 
 def is_onnx_domain(domain: str) -> bool:

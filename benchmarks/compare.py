@@ -622,6 +622,13 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "would bring `cupy-cuda12x` and `onnxruntime-gpu`). It runs on the CPU onnxruntime and the CPU torch.",
     ]
     text = "\n".join(lines) + "\n"
+    # The deployment graphs' section is written by benchmarks.deployment_facts: kept as it is.
+    from benchmarks.deployment_facts import SECTION_BEGIN, SECTION_END
+
+    old = path.read_text() if path.exists() else ""
+    if SECTION_BEGIN in old and SECTION_END in old:
+        start, end = old.index(SECTION_BEGIN), old.index(SECTION_END) + len(SECTION_END)
+        text += "\n" + old[start:end] + "\n"
     path.write_text(text)
     return text
 

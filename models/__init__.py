@@ -1,1 +1,1 @@
-"""The test-model catalog: hand-built rule graphs, public architectures, wheel-shipped models."""
+"""The test-model catalog: hand-built rule graphs, public architectures, deployment graphs, wheel-shipped models."""

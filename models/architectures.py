@@ -122,7 +122,8 @@ def reestimate_batchnorm(model, batches: list[dict]) -> None:
     model.eval()
 
 
-def _to_torch(arrays: dict[str, np.ndarray]) -> dict:
+def to_torch(arrays: dict[str, np.ndarray]) -> dict:
+    """numpy arrays as torch tensors (same names, same order)."""
     import torch
 
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
@@ -188,21 +189,21 @@ def export_to_onnx(
     """
     import torch
 
-    module = _Positional(module.eval(), list(inputs))
+    module = positional_module(module.eval(), list(inputs))
     if calibration:
-        reestimate_batchnorm(module, [_to_torch(b) for b in calibration])
+        reestimate_batchnorm(module, [to_torch(b) for b in calibration])
     with torch.no_grad():
-        ref = module(*_to_torch(inputs).values())
+        ref = module(*to_torch(inputs).values())
     ref = [ref] if isinstance(ref, torch.Tensor) else list(ref)
     ref = [r.detach().numpy() for r in ref]
     if len(ref) != len(output_names):
         raise ValueError(f"module returns {len(ref)} outputs, {len(output_names)} names given")
 
-    args = _to_torch(example if example is not None else inputs)
+    args = to_torch(example if example is not None else inputs)
     errors = []
     for dynamo in (True, False):
         try:
-            proto = _export_once(module, args, output_names, dynamic_axes or {}, opset, dynamo)
+            proto = export_once(module, args, output_names, dynamic_axes or {}, opset, dynamo)
             check_onnx_model(proto, inputs, ref)
         except Exception as exc:  # noqa: BLE001 - try the other exporter, report both on failure
             errors.append(f"dynamo={dynamo}: {type(exc).__name__}: {exc}")
@@ -219,7 +220,9 @@ def export_to_onnx(
     raise RuntimeError("ONNX export failed:\n" + "\n".join(errors))
 
 
-def _export_once(module, args: dict, output_names, dynamic_axes, opset: int, dynamo: bool):
+def export_once(module, args: dict, output_names, dynamic_axes, opset: int, dynamo: bool) -> onnx.ModelProto:
+    """One ``torch.onnx.export`` of ``module`` called positionally on ``args`` (name -> tensor), with
+    the dynamo exporter or the TorchScript one, quietly; unchecked (see :func:`export_to_onnx`)."""
     import torch
 
     names = list(args)
@@ -262,7 +265,7 @@ def _export_once(module, args: dict, output_names, dynamic_axes, opset: int, dyn
         return onnx.load_from_string(buf.getvalue())
 
 
-def _Positional(inner, names: list[str]):  # noqa: N802 - a class factory (torch is imported lazily)
+def positional_module(inner, names: list[str]):
     """Wrap a module called with keyword inputs into one with positional inputs ``names``
     (both exporters trace positional inputs)."""
     import torch
@@ -278,7 +281,7 @@ def _Positional(inner, names: list[str]):  # noqa: N802 - a class factory (torch
     return Positional()
 
 
-def _cached(path: Path, build: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
+def cached(path: Path, build: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
     """Load ``path`` if present, else build, save atomically and return."""
     if path.exists():
         return onnx.load(str(path))
@@ -400,7 +403,7 @@ class Arch:
 
     def build(self, cache: Path) -> onnx.ModelProto:
         path = Path(cache) / f"{self.name}.{self.key()}.onnx"
-        return _cached(path, self._export)
+        return cached(path, self._export)
 
     def _export(self) -> onnx.ModelProto:
         proto = export_to_onnx(

@@ -52,7 +52,7 @@ def stats(model: onnx.ModelProto) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m models.build", description=__doc__.split("\n")[0])
     ap.add_argument("--size", choices=["small", "full", "all"], default="small")
-    ap.add_argument("--kind", choices=["rule", "architecture", "wheel"], default=None)
+    ap.add_argument("--kind", choices=["rule", "architecture", "deployment", "wheel"], default=None)
     ap.add_argument("--list", action="store_true", help="list the entries, build nothing")
     ap.add_argument("--cache", type=Path, default=None, help=f"cache dir (default {catalog.CACHE_DIR})")
     ap.add_argument("names", nargs="*", help="only these entries")

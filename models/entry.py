@@ -1,8 +1,8 @@
 """What a catalog entry is: the data types the builder modules fill in (no registry, no builders).
 
-``models.catalog`` gathers the entries of ``models.handbuilt``, ``models.architectures`` and
-``models.wheels``; those modules import only this one, so the catalog and its builders do not import
-each other.
+``models.catalog`` gathers the entries of ``models.handbuilt``, ``models.architectures``,
+``models.deployment`` and ``models.wheels``; those modules import only this one, so the catalog and
+its builders do not import each other.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ class CatalogModel:
     """One catalog entry: how to build its FP32 model and its inputs, and the accuracy it must keep."""
 
     name: str
-    kind: str  # "rule" (hand-built), "architecture" (transformers config), "wheel" (trained, from PyPI)
+    # "rule" (hand-built), "architecture" (transformers config), "wheel" (trained, from PyPI),
+    # "deployment" (fused by onnxruntime's optimizer, or an LLM decoder with a KV cache)
+    kind: str
     size: str  # "small" or "full"
     build: Callable[[Path], onnx.ModelProto]  # cache dir -> FP32 model
     make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]

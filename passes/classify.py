@@ -68,7 +68,7 @@ class ClassifyPass(AnalysisPass):
     def _classify(self, vertex: Vertex, unknown_op: bool) -> tuple[Role, Rule, str]:
         node = vertex.node
         if not vertex.free:
-            rule = Rule.UNKNOWN_OP if unknown_op else Rule.FIXED
+            rule = Rule.UNKNOWN_OP if unknown_op else Rule.UNKNOWN_TYPE if vertex.untyped else Rule.FIXED
             return Role.FIXED, rule, f"keeps its dtype: {vertex.fixed_reason}"
         if node is not None:
             for pattern in self.block_nodes:

@@ -96,6 +96,15 @@ def _tensors(graph: PrecisionGraph, elements: Mapping[str, int] | None = None) -
     return list(by_value.values())
 
 
+def unshaped_tensors(graph: PrecisionGraph) -> set[str]:
+    """Names of the tensors between vertices that have no shape (placement counts them as one
+    element unless told their sizes)."""
+    return {
+        v.name for _, _, values in graph.digraph.edges(data="values") for v in values
+        if v.shape is None and v.name
+    }
+
+
 def total_cast_bytes(tensors: Iterable[_Tensor], low_of: dict[int, bool]) -> int:
     """Bytes moved by the Casts a colouring needs (one per tensor and dtype)."""
     return sum(t.bytes for t in tensors if t.needs_cast(low_of))

@@ -13,7 +13,7 @@ from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 import amp_compiler.fx as ampfx
 from amp_compiler.fx.policy import default_policy
-from models.architectures import ARCHS, _Positional, _to_torch, reestimate_batchnorm
+from models.architectures import ARCHS, positional_module, reestimate_batchnorm, to_torch
 
 SMALL = ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"]
 FULL = ["resnet50", "mobilenetv2", "bert-base", "gpt2"]
@@ -23,10 +23,10 @@ FULL = ["resnet50", "mobilenetv2", "bert-base", "gpt2"]
 def build(name: str):
     """(eval-mode module taking positional inputs, example inputs as a tuple, FP32 outputs)."""
     arch = next(a for a in ARCHS if a.name == name)
-    module = _Positional(arch.torch_module(), list(arch.inputs))
-    batches = [_to_torch(arch.make_inputs(np.random.default_rng(1000 + i))) for i in range(4)]
+    module = positional_module(arch.torch_module(), list(arch.inputs))
+    batches = [to_torch(arch.make_inputs(np.random.default_rng(1000 + i))) for i in range(4)]
     reestimate_batchnorm(module, batches)
-    inputs = tuple(_to_torch(arch.make_inputs(np.random.default_rng(0))).values())
+    inputs = tuple(to_torch(arch.make_inputs(np.random.default_rng(0))).values())
     with torch.no_grad():
         ref = module(*inputs)
     return module.eval(), inputs, ref if isinstance(ref, tuple) else (ref,)

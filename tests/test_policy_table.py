@@ -17,7 +17,9 @@ CATEGORIES = {"LOW", "HIGH", "FOLLOW", "PASS", "NONFLOAT"}
 DOMAINS = {"ai.onnx", "ai.onnx.ml", "com.microsoft"}
 SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
-ALLOWED_KEYS = {"op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core"}
+ALLOWED_KEYS = {
+    "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core", "shape_inputs",
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,18 @@ def test_tensor_core_ops_are_the_low_matrix_products(entries):
     from amp_compiler.policy import default_table
 
     marked = {(e["domain"], e["op"]) for e in entries if e.get("tensor_core")}
-    assert marked == {("ai.onnx", op) for op in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "RNN")}
+    onnx_ops = {("ai.onnx", op) for op in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "RNN")}
+    fused = {
+        ("com.microsoft", op) for op in (
+            "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "MatMulNBits",
+            "FusedMatMul", "GemmFastGelu", "FusedConv", "MoE",
+        )
+    }
+    assert onnx_ops | fused <= marked
+    assert {d for d, _ in marked} == {"ai.onnx", "com.microsoft"}
+    # Not matrix products: norms, activations, and quantized ops' integer arithmetic.
+    for op in ("SkipLayerNormalization", "BiasGelu", "FastGelu", "QuickGelu", "EmbedLayerNormalization", "RotaryEmbedding"):
+        assert ("com.microsoft", op) not in marked, op
     assert all(e["category"] == "LOW" for e in entries if e.get("tensor_core"))
     onnx_table, aten_table = default_table(), default_policy().table
     assert onnx_table.is_tensor_core("", "MatMul") and onnx_table.is_tensor_core("ai.onnx", "Conv")

@@ -37,8 +37,9 @@ def build_parser(commands: Iterable[Command]) -> argparse.ArgumentParser:
 
 
 def error_text(exc: AmpUserError, flags: Mapping[str, str]) -> str:
-    """The message of a user error, led by the flag an OptionError is about (when it has one)."""
-    option = exc.option if isinstance(exc, OptionError) else None
+    """The message of a user error, led by the flag of the option it is about (an OptionError's, or
+    another error's ``option``), when it has one."""
+    option = getattr(exc, "option", None)
     flag = flags.get(option) if option is not None else None
     return f"{flag}: {exc}" if flag else str(exc)
 

@@ -60,8 +60,9 @@ class ConvertCommand(Command):
 
 
 def summary_line(result: ConversionResult, input_files: list[Path], output_files: list[Path], seconds: float) -> str:
-    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts, and the size
-    (model file plus external data files, before and after)."""
+    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts (inserted, and the
+    input's that became unnecessary), the size (model file plus external data files, before and after),
+    and a warning counting the nodes left as they are for want of an element type."""
     dst = output_files[0]
     decisions = result.decisions
     target = result.options.target.value
@@ -76,7 +77,12 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
         + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
         + f" | casts inserted: {result.casts_inserted}"
+        + (f" (the model's own removed: {result.casts_removed})" if result.casts_removed else "")
         + f" | size {size_in / 1e6:.2f} MB -> {size_out / 1e6:.2f} MB"
+        + (
+            f" | WARNING: {len(result.untyped_nodes)} node(s) of unknown element type left as they are"
+            " (--strict refuses them)" if result.untyped_nodes else ""
+        )
     )
 
 

@@ -8,8 +8,9 @@ Slots (:class:`~amp_compiler.onnx.slots.Slot`) that must share a dtype form one 
 - the values that If/Loop/Scan pass across their bodies (:mod:`amp_compiler.onnx.control_flow`).
 
 Fixed-type inputs, groups whose schema does not allow the target type at the model's opset, and
-slots of ops without a schema keep their dtype. Constants (initializers and Constant nodes) are not
-vertices: lowering converts them offline for each precision their users need.
+slots of ops without a schema keep their dtype (:mod:`amp_compiler.onnx.fixed_reasons`). Constants
+(initializers and Constant nodes), absent optional values, and inputs an op reads only the shape of
+(the policy's ``shape_inputs``: they take whatever float type their producer gives) are not slots.
 
 Building the graph reads the model and never edits it.
 """
@@ -32,6 +33,7 @@ from amp_compiler.graph import (
     tensor_edges,
 )
 from amp_compiler.onnx.control_flow import carried_values
+from amp_compiler.onnx.fixed_reasons import fixed_reason
 from amp_compiler.onnx.ir_walk import is_constant, iter_graphs
 from amp_compiler.onnx.slots import (
     GRAPH_IN,
@@ -39,11 +41,12 @@ from amp_compiler.onnx.slots import (
     NODE_IN,
     NODE_OUT,
     Slot,
+    is_absent,
     shape_codes,
     slot_order,
     tensor_dtype,
 )
-from amp_compiler.policy import Category, OpPolicy, PolicyTable
+from amp_compiler.policy import OpPolicy, PolicyTable
 from amp_compiler.targets import Target
 
 _FLOAT_TYPE_STRS = frozenset(schema_type(t) for t in FLOAT_TYPES)
@@ -74,6 +77,7 @@ class _Builder:
         self.fixed: dict[Slot, str] = {}  # slots fixed for a reason of their own
         self.tied: set[Slot] = set()  # body I/O slots tied to a control-flow node
         self.unknown_ops: list[ir.Node] = []
+        self.shape_readers: list[ir.Node] = []
         # Memos: per (domain, op) its signature and policy; per (domain, op, is_input, index) its
         # formal's allowed types, type key and whether it can be float. Pure functions of their keys.
         self._ops: dict[tuple[str, str], tuple[schemas.OpSignature | None, OpPolicy | None]] = {}
@@ -100,9 +104,7 @@ class _Builder:
         return slot
 
     def _opset(self, domain: str) -> int:
-        imports = self.model.opset_imports
-        dom = "" if domain == "ai.onnx" else domain
-        return imports.get(dom, imports.get("ai.onnx", 1) if dom == "" else 1)
+        return schemas.opset_in(self.model.opset_imports, domain)
 
     def _op(self, domain: str, op_type: str) -> tuple[schemas.OpSignature | None, OpPolicy | None]:
         key = (domain, op_type)
@@ -142,7 +144,7 @@ class _Builder:
         if template is None:
             self._templates[key] = self._template(node, self._add_node_slow(node))
             return
-        positions, infos, roots, unknown = template
+        positions, infos, roots, unknown, reads_shape = template
         parent, allowed_of, slot_node, slot_dtype, fixed = (
             self.uf.parent, self.allowed, self.slot_node, self.slot_dtype, self.fixed
         )
@@ -158,6 +160,8 @@ class _Builder:
             self._template_group[slots[r]] = (key, r)
         if unknown:
             self.unknown_ops.append(node)
+        if reads_shape:
+            self.shape_readers.append(node)
 
     def _template(self, node: ir.Node, created: list[Slot]) -> tuple:
         """What :meth:`_add_node_slow` did for ``node``, relative to the node: per slot its position,
@@ -170,6 +174,7 @@ class _Builder:
             tuple((self.allowed[s], self.slot_dtype[s], self.fixed.get(s)) for s in created),
             roots,
             bool(self.unknown_ops) and self.unknown_ops[-1] is node,
+            bool(self.shape_readers) and self.shape_readers[-1] is node,
         )
 
     def _add_node_slow(self, node: ir.Node) -> list[Slot]:
@@ -188,10 +193,11 @@ class _Builder:
         group_has_output: dict[object, bool] = {}
         created: list[Slot] = []
         has_container = False  # reads or makes a sequence/optional: its tensors keep their types
+        shape_inputs = policy.shape_inputs if policy is not None else ()
         for is_input, values in ((True, node.inputs), (False, node.outputs)):
             kind = NODE_IN if is_input else NODE_OUT
             for i, v in enumerate(values):
-                if v is None:
+                if v is None or (v.name == "" and is_absent(v)):
                     continue
                 # The value's element type (as _tensor_dtype): not a tensor -> no slot.
                 vtype = v.type
@@ -203,6 +209,11 @@ class _Builder:
                         continue
                 else:
                     has_container = True
+                    continue
+                if is_input and i in shape_inputs:
+                    # Only its shape is read: any float type will do, the producer's included.
+                    if not self.shape_readers or self.shape_readers[-1] is not node:
+                        self.shape_readers.append(node)
                     continue
                 if sig is not None:
                     allowed, key, can_be_float, fixed_type = formal(sig, op, is_input, i)
@@ -320,22 +331,22 @@ class _Builder:
         slot_vertex: dict[Slot, int] = {}
         node_vertices: dict[ir.Node, list[int]] = {}
         template_group = self._template_group
-        facts: dict[tuple, tuple] = {}  # per template group: (slot order, dtype, policy, fixed reason)
+        facts: dict[tuple, tuple] = {}  # per template group: (slot order, dtype, policy, fixed reason, untyped)
         for root, slots in members.items():
             vid = len(vertices)
             group = template_group.get(root)
             known = facts.get(group) if group is not None else None
             if known is not None and len(slots) == len(known[0]):
                 # A group as its template made it, with nothing tied to it: as the template's was.
-                order, dtype, policy, reason = known
+                order, dtype, policy, reason, untyped = known
                 op: Any = root.owner  # a template's group: its root is a node's slot
-                vertex = Vertex(vid, [slots[k] for k in order], op, dtype, policy, reason)
+                vertex = Vertex(vid, [slots[k] for k in order], op, dtype, policy, reason, untyped)
             else:
                 made = list(slots)
                 vertex = self._make_vertex(vid, slots)
                 if group is not None and group not in facts:
                     order = tuple(made.index(s) for s in vertex.slots)
-                    facts[group] = (order, vertex.dtype, vertex.policy, vertex.fixed_reason)
+                    facts[group] = (order, vertex.dtype, vertex.policy, vertex.fixed_reason, vertex.untyped)
             vertices.append(vertex)
             for s in slots:
                 slot_vertex[s] = vid
@@ -350,7 +361,8 @@ class _Builder:
 
         digraph = tensor_edges(len(vertices), self._uses(slot_vertex, vertices))
         return PrecisionGraph(
-            self.model, self.target, vertices, slot_vertex, digraph, node_vertices, self.unknown_ops
+            self.model, self.target, vertices, slot_vertex, digraph, node_vertices, self.unknown_ops,
+            self.shape_readers,
         )
 
     @staticmethod
@@ -388,35 +400,6 @@ class _Builder:
         slot_dtype = self.slot_dtype
         dtypes = {d for s in slots if (d := slot_dtype[s]) is not None}
         vertex = Vertex(vid, slots, node, next(iter(dtypes)) if len(dtypes) == 1 else None, policy)
-        vertex.fixed_reason = self._fixed_reason(vertex, slots, dtypes)
+        vertex.fixed_reason = fixed_reason(vertex, slots, dtypes, self.fixed, self.allowed, self.target)
+        vertex.untyped = not dtypes
         return vertex
-
-    def _fixed_reason(self, vertex: Vertex, slots: list[Slot], dtypes: set) -> str | None:
-        for s in slots:
-            if s in self.fixed:
-                return self.fixed[s]
-        if len(dtypes) > 1:
-            return "its slots disagree on the element type"
-        dtype = vertex.dtype
-        if dtype is None:
-            return "its element type is unknown"  # every slot of it was fixed above: not reached
-        if dtype is not ir.DataType.FLOAT:
-            return f"it is already {dtype.name.lower()}"
-        type_str = self.type_str
-        for s in slots:
-            allowed = self.allowed.get(s)
-            if allowed is not None and type_str not in allowed:
-                who = s.owner.op_type if isinstance(s.owner, ir.Node) else "graph"
-                return f"the {who} schema does not allow {self.target.value} at this opset"
-        node = vertex.node
-        if node is not None:
-            if vertex.policy is not None and vertex.policy.category is Category.NONFLOAT:
-                return f"{node.op_type} is never touched: {vertex.policy.reason}"
-            has_input = any(s.kind is SlotKind.NODE_IN for s in slots)
-            if not has_input and node.op_type not in CONTROL_FLOW_OPS:
-                attr = vertex.policy.dtype_attr if vertex.policy is not None else None
-                if attr is None:
-                    return f"{node.op_type} sets this output's type itself"
-                if any(tensor_dtype(v)[1] in FLOAT_TYPES for v in node.inputs if v is not None):
-                    return f"{node.op_type} between float types is an explicit precision boundary"
-        return None

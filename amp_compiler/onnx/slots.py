@@ -51,12 +51,17 @@ def tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
     return False, None
 
 
+def is_absent(value: ir.Value | None) -> bool:
+    """True for an optional input or output the node leaves out (None, or an output named "")."""
+    return value is None or (value.name == "" and not value.uses() and not value.is_graph_output())
+
+
 def shape_codes(values: Iterable[ir.Value | None]) -> tuple:
     """What slot creation reads of each value: absent (None), untyped ("?"), a tensor's dtype, or a
     container ("C")."""
     codes: list[object] = []
     for v in values:
-        if v is None:
+        if v is None or (v.name == "" and is_absent(v)):
             codes.append(None)
             continue
         vtype = v.type

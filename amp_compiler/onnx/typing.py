@@ -1,4 +1,5 @@
-"""The typed IR a conversion starts from: the model checked, deserialized, and typed by shape inference.
+"""The typed IR a conversion starts from: the model checked, deserialized, and typed by shape inference
+(then by the ops' schemas, where onnx's inference types nothing: :mod:`amp_compiler.onnx.schema_typing`).
 
 For models of ``CHILD_MIN_NODES`` nodes or more, onnx's checker and shape inference run in a child
 process (:mod:`amp_compiler.onnx.native_checks`) while this one checks the rest and deserializes the
@@ -16,7 +17,9 @@ from onnx_ir import serde
 
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import native_checks
+from amp_compiler.onnx.foreign_ops import foreign_ops
 from amp_compiler.onnx.ir_walk import iter_graphs
+from amp_compiler.onnx.schema_typing import type_from_schemas
 from amp_compiler.onnx.validate import (
     check_model_contents,
     checker_input,
@@ -25,7 +28,8 @@ from amp_compiler.onnx.validate import (
 
 
 def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, check: bool) -> ir.Model:
-    """The model as IR with every tensor's type inferred, after checking it (unless ``check`` is
+    """The model as IR with every tensor's type inferred (by onnx's shape inference, then from the
+    schemas of the ops it cannot type), after checking it (unless ``check`` is
     False: it was checked already) as :func:`~amp_compiler.onnx.validate.check_model_valid` does.
 
     For models of ``CHILD_MIN_NODES`` nodes or more, onnx's checker and shape inference (C++, about
@@ -34,7 +38,8 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
     Smaller models do the same steps in this process. A model onnx_ir cannot deserialize gets the
     checker's verdict first, which names the fault.
     """
-    to_check = checker_input(proto, deferred) if check else None
+    found = foreign_ops(proto) if check else None
+    to_check = checker_input(proto, deferred, found) if check else None
     native = None
     if len(proto.graph.node) >= native_checks.CHILD_MIN_NODES and sys.executable:
         try:
@@ -43,7 +48,7 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
             native = None
     try:
         if check:
-            check_model_contents(proto, origin, deferred=deferred)
+            check_model_contents(proto, origin, deferred=deferred, found=found)
         try:
             model = ir.from_proto(proto)
         except Exception:
@@ -53,7 +58,9 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
         if native is not None:
             native.cancel()
         raise
-    return typed_ir(proto, model, native_result(native, proto, origin, to_check))
+    model = typed_ir(proto, model, native_result(native, proto, origin, to_check))
+    type_from_schemas(model)  # what onnx's inference cannot type: contrib ops and what follows them
+    return model
 
 
 def native_result(

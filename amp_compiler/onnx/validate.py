@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import native_checks
 from amp_compiler.onnx.external_data import external_fields
+from amp_compiler.onnx.foreign_ops import ForeignOps, check_against_onnxruntime, for_onnx_checker, foreign_ops
 from amp_compiler.onnx.structure import check_graph_structure, check_output_names
 from amp_compiler.onnx.text import quote
 from amp_compiler.onnx.walk import iter_model_tensors, model_graphs
@@ -32,13 +33,18 @@ def check_model_valid(model: onnx.ModelProto, origin: str = "model", *, deferred
     tensors still stored as external data were validated by :func:`load_model_deferred` and are
     accepted (onnx's checker, which would look for their files itself, sees them as empty tensors).
     """
-    check_model_contents(model, origin, deferred=deferred)
-    checker_verdict(model, origin, native_checks.check(checker_input(model, deferred)))
+    found = foreign_ops(model)
+    check_model_contents(model, origin, deferred=deferred, found=found)
+    checker_verdict(model, origin, native_checks.check(checker_input(model, deferred, found)))
 
 
-def check_model_contents(model: onnx.ModelProto, origin: str = "model", *, deferred: bool = False) -> None:
+def check_model_contents(
+    model: onnx.ModelProto, origin: str = "model", *, deferred: bool = False, found: ForeignOps | None = None
+) -> None:
     """Everything :func:`check_model_valid` checks but onnx's checker: versions, text (UTF-8),
-    tensor data against shapes and types, value types, and graph output names. ``deferred`` as there."""
+    tensor data against shapes and types, value types, graph output names, and the ops onnx does
+    not define against onnxruntime's schemas (:mod:`amp_compiler.onnx.foreign_ops`; ``found``: those
+    ops, when the caller has them already). ``deferred`` as there."""
     _check_versions(model, origin)
     bad = _find_bad_string(model, None)
     if bad is not None:
@@ -46,11 +52,16 @@ def check_model_contents(model: onnx.ModelProto, origin: str = "model", *, defer
     _check_values(model, origin, deferred)
     for g in model_graphs(model):
         check_output_names(g, origin, subgraph=g is not model.graph)
+    check_against_onnxruntime(foreign_ops(model) if found is None else found, origin)
 
 
-def checker_input(model: onnx.ModelProto, deferred: bool) -> onnx.ModelProto:
-    """What onnx's checker is given for ``model``: deferred external tensors as empty tensors."""
-    return _without_deferred_data(model) if deferred else model
+def checker_input(model: onnx.ModelProto, deferred: bool, found: ForeignOps | None = None) -> onnx.ModelProto:
+    """What onnx's checker is given for ``model``: deferred external tensors as empty tensors, and
+    the ops onnxruntime registers in onnx's domains moved out of them (onnx's checker would refuse
+    them for want of a schema; :func:`check_model_contents` checks them against onnxruntime's).
+    ``found``: :func:`~amp_compiler.onnx.foreign_ops.foreign_ops` of ``model``, when known."""
+    found = foreign_ops(model) if found is None else found
+    return for_onnx_checker(_without_deferred_data(model) if deferred else model, found)
 
 
 def checker_verdict(model: onnx.ModelProto, origin: str, error: native_checks.CheckerError | None) -> None:

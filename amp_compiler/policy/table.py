@@ -1,7 +1,8 @@
 """Loads the op policy table (``onnx_ops.toml``) into typed records.
 
 The table is data: one entry per (domain, op) with a category, a human reason, and for ops that only
-need FP32 arithmetic inside, the providers whose kernels already accumulate in FP32 (with a source).
+need FP32 arithmetic inside, the providers whose kernels already accumulate in FP32 (with a source);
+``tensor_core`` marks matrix-product ops and ``shape_inputs`` the inputs an op reads only the shape of.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class OpPolicy:
     dtype_attr: str | None = None
     refs: str = ""
     tensor_core: bool = False  # its work is matrix products that run on Tensor Cores in FP16/BF16
+    # Inputs the op reads only the shape of (Shape, Size): any float type will do, so they take the
+    # type their producer gives them and never get a Cast of their own.
+    shape_inputs: frozenset[int] = frozenset()
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -93,6 +97,7 @@ class PolicyTable:
                     dtype_attr=raw.get("dtype_attr"),
                     refs=raw.get("refs", ""),
                     tensor_core=bool(raw.get("tensor_core", False)),
+                    shape_inputs=frozenset(raw.get("shape_inputs", ())),
                 )
             )
         return cls(entries)

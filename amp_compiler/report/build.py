@@ -8,6 +8,7 @@ import onnx
 
 from amp_compiler.checks import OutputAccuracy as MeasuredAccuracy
 from amp_compiler.costs import estimate
+from amp_compiler.decisions import untyped_message
 from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable
@@ -118,8 +119,11 @@ def build_report(
         model_runs=model_runs,
         pinned_by_tolerance=pinned,
         tolerance=tolerance,
+        untyped_nodes=len(result.untyped_nodes),
     )
     notes = list(warnings or [])
+    if result.untyped_nodes:
+        notes.append(untyped_message(result.untyped_nodes))
     if costs.assumed:
         notes.append(
             "dynamic dims taken as 1 for cost estimates: " + ", ".join(costs.assumed)

@@ -245,6 +245,8 @@ def summary_parts(report: PrecisionReport) -> list[str]:
         parts.append(f"{pct(s.low_flops_share)} of FLOPs low precision")
     else:
         parts.append("no FLOP estimates")
+    if s.untyped_nodes:
+        parts.append(f"{s.untyped_nodes} node{'' if s.untyped_nodes == 1 else 's'} of unknown element type left as is")
     parts.append(f"{s.casts} cast{'' if s.casts == 1 else 's'} ({human_bytes(s.cast_bytes)})")
     parts.append(f"{human_bytes(s.size_before)} -> {human_bytes(s.size_after)}")
     worst_cos, worst_err, nonfinite = worst_accuracy(report)

@@ -81,6 +81,9 @@ class Summary:
     model_runs: int = 0  # runs of the converted model by the --tolerance refinement
     pinned_by_tolerance: int = 0
     tolerance: float | None = None  # the --tolerance asked for (relative L2 per float output)
+    # Nodes left as they are because an element type of theirs is unknown (their FLOPs are not low
+    # precision): a warning.
+    untyped_nodes: int = 0
 
     @property
     def low_flops_share(self) -> float:

@@ -14,7 +14,7 @@ from amp_compiler.targets import Provider, Target
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--pad-tensor-cores``. Depends on nothing to parse; checking that the
+    ``--input-shape``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing to parse; checking that the
     ``--input-shape`` names are graph inputs needs the loaded model (:meth:`check_input_shapes`)."""
 
     title = "conversion"
@@ -26,6 +26,7 @@ class ConversionArgs(ArgGroup):
         "keep_io_types": "--no-keep-io-types",
         "input_shapes": "--input-shape",
         "pad_tensor_cores": "--pad-tensor-cores",
+        "strict": "--strict",
     }
 
     def __init__(self) -> None:
@@ -59,6 +60,11 @@ class ConversionArgs(ArgGroup):
             help="pad FP16/BF16 MatMul/Gemm/Conv weights to multiples of 8 with zeros and slice the "
             "outputs back (exact; off by default)",
         )
+        group.add_argument(
+            "--strict", action="store_true",
+            help="fail (exit 2) instead of warning when nodes would be left as they are because the "
+            "element type of a tensor of theirs is unknown (custom ops no schema describes)",
+        )
 
     def parse(self, args: argparse.Namespace) -> None:
         shapes: dict[str, tuple[int, ...]] = {}
@@ -74,6 +80,7 @@ class ConversionArgs(ArgGroup):
             block_nodes=tuple(args.block_node),
             pad_tensor_cores=args.pad_tensor_cores,
             input_shapes=tuple(shapes.items()),
+            strict=args.strict,
         )
 
     def check_input_shapes(self, model: onnx.ModelProto) -> None:
