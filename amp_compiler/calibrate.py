@@ -23,6 +23,7 @@ import onnx.shape_inference
 from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.errors import AmpUserError
 from amp_compiler.report.model import TensorRange
+from amp_compiler.runner import Runner, default_runner
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
@@ -149,22 +150,20 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
 
 
 class IntermediateRunner:
-    """Runs a model on onnxruntime with every main-graph float tensor exposed."""
+    """Runs a model on onnxruntime with every main-graph float tensor exposed, through ``runner``
+    (:mod:`amp_compiler.runner`: a child process with a budget, or this process for trusted models)."""
 
-    def __init__(self, model: onnx.ModelProto):
-        import onnxruntime as ort
-
+    def __init__(self, model: onnx.ModelProto, runner: Runner):
         exposed, self.names = exposed_model(model)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(exposed.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        self.feeds = {i.name for i in self.session.get_inputs()}
+        self.session = runner.load(exposed)
         self.runs = 0
 
     def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
-        values = self.session.run(None, {k: v for k, v in sample.items() if k in self.feeds})
-        return dict(zip(self.names, values, strict=True))
+        return dict(zip(self.names, self.session.run(sample), strict=True))
+
+    def close(self) -> None:
+        self.session.close()
 
 
 @dataclasses.dataclass
@@ -218,15 +217,27 @@ def _progress(items: list, label: str) -> Iterator:
         sys.stderr.write("\n")
 
 
-def collect_ranges(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]]) -> dict[str, TensorRange]:
-    """Observed range of every main-graph float tensor of the FP32 model over the samples."""
-    runner = IntermediateRunner(model)
+def collect_ranges(
+    model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], *, runner: Runner | None = None
+) -> dict[str, TensorRange]:
+    """Observed range of every main-graph float tensor of the FP32 model over the samples.
+    ``runner``: where the model runs (default: a child process with the default budget)."""
+    runner, owned = default_runner(runner)
+    try:
+        return _collect(IntermediateRunner(model, runner), samples)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _collect(intermediates: IntermediateRunner, samples: Iterable[dict[str, np.ndarray]]) -> dict[str, TensorRange]:
     accs: dict[str, _Acc] = {}
     for sample in _progress(list(samples), "calibrating"):
-        for name, value in runner.run(sample).items():
+        for name, value in intermediates.run(sample).items():
             if np.issubdtype(np.asarray(value).dtype, np.floating):
                 accs.setdefault(name, _Acc()).add(value)
         for name, value in sample.items():
             if np.issubdtype(value.dtype, np.floating):
                 accs.setdefault(name, _Acc()).add(value)
+    intermediates.close()
     return {name: acc.range() for name, acc in accs.items()}

@@ -1,6 +1,8 @@
 """Checks a converted model must pass: validity, and accuracy against the FP32 model.
 
-Used by the tests after every conversion, and by benchmarks.
+Used by the tests after every conversion, and by benchmarks. :func:`run_onnxruntime` runs in this
+process by default (the test suite's and benchmarks' own models); pass it a
+:class:`~amp_compiler.runner.ChildRunner` for a model you do not trust.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import numpy as np
 import onnx
 import onnx.shape_inference
 
+from amp_compiler.runner import InProcessRunner, Runner
+
 
 def validate(model: onnx.ModelProto) -> None:
     """Raise if the model fails onnx's full checker or strict shape inference."""
@@ -18,15 +22,16 @@ def validate(model: onnx.ModelProto) -> None:
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
 
 
-def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Outputs of ``model`` on onnxruntime's CPU provider, in graph-output order."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    return session.run(None, {k: v for k, v in feeds.items() if k in names})
+def run_onnxruntime(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, runner: Runner | None = None
+) -> list[np.ndarray]:
+    """Outputs of ``model`` on onnxruntime's CPU provider, in graph-output order. ``runner``: where
+    it runs (default: in this process, without limits: for trusted models only)."""
+    session = (runner or InProcessRunner()).load(model)
+    try:
+        return session.run(feeds)
+    finally:
+        session.close()
 
 
 @dataclasses.dataclass(frozen=True)

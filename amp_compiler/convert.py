@@ -11,7 +11,7 @@ import os
 
 import onnx
 
-from amp_compiler.costs import check_input_shapes, element_counts
+from amp_compiler.costs import bind_input_shapes, element_counts
 from amp_compiler.decisions import NodeDecision, node_decisions
 from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
@@ -64,8 +64,7 @@ def convert(
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     proto, locations, checked, origin = _read(model)
-    if opts.input_shapes:
-        check_input_shapes(proto, dict(opts.input_shapes))
+    shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
         defer_ir_tensors(ir_model, locations)
@@ -78,8 +77,7 @@ def convert(
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
-        elements=element_counts(proto, dict(opts.input_shapes)) if opts.input_shapes and opts.placement == "mincut"
-        else None,
+        elements=element_counts(proto, shapes) if shapes and opts.placement == "mincut" else None,
     )
     plan = plan_precisions(graph, settings)
 
@@ -100,6 +98,7 @@ def convert(
     return ConversionResult(
         None if output else _output_proto(ir_model, proto), decisions, casts_added,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
+        input_shapes=shapes,
     )
 
 
