@@ -100,8 +100,10 @@ def transform(
         unchecked_constants=set(unchecked_constants),
         table_lookups=(mode == "inference"),
     )
-    # The ONNX path's analysis; no kernel coverage (it looks ONNX ops up in onnxruntime's registry).
-    settings = AnalysisSettings(target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False)
+    # The ONNX path's analysis; no kernel coverage nor runtime hazards (they read ONNX ops).
+    settings = AnalysisSettings(
+        target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False, runtime_hazards=False,
+    )
     plan = plan_precisions(fxg.graph, settings)
     lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
     fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
