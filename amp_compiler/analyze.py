@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from amp_compiler.calibrate import collect_ranges, load_samples, random_samples
+from amp_compiler.calibrate import collect_ranges
 from amp_compiler.checks import compare
 from amp_compiler.convert import convert
 from amp_compiler.emulate import emulate
@@ -30,6 +30,7 @@ from amp_compiler.report.build import build_report
 from amp_compiler.report.model import PrecisionReport
 from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
+from amp_compiler.samples import load_samples, random_samples
 from amp_compiler.targets import Target
 
 
