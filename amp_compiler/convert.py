@@ -20,6 +20,7 @@ from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.onnx.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.output import output_proto as _output_proto
 from amp_compiler.onnx.precision_graph import build_precision_graph
+from amp_compiler.onnx.sparse import densify
 from amp_compiler.onnx.typing import checked_typed_ir as _checked_typed_ir
 from amp_compiler.options import ConvertOptions, check_block_ops, resolve_options
 from amp_compiler.passes import (
@@ -107,12 +108,13 @@ def _read(
 ) -> tuple[onnx.ModelProto, dict, bool, str]:
     """(the ModelProto, where its deferred weights are, whether it was checked, its origin for
     messages): a path is read with its large weights left on disk, unchecked (the conversion checks
-    it while it builds the IR)."""
+    it while it builds the IR); sparse tensors are made dense (onnx_ir cannot read them)."""
     deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
     if isinstance(deferred, DeferredModel):
-        return deferred.model, deferred.locations, deferred.checked, str(deferred.files[0])
+        origin = str(deferred.files[0])
+        return densify(deferred.model, origin), deferred.locations, deferred.checked, origin
     if not isinstance(deferred, onnx.ModelProto):
         raise TypeError(f"expected an onnx.ModelProto or a path, got {type(deferred).__name__}")
-    return deferred, {}, False, "model"
+    return densify(deferred), {}, False, "model"
 
 
