@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 import onnx
 import onnx.shape_inference
 
+from amp_compiler import dims
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler.policy import PolicyTable, default_table
@@ -148,20 +149,24 @@ def element_counts(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int,
         )
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
         return {}
+    bound = dims.bindings(model, input_shapes)
     counts: dict[str, int] = {}
     for graph in iter_proto_graphs(inferred.graph):
         for vi in (*graph.input, *graph.output, *graph.value_info):
             tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
             if tt is None or not tt.HasField("shape"):
                 continue
-            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
-            if all(d > 0 for d in dims):
-                counts[vi.name] = math.prod(dims)
+            values = [dims.dim_value(d, bound) for d in tt.shape.dim]
+            if all(v is not None for v in values):
+                counts[vi.name] = math.prod(values)  # type: ignore[arg-type]
     return counts
 
 
-def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
-    """Per tensor name: shape (unknown dims as 1) and element type; and the unknown dims seen."""
+def _shapes(
+    model: onnx.ModelProto, bound: Mapping[str, int]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
+    """Per tensor name: shape (named dims from ``bound``, unknown dims as 1) and element type; and
+    the unknown dims seen."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:
@@ -177,14 +182,13 @@ def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[st
             tt = vi.type.tensor_type
             types[vi.name] = tt.elem_type
             if tt.HasField("shape"):
-                dims = []
+                shape: list[int] = []
                 for d in tt.shape.dim:
-                    if d.HasField("dim_value") and d.dim_value > 0:  # some exporters write -1
-                        dims.append(d.dim_value)
-                    else:
-                        dims.append(1)
+                    value = dims.dim_value(d, bound)  # some exporters write -1: unknown
+                    if value is None:
                         assumed.add(d.dim_param or "?")
-                shapes[vi.name] = tuple(dims)
+                    shape.append(value or 1)
+                shapes[vi.name] = tuple(shape)
         for init in graph.initializer:
             shapes[init.name] = tuple(init.dims)
             types[init.name] = init.data_type
@@ -292,7 +296,7 @@ def estimate(
     :func:`bind_input_shapes`); ``policy`` says which ops are Tensor Core ops (default: the shipped table)."""
     policy = policy or default_table()
     fixed = with_input_shapes(model, input_shapes) if input_shapes else model
-    shapes, types, assumed = _shapes(fixed)
+    shapes, types, assumed = _shapes(fixed, dims.bindings(model, input_shapes or {}))
     sizes = {t: onnx.helper.tensor_dtype_to_np_dtype(t).itemsize for t in set(types.values()) if t}
 
     def shape(name: str):

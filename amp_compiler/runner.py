@@ -241,7 +241,8 @@ class ChildRunner(Runner):
                         option="run_memory",
                     )
                 error = ModelUnsupportedError if answer.get("kind") == "unsupported" else ModelRunError
-                raise error(f"onnxruntime could not {doing.removesuffix('ing')} the model: {message_text}")
+                verb = {"loading": "load", "running": "run"}.get(doing, doing)
+                raise error(f"onnxruntime could not {verb} the model: {message_text}")
             return answer, self._read_arrays(answer.get("arrays", []), deadline)
         except _Timeout:
             self._kill()
