@@ -16,8 +16,10 @@ from collections.abc import Callable, Mapping
 import onnx
 
 _FUNCTIONS: dict[str, Callable[..., int]] = {"Min": min, "Max": max, "floor": math.floor, "ceiling": math.ceil}
-_OPERATORS: dict[type, Callable[[int, int], int]] = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-              ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+_OPERATORS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
+}
 
 
 def bindings(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
