@@ -59,10 +59,10 @@ def _our_scales(pattern, scaler):
     return scales, step
 
 
-def _gradscaler_scales(pattern, **kw):
+def _gradscaler_scales(pattern, scaler=None, **kw):
     flag = {"inf": False}
     m = _linear_with_inf_hook(flag)
-    scaler = torch.amp.GradScaler("cpu", **kw)
+    scaler = scaler or torch.amp.GradScaler("cpu", **kw)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     scales = []
     for k, bad in enumerate(pattern):
@@ -116,6 +116,29 @@ def test_state_dict_round_trips_and_is_gradscaler_compatible():
     # Continuing from a restored state gives the same scales as never stopping.
     whole, _ = _our_scales(PATTERN, LossScaler(growth_interval=3))
     assert whole[:7] == _our_scales(PATTERN[:7], LossScaler(growth_interval=3))[0]
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+def test_a_state_dict_behaves_the_same_in_gradscaler_and_back(dynamic):
+    """The keys are GradScaler's, and a state carried across goes on as the scaler it came from."""
+    assert set(LossScaler().state_dict()) == set(torch.amp.GradScaler("cpu").state_dict())
+    _, step = _our_scales(PATTERN[:7], LossScaler(init_scale=1024.0, growth_interval=3, dynamic=dynamic))
+    state = step.scaler.state_dict()
+    rest = PATTERN[7:]
+    ours_after, _ = _our_scales(rest, _loaded(LossScaler(), state))
+    gs = torch.amp.GradScaler("cpu")
+    gs.load_state_dict(state)
+    assert _gradscaler_scales(rest, gs) == ours_after
+    assert (set(ours_after) == {1024.0}) is not dynamic  # a static scale never moves, in GradScaler too
+    # and back: GradScaler's state (after those steps) into a fresh LossScaler
+    back = _loaded(LossScaler(), gs.state_dict())
+    assert back.dynamic is dynamic and back.get_scale() == gs.get_scale()
+    assert back.state_dict() == gs.state_dict()
+
+
+def _loaded(scaler, state):
+    scaler.load_state_dict(state)
+    return scaler
 
 
 def test_loss_scale_is_a_node_of_the_graph_reading_the_scalers_buffer():

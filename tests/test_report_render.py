@@ -140,7 +140,7 @@ def test_terminal_summary_line_first():
     assert first.startswith("tiny.onnx: fp16 on cuda, 2/5 nodes fp16, ")
     assert "% of FLOPs low precision" in first
     head = " ".join(text.splitlines()[:4])
-    for needle in ("2 casts (12.3 KB)", "0.82 MB -> 0.54 MB", "worst output cosine 0.999988", "8 calibration samples"):
+    for needle in ("2 casts (12.3 kB)", "820 kB -> 540 kB", "worst output cosine 0.999988", "8 calibration samples"):
         assert needle in head
 
 
@@ -367,7 +367,7 @@ def test_html_self_contained_with_summary_plots_and_table():
     assert page.rows == len(report.nodes)
     words = " ".join(" ".join(page.text).split())
     share = f"{report.summary.low_flops_share * 100:.1f}%"
-    for needle in (share, "2 / 5", "12.3 KB", "0.82 MB", "0.54 MB", "0.999988", "3.1e-3", "fp16", "cuda",
+    for needle in (share, "2 / 5", "12.3 kB", "820 kB", "540 kB", "0.999988", "3.1e-3", "fp16", "cuda",
                    "Calibration samples", "Per-layer error along the graph", "mm_big", "calibration.overflow"):
         assert needle in words, needle
     assert "relative L2 error vs FP32" in text  # y axis label

@@ -16,7 +16,16 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from onnx_builders import F32, huge_constant_model, loop_forever_model, model, tensor, transpose_cast_matmul_model, vi, weights
+from onnx_builders import (
+    F32,
+    huge_constant_model,
+    loop_forever_model,
+    model,
+    tensor,
+    transpose_cast_matmul_model,
+    vi,
+    weights,
+)
 
 from amp_compiler import convert
 from amp_compiler.cli import main
