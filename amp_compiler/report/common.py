@@ -206,6 +206,16 @@ def nodes_by_precision(report: PrecisionReport) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: precision_rank(kv[0])))
 
 
+def rows_note(report: PrecisionReport) -> str:
+    """What the rows of a report are: '106 rows: 104 nodes of the model + 2 inserted Casts' (the
+    header's node count is the model's; the table and the plots also show the Casts)."""
+    inserted = sum(1 for n in report.nodes if n.inserted)
+    rows = len(report.nodes)
+    if not inserted:
+        return f"{rows} nodes"
+    return f"{rows} rows: {rows - inserted} nodes of the model + {inserted} inserted Cast{'s' if inserted > 1 else ''}"
+
+
 def has_ranges(report: PrecisionReport) -> bool:
     return any(n.range is not None for n in report.nodes)
 
