@@ -1,9 +1,8 @@
 """Calibration: observed value ranges of every tensor, from runs of the FP32 model on sample inputs.
 
-Samples come from ``--calibration-data``: an ``.npz`` keyed by graph input name (one sample), or a
-folder of such files (one sample each, in name order). They are checked against the model's inputs
-(names, dtypes, ranks and fixed dims) before anything runs. Statistics are streamed: each run's
-tensors are folded into running min/max/counts and dropped, so memory holds one run's activations.
+Samples come from ``--calibration-data`` (:mod:`amp_compiler.samples` reads them safely and checks
+them against the model's inputs before anything runs). Statistics are streamed: each run's tensors
+are folded into running min/max/counts and dropped, so memory holds one run's activations.
 
 :func:`run_intermediates` runs a model with every float tensor of its main graph exposed as an
 output; the ``--tolerance`` refinement uses it to compare converted and FP32 tensors.
@@ -14,120 +13,26 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx.shape_inference
 
-from amp_compiler import runtime
 from amp_compiler.dtypes import FLOAT_TYPES
-from amp_compiler.errors import AmpUserError
 from amp_compiler.report.model import TensorRange
+from amp_compiler.runner import Runner, default_runner
+
+# Where samples come from (defined in amp_compiler.samples; also importable from here).
+from amp_compiler.samples import (  # noqa: F401
+    CalibrationDataError,
+    load_samples,
+    model_inputs,
+    random_samples,
+    sample_files,
+)
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
-
-
-class CalibrationDataError(AmpUserError):
-    """Calibration data that is missing, unreadable or does not match the model's inputs."""
-
-
-def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Graph inputs that must be fed (initializers listed as inputs are optional)."""
-    inits = {i.name for i in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in inits]
-
-
-def _check_sample(sample: dict[str, np.ndarray], model: onnx.ModelProto, origin: str) -> None:
-    inputs = {i.name: i for i in model_inputs(model)}
-    optional = {i.name for i in model.graph.input} - set(inputs)
-    for name in sample:
-        if name not in inputs and name not in optional:
-            raise CalibrationDataError(
-                f"{origin}: {name!r} is not an input of the model (inputs: {', '.join(inputs)})"
-            )
-    for name, info in inputs.items():
-        if name not in sample:
-            raise CalibrationDataError(f"{origin}: no array for the model input {name!r}")
-        array = sample[name]
-        tt = info.type.tensor_type
-        expected = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if array.dtype != expected:
-            raise CalibrationDataError(
-                f"{origin}: input {name!r} is {array.dtype}, the model expects {expected}"
-            )
-        if tt.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-            bad = len(dims) != array.ndim or any(
-                d is not None and d != a for d, a in zip(dims, array.shape, strict=True)
-            )
-            if bad:
-                shown = "x".join("?" if d is None else str(d) for d in dims) or "scalar"
-                raise CalibrationDataError(
-                    f"{origin}: input {name!r} has shape {'x'.join(map(str, array.shape)) or 'scalar'}, "
-                    f"the model expects {shown}"
-                )
-
-
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise CalibrationDataError(f"{path}: not a readable .npz file ({exc})") from None
-
-
-def sample_files(path: str | Path) -> list[Path]:
-    """The .npz files of a calibration path (a file or a folder of files)."""
-    p = Path(path)
-    if not p.exists():
-        raise CalibrationDataError(f"{p}: no such file or folder")
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix == ".npz" and f.is_file())
-        if not files:
-            raise CalibrationDataError(f"{p}: the folder holds no .npz files")
-        return files
-    if p.suffix != ".npz":
-        raise CalibrationDataError(f"{p}: calibration data must be an .npz file or a folder of them")
-    return [p]
-
-
-def load_samples(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
-    """All samples of a calibration path, each checked against the model's inputs."""
-    samples = []
-    for f in sample_files(path):
-        sample = _read_npz(f)
-        _check_sample(sample, model, str(f))
-        samples.append(sample)
-    return samples
-
-
-def random_samples(
-    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, n: int = 1, seed: int = 0
-) -> list[dict[str, np.ndarray]]:
-    """Inputs for a model when no data is given: floats ~ N(0, 1), integers 1, booleans True.
-
-    Dynamic dims take ``input_shapes`` or 1.
-    """
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        sample = {}
-        for info in model_inputs(model):
-            tt = info.type.tensor_type
-            shape = (input_shapes or {}).get(info.name) or tuple(
-                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim
-            )
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-            if np.issubdtype(dtype, np.floating):
-                sample[info.name] = rng.standard_normal(shape).astype(dtype)
-            elif dtype == np.bool_:
-                sample[info.name] = np.ones(shape, dtype)
-            else:
-                sample[info.name] = np.ones(shape, dtype)
-        out.append(sample)
-    return out
 
 
 def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -150,21 +55,20 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
 
 
 class IntermediateRunner:
-    """Runs a model on onnxruntime with every main-graph float tensor exposed."""
+    """Runs a model on onnxruntime with every main-graph float tensor exposed, through ``runner``
+    (:mod:`amp_compiler.runner`: a child process with a budget, or this process for trusted models)."""
 
-    def __init__(self, model: onnx.ModelProto):
-        ort = runtime.onnxruntime("run the model")
+    def __init__(self, model: onnx.ModelProto, runner: Runner):
         exposed, self.names = exposed_model(model)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(exposed.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        self.feeds = {i.name for i in self.session.get_inputs()}
+        self.session = runner.load(exposed)
         self.runs = 0
 
     def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
-        values = self.session.run(None, {k: v for k, v in sample.items() if k in self.feeds})
-        return dict(zip(self.names, values, strict=True))
+        return dict(zip(self.names, self.session.run(sample), strict=True))
+
+    def close(self) -> None:
+        self.session.close()
 
 
 @dataclasses.dataclass
@@ -218,15 +122,27 @@ def _progress(items: list, label: str) -> Iterator:
         sys.stderr.write("\n")
 
 
-def collect_ranges(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]]) -> dict[str, TensorRange]:
-    """Observed range of every main-graph float tensor of the FP32 model over the samples."""
-    runner = IntermediateRunner(model)
+def collect_ranges(
+    model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], *, runner: Runner | None = None
+) -> dict[str, TensorRange]:
+    """Observed range of every main-graph float tensor of the FP32 model over the samples.
+    ``runner``: where the model runs (default: a child process with the default budget)."""
+    runner, owned = default_runner(runner)
+    try:
+        return _collect(IntermediateRunner(model, runner), samples)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _collect(intermediates: IntermediateRunner, samples: Iterable[dict[str, np.ndarray]]) -> dict[str, TensorRange]:
     accs: dict[str, _Acc] = {}
     for sample in _progress(list(samples), "calibrating"):
-        for name, value in runner.run(sample).items():
+        for name, value in intermediates.run(sample).items():
             if np.issubdtype(np.asarray(value).dtype, np.floating):
                 accs.setdefault(name, _Acc()).add(value)
         for name, value in sample.items():
             if np.issubdtype(value.dtype, np.floating):
                 accs.setdefault(name, _Acc()).add(value)
+    intermediates.close()
     return {name: acc.range() for name, acc in accs.items()}

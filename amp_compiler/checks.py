@@ -1,6 +1,8 @@
 """Checks a converted model must pass: validity, and accuracy against the FP32 model.
 
-Used by the tests after every conversion, and by benchmarks.
+Used by the tests after every conversion, and by benchmarks. :func:`run_onnxruntime` runs in this
+process by default (the test suite's and benchmarks' own models); pass it a
+:class:`~amp_compiler.runner.ChildRunner` for a model you do not trust.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import numpy as np
 import onnx
 import onnx.shape_inference
 
-from amp_compiler import runtime
 from amp_compiler.onnx.foreign_ops import check_against_onnxruntime, for_onnx_checker, foreign_ops
+from amp_compiler.runner import InProcessRunner, Runner
 
 
 def validate(model: onnx.ModelProto, *, converted_from: onnx.ModelProto | None = None) -> None:
@@ -43,14 +45,16 @@ def _validate(model: onnx.ModelProto) -> None:
     onnx.shape_inference.infer_shapes(checked, check_type=True, strict_mode=True, data_prop=True)
 
 
-def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Outputs of ``model`` on onnxruntime's CPU provider, in graph-output order."""
-    ort = runtime.onnxruntime("run the model")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    return session.run(None, {k: v for k, v in feeds.items() if k in names})
+def run_onnxruntime(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, runner: Runner | None = None
+) -> list[np.ndarray]:
+    """Outputs of ``model`` on onnxruntime's CPU provider, in graph-output order. ``runner``: where
+    it runs (default: in this process, without limits: for trusted models only)."""
+    session = (runner or InProcessRunner()).load(model)
+    try:
+        return session.run(feeds)
+    finally:
+        session.close()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 
 import onnx
 
-from amp_compiler.costs import check_input_shapes, placement_elements
+from amp_compiler.costs import bind_input_shapes, placement_elements
 from amp_compiler.decisions import NodeDecision, node_decisions, untyped_message, untyped_nodes
 from amp_compiler.errors import UntypedTensorsError
 from amp_compiler.gc_pause import gc_paused
@@ -24,6 +24,7 @@ from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.onnx.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.output import output_proto as _output_proto
 from amp_compiler.onnx.precision_graph import build_precision_graph
+from amp_compiler.onnx.sparse import densify
 from amp_compiler.onnx.typing import checked_typed_ir as _checked_typed_ir
 from amp_compiler.options import ConvertOptions, check_block_ops, resolve_options
 from amp_compiler.passes import (
@@ -70,8 +71,7 @@ def convert(
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     proto, locations, checked, origin = _read(model)
-    if opts.input_shapes:
-        check_input_shapes(proto, dict(opts.input_shapes))
+    shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
         defer_ir_tensors(ir_model, locations)
@@ -89,8 +89,7 @@ def convert(
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
-        elements=placement_elements(proto, unshaped, dict(opts.input_shapes))
-        if mincut and (opts.input_shapes or unshaped) else None,
+        elements=placement_elements(proto, unshaped, shapes) if mincut and (shapes or unshaped) else None,
     )
     plan = plan_precisions(graph, settings)
 
@@ -116,6 +115,7 @@ def convert(
         None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
+        input_shapes=shapes,
     )
 
 
@@ -124,12 +124,13 @@ def _read(
 ) -> tuple[onnx.ModelProto, dict, bool, str]:
     """(the ModelProto, where its deferred weights are, whether it was checked, its origin for
     messages): a path is read with its large weights left on disk, unchecked (the conversion checks
-    it while it builds the IR)."""
+    it while it builds the IR); sparse tensors are made dense (onnx_ir cannot read them)."""
     deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
     if isinstance(deferred, DeferredModel):
-        return deferred.model, deferred.locations, deferred.checked, str(deferred.files[0])
+        origin = str(deferred.files[0])
+        return densify(deferred.model, origin), deferred.locations, deferred.checked, origin
     if not isinstance(deferred, onnx.ModelProto):
         raise TypeError(f"expected an onnx.ModelProto or a path, got {type(deferred).__name__}")
-    return deferred, {}, False, "model"
+    return densify(deferred), {}, False, "model"
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 import onnx
 import onnx.shape_inference
 
-from amp_compiler import schemas
+from amp_compiler import dims, schemas
 from amp_compiler.errors import OptionError
 from amp_compiler.fused_costs import attr, fused_flops, fused_gemm_dims
 from amp_compiler.onnx.foreign_ops import foreign_ops
@@ -67,7 +67,8 @@ def iter_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
 
 
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """``name:1x3x224x224`` -> ("name", (1, 3, 224, 224))."""
+    """``name:1x3x224x224`` -> ("name", (1, 3, 224, 224)); the text only (the model checks it:
+    :func:`bind_input_shapes`)."""
     name, sep, dims = text.rpartition(":")
     try:
         if not sep or not name:
@@ -82,24 +83,58 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def check_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Raise :class:`OptionError` unless every name is a graph input whose rank (where the model
-    gives one) the shape has."""
+def bind_input_shapes(
+    model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """The one check of user-given graph input shapes, and what they fix: the given shapes, plus every
+    other graph input whose dims are all fixed by the model or named by a ``dim_param`` the given
+    shapes bind (``input_ids:2x16`` fixes ``attention_mask [batch, sequence]`` too).
+
+    Raises :class:`OptionError` (``option="input_shapes"``) for a name that is not a graph input, a
+    rank or a fixed dim the model contradicts, a dim below 1, or a named dim given two values."""
     inputs = {i.name: i for i in model.graph.input}
     unknown = sorted(set(input_shapes) - set(inputs))
     if unknown:
         raise OptionError(
             f"{', '.join(unknown)} is not a graph input (inputs: {', '.join(sorted(inputs))})", option="input_shapes"
         )
+    bound: dict[str, tuple[int, str]] = {}  # dim_param -> (its value, the input that gave it)
     for name, shape in input_shapes.items():
-        dims = inputs[name].type.tensor_type.shape.dim
-        if len(dims) and len(dims) != len(shape):
+        tt = inputs[name].type.tensor_type
+        dims = tt.shape.dim if tt.HasField("shape") else None
+        if dims is not None and len(dims) != len(shape):
             raise OptionError(f"{name}: rank {len(shape)}, the model says {len(dims)}", option="input_shapes")
+        for k, value in enumerate(shape):
+            if value < 1:
+                raise OptionError(f"{name}: dim {k} is {value}; dims must be at least 1", option="input_shapes")
+            d = dims[k] if dims is not None else None
+            if d is not None and d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != value:
+                raise OptionError(
+                    f"{name}: dim {k} is {value}, but the model fixes it at {d.dim_value}", option="input_shapes"
+                )
+            if d is not None and d.HasField("dim_param"):
+                first = bound.setdefault(d.dim_param, (value, name))
+                if first[0] != value:
+                    raise OptionError(
+                        f"the dim {d.dim_param!r} is {first[0]} in {first[1]} but {value} in {name}",
+                        option="input_shapes",
+                    )
+    out = {name: tuple(shape) for name, shape in input_shapes.items()}
+    for name, info in inputs.items():
+        tt = info.type.tensor_type
+        if name in out or not tt.HasField("shape") or not tt.shape.dim:
+            continue
+        dims = tt.shape.dim
+        if any(d.HasField("dim_param") for d in dims) and all(
+            (d.HasField("dim_value") and d.dim_value > 0) or (d.HasField("dim_param") and d.dim_param in bound)
+            for d in dims
+        ):
+            out[name] = tuple(d.dim_value if d.HasField("dim_value") else bound[d.dim_param][0] for d in dims)
+    return out
 
 
 def with_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """A copy of the model whose graph inputs have the given shapes (checked: :func:`check_input_shapes`)."""
-    check_input_shapes(model, input_shapes)
+    """A copy of the model whose graph inputs have the given shapes (bound: :func:`bind_input_shapes`)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for inp in out.graph.input:
@@ -113,23 +148,24 @@ def with_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[i
 
 def element_counts(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
     """Per tensor name, its number of elements once the graph inputs have ``input_shapes`` (shape
-    inference on a copy); tensors whose shape is still not fully known are left out. Raises
-    :class:`OptionError` for a name that is not a graph input or a rank that does not match."""
+    inference on a copy; ``input_shapes`` bound by :func:`bind_input_shapes`); tensors whose shape is
+    still not fully known are left out."""
     try:
         inferred = onnx.shape_inference.infer_shapes(
             with_input_shapes(model, input_shapes), strict_mode=False, data_prop=True
         )
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
         return {}
+    bound = dims.bindings(model, input_shapes)
     counts: dict[str, int] = {}
     for graph in iter_proto_graphs(inferred.graph):
         for vi in (*graph.input, *graph.output, *graph.value_info):
             tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
             if tt is None or not tt.HasField("shape"):
                 continue
-            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim]
-            if all(d > 0 for d in dims):
-                counts[vi.name] = math.prod(dims)
+            values = [dims.dim_value(d, bound) for d in tt.shape.dim]
+            if all(v is not None for v in values):
+                counts[vi.name] = math.prod(values)  # type: ignore[arg-type]
     return counts
 
 
@@ -151,8 +187,11 @@ def placement_elements(
     return counts
 
 
-def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
-    """Per tensor name: shape (unknown dims as 1) and element type; and the unknown dims seen."""
+def _shapes(
+    model: onnx.ModelProto, bound: Mapping[str, int]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int], list[str]]:
+    """Per tensor name: shape (named dims from ``bound``, unknown dims as 1) and element type; and
+    the unknown dims seen."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:
@@ -168,14 +207,13 @@ def _shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[st
             tt = vi.type.tensor_type
             types[vi.name] = tt.elem_type
             if tt.HasField("shape"):
-                dims = []
+                shape: list[int] = []
                 for d in tt.shape.dim:
-                    if d.HasField("dim_value") and d.dim_value > 0:  # some exporters write -1
-                        dims.append(d.dim_value)
-                    else:
-                        dims.append(1)
+                    value = dims.dim_value(d, bound)  # some exporters write -1: unknown
+                    if value is None:
                         assumed.add(d.dim_param or "?")
-                shapes[vi.name] = tuple(dims)
+                    shape.append(value or 1)
+                shapes[vi.name] = tuple(shape)
         for init in graph.initializer:
             shapes[init.name] = tuple(init.dims)
             types[init.name] = init.data_type
@@ -282,11 +320,11 @@ def _tensor_core(node: onnx.NodeProto, shape, types, policy: PolicyTable) -> tup
 def estimate(
     model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, policy: PolicyTable | None = None
 ) -> CostModel:
-    """Costs of every node of ``model`` (see the module docstring); ``policy`` says which ops are
-    Tensor Core ops (default: the shipped table)."""
+    """Costs of every node of ``model`` (see the module docstring) with ``input_shapes`` (bound by
+    :func:`bind_input_shapes`); ``policy`` says which ops are Tensor Core ops (default: the shipped table)."""
     policy = policy or default_table()
     fixed = with_input_shapes(model, input_shapes) if input_shapes else model
-    shapes, types, assumed = _shapes(fixed)
+    shapes, types, assumed = _shapes(fixed, dims.bindings(model, input_shapes or {}))
     sizes = {t: onnx.helper.tensor_dtype_to_np_dtype(t).itemsize for t in set(types.values()) if t}
 
     def shape(name: str):

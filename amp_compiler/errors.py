@@ -31,3 +31,32 @@ class UntypedTensorsError(AmpUserError):
     and the ``strict`` option makes that an error. ``option`` names that keyword (as an OptionError's)."""
 
     option = "strict"
+class ModelRunError(AmpUserError):
+    """onnxruntime refused to load or run the model (its own message follows)."""
+
+
+class ModelUnsupportedError(ModelRunError):
+    """onnxruntime has no kernel, on the provider it ran with, for an op of the model."""
+
+
+class RunBudgetError(ModelRunError):
+    """Running the model went over its time or memory budget. ``option`` is the API keyword of the
+    budget it went over (``run_seconds``, ``run_memory``); the CLI names the matching flag."""
+
+    def __init__(self, message: str, *, option: str):
+        super().__init__(message)
+        self.option = option
+
+
+class ModelCrashError(ModelRunError):
+    """onnxruntime crashed (killed by a signal) loading or running the model, in the child process
+    that ran it. ``how``: the signal's name (``SIGSEGV``), or the exit status."""
+
+    def __init__(self, message: str, *, how: str):
+        super().__init__(message)
+        self.how = how
+
+
+class OutputCheckError(Exception):
+    """The converted model does not load in onnxruntime while the input does: a fault of the
+    conversion (or of onnxruntime), not of the user's input. The CLI prints one line and exits 1."""

@@ -1,7 +1,9 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> kernel coverage -> constant ranges -> calibration ranges -> paint -> min-cut placement
-                (ONNX frontends)                      (with ranges)                 (placement="mincut")
+    classify -> kernel coverage -> runtime hazards -> constant ranges -> calibration ranges -> paint
+                (ONNX frontends)   (ONNX frontends)                     (with ranges)
+             -> min-cut placement
+                (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -28,6 +30,7 @@ from amp_compiler.passes import (
     KernelCoveragePass,
     MinCutPlacementPass,
     PaintPass,
+    RuntimeHazardPass,
 )
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.report.model import TensorRange
@@ -52,7 +55,8 @@ class AnalysisSettings:
     ops kept FP32 by the ``--tolerance`` refinement, with why. ``ranges``: calibration ranges by
     tensor name. ``elements``: element counts by tensor name for the cast costs, where the model's
     dims are dynamic. ``kernel_coverage``: whether ops without a low-precision kernel on the
-    provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
+    provider stay FP32 (ONNX models: the lookup reads ONNX schemas). ``runtime_hazards``: whether
+    op patterns onnxruntime crashes on once a Cast sits inside them stay FP32 (ONNX models).
     """
 
     target: Target
@@ -64,6 +68,7 @@ class AnalysisSettings:
     placement: str = "mincut"
     elements: Mapping[str, int] | None = None
     kernel_coverage: bool = True
+    runtime_hazards: bool = True
 
 
 def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
@@ -74,6 +79,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     ]
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
+    if settings.runtime_hazards:
+        passes.append(RuntimeHazardPass())
     passes.append(ConstantRangePass(settings.target))
     if settings.ranges:
         passes.append(CalibrationRangePass(settings.ranges, settings.target))

@@ -41,6 +41,7 @@ class Rule(enum.Enum):
     CALIBRATION_UNDERFLOW = "calibration.underflow"
     TOLERANCE_PINNED = "tolerance.pinned"
     PROVIDER_NO_KERNEL = "provider.no-kernel"
+    RUNTIME_TRANSPOSE_MATMUL = "runtime.ort-transpose-matmul"  # a pattern onnxruntime crashes on with a Cast inside
     PAINT_DENY = "paint.deny-forward"
     PAINT_BETWEEN_LOW = "paint.between-low"
     PAINT_PASS = "paint.pass-spread"

@@ -27,6 +27,7 @@ from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import NodeError, TensorRange
 from amp_compiler.result import ConversionResult
+from amp_compiler.runner import Runner, default_runner
 from amp_compiler.targets import Target
 
 # Decisions that pinning cannot change.
@@ -72,20 +73,34 @@ class Refinement:
 
 def measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-    target: Target, fp32_runner: IntermediateRunner | None = None,
+    target: Target, fp32_runner: IntermediateRunner | None = None, *, runner: Runner | None = None,
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
     """Per main-graph node of ``fp32``: the error of its output in ``converted``; per float output:
-    its relative L2 error. Also returns the number of converted-model runs."""
-    fp32_runner = fp32_runner or IntermediateRunner(fp32)
+    its relative L2 error. Also returns the number of converted-model runs. ``runner``: where the
+    models run (default: a child process with the default budget)."""
+    runner, owned = default_runner(runner)
+    try:
+        return _measure(fp32, converted, samples, fp32_runner or IntermediateRunner(fp32, runner), runner)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _measure(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    fp32_runner: IntermediateRunner, runner: Runner,
+) -> tuple[dict[int, NodeError], dict[str, float], int]:
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
-    runner = IntermediateRunner(runnable)
+    intermediates = IntermediateRunner(runnable, runner)
     accs: dict[str, _ErrAcc] = {}
     for sample in samples:
         ref = fp32_runner.run(sample)
-        got = runner.run(sample)
+        got = intermediates.run(sample)
         for name, value in ref.items():
             if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
                 accs.setdefault(name, _ErrAcc()).add(value, got[name])
+        del ref, got
+    intermediates.close()
     rel = {name: acc.rel_l2 for name, acc in accs.items()}
     errors: dict[int, NodeError] = {}
     for i, node in enumerate(fp32.graph.node):
@@ -95,7 +110,7 @@ def measure(
         worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
         errors[i] = NodeError(rel_l2=rel[out], max_abs=accs[out].max_abs, added=rel[out] - worst_in)
     outputs = {o.name: rel[o.name] for o in fp32.graph.output if o.name in rel}
-    return errors, outputs, runner.runs
+    return errors, outputs, intermediates.runs
 
 
 def refine(
@@ -106,12 +121,25 @@ def refine(
     *,
     ranges: dict[str, TensorRange] | None = None,
     policy: PolicyTable | None = None,
+    runner: Runner | None = None,
 ) -> Refinement:
-    """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc)."""
+    """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc).
+    ``runner``: where the models run (default: a child process with the default budget)."""
     if not samples:
         raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
-    opts = options or ConvertOptions()
-    fp32_runner = IntermediateRunner(fp32)
+    runner, owned = default_runner(runner)
+    try:
+        return _refine(fp32, samples, tolerance, options or ConvertOptions(), ranges, policy, runner)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _refine(
+    fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tolerance: float, opts: ConvertOptions,
+    ranges: dict[str, TensorRange] | None, policy: PolicyTable | None, runner: Runner,
+) -> Refinement:
+    fp32_runner = IntermediateRunner(fp32, runner)
     pinned: list[tuple[int, str]] = []
     history: list[tuple[int, float]] = []
     runs = rounds = 0
@@ -123,7 +151,7 @@ def refine(
         attempt_opts = dataclasses.replace(opts, pinned_nodes=tuple(pins))
         result = convert(fp32, attempt_opts, policy=policy, ranges=ranges)
         rounds += 1
-        errors, outputs, n = measure(fp32, result.model, samples, opts.target, fp32_runner)
+        errors, outputs, n = _measure(fp32, result.model, samples, fp32_runner, runner)
         runs += n
         worst = max(outputs.values(), default=0.0)
         history.append((len(pins), worst))

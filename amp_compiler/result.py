@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.decisions import NodeDecision
-from amp_compiler.onnx.save import OutputPath, check_output_path
+from amp_compiler.onnx.save import OutputPath, Verify, check_output_path
 from amp_compiler.options import ConvertOptions
 
 
@@ -27,7 +27,7 @@ class DeferredOutput(Protocol):
         """The ModelProto with every weight read into it."""
         ...
 
-    def write(self, output: OutputPath) -> Path | None:
+    def write(self, output: OutputPath, verify: Verify | None = None) -> Path | None:
         """Write to ``output``, the large weights in ``<output>.data``; returns that file, or None."""
         ...
 
@@ -51,6 +51,9 @@ class ConversionResult:
     casts_removed: int = 0  # Casts of the input model that the conversion made unnecessary
     # Nodes left as they are because an element type of theirs is unknown ("name (op)"): a warning.
     untyped_nodes: tuple[str, ...] = ()
+    # The graph input shapes the options' input_shapes fix, checked against the model, named dims
+    # shared by other inputs filled in (amp_compiler.costs.bind_input_shapes); empty without them.
+    input_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -59,10 +62,13 @@ class ConversionResult:
         return counts
 
     def save(
-        self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False
+        self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False,
+        verify: Verify | None = None,
     ) -> Path | None:
         """Write the converted model to ``path``, refusing to overwrite ``input_files`` (the input
-        model, then its external data; ``force`` allows the model file itself).
+        model, then its external data; ``force`` allows the model file itself). ``verify`` is called
+        with the complete temporary model file before it is renamed into place, and may raise to
+        refuse it (e.g. :func:`amp_compiler.load_check.check_output_loads`).
 
         A model converted from one with external data is written the same way: its initializers of
         1 KiB or more go to ``<path>.data`` beside it, one tensor at a time (weights never all in
@@ -70,8 +76,8 @@ class ConversionResult:
         """
         output = check_output_path(path, input_files, force=force)
         if self.output is not None:
-            return self.output.write(output)
-        output.write_model(self.model)
+            return self.output.write(output, verify)
+        output.write_model(self.model, verify)
         return None
 
 

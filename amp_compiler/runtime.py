@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 from types import ModuleType
 
 from amp_compiler.errors import RuntimeMissingError
@@ -45,6 +46,18 @@ def onnxruntime(needed_for: str) -> ModuleType:
             raise RuntimeMissingError(f"{distributions[0]} is installed but does not load ({exc}); needed to "
                                       f"{needed_for}") from None
         raise RuntimeMissingError(f"onnxruntime is not installed (needed to {needed_for}): {INSTALL_HINT}") from None
+
+
+def is_installed() -> bool:
+    """Whether an ``onnxruntime`` package can be found (without importing it: cheap)."""
+    return importlib.util.find_spec(PACKAGE) is not None
+
+
+def require(needed_for: str) -> None:
+    """Raise :class:`RuntimeMissingError` when no ``onnxruntime`` package can be found, without
+    importing it (for work that imports it in a child process)."""
+    if not is_installed():
+        raise RuntimeMissingError(f"onnxruntime is not installed (needed to {needed_for}): {INSTALL_HINT}")
 
 
 def _import() -> ModuleType:

@@ -786,3 +786,34 @@ _register(
     "value_float of 1e5 (beyond FP16) feeding a Div: Constants are converted offline like "
     "initializers, and the out-of-range one keeps its consumer in FP32.",
 )
+
+# --------------------------------------------------------------------------------------------------
+# 20. rnn-batch-first
+# --------------------------------------------------------------------------------------------------
+
+
+def build_rnn_batch_first() -> onnx.ModelProto:
+    g = _Graph(_seed("rnn-batch-first"))
+    hid, inp, out = 16, 8, 5
+    seq_first = g.node("Transpose", ["x"], name="to_seq_first", perm=[1, 0, 2])
+    y, _ = g.node("GRU", [
+        seq_first,
+        g.weight("gru_W", [1, 3 * hid, inp], 0.3),
+        g.weight("gru_R", [1, 3 * hid, hid], 0.2),
+        g.weight("gru_B", [1, 6 * hid], 0.1),
+    ], name="gru", outputs=["gru_Y", "gru_Y_h"], hidden_size=hid)
+    y = g.node("Squeeze", [y, g.const("axis1", np.array([1], np.int64))], name="squeeze")
+    y = g.node("Transpose", [y], name="to_batch_first", perm=[1, 0, 2])
+    g.node("MatMul", [y, g.weight("proj_W", [hid, out])], name="proj", outputs=["y"])
+    return _model(g, "rnn_batch_first", [_vi("x", F32, ["batch", "time", inp])], [_vi("y", F32, ["batch", "time", out])], 17)
+
+
+_register(
+    "rnn-batch-first",
+    build_rnn_batch_first,
+    lambda rng: {"x": _normal(rng, [2, 6, 8])},
+    "A batch-first GRU as PyTorch exports it: Transpose -> GRU -> Squeeze -> Transpose(1,0,2) -> "
+    "MatMul(2-D weight). A Cast between that Transpose and the MatMul crashes onnxruntime >= 1.22 at "
+    "session creation (the CPU provider inserts one around an FP16 MatMul): both stay FP32 "
+    "(runtime.ort-transpose-matmul).",
+)

@@ -4,7 +4,8 @@ Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read
 :class:`~amp_compiler.graph.PrecisionGraph` and write a :class:`~amp_compiler.plan.PrecisionPlan`
 (they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
 puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
-low-precision kernel on the target provider stay FP32), ``ConstantRangePass`` (unrepresentable
+low-precision kernel on the target provider stay FP32), ``RuntimeHazardPass`` (op patterns
+onnxruntime crashes on with a Cast inside stay FP32), ``ConstantRangePass`` (unrepresentable
 constants), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 
@@ -19,6 +20,7 @@ from amp_compiler.passes.classify import ClassifyPass, compile_patterns
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.constants import ConstantRangePass
 from amp_compiler.passes.coverage import KernelCoveragePass
+from amp_compiler.passes.hazards import RuntimeHazardPass
 from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
@@ -36,5 +38,6 @@ __all__ = [
     "PadTensorCoresPass",
     "PaintPass",
     "RemoveCancellingCastsPass",
+    "RuntimeHazardPass",
     "compile_patterns",
 ]

@@ -126,3 +126,51 @@ reason = "mean and variance"
 cuda = "test: accumulates in FP32"
 """
 )
+
+
+# ------------------------------------------------------------------ models that are hostile to run
+
+
+def loop_forever_model() -> onnx.ModelProto:
+    """x[1] -> Loop(2**62 iterations of y + 1) -> Unsqueeze -> MatMul: valid, and never ends."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["y_in", "one"], ["y_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("y_in", F32, [1])],
+        [vi("c_out", TensorProto.BOOL, []), vi("y_out", F32, [1])],
+        [tensor("one", np.ones(1, np.float32))],
+    )
+    nodes = [
+        helper.make_node("Loop", ["M", "cond", "x"], ["y"], body=body),
+        helper.make_node("Unsqueeze", ["y", "axes"], ["y2"]),
+        helper.make_node("MatMul", ["y2", "w"], ["z"]),
+    ]
+    inits = [
+        tensor("M", np.array(2**62, np.int64)), tensor("cond", np.array(True)),
+        tensor("w", np.ones((1, 1), np.float32)), tensor("axes", np.array([0], np.int64)),
+    ]
+    return model(nodes, [vi("x", F32, [1])], [vi("z", F32, [1, 1])], inits, opset=13, ir_version=8)
+
+
+def huge_constant_model(n: int = 40_000) -> onnx.ModelProto:
+    """x[1] * ReduceSum(ConstantOfShape([n, n])): under 200 bytes, and 4*n*n bytes to run (6.4 GB)."""
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["big"], value=tensor("v", np.ones(1, np.float32))),
+        helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+        helper.make_node("Mul", ["x", "s"], ["y"]),
+    ]
+    inits = [tensor("shape", np.array([n, n], np.int64))]
+    return model(nodes, [vi("x", F32, [1])], [vi("y", F32, [1])], inits, opset=13, ir_version=8)
+
+
+def transpose_cast_matmul_model(source: int = TensorProto.INT32, target: int = F32) -> onnx.ModelProto:
+    """s [5,2,8] -> Transpose(1,0,2) -> Cast(target) -> MatMul(2-D weight): onnxruntime 1.32's CPU
+    provider crashes (SIGSEGV) creating a session of it (MatmulTransposeFusion; see
+    amp_compiler.plan.Rule.RUNTIME_TRANSPOSE_MATMUL)."""
+    nodes = [
+        helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0, 2]),
+        helper.make_node("Cast", ["t"], ["c"], to=target),
+        helper.make_node("MatMul", ["c", "w"], ["o"]),
+    ]
+    w = tensor("w", weights((8, 3)).astype(helper.tensor_dtype_to_np_dtype(target)))
+    return model(nodes, [vi("s", source, [5, 2, 8])], [vi("o", target, [2, 5, 3])], [w], opset=17, ir_version=8)

@@ -199,7 +199,8 @@ def test_calibration_data_file_and_folder(tmp_path):
         ({"nope": np.zeros((8, 64), np.float32)}, "'nope' is not an input"),
         ({"x": np.zeros((8, 65), np.float32)}, "has shape 8x65, the model expects 8x64"),
         ({"x": np.zeros((8, 64), np.float64)}, "is float64, the model expects float32"),
-        ({}, "no array for the model input 'x'"),
+        ({}, "holds no arrays"),
+        ({"other_input": np.zeros((8, 64), np.float32)}, "'other_input' is not an input"),
     ],
 )
 def test_calibration_data_that_does_not_match_the_model(tmp_path, arrays, message):

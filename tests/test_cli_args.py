@@ -1,8 +1,9 @@
 """The CLI's argument groups: the analysis path only when asked for, the output path checked once,
 option errors printed with their flags.
 
-A plain ``convert`` (``--input-shape`` included) runs no onnxruntime session and never reads the
-deferred weights into memory; ``--report`` and ``--calibration-data`` choose the analysis path.
+A plain ``convert`` (``--input-shape`` included) runs no model (onnxruntime only loads the output,
+the load check) and never reads the deferred weights into memory; ``--report`` and
+``--calibration-data`` choose the analysis path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
@@ -22,6 +22,7 @@ from onnx_builders import F32, model, tensor, vi, weights
 import amp_compiler.cli.args.model_file as model_file
 import amp_compiler.cli.convert as convert_command
 import amp_compiler.onnx.save as onnx_save
+from amp_compiler import runner as runner_module
 from amp_compiler.cli import main
 from amp_compiler.cli.app import build_parser, error_text
 from amp_compiler.cli.convert import ConvertCommand
@@ -56,13 +57,19 @@ def _run(argv) -> tuple[int, str]:
 
 @pytest.fixture
 def watched(monkeypatch):
-    """Records onnxruntime sessions, whole-model weight loads and the options convert() is given."""
-    seen: dict[str, list] = {"sessions": [], "loads": [], "options": []}
-    real_session, real_load, real_convert = onnxruntime.InferenceSession, DeferredModel.load, convert_command.convert
+    """Records the models onnxruntime loads (a model file's path, or a ModelProto) and runs,
+    whole-model weight loads and the options convert() is given."""
+    seen: dict[str, list] = {"sessions": [], "runs": [], "loads": [], "options": []}
+    real_session, real_run = runner_module.ChildRunner.load, runner_module.Session.run
+    real_load, real_convert = DeferredModel.load, convert_command.convert
 
-    def session(*args, **kwargs):
-        seen["sessions"].append(True)
-        return real_session(*args, **kwargs)
+    def session(self, model):
+        seen["sessions"].append("file" if isinstance(model, (str, Path)) else "proto")
+        return real_session(self, model)
+
+    def run(self, feeds):
+        seen["runs"].append(True)
+        return real_run(self, feeds)
 
     def load(self):
         seen["loads"].append(True)
@@ -72,7 +79,8 @@ def watched(monkeypatch):
         seen["options"].append(options)
         return real_convert(loaded, options, **kwargs)
 
-    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    monkeypatch.setattr(runner_module.ChildRunner, "load", session)
+    monkeypatch.setattr(runner_module.Session, "run", run)
     monkeypatch.setattr(DeferredModel, "load", load)
     monkeypatch.setattr(convert_command, "convert", convert)
     return seen
@@ -83,7 +91,8 @@ def test_plain_convert_with_input_shape_runs_no_model_and_keeps_weights_on_disk(
     code, err = _run(["convert", src, "-o", out, "--input-shape", "x:64x160"])
     assert code == 0, err
     assert [o.input_shapes for o in watched["options"]] == [(("x", (64, 160)),)]  # reached the min-cut cost
-    assert watched["sessions"] == [] and watched["loads"] == []
+    assert watched["sessions"] == ["file"] and watched["runs"] == []  # the output's load check only
+    assert watched["loads"] == []
     assert (tmp_path / "out.onnx.data").exists()  # written with external data, as a deferred conversion is
 
 
@@ -98,14 +107,30 @@ def test_report_or_calibration_data_choose_the_analysis_path(tmp_path, watched, 
     code, err = _run(["convert", src, "-o", out, *extra])
     assert code == 0, err
     assert watched["options"] == []  # analyze() converted, not the plain path
-    assert watched["sessions"] and watched["loads"] == [True]
+    assert watched["runs"] and watched["loads"] == [True]
 
 
-def test_unknown_input_shape_name_is_refused_before_converting(tmp_path, watched):
+@pytest.mark.parametrize("command", ["convert", "convert --report", "report"])
+def test_input_shapes_are_checked_once_by_the_conversion(tmp_path, watched, monkeypatch, command):
+    convert_module = importlib.import_module("amp_compiler.convert")
+    calls, real_bind = [], convert_module.bind_input_shapes
+
+    def bind(model, shapes):
+        calls.append(dict(shapes))
+        return real_bind(model, shapes)
+
+    monkeypatch.setattr(convert_module, "bind_input_shapes", bind)
     src, out = _external_model(tmp_path / "in"), tmp_path / "out.onnx"
-    code, err = _run(["convert", src, "-o", out, "--input-shape", "nope:1x160"])
+    argv = {"convert": ["convert", src, "-o", out], "report": ["report", src]}[command.split()[0]]
+    if "--report" in command:
+        argv += ["--report", tmp_path / "r.json"]
+    code, err = _run([*argv, "--input-shape", "nope:1x160"])
     assert code == 2 and err.strip() == "amp-compiler: error: --input-shape: nope is not a graph input (inputs: x)"
-    assert watched["options"] == [] and not out.exists()
+    assert calls == [{"nope": (1, 160)}] and not out.exists() and watched["runs"] == []
+    calls.clear()
+    code, err = _run([*argv, "--input-shape", "x:4x160"])
+    assert code == 0, err
+    assert calls == [{"x": (4, 160)}]
 
 
 @pytest.mark.parametrize("external", [False, True], ids=["single-file", "external-data"])

@@ -23,6 +23,7 @@ from amp_compiler.emulate import emulate
 from amp_compiler.errors import ModelLoadError, OutputError
 from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.files import DEFER_MIN_BYTES, load_model, load_model_deferred
+from amp_compiler.units import format_bytes
 from benchmarks.generate import transformer_inputs, transformer_model
 
 
@@ -86,7 +87,7 @@ def test_cli_writes_external_data_that_onnxruntime_loads_and_outputs_match(saved
     # the size line counts the data files, before and after
     size_in = sum(f.stat().st_size for f in saved.parent.iterdir() if f.name.startswith(saved.name))
     size_out = out.stat().st_size + data.stat().st_size
-    assert f"size {size_in / 1e6:.2f} MB -> {size_out / 1e6:.2f} MB" in stdout
+    assert f"size {format_bytes(size_in)} -> {format_bytes(size_out)}" in stdout
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     proto = onnx.load(out, load_external_data=False)
     moved = [t for t in proto.graph.initializer if t.data_location == TensorProto.EXTERNAL]

@@ -140,7 +140,7 @@ def test_terminal_summary_line_first():
     assert first.startswith("tiny.onnx: fp16 on cuda, 2/5 nodes fp16, ")
     assert "% of FLOPs low precision" in first
     head = " ".join(text.splitlines()[:4])
-    for needle in ("2 casts (12.3 KB)", "0.82 MB -> 0.54 MB", "worst output cosine 0.999988", "8 calibration samples"):
+    for needle in ("2 casts (12.3 kB)", "820 kB -> 540 kB", "worst output cosine 0.999988", "8 calibration samples"):
         assert needle in head
 
 
@@ -336,7 +336,7 @@ class _Page(html.parser.HTMLParser):
                 self.refs.append(a[k])
         if tag == "tr" and "tbody" in self.stack:
             self.rows += 1
-        if tag not in ("meta", "input", "br", "rect", "circle", "line", "link", "img"):
+        if tag not in ("meta", "input", "br", "wbr", "rect", "circle", "line", "link", "img"):
             self.stack.append(tag)
 
     def handle_endtag(self, tag):
@@ -361,17 +361,36 @@ def test_html_self_contained_with_summary_plots_and_table():
     page = _parse(text)
     assert text.startswith("<!DOCTYPE html>") and page.stack == []
     assert "http://" not in text and "https://" not in text
-    assert page.refs == [] and "link" not in page.tags and "img" not in page.tags
+    assert all(r.startswith("#") and r[1:] in page.ids for r in page.refs)  # links within the page only
+    assert "link" not in page.tags and "img" not in page.tags
     assert {"plot-share", "plot-ops", "plot-graph", "nodes"} <= page.ids
     assert page.tags["svg"] >= 3 and page.tags["script"] == 1
     assert page.rows == len(report.nodes)
     words = " ".join(" ".join(page.text).split())
     share = f"{report.summary.low_flops_share * 100:.1f}%"
-    for needle in (share, "2 / 5", "12.3 KB", "0.82 MB", "0.54 MB", "0.999988", "3.1e-3", "fp16", "cuda",
-                   "Calibration samples", "Per-layer error along the graph", "mm_big", "calibration.overflow"):
+    for needle in (share, "2 / 5", "12.3 kB", "820 → 540 kB", "0.999988", "3.1e-3", "fp16", "cuda",
+                   "Calibration", "8 samples", "Per-layer error along the graph", "mm_big", "calibration.overflow"):
         assert needle in words, needle
     assert "relative L2 error vs FP32" in text  # y axis label
     assert "node index in graph order" in text  # x axis label
+
+
+def test_html_says_each_shared_reason_once_and_what_its_rows_are():
+    report = small_report()
+    report.nodes.append(dataclasses.replace(report.nodes[-1], name="cast_in", rule="lowering.cast", inserted=True,
+                                            reason="Cast inserted to feed x"))
+    for k, n in enumerate(report.nodes[:3]):  # three rows, one rule, one reason
+        report.nodes[k] = dataclasses.replace(n, rule="policy.low", reason="a long shared reason")
+    text = render(report, "html")
+    assert text.count("a long shared reason") == 1  # under its rule, not in every row
+    assert text.count("Cast inserted to feed x") == 1 and 'id="rule-policy.low"' in text
+    assert text.count('href="#rule-policy.low"') == 3
+    rows = len(report.nodes)
+    assert f"{rows} of {rows} rows: {rows - 1} nodes of the model + 1 inserted Cast;" in text
+    assert f"({rows} rows: {rows - 1} nodes of the model + 1 inserted Cast)" in text  # the plot's axis
+    # On a phone the rows are blocks whose numbers sit behind a checkbox, each labelled.
+    assert "@media (max-width:700px)" in text and 'id="shownums"' in text
+    assert 'data-label="FLOPs" data-num="1"' in text and 'data-label="node"' in text
 
 
 def test_html_escapes_model_strings():

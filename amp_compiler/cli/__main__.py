@@ -2,6 +2,6 @@
 
 import sys
 
-from amp_compiler.cli.app import main
+from amp_compiler.cli import main
 
 sys.exit(main())

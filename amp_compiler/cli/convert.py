@@ -1,25 +1,31 @@
 """``amp-compiler convert``: convert a model file and print a one-line summary.
 
     model file -> (output path checked) -> load, large weights left on disk -> convert
-                  (or, with --report/--calibration-data/--tolerance, analyze) -> save -> summary
+                  (or, with --report/--calibration-data/--tolerance, analyze) -> save (the output
+                  loaded in onnxruntime's child process before it is renamed into place) -> summary
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from amp_compiler import ConversionResult, convert
+from amp_compiler import ConversionResult, convert, runtime
 from amp_compiler.analyze import Analysis
 from amp_compiler.cli.args.analysis import AnalysisArgs
 from amp_compiler.cli.args.conversion import ConversionArgs
 from amp_compiler.cli.args.model_file import ModelFileArgs
 from amp_compiler.cli.args.report import ReportFileArgs
+from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
+from amp_compiler.load_check import check_output_loads
 from amp_compiler.plan import Rule
 from amp_compiler.policy import default_table
+from amp_compiler.units import format_bytes
 
 
 class ConvertCommand(Command):
@@ -34,7 +40,8 @@ class ConvertCommand(Command):
         self.conversion = ConversionArgs()
         self.analysis = AnalysisArgs(self.conversion)
         self.report = ReportFileArgs()
-        self.groups = [self.files, self.conversion, self.analysis, self.report]
+        self.running = RunArgs(load_check=True)
+        self.groups = [self.files, self.conversion, self.analysis, self.report, self.running]
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -43,19 +50,38 @@ class ConvertCommand(Command):
         files = self.files.open()  # the output path is checked before the work, not after it
         start = time.perf_counter()
         explain = self.analysis.asked or self.report.path is not None
-        # Large external-data weights stay on disk (validated), read one at a time by the conversion.
-        # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).
-        loaded = files.load_deferred(check=explain)
-        self.conversion.check_input_shapes(loaded.model)
-        analysis = self.analysis.run(loaded.load(), model_name=files.source.name) if explain else None
-        result = analysis.result if analysis else convert(loaded, self.conversion.options)
-        if analysis:
-            self.report.write(analysis.report)
-        output_files = files.save(result)
+        warnings: list[str] = []
+        load_checked = self.running.load_check and runtime.is_installed()
+        if self.running.load_check and not load_checked:
+            warnings.append(
+                f"the converted model was not checked: onnxruntime is not installed ({runtime.INSTALL_HINT})"
+            )
+        # onnxruntime's child process starts now: importing it overlaps the conversion.
+        runner = self.running.runner() if explain or load_checked else None
+        with runner or contextlib.nullcontext():
+            # Large external-data weights stay on disk (validated), read one at a time by the conversion.
+            # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).
+            loaded = files.load_deferred(check=explain)
+            analysis = (
+                self.analysis.run(loaded.load(), model_name=files.source.name, runner=runner)
+                if explain and runner else None
+            )
+            result = analysis.result if analysis else convert(loaded, self.conversion.options)
+            if analysis:
+                self.report.write(analysis.report, files.source)
+
+            def load_check(tmp: Path) -> None:
+                warning = check_output_loads(tmp, files.source, self.running.budget, runner)
+                if warning:
+                    warnings.append(warning)
+
+            output_files = files.save(result, load_check if load_checked else None)
         if not args.quiet:
             print(summary_line(result, files.files, output_files, time.perf_counter() - start))
             if analysis and analysis.refinement:
                 print(tolerance_line(analysis, self.analysis.tolerance))
+            for warning in warnings:
+                print(f"amp-compiler: warning: {warning}", file=sys.stderr)
         return 0
 
 
@@ -78,7 +104,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
         + f" | casts inserted: {result.casts_inserted}"
         + (f" (the model's own removed: {result.casts_removed})" if result.casts_removed else "")
-        + f" | size {size_in / 1e6:.2f} MB -> {size_out / 1e6:.2f} MB"
+        + f" | size {format_bytes(size_in)} -> {format_bytes(size_out)}"
         + (
             f" | WARNING: {len(result.untyped_nodes)} node(s) of unknown element type left as they are"
             " (--strict refuses them)" if result.untyped_nodes else ""

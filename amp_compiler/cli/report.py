@@ -8,6 +8,7 @@ from amp_compiler.cli.args.analysis import AnalysisArgs
 from amp_compiler.cli.args.conversion import ConversionArgs
 from amp_compiler.cli.args.model_file import ModelFileArgs
 from amp_compiler.cli.args.report import ReportViewArgs
+from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
 
 
@@ -22,11 +23,13 @@ class ReportCommand(Command):
         self.conversion = ConversionArgs()
         self.analysis = AnalysisArgs(self.conversion)
         self.view = ReportViewArgs()
-        self.groups = [self.files, self.conversion, self.analysis, self.view]
+        self.running = RunArgs(load_check=False)
+        self.groups = [self.files, self.conversion, self.analysis, self.view, self.running]
 
     def run(self, args: argparse.Namespace) -> int:
         files = self.files.open()
-        model = files.load()
-        self.conversion.check_input_shapes(model)
-        self.view.show(self.analysis.run(model, model_name=files.source.name).report)
+        with self.running.runner() as runner:  # onnxruntime's child starts while the model is read
+            model = files.load()
+            report = self.analysis.run(model, model_name=files.source.name, runner=runner).report
+        self.view.show(report, files.source)
         return 0

@@ -8,12 +8,20 @@
     compiled = torch.compile(model, backend=ampfx.backend(target="fp16"))
 """
 
-from amp_compiler.fx.backend import AmpBackend, backend
-from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform
-from amp_compiler.fx.policy import default_policy
-from amp_compiler.fx.report import FxReport
-from amp_compiler.fx.scaler import LossScaler
-from amp_compiler.fx.training import TrainStep, prepare_training
+try:
+    import torch  # noqa: F401 - the one requirement of this package, checked first for a clear message
+except ImportError:
+    raise ImportError(
+        "amp_compiler.fx needs PyTorch, which is not installed: pip install 'amp-compiler[torch]' "
+        "(or convert an ONNX model with amp_compiler.convert)"
+    ) from None
+
+from amp_compiler.fx.backend import AmpBackend, backend  # noqa: E402
+from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform  # noqa: E402
+from amp_compiler.fx.policy import default_policy  # noqa: E402
+from amp_compiler.fx.report import FxReport  # noqa: E402
+from amp_compiler.fx.scaler import LossScaler  # noqa: E402
+from amp_compiler.fx.training import TrainStep, prepare_training  # noqa: E402
 
 __all__ = [
     "AmpBackend",

@@ -43,11 +43,16 @@ def capture(
     strict: bool = False,
 ) -> fx.GraphModule:
     """The model as an ATen-level GraphModule (``torch.export``), with in-place ops made functional
-    where that is safe. Parameters are shared with ``model``; ``model`` is not modified."""
+    where that is safe, in the mode ``model`` was captured in (``training``). Parameters are shared
+    with ``model``; ``model`` is not modified."""
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     ep = torch.export.export(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     gm = ep.module()
+    # ExportedProgram.module() says "training" whatever the model's mode (and refuses train()/eval():
+    # the graph is fixed): the flags say the mode the graph was captured in.
+    for module in gm.modules():
+        module.training = model.training
     functionalize_inplace(gm)
     return gm
 
@@ -90,6 +95,8 @@ def transform(
     check_placement(placement)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    output_names: list[str] = []  # as captured, before casts feed the outputs
+    fx.node.map_arg(gm.graph.output_node().args, lambda n: output_names.append(n.name))
     bytes_before = state_bytes(gm) if parameter_bytes_before is None else parameter_bytes_before
     sources = dict(constant_sources) if constant_sources is not None else None
     fxg = build_fx_precision_graph(
@@ -100,8 +107,10 @@ def transform(
         unchecked_constants=set(unchecked_constants),
         table_lookups=(mode == "inference"),
     )
-    # The ONNX path's analysis; no kernel coverage (it looks ONNX ops up in onnxruntime's registry).
-    settings = AnalysisSettings(target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False)
+    # The ONNX path's analysis; no kernel coverage nor runtime hazards (they read ONNX ops).
+    settings = AnalysisSettings(
+        target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False, runtime_hazards=False,
+    )
     plan = plan_precisions(fxg.graph, settings)
     lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
     fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
@@ -127,6 +136,7 @@ def transform(
         parameter_bytes_before=bytes_before,
         parameter_bytes_after=state_bytes(gm),
         warnings=warnings,
+        output_names=output_names,
     )
     gm.meta[REPORT_KEY] = report
     return report

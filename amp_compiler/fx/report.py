@@ -19,6 +19,7 @@ from amp_compiler.fx.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan, Rule
 from amp_compiler.report.model import PrecisionReport
+from amp_compiler.units import format_bytes
 
 
 @dataclasses.dataclass
@@ -33,6 +34,10 @@ class FxReport:
     parameter_bytes_before: int
     parameter_bytes_after: int
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # The names of the graph's outputs as captured, before casts fed them: torch.onnx.export re-traces
+    # the module and names outputs after their ops (a Cast: "_to_copy_1"); pass these as its
+    # output_names to keep the model's.
+    output_names: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def parameter_ratio(self) -> float:
@@ -59,11 +64,10 @@ class FxReport:
     def summary(self) -> str:
         by_p = self.decisions_by_precision()
         nodes = ", ".join(f"{p} {n}" for p, n in sorted(by_p.items()))
-        mb = lambda b: f"{b / 2**20:.2f} MB"  # noqa: E731
         if self.mode == "inference":
             params = (
-                f"parameters {mb(self.parameter_bytes_before)} -> {mb(self.parameter_bytes_after)} "
-                f"({self.parameter_ratio:.0%})"
+                f"parameters {format_bytes(self.parameter_bytes_before)} -> "
+                f"{format_bytes(self.parameter_bytes_after)} ({self.parameter_ratio:.0%})"
             )
         else:
             params = "parameters stay FP32, cast at use"

@@ -15,8 +15,11 @@ MindSpore's names are accepted as equivalents: ``scale_value`` = ``init_scale``;
 sets ``growth_factor`` = f and ``backoff_factor`` = 1/f (MindSpore divides by the same factor it
 multiplies by); ``scale_window`` = ``growth_interval``.
 
-``state_dict()`` has GradScaler's keys (``scale``, ``growth_factor``, ``backoff_factor``,
-``growth_interval``, ``_growth_tracker``), so either can load the other's state.
+``state_dict()`` has exactly GradScaler's keys (``scale``, ``growth_factor``, ``backoff_factor``,
+``growth_interval``, ``_growth_tracker``), so either loads the other's state and behaves the same
+from there. A static scale is written the way GradScaler can run it: growth and backoff factors of
+1.0 (the scale never moves; non-finite steps are still skipped); loading factors of 1.0 makes a
+scaler static, any others dynamic.
 """
 
 from __future__ import annotations
@@ -169,11 +172,10 @@ class LossScaler:
             return {}
         return {
             "scale": self.get_scale(),
-            "growth_factor": self._growth_factor,
-            "backoff_factor": self._backoff_factor,
+            "growth_factor": self._growth_factor if self.dynamic else 1.0,
+            "backoff_factor": self._backoff_factor if self.dynamic else 1.0,
             "growth_interval": self._growth_interval,
             "_growth_tracker": int(self._growth_tracker.item()),
-            "dynamic": self.dynamic,
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -184,11 +186,12 @@ class LossScaler:
                 "The source state dict is empty, possibly because it was saved from a disabled instance."
             )
         self.scale_tensor.fill_(float(state_dict["scale"]))  # in place: the graph holds this tensor
-        self._growth_factor = float(state_dict["growth_factor"])
-        self._backoff_factor = float(state_dict["backoff_factor"])
+        growth, backoff = float(state_dict["growth_factor"]), float(state_dict["backoff_factor"])
+        self.dynamic = not (growth == 1.0 and backoff == 1.0)
+        if self.dynamic:  # a static state keeps this scaler's own factors, for set_* calls later
+            self._growth_factor, self._backoff_factor = growth, backoff
         self._growth_interval = int(state_dict["growth_interval"])
         self._growth_tracker.fill_(int(state_dict["_growth_tracker"]))
-        self.dynamic = bool(state_dict.get("dynamic", self.dynamic))
 
     def __repr__(self) -> str:
         kind = "disabled" if not self._enabled else ("dynamic" if self.dynamic else "static")

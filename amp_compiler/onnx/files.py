@@ -81,6 +81,10 @@ def _parse_model_file(p: Path) -> tuple[onnx.ModelProto, bool]:
     names its "location": a file without the word has none, and its external-data walk is skipped
     (a tensor marked external without a location is then refused by the model checks)."""
     data = _read_model_bytes(p)
+    if _looks_like_pytorch(data):
+        raise ModelLoadError(
+            f"{p}: not ONNX: looks like a PyTorch checkpoint; export it with torch.onnx.export or use amp_compiler.fx"
+        )
     may_refer_to_files = b"location" in data
     model = onnx.ModelProto()
     try:
@@ -101,6 +105,15 @@ def _parse_model_file(p: Path) -> tuple[onnx.ModelProto, bool]:
     if not model.opset_import:
         raise ModelLoadError(f"{p}: the model imports no opset")
     return model, may_refer_to_files
+
+
+def _looks_like_pytorch(data: bytes) -> bool:
+    """``torch.save``'s formats: a zip archive holding ``data.pkl`` (since PyTorch 1.6), or a bare
+    pickle (protocol 2 to 5; older checkpoints). Neither can be an ONNX model: a ModelProto starts
+    with a field tag, never ``PK\\x03\\x04`` nor ``\\x80`` followed by a protocol number."""
+    if data.startswith(b"PK\x03\x04"):
+        return b"data.pkl" in data[:1 << 20] or b"/data/" in data[:1 << 20]
+    return len(data) > 2 and data[0] == 0x80 and 2 <= data[1] <= 5
 
 
 def _read_model_bytes(p: Path) -> bytes:

@@ -65,10 +65,14 @@ class InferredTypes:
     functions_changed: bool
     table: list[bytes]
     graphs: list[GraphTypes]
+    # value_info entries that contradict inference: an element type (the model is invalid: one
+    # sentence each), or a shape (dropped before inference, as onnxruntime's lenient merge does).
+    type_conflicts: list[str] = dataclasses.field(default_factory=list)
+    dropped_shapes: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, typed: onnx.ModelProto, original: onnx.ModelProto) -> InferredTypes:
-        """Summarize ``typed`` (``original`` after shape inference)."""
+        """Summarize ``typed`` (``original`` after shape inference; no conflicts)."""
         before, after = original.functions, typed.functions
         changed = len(after) != len(before) or any(
             a.SerializeToString() != b.SerializeToString() for a, b in zip(after, before, strict=True)
@@ -97,13 +101,16 @@ class InferredTypes:
             "functions_changed": self.functions_changed,
             "table": [base64.b64encode(b).decode() for b in self.table],
             "graphs": [dataclasses.asdict(g) for g in self.graphs],
+            "type_conflicts": self.type_conflicts,
+            "dropped_shapes": self.dropped_shapes,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> InferredTypes:
         return cls(
             data["functions_changed"], [base64.b64decode(b) for b in data["table"]],
-            [GraphTypes(**g) for g in data["graphs"]],
+            [GraphTypes(**g) for g in data["graphs"]], list(data.get("type_conflicts", [])),
+            list(data.get("dropped_shapes", [])),
         )
 
 
@@ -153,17 +160,99 @@ def check(model: onnx.ModelProto) -> CheckerError | None:
 
 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """``model`` with every intermediate tensor's type inferred, or None when inference fails."""
+    """``model`` with every intermediate tensor's type inferred, or None when inference fails.
+    value_info entries whose shape contradicts inference are replaced by inference's answer."""
+    return infer_checked(model)[0]
+
+
+def _infer(model: onnx.ModelProto, *, strict: bool) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict, data_prop=True)
+
+
+def infer_checked(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, list[str], list[str]]:
+    """(the inferred model or None, type conflicts, names whose declared shape was dropped).
+
+    Strict inference first: it gives the same types as lenient inference when the model's
+    value_info agrees with its ops (every model of the catalog), and refuses when it does not. Only
+    then (a second and third run, for such models alone) are the declared entries compared with
+    inference on a copy without them: an element type that contradicts it makes the model invalid
+    (onnxruntime refuses it too); a shape that contradicts it is dropped (onnxruntime merges
+    leniently, preferring inference), and lenient inference runs on the model without it."""
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        return _infer(model, strict=True), [], []
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        if "existing" not in str(exc):  # not about declared types: lenient inference decides
+            return _lenient(model), [], []
+    conflicts, stale = _value_info_conflicts(model)
+    if conflicts or not stale:
+        return _lenient(model), conflicts, []
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for g in iter_proto_graphs(fixed.graph):
+        kept = [v for v in g.value_info if v.name not in stale]
+        del g.value_info[:]
+        g.value_info.extend(kept)
+    return _lenient(fixed), [], sorted(stale)
+
+
+def _lenient(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    try:
+        return _infer(model, strict=False)
     except (onnx.shape_inference.InferenceError, ValueError):
         return None
 
 
+def _value_info_conflicts(model: onnx.ModelProto) -> tuple[list[str], set[str]]:
+    """Declared value_info against inference on a copy without it: (a sentence per element type it
+    contradicts, the names whose shape it contradicts)."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    producers: dict[str, str] = {}
+    for g in iter_proto_graphs(bare.graph):
+        del g.value_info[:]
+        producers.update((out, node.op_type) for node in g.node for out in node.output)
+    inferred_model = _lenient(bare)
+    if inferred_model is None:
+        return [], set()
+    inferred = {v.name: v.type for g in iter_proto_graphs(inferred_model.graph) for v in g.value_info}
+    conflicts: list[str] = []
+    stale: set[str] = set()
+    for g in iter_proto_graphs(model.graph):
+        for v in g.value_info:
+            found = inferred.get(v.name)
+            if found is None or not (v.type.HasField("tensor_type") and found.HasField("tensor_type")):
+                continue
+            declared, actual = v.type.tensor_type, found.tensor_type
+            if declared.elem_type and actual.elem_type and declared.elem_type != actual.elem_type:
+                name = onnx.TensorProto.DataType.Name
+                conflicts.append(
+                    f"value_info says tensor {v.name!r} is {name(declared.elem_type).lower()}, but its producer "
+                    f"{producers.get(v.name, 'node')} makes {name(actual.elem_type).lower()}"
+                )
+            elif declared.HasField("shape") and actual.HasField("shape") and not _shapes_agree(declared, actual):
+                stale.add(v.name)
+    return conflicts, stale
+
+
+def _shapes_agree(declared: onnx.TypeProto.Tensor, inferred: onnx.TypeProto.Tensor) -> bool:
+    a, b = declared.shape.dim, inferred.shape.dim
+    if len(a) != len(b):
+        return False
+    return all(
+        not (x.HasField("dim_value") and y.HasField("dim_value")) or x.dim_value == y.dim_value
+        for x, y in zip(a, b, strict=True)
+    )
+
+
 def inferred_types(model: onnx.ModelProto) -> InferredTypes | None:
-    """:func:`infer`, summarized (:class:`InferredTypes`); None when inference fails."""
-    typed = infer(model)
-    return None if typed is None else InferredTypes.of(typed, model)
+    """:func:`infer_checked`, summarized (:class:`InferredTypes`); None when inference fails and
+    found no conflict."""
+    typed, conflicts, dropped = infer_checked(model)
+    if typed is None:
+        return InferredTypes(False, [], [], conflicts, dropped) if conflicts else None
+    types = InferredTypes.of(typed, model)
+    types.type_conflicts, types.dropped_shapes = conflicts, dropped
+    return types
 
 
 class NativeChecks:

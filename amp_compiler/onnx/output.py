@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.ir_walk import iter_graphs
-from amp_compiler.onnx.save import OutputPath
+from amp_compiler.onnx.save import OutputPath, Verify
 from amp_compiler.onnx.walk import iter_proto_graphs
 from amp_compiler.passes import ConvertedConstant
 
@@ -88,7 +88,8 @@ class DeferredOutput:
             for value, tensor in swapped:
                 value.const_value = tensor
 
-    def write(self, output: OutputPath) -> Path | None:
-        """Write the conversion to ``output``, its large weights in ``<output>.data`` (one at a time).
-        Returns that data file, or None when no weight needed one."""
-        return output.write_ir_model(self.ir_model, self.to_proto)
+    def write(self, output: OutputPath, verify: Verify | None = None) -> Path | None:
+        """Write the conversion to ``output``, its large weights in ``<output>.data`` (one at a time;
+        ``verify`` as :meth:`OutputPath.write_ir_model` has it). Returns that data file, or None
+        when no weight needed one."""
+        return output.write_ir_model(self.ir_model, self.to_proto, verify=verify)

@@ -1,15 +1,18 @@
-"""Writing a converted model atomically, to an output path checked once, never over the input's files.
+"""Writing a converted model (or a report) atomically, to an output path checked once, never over the input's files.
 
 :func:`check_output_path` checks where the output goes (a writable folder, not a directory, not the
 input model or its external data) and returns an :class:`OutputPath`; its writes go to a temporary
 file in the destination folder, renamed into place only once complete, so a failed conversion never
-leaves a partial output (an existing file at the output path stays as it was).
+leaves a partial output (an existing file at the output path stays as it was). A ``verify``
+callback sees the complete temporary model before it is renamed (the load check), and may refuse
+it. New files get the permissions the umask gives (as ``open`` would); a replaced file keeps its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
@@ -24,6 +27,9 @@ from amp_compiler.errors import OutputError
 from amp_compiler.onnx.text import first_line, quote
 
 _PAGE = 4096  # offsets of tensors in a data file we write: page-aligned, so runtimes can map them
+
+#: Called with the complete temporary model file before it is renamed into place; raising refuses it.
+Verify = Callable[[Path], None]
 
 
 class InputOverwriteError(OutputError):
@@ -55,14 +61,19 @@ class OutputPath:
                 raise OutputError(f"{self.path}: the output would overwrite the input model's external data; refused")
         return dataclasses.replace(self, input_files=self.input_files + tuple(added))
 
-    def write_model(self, model: onnx.ModelProto) -> None:
-        """Serialize ``model`` into the output file: a temporary file renamed over it once complete,
-        so a failure at any point leaves the output as it was and no temporary file behind."""
-        out, folder = self.path, self.folder
+    def write_model(self, model: onnx.ModelProto, verify: Verify | None = None) -> None:
+        """Serialize ``model`` into the output file (:meth:`write_bytes`; ``verify`` as there)."""
         try:
             data = model.SerializeToString()
         except (ValueError, EncodeError) as exc:  # protobuf refuses messages of 2 GiB or more (upb: EncodeError)
-            raise OutputError(f"{out}: cannot write the converted model: {first_line(exc)}") from None
+            raise OutputError(f"{self.path}: cannot write the converted model: {first_line(exc)}") from None
+        self.write_bytes(data, verify)
+
+    def write_bytes(self, data: bytes, verify: Verify | None = None) -> None:
+        """Write ``data`` to the output file: a temporary file, seen complete by ``verify`` (which may
+        raise to refuse it), then renamed over the output, so a failure at any point leaves the output
+        as it was and no temporary file behind."""
+        out, folder = self.path, self.folder
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder)
         except OSError as exc:
@@ -72,6 +83,8 @@ class OutputPath:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            if verify is not None:
+                verify(Path(tmp))
             os.chmod(tmp, _new_file_mode(out))
             os.replace(tmp, out)
         except OSError as exc:
@@ -82,17 +95,19 @@ class OutputPath:
             raise
 
     def write_ir_model(
-        self, model: ir.Model, to_proto: Callable[[ir.Model], onnx.ModelProto], *, min_bytes: int = 1024
+        self, model: ir.Model, to_proto: Callable[[ir.Model], onnx.ModelProto], *, min_bytes: int = 1024,
+        verify: Verify | None = None,
     ) -> Path | None:
         """Write an IR model with its initializers of ``min_bytes`` or more in ``<path>.data`` beside it.
 
         Tensors are written one at a time (a tensor still on disk is copied in chunks), so writing
         holds no more memory than the model already does; the ModelProto (``to_proto(model)``, called
         while the initializers are references to the data file) stays small. Both files are written
-        to temporary files and renamed into place, the data file first (an earlier one kept aside
-        until the model file is in place), so a failure leaves the output as it was and no temporary
-        file; ``model`` is left as it was. The data file may not be one of the input's files. Returns
-        the data file, or None when no tensor was large enough to need one.
+        under their final names in a temporary folder beside the output (so ``verify`` sees the model
+        with its data, as it will be), then renamed into place, the data file first (an earlier one
+        kept aside until the model file is in place), so a failure leaves the output as it was and no
+        temporary file; ``model`` is left as it was. The data file may not be one of the input's
+        files. Returns the data file, or None when no tensor was large enough to need one.
         """
         out, folder, files = self.path, self.folder, self.input_files
         data_path = folder / f"{out.name}.data"
@@ -101,10 +116,11 @@ class OutputPath:
         if data_path.exists() and not data_path.is_file():
             raise OutputError(f"{out}: its data file {data_path} exists and is not a regular file")
         moved: list[tuple[ir.Value, ir.TensorProtocol]] = []
-        tmp_data = tmp_model = backup = None
+        staging = backup = None
         try:
-            fd, tmp_data = tempfile.mkstemp(prefix=f".{data_path.name[:100]}.", suffix=".tmp", dir=folder)
-            with os.fdopen(fd, "wb") as f:
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder))
+            tmp_data, tmp_model = staging / data_path.name, staging / out.name
+            with open(tmp_data, "xb") as f:
                 offset = 0
                 for graph in model.graphs():
                     for name, value in graph.initializers.items():
@@ -135,11 +151,14 @@ class OutputPath:
                 data = proto.SerializeToString()
             except (ValueError, EncodeError) as exc:  # over 2 GiB even with the weights outside
                 raise OutputError(f"{out}: cannot write the converted model: {first_line(exc)}") from None
-            fd, tmp_model = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder)
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp_model, "xb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            if not moved:
+                tmp_data.unlink()
+            if verify is not None:
+                verify(tmp_model)
             os.chmod(tmp_model, _new_file_mode(out))
             if moved:
                 os.chmod(tmp_data, _new_file_mode(data_path))
@@ -164,9 +183,10 @@ class OutputPath:
         finally:
             for value, tensor in moved:
                 value.const_value = tensor
-            for tmp in (tmp_data, tmp_model, backup):
-                if tmp is not None:
-                    Path(tmp).unlink(missing_ok=True)
+            if backup is not None:
+                Path(backup).unlink(missing_ok=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_output_path(

@@ -36,7 +36,9 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
     a second each at 100,000 nodes) run in a child process (:mod:`amp_compiler.onnx.native_checks`) while
     this one checks the rest and deserializes the IR; the IR is used only once every check passed.
     Smaller models do the same steps in this process. A model onnx_ir cannot deserialize gets the
-    checker's verdict first, which names the fault.
+    checker's verdict first, which names the fault. A value_info entry whose element type
+    contradicts inference makes the model invalid; one whose shape does gives way to inference
+    (:func:`~amp_compiler.onnx.native_checks.infer_checked`).
     """
     found = foreign_ops(proto) if check else None
     to_check = checker_input(proto, deferred, found) if check else None
@@ -58,7 +60,10 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
         if native is not None:
             native.cancel()
         raise
-    model = typed_ir(proto, model, native_result(native, proto, origin, to_check))
+    types = native_result(native, proto, origin, to_check)
+    if types is not None and types.type_conflicts:
+        raise ModelLoadError(f"{origin}: invalid ONNX model: {types.type_conflicts[0]}")
+    model = typed_ir(proto, model, types)
     type_from_schemas(model)  # what onnx's inference cannot type: contrib ops and what follows them
     return model
 

@@ -10,6 +10,7 @@ import onnx_ir as ir
 from amp_compiler.dtypes import short_name
 from amp_compiler.report.model import NodeReport, OutputAccuracy, PrecisionReport
 from amp_compiler.targets import Target
+from amp_compiler.units import format_bytes
 
 SORTS = ("cost", "error", "name", "graph")
 LOW_PRECISIONS = tuple(short_name(t.dtype) for t in Target)  # ("fp16", "bf16")
@@ -41,16 +42,9 @@ def human_count(n: int | float | None) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    """Bytes in decimal units: '512 B', '12.3 KB', '0.82 MB' (as the convert summary), '1.20 GB'."""
-    if n is None:
-        return "-"
-    if n < 1000:
-        return f"{n} B"
-    if n < 100_000:
-        return f"{n / 1e3:.1f} KB"
-    if n < 1e9:
-        return f"{n / 1e6:.2f} MB"
-    return f"{n / 1e9:.2f} GB"
+    """Bytes as every size the tool prints (:func:`amp_compiler.units.format_bytes`: '512 B',
+    '12.3 kB', '820 kB', '1.20 GB'); None as '-'."""
+    return "-" if n is None else format_bytes(n)
 
 
 def sci(x: float | None, digits: int = 1) -> str:
@@ -210,6 +204,16 @@ def nodes_by_precision(report: PrecisionReport) -> dict[str, int]:
         for n in report.nodes:
             counts[n.precision] = counts.get(n.precision, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: precision_rank(kv[0])))
+
+
+def rows_note(report: PrecisionReport) -> str:
+    """What the rows of a report are: '106 rows: 104 nodes of the model + 2 inserted Casts' (the
+    header's node count is the model's; the table and the plots also show the Casts)."""
+    inserted = sum(1 for n in report.nodes if n.inserted)
+    rows = len(report.nodes)
+    if not inserted:
+        return f"{rows} nodes"
+    return f"{rows} rows: {rows - inserted} nodes of the model + {inserted} inserted Cast{'s' if inserted > 1 else ''}"
 
 
 def has_ranges(report: PrecisionReport) -> bool:

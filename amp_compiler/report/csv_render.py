@@ -1,9 +1,14 @@
-"""The report as CSV: a header row, then one row per node with every NodeReport field flattened.
+"""The report as CSV (RFC 4180): a header row, then one row per node with every NodeReport field flattened.
 
 Lists (dtypes, cast names) are joined with ';'. The calibration range becomes ``range_min``,
 ``range_max``, ``range_absmax``, ``underflow_share``, ``subnormal_share``, ``range_count``; the error
 becomes ``error_rel_l2``, ``error_max_abs``, ``error_added``. Missing values are empty cells. The first
 column, ``index``, is the node's position in graph order (rows follow the requested sort).
+
+Names and reasons come from the model, which is untrusted: a cell that starts with ``=``, ``+``,
+``-``, ``@``, a tab or a carriage return would be a formula to a spreadsheet ("CSV injection"), so
+such a cell is written with a leading ``'`` (as OWASP advises; spreadsheets show the text as it
+is), unless it is a plain number (``-0.5``, ``-inf``).
 """
 
 from __future__ import annotations
@@ -38,14 +43,30 @@ def csv_columns() -> list[str]:
     return cols
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(text: str) -> str:
+    """``text`` as a cell no spreadsheet takes for a formula (see the module doc)."""
+    if not text.startswith(_FORMULA_STARTS):
+        return text
+    try:
+        if text == text.strip():
+            float(text)
+            return text
+    except ValueError:
+        pass
+    return "'" + text
+
+
 def _cell(value: typing.Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return ";".join(str(v) for v in value)
-    return str(value)  # floats: repr, full precision; nan/inf as 'nan'/'inf'
+        return neutralise(";".join(str(v) for v in value))
+    return neutralise(str(value))  # floats: repr, full precision; nan/inf as 'nan'/'inf'
 
 
 def node_row(index: int, node: NodeReport) -> dict[str, str]:
@@ -68,7 +89,9 @@ def render_csv(
     precision: str | Iterable[str] | None = None,
 ) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=csv_columns(), lineterminator="\n")
+    # Rows end in CRLF (RFC 4180): with "\n" alone, the csv module would leave a cell holding a
+    # carriage return (a hostile node name) unquoted, and readers would split the row there.
+    writer = csv.DictWriter(buf, fieldnames=csv_columns(), lineterminator="\r\n")
     writer.writeheader()
     for i, n in select_nodes(report, sort=sort, op=op, precision=precision):
         writer.writerow(node_row(i, n))

@@ -21,6 +21,7 @@ from amp_compiler.report.common import (
     nodes_by_precision,
     pct,
     precision_rank,
+    rows_note,
     sci,
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
@@ -237,7 +238,7 @@ def graph_plot(report: PrecisionReport) -> tuple[str, str]:
     out.append(f'<line x1="{L}" y1="{T}" x2="{L}" y2="{T + PH}" class="axis"/>')
     out.append(
         f'<text x="{L + PW / 2}" y="{H - 8}" text-anchor="middle" class="lbl">node index in graph order '
-        f"({N} nodes)</text>"
+        f"({e(rows_note(report))})</text>"
     )
     out.append(
         f'<text transform="translate(16 {_f(T + PH / 2)}) rotate(-90)" text-anchor="middle" class="lbl">'

@@ -9,6 +9,7 @@ import onnx
 from amp_compiler.analyze import Analysis, analyze
 from amp_compiler.cli.args.conversion import ConversionArgs
 from amp_compiler.cli.args.group import ArgGroup
+from amp_compiler.runner import Runner
 
 
 class AnalysisArgs(ArgGroup):
@@ -43,13 +44,13 @@ class AnalysisArgs(ArgGroup):
         """True when an option of this group asks for the analysis path."""
         return bool(self.calibration_data) or self.tolerance is not None
 
-    def run(self, model: onnx.ModelProto, *, model_name: str) -> Analysis:
-        """Convert and explain ``model`` (every weight in memory, checked)."""
+    def run(self, model: onnx.ModelProto, *, model_name: str, runner: Runner) -> Analysis:
+        """Convert and explain ``model`` (every weight in memory, checked), running it with ``runner``."""
         return analyze(
             model,
             self.conversion.options,
             model_name=model_name,
             calibration_data=self.calibration_data,
             tolerance=self.tolerance,
-            input_shapes=self.conversion.input_shapes,
+            runner=runner,
         )

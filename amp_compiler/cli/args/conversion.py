@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-import onnx
-
 from amp_compiler import ConvertOptions
 from amp_compiler.cli.args.group import ArgGroup
-from amp_compiler.costs import check_input_shapes, parse_input_shape
+from amp_compiler.costs import parse_input_shape
+from amp_compiler.errors import OptionError
 from amp_compiler.targets import Provider, Target
 
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing to parse; checking that the
-    ``--input-shape`` names are graph inputs needs the loaded model (:meth:`check_input_shapes`)."""
+    ``--input-shape``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing. The ``--input-shape``
+    values are checked against the model in one place, by the conversion
+    (:func:`amp_compiler.costs.bind_input_shapes`), for the plain and the analysis path alike."""
 
     title = "conversion"
     flags = {
@@ -34,7 +34,10 @@ class ConversionArgs(ArgGroup):
         self.input_shapes: dict[str, tuple[int, ...]] | None = None  # None: no --input-shape
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        group.add_argument("--target", default="fp16", choices=[t.value for t in Target])
+        group.add_argument(
+            "--target", default="fp16", choices=[t.value for t in Target],
+            help="the low-precision type to convert to (default: fp16)",
+        )
         group.add_argument(
             "--provider", default="cuda", choices=[p.value for p in Provider],
             help="execution provider the model is meant for (default: cuda)",
@@ -53,7 +56,8 @@ class ConversionArgs(ArgGroup):
         )
         group.add_argument(
             "--input-shape", action="append", default=[], metavar="NAME:DIMS",
-            help="fix a graph input's shape, e.g. input:1x3x224x224 (cost estimates, random inputs; repeatable)",
+            help="fix a graph input's shape, e.g. input:1x3x224x224; inputs sharing its named dims get them "
+            "too (cost estimates, cast placement, random inputs; repeatable)",
         )
         group.add_argument(
             "--pad-tensor-cores", action="store_true",
@@ -70,6 +74,8 @@ class ConversionArgs(ArgGroup):
         shapes: dict[str, tuple[int, ...]] = {}
         for text in args.input_shape:
             name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
+            if name in shapes:
+                raise OptionError(f"{name} is given twice", option="input_shapes")
             shapes[name] = shape
         self.input_shapes = shapes or None
         self.options = ConvertOptions(
@@ -82,9 +88,3 @@ class ConversionArgs(ArgGroup):
             input_shapes=tuple(shapes.items()),
             strict=args.strict,
         )
-
-    def check_input_shapes(self, model: onnx.ModelProto) -> None:
-        """Refuse an ``--input-shape`` that names no graph input of ``model`` (checked once, as soon as
-        the model is read, for the conversion and the analysis alike)."""
-        if self.input_shapes:
-            check_input_shapes(model, self.input_shapes)

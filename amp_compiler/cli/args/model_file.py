@@ -22,7 +22,7 @@ from amp_compiler.onnx import (
     files as onnx_files,  # through the module: tests intercept the loaders
 )
 from amp_compiler.onnx.deferred import DeferredModel
-from amp_compiler.onnx.save import InputOverwriteError, OutputPath, check_output_path
+from amp_compiler.onnx.save import InputOverwriteError, OutputPath, Verify, check_output_path
 
 
 @dataclasses.dataclass
@@ -52,15 +52,16 @@ class ModelFile:
         if self.output is not None and self.files[1:]:
             self.output = self.output.with_external_data(self.files[1:])
 
-    def save(self, result: ConversionResult) -> list[Path]:
+    def save(self, result: ConversionResult, verify: Verify | None = None) -> list[Path]:
         """Write the converted model to the checked output path; returns the files written (the model,
-        then its data file when the input's weights stayed on disk and go to ``<output>.data``)."""
+        then its data file when the input's weights stayed on disk and go to ``<output>.data``).
+        ``verify`` sees the complete temporary model before it is renamed into place."""
         if self.output is None:
             raise ValueError("this command writes no model")
         if result.output is None:
-            self.output.write_model(result.model)
+            self.output.write_model(result.model, verify)
             return [self.output.path]
-        data_file = result.output.write(self.output)
+        data_file = result.output.write(self.output, verify)
         return [self.output.path] if data_file is None else [self.output.path, data_file]
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OutputError
+from amp_compiler.onnx.save import check_output_path
 from amp_compiler.report.model import PrecisionReport
 from amp_compiler.report.render import render
 
@@ -34,10 +33,10 @@ class ReportFileArgs(ArgGroup):
     def parse(self, args: argparse.Namespace) -> None:
         self.path = Path(args.report) if args.report else None
 
-    def write(self, report: PrecisionReport) -> None:
-        """Write ``report`` to ``--report``'s file (nothing when it was not given)."""
+    def write(self, report: PrecisionReport, source: Path) -> None:
+        """Write ``report`` to ``--report``'s file (nothing when it was not given), never over ``source``."""
         if self.path is not None:
-            write_text(self.path, render(report, format_for(self.path)))
+            write_text(self.path, render(report, format_for(self.path)), source)
 
 
 class ReportViewArgs(ArgGroup):
@@ -74,8 +73,9 @@ class ReportViewArgs(ArgGroup):
         self.output = Path(args.output) if args.output else None
         self.ops, self.precisions = args.op, args.precision
 
-    def show(self, report: PrecisionReport) -> None:
-        """Render ``report`` as asked, to ``-o``'s file or to stdout (in colour on a terminal)."""
+    def show(self, report: PrecisionReport, source: Path) -> None:
+        """Render ``report`` as asked, to ``-o``'s file (never over ``source``, the model; one line
+        says where it went) or to stdout (in colour on a terminal)."""
         to_tty = self.output is None and sys.stdout.isatty()
         text = render(
             report,
@@ -88,7 +88,8 @@ class ReportViewArgs(ArgGroup):
             limit=self.limit,
         )
         if self.output is not None:
-            write_text(self.output, text)
+            write_text(self.output, text, source)
+            print(f"{self.output}: {self.format} report written ({len(report.nodes)} rows)")
         else:
             sys.stdout.write(text)
 
@@ -98,19 +99,11 @@ def format_for(path: Path) -> str:
     return {".json": "json", ".csv": "csv", ".html": "html", ".htm": "html"}.get(path.suffix.lower(), "terminal")
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a report atomically (temporary file, then rename)."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise OutputError(f"{path}: the folder {folder} does not exist")
+def write_text(path: Path, text: str, source: Path) -> None:
+    """Write a report atomically (temporary file, then rename; the umask's permissions), never over
+    the model file ``source``."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        output = check_output_path(path, [source])
+    except OutputError as exc:
+        raise OutputError(f"{exc} (the report)") from None
+    output.write_bytes(text.encode("utf-8"))
