@@ -21,8 +21,9 @@ import onnx
 import onnx.shape_inference
 
 from amp_compiler.dtypes import FLOAT_TYPES
-from amp_compiler.errors import AmpUserError
+from amp_compiler.errors import AmpUserError, OptionError
 from amp_compiler.report.model import TensorRange
+from amp_compiler.targets import Provider
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
@@ -148,23 +149,45 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     return inferred, [o.name for o in inferred.graph.output]
 
 
-class IntermediateRunner:
-    """Runs a model on onnxruntime with every main-graph float tensor exposed."""
+# onnxruntime's name of each execution provider an IntermediateRunner can run on.
+_ORT_PROVIDERS = {Provider.CPU: "CPUExecutionProvider", Provider.CUDA: "CUDAExecutionProvider"}
 
-    def __init__(self, model: onnx.ModelProto):
+
+class IntermediateRunner:
+    """Runs a model on onnxruntime with every main-graph float tensor exposed, on the CPU provider or
+    (``provider=Provider.CUDA``) on the CUDA provider, whose real FP16/BF16 kernels then run; a
+    provider this onnxruntime cannot run is an :class:`OptionError`."""
+
+    def __init__(self, model: onnx.ModelProto, provider: Provider = Provider.CPU):
         import onnxruntime as ort
 
+        name = _ORT_PROVIDERS.get(provider)
+        if name is None or name not in ort.get_available_providers():
+            raise OptionError(
+                f"onnxruntime {ort.__version__} here cannot run the {provider.value} execution provider "
+                f"(available: {', '.join(ort.get_available_providers())})", option="provider",
+            )
         exposed, self.names = exposed_model(model)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        self.session = ort.InferenceSession(exposed.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        self.feeds = {i.name for i in self.session.get_inputs()}
+        self.session = ort.InferenceSession(exposed.SerializeToString(), opts, providers=[name])
+        if self.session.get_providers()[0] != name:
+            raise OptionError(f"onnxruntime did not start the {provider.value} execution provider", option="provider")
+        self.feeds = {i.name: i.type for i in self.session.get_inputs()}
         self.runs = 0
 
     def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
-        values = self.session.run(None, {k: v for k, v in sample.items() if k in self.feeds})
+        values = self.session.run(None, {k: _as_input(v, self.feeds[k]) for k, v in sample.items() if k in self.feeds})
         return dict(zip(self.names, values, strict=True))
+
+
+def _as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
+    """A float sample array in the float type the session's input takes (an FP16 input of a model
+    converted without keeping its I/O types); anything else as it is."""
+    if ort_type == "tensor(float16)" and np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float16)
+    return array
 
 
 @dataclasses.dataclass

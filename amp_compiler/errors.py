@@ -20,3 +20,8 @@ class OptionError(AmpUserError):
 
 class OutputError(AmpUserError):
     """The output cannot be written where asked."""
+
+
+class ModelRunError(AmpUserError):
+    """A model that onnxruntime cannot load or run here (custom ops, kernels missing, a broken file
+    written by another tool)."""

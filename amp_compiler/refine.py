@@ -28,33 +28,10 @@ from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import NodeError, TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.targets import Target
+from amp_compiler.tensor_error import ErrorStats
 
 # Decisions that pinning cannot change.
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))
-
-
-@dataclasses.dataclass
-class _ErrAcc:
-    diff2: float = 0.0
-    ref2: float = 0.0
-    max_abs: float = 0.0
-
-    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        r = np.asarray(ref, dtype=np.float64)
-        g = np.asarray(got, dtype=np.float64)
-        if r.shape != g.shape:
-            return
-        finite = np.isfinite(r)
-        d = np.where(finite, g - r, np.where(r == g, 0.0, np.inf))
-        self.diff2 += float(np.sum(d * d))
-        self.ref2 += float(np.sum(np.where(finite, r * r, 0.0)))
-        self.max_abs = max(self.max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
-
-    @property
-    def rel_l2(self) -> float:
-        if self.ref2 == 0:
-            return 0.0 if self.diff2 == 0 else float("inf")
-        return float(np.sqrt(self.diff2 / self.ref2))
 
 
 @dataclasses.dataclass
@@ -79,13 +56,13 @@ def measure(
     fp32_runner = fp32_runner or IntermediateRunner(fp32)
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     runner = IntermediateRunner(runnable)
-    accs: dict[str, _ErrAcc] = {}
+    accs: dict[str, ErrorStats] = {}
     for sample in samples:
         ref = fp32_runner.run(sample)
         got = runner.run(sample)
         for name, value in ref.items():
             if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
-                accs.setdefault(name, _ErrAcc()).add(value, got[name])
+                accs.setdefault(name, ErrorStats()).add(value, got[name])
     rel = {name: acc.rel_l2 for name, acc in accs.items()}
     errors: dict[int, NodeError] = {}
     for i, node in enumerate(fp32.graph.node):

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
 from amp_compiler.cli.command import Command
+from amp_compiler.cli.compare import CompareCommand
 from amp_compiler.cli.convert import ConvertCommand
 from amp_compiler.cli.report import ReportCommand
 from amp_compiler.errors import AmpUserError, OptionError
@@ -54,7 +55,7 @@ def _one_line(text: str, limit: int = 600) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run ``amp-compiler`` with ``argv`` (default: the process's arguments); returns the exit status."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
-    commands: dict[str, Command] = {c.name: c for c in (ConvertCommand(), ReportCommand())}
+    commands: dict[str, Command] = {c.name: c for c in (ConvertCommand(), ReportCommand(), CompareCommand())}
     flags = {key: flag for c in commands.values() for g in c.groups for key, flag in g.flags.items()}
     try:
         args = build_parser(commands.values()).parse_args(argv)
