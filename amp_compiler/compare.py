@@ -226,10 +226,12 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
         return f"no rules: a default conversion of the FP32 model failed ({_first_line(exc)})"
     by_name = {d.node: d for d in decided if d.node and d.index is not None}
     nodes = [n for n in converted.graph.node if n.name in by_name]
+    def dtypes(node: onnx.NodeProto) -> list[str]:
+        return [short_name(ir.DataType(types[o])) if o in types else "?" for o in node.output]
+
     same = {
         n.name for n in nodes
-        if by_name[n.name].op_type == n.op_type
-        and by_name[n.name].output_dtypes == [short_name(ir.DataType(types[o])) if o in types else "?" for o in n.output]
+        if by_name[n.name].op_type == n.op_type and by_name[n.name].output_dtypes == dtypes(n)
     }
     for e in errors:
         d = by_name.get(e.node)

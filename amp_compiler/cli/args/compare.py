@@ -39,7 +39,9 @@ class CompareArgs(ArgGroup):
             help="where the converted model runs: cpu (exact FP16/BF16 emulation, the default) or cuda "
             "(its real kernels; needs onnxruntime-gpu)",
         )
-        group.add_argument("--top", type=int, default=5, metavar="N", help="name the N nodes where the error grows most")
+        group.add_argument(
+            "--top", type=int, default=5, metavar="N", help="name the N nodes where the error grows most"
+        )
         group.add_argument("--format", default="terminal", choices=list(FORMATS), help="output format (json for CI)")
         group.add_argument("-o", "--output", metavar="FILE", help="write the comparison here instead of stdout")
 
