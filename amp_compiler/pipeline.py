@@ -1,7 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> kernel coverage -> constant ranges -> calibration ranges -> paint -> min-cut placement
-                (ONNX frontends)                      (with ranges)                 (placement="mincut")
+    classify -> kernel coverage -> signal paths -> constant ranges -> calibration ranges -> paint -> min-cut
+                (ONNX frontends)                                     (with ranges)           (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -28,6 +28,7 @@ from amp_compiler.passes import (
     KernelCoveragePass,
     MinCutPlacementPass,
     PaintPass,
+    SignalPathPass,
 )
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.report.model import TensorRange
@@ -74,6 +75,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     ]
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
+    passes.append(SignalPathPass())
     passes.append(ConstantRangePass(settings.target))
     if settings.ranges:
         passes.append(CalibrationRangePass(settings.ranges, settings.target))

@@ -31,6 +31,7 @@ class Rule(enum.Enum):
     POLICY_FP32_INSIDE = "policy.high.fp32-inside"
     POLICY_FOLLOW = "policy.follow"
     POLICY_PASS = "policy.pass"
+    SIGNAL_PATH = "policy.high.signal-path"  # on a raw signal's linear path into Log
     UNKNOWN_OP = "policy.unknown-op"
     USER_BLOCK_OP = "user.block-op"
     USER_BLOCK_NODE = "user.block-node"

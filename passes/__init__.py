@@ -4,7 +4,8 @@ Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read
 :class:`~amp_compiler.graph.PrecisionGraph` and write a :class:`~amp_compiler.plan.PrecisionPlan`
 (they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
 puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
-low-precision kernel on the target provider stay FP32), ``ConstantRangePass`` (unrepresentable
+low-precision kernel on the target provider stay FP32), ``SignalPathPass`` (the linear path
+from a raw input into a Log stays FP32), ``ConstantRangePass`` (unrepresentable
 constants), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 
@@ -23,6 +24,7 @@ from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
+from amp_compiler.passes.signal import SignalPathPass
 
 __all__ = [
     "AnalysisPass",
@@ -36,5 +38,6 @@ __all__ = [
     "PadTensorCoresPass",
     "PaintPass",
     "RemoveCancellingCastsPass",
+    "SignalPathPass",
     "compile_patterns",
 ]

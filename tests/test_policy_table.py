@@ -17,7 +17,10 @@ CATEGORIES = {"LOW", "HIGH", "FOLLOW", "PASS", "NONFLOAT"}
 DOMAINS = {"ai.onnx", "ai.onnx.ml", "com.microsoft"}
 SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
-ALLOWED_KEYS = {"op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core"}
+ALLOWED_KEYS = {
+    "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
+    "signal", "dynamic_range", "quantizes",
+}
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,13 @@ class OpPolicy:
     dtype_attr: str | None = None
     refs: str = ""
     tensor_core: bool = False  # its work is matrix products that run on Tensor Cores in FP16/BF16
+    # Linear in its signal input, or a magnitude/power of it (Conv, MatMul, Add, Mul, Sqrt, data
+    # movement): the noise FP16 storage adds to a signal passes through it (LOW ops: with constant weights).
+    signal: bool = False
+    # Reads its input's whole dynamic range (Log): the signal path from a graph input into it stays FP32.
+    dynamic_range: bool = False
+    # Quantizes its float input (QuantizeLinear, DynamicQuantizeLinear): the tensor it reads stays FP32.
+    quantizes: bool = False
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -93,6 +100,9 @@ class PolicyTable:
                     dtype_attr=raw.get("dtype_attr"),
                     refs=raw.get("refs", ""),
                     tensor_core=bool(raw.get("tensor_core", False)),
+                    signal=bool(raw.get("signal", False)),
+                    dynamic_range=bool(raw.get("dynamic_range", False)),
+                    quantizes=bool(raw.get("quantizes", False)),
                 )
             )
         return cls(entries)

@@ -1,0 +1,145 @@
+"""Hand-built graphs of accuracy failures found on real trained models (issue 12), one per pattern.
+
+Each reproduces the structure that made a trained model lose accuracy in FP16/BF16, with synthetic
+but realistic weights and inputs, so the rule that fixes it is tested without the model itself:
+
+- ``cqt-log``: a constant-Q front end (complex filters as convolutions over raw audio, a low-pass
+  convolution per octave, magnitude, Log in dB) before a small CNN (a music-transcription model);
+- ``gated-softmax-output``: probabilities that are both a graph output and weights of a later layer
+  (a wake-word detector's Sigmoid probability of 1e-6 lost 8% of its value among FP16's subnormals;
+  onnxruntime's CPU Sigmoid itself is only accurate to 6e-8, so the pattern uses a Softmax);
+- ``stft-power-mel``: an STFT as a convolution over audio at int16 scale, power, a mel MatMul and a
+  power-law compression (overflow that depends on the input's scale);
+
+Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-21, IR 8-10).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from models.entry import CatalogModel, Tolerance
+from models.handbuilt import F32, _Graph, _model, _seed, _vi
+
+ENTRIES: list[CatalogModel] = []
+
+
+def _register(name: str, build, make_inputs, description: str, tolerance: Tolerance | None = None) -> None:
+    ENTRIES.append(CatalogModel(
+        name=name, kind="rule", size="small", build=lambda _cache, _b=build: _b(), make_inputs=make_inputs,
+        tolerance=tolerance or Tolerance(), description=description,
+    ))
+
+
+def _tones(rng: np.random.Generator, n: int, sr: float, levels: tuple[float, ...]) -> np.ndarray:
+    """A sum of tones at the given peak levels (random frequencies between 60 Hz and sr/3), plus a
+    faint noise floor: a signal whose spectrum spans a wide dynamic range, as music does."""
+    t = np.arange(n) / sr
+    x = np.zeros(n)
+    for level in levels:
+        f = 60.0 * 2 ** rng.uniform(0, np.log2(sr / 3 / 60.0))
+        x += level * np.sin(2 * np.pi * f * t + rng.uniform(0, 2 * np.pi))
+    return x + rng.normal(0.0, 1e-5, n)
+
+
+# --------------------------------------------------------------------------------------------------
+# cqt-log
+# --------------------------------------------------------------------------------------------------
+
+_CQT_SR, _CQT_N, _CQT_BINS, _CQT_K, _CQT_HOP = 8000.0, 4096, 12, 128, 64
+
+
+def _cqt_kernels(octave: int) -> np.ndarray:
+    """Real and imaginary Hann-windowed complex exponentials, one pair per bin (12 bins per octave,
+    the top octave ending at a quarter of the sample rate), as Conv weights (2 * bins, 1, K)."""
+    sr = _CQT_SR / 2**octave
+    k = np.arange(_CQT_K) - _CQT_K / 2
+    window = np.hanning(_CQT_K)
+    rows = []
+    for b in range(_CQT_BINS):
+        f = sr / 4 * 2 ** (-(b + 1) / _CQT_BINS)
+        phase = 2 * np.pi * f * k / sr
+        rows += [window * np.cos(phase), window * np.sin(phase)]
+    w = np.stack(rows) / window.sum()
+    return w[:, None, :].astype(np.float32)
+
+
+def build_cqt_log() -> onnx.ModelProto:
+    g = _Graph(_seed("cqt-log"))
+    taps = np.sinc(np.arange(-15, 16) / 2) * np.hamming(31) / 2  # half-band low-pass
+    lowpass = g.const("lowpass", taps[None, None, :].astype(np.float32))
+    octaves, audio = [], "audio"
+    for octave in range(2):
+        w = g.const(f"cqt_kernels_{octave}", _cqt_kernels(octave))
+        hop = _CQT_HOP // 2**octave
+        spec = g.node("Conv", [audio, w], name=f"cqt_{octave}", kernel_shape=[_CQT_K], strides=[hop],
+                      pads=[_CQT_K // 2, _CQT_K // 2])
+        octaves.append(spec)
+        if octave == 0:
+            audio = g.node("Conv", [audio, lowpass], name="downsample", kernel_shape=[31], strides=[2],
+                           pads=[15, 15])
+    spec = g.node("Concat", octaves, name="octaves", axis=1)  # (1, 2 * 2 * bins, frames)
+    pairs = g.node("Reshape", [spec, g.const("pairs_shape", np.array([1, 2 * _CQT_BINS, 2, -1], np.int64))],
+                   name="pairs")
+    power = g.node("Mul", [pairs, pairs], name="square")
+    power = g.node("ReduceSum", [power, g.const("pair_axis", np.array([2], np.int64))], name="power",
+                   keepdims=0)
+    power = g.node("Add", [power, g.const("eps", np.array(1e-10, np.float32))], name="add_eps")
+    db = g.node("Log", [power], name="log")
+    db = g.node("Mul", [db, g.const("to_db", np.array(10 / np.log(10), np.float32))], name="to_db")
+    db = g.node("Div", [g.node("Add", [db, g.const("db_offset", np.array(100.0, np.float32))], name="db_offset"),
+                        g.const("db_scale", np.array(100.0, np.float32))], name="db_norm")
+    h = g.node("Unsqueeze", [db, g.const("channel_axis", np.array([1], np.int64))], name="image")
+    h = g.node("Conv", [h, g.weight("W1", [8, 1, 3, 3], 0.5), g.weight("B1", [8], 0.1)], name="conv1",
+               kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    h = g.node("Relu", [h], name="relu1")
+    h = g.node("Conv", [h, g.weight("W2", [1, 8, 3, 3], 0.4), g.const("B2", np.array([-1.0], np.float32))],
+               name="conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.node("Sigmoid", [h], name="notes", outputs=["notes"])
+    frames = _CQT_N // _CQT_HOP + 1
+    return _model(g, "cqt_log", [_vi("audio", F32, [1, 1, _CQT_N])],
+                  [_vi("notes", F32, [1, 1, 2 * _CQT_BINS, frames])], 18)
+
+
+def _cqt_inputs(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    x = _tones(rng, _CQT_N, _CQT_SR, (0.4, 0.1, 0.01, 1e-3, 1e-4))
+    return {"audio": x[None, None, :].astype(np.float32)}
+
+
+_register(
+    "cqt-log",
+    build_cqt_log,
+    _cqt_inputs,
+    "A constant-Q front end over raw audio (complex filters as Conv, a half-band low-pass Conv to "
+    "the next octave, power, Log in dB) before a small CNN and a Sigmoid: FP16 storage of the audio "
+    "adds a noise floor 68 dB down that the Log shows at full scale for quiet bins, so the signal "
+    "path into the Log stays FP32 (a music-transcription model lost 3.6% of its output range).",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# gated-softmax-output
+# --------------------------------------------------------------------------------------------------
+
+
+def build_gated_softmax_output() -> onnx.ModelProto:
+    g = _Graph(_seed("gated-softmax-output"))
+    h = g.node("Gemm", ["features", g.weight("W1", [32, 32]), g.weight("B1", [32], 0.1)], name="fc1")
+    h = g.node("Relu", [h], name="relu")
+    logits = g.node("Gemm", [h, g.weight("W2", [32, 64], 1.2), g.weight("B2", [64], 2.0)], name="fc2")
+    g.node("Softmax", [logits], name="softmax", outputs=["probabilities"], axis=-1)
+    g.node("MatMul", ["probabilities", g.weight("prototypes", [64, 16])], name="mixture", outputs=["y"])
+    return _model(g, "gated_softmax_output", [_vi("features", F32, ["batch", 32])],
+                  [_vi("probabilities", F32, ["batch", 64]), _vi("y", F32, ["batch", 16])], 19)
+
+
+_register(
+    "gated-softmax-output",
+    build_gated_softmax_output,
+    lambda rng: {"features": rng.standard_normal((4, 32)).astype(np.float32)},
+    "Gemm -> Softmax whose class probabilities (down to 1e-8) are a graph output and also weight a "
+    "later MatMul: computed in FP16 (its CUDA kernel accumulates in FP32, so it follows its "
+    "neighbours) they land among FP16's subnormals, spaced 6e-8, before the output reads them; cast "
+    "placement computes the output's producer in FP32 when that costs at most one Cast of it more.",
+)

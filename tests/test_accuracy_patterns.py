@@ -1,0 +1,113 @@
+"""The accuracy failures found on real trained models (models/patterns.py), each fixed by a rule:
+the decisions the rule makes, and the accuracy with the rule against the accuracy without it."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from amp_compiler import convert
+from amp_compiler.checks import run_onnxruntime
+from amp_compiler.compare import compare_models
+from amp_compiler.emulate import emulate
+from amp_compiler.policy import PolicyTable
+from models import catalog
+from onnx_builders import F32, model, tensor, vi, weights
+
+
+def _samples(name: str, n: int = 2) -> list[dict[str, np.ndarray]]:
+    entry = catalog.get(name)
+    return [entry.make_inputs(np.random.default_rng(s)) for s in range(n)]
+
+
+@functools.cache
+def _table_without(flag: str) -> PolicyTable:
+    """The shipped policy table with one flag dropped from every entry (the rule it drives is off)."""
+    text = resources.files("amp_compiler.policy").joinpath("onnx_ops.toml").read_text("utf-8")
+    return PolicyTable.from_toml(text.replace(f"\n{flag} = true", ""))
+
+
+def _worst_error_of_range(fp32: onnx.ModelProto, converted: onnx.ModelProto, samples) -> float:
+    return max(o.error_of_range for o in compare_models(fp32, converted, samples).outputs)
+
+
+# ---------------------------------------------------------------------------------------- signal paths
+def test_cqt_front_end_stays_fp32_and_the_cnn_runs_fp16():
+    fp32 = catalog.load("cqt-log")
+    by_node = {d.node: d for d in convert(fp32).decisions}
+    for name in ("cqt_0", "downsample", "cqt_1", "octaves", "pairs", "square"):
+        assert (by_node[name].precision, by_node[name].rule) == ("fp32", "policy.high.signal-path"), name
+    assert "graph input 'audio'" in by_node["cqt_0"].reason and "68 dB" in by_node["cqt_0"].reason
+    assert by_node["conv1"].precision == by_node["conv2"].precision == "fp16"
+
+
+def test_cqt_front_end_in_fp32_is_what_keeps_the_notes_accurate():
+    fp32, samples = catalog.load("cqt-log"), _samples("cqt-log")
+    with_rule = _worst_error_of_range(fp32, convert(fp32).model, samples)
+    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("dynamic_range")).model, samples)
+    assert with_rule < 0.005 and without > 10 * with_rule, (with_rule, without)
+
+
+def _log_after(prefix: list, prefix_out: str, extra_inits=()) -> onnx.ModelProto:
+    nodes = prefix + [
+        helper.make_node("Mul", [prefix_out, prefix_out], ["p"], name="square"),
+        helper.make_node("Log", ["p"], ["y"], name="log"),
+    ]
+    inits = [tensor("W", weights((16, 16))), *extra_inits]
+    return model(nodes, [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])], inits)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "out", "pinned"),
+    [
+        ([helper.make_node("MatMul", ["x", "W"], ["h"], name="filter")], "h", True),
+        # a learned feature (an activation between the filter and the Log), not a raw signal
+        ([helper.make_node("MatMul", ["x", "W"], ["m"], name="filter"),
+          helper.make_node("Relu", ["m"], ["h"], name="relu")], "h", False),
+        # a product of two signals (attention), not a filter with constant weights
+        ([helper.make_node("MatMul", ["x", "x"], ["h"], name="filter")], "h", False),
+    ],
+    ids=["filter", "activation-between", "no-constant-weights"],
+)
+def test_signal_path_needs_a_raw_input_and_linear_ops(prefix, out, pinned):
+    m = _log_after(prefix, out) if prefix[0].input[1] == "W" else model(
+        prefix + [helper.make_node("Mul", [out, out], ["p"], name="square"),
+                  helper.make_node("Log", ["p"], ["y"], name="log")],
+        [vi("x", F32, [16, 16])], [vi("y", F32, [16, 16])], [],
+    )
+    rule = {d.node: d.rule for d in convert(m).decisions}["filter"]
+    assert (rule == "policy.high.signal-path") is pinned, rule
+
+
+# ------------------------------------------------------------------------------- FP32 graph outputs
+def _relative_error(name: str, **options) -> float:
+    fp32 = catalog.load(name)
+    feeds = catalog.get(name).make_inputs(np.random.default_rng(0))
+    ref = run_onnxruntime(fp32, feeds)[0]
+    got = run_onnxruntime(emulate(convert(fp32, **options).model), feeds)[0]
+    kept = ref > 1e-7
+    return float(np.max(np.abs(got - ref)[kept] / ref[kept]))
+
+
+def test_probabilities_output_computed_in_fp32_at_one_cast_more():
+    decision = {d.node: d for d in convert(catalog.load("gated-softmax-output")).decisions}["softmax"]
+    assert (decision.precision, decision.rule) == ("fp32", "placement.min-cut")
+    assert "FP32 graph output" in decision.reason
+    painted = {d.node: d for d in convert(catalog.load("gated-softmax-output"), placement="paint").decisions}
+    assert painted["softmax"].precision == "fp16"  # painting alone: between two low-precision ops
+    assert _relative_error("gated-softmax-output") < 0.02 < 0.1 < _relative_error("gated-softmax-output", placement="paint")
+
+
+def test_data_movement_before_an_output_has_no_rounding_cost():
+    """A PASS op rounds nothing: a Relu between a MatMul and the output stays low precision and the
+    Cast goes after it, as painting put it."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])], [tensor("W", weights((16, 16)))],
+    )
+    assert {d.node: d.precision for d in convert(m).decisions}["relu"] == "fp16"
