@@ -81,6 +81,11 @@ def analyze(
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target)
     warnings: list[str] = []
+    if result.warnings:
+        warnings.append(
+            "overflows that depend on an input's scale (--input-range NAME:LO,HI keeps them FP32): "
+            + "; ".join(result.warnings)
+        )
     try:
         eval_samples = samples or random_samples(model, shapes)
         accuracy = _accuracy(model, result.model, options.target, eval_samples)

@@ -1,7 +1,9 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> kernel coverage -> signal paths -> constant ranges -> calibration ranges -> paint -> min-cut
-                (ONNX frontends)                                     (with ranges)           (placement="mincut")
+    classify -> kernel coverage -> signal paths -> constant ranges -> static ranges -> calibration ranges
+                (ONNX frontends)                                     (input ranges)    (with ranges)
+    -> paint -> min-cut placement
+                (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -29,6 +31,7 @@ from amp_compiler.passes import (
     MinCutPlacementPass,
     PaintPass,
     SignalPathPass,
+    StaticRangePass,
 )
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.report.model import TensorRange
@@ -63,6 +66,7 @@ class AnalysisSettings:
     pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     ranges: Mapping[str, TensorRange] | None = None
     placement: str = "mincut"
+    reached: Mapping[str, float] | None = None
     elements: Mapping[str, int] | None = None
     kernel_coverage: bool = True
 
@@ -77,6 +81,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
     passes.append(ConstantRangePass(settings.target))
+    if settings.reached:
+        passes.append(StaticRangePass(settings.reached, settings.target))
     if settings.ranges:
         passes.append(CalibrationRangePass(settings.ranges, settings.target))
     passes.append(PaintPass())

@@ -38,6 +38,7 @@ class Rule(enum.Enum):
     CONSTANT_OVERFLOW = "constant.overflow"
     CONSTANT_UNDERFLOW = "constant.underflow"
     CONSTANT_MASK = "constant.mask-lowest"
+    RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"
     TOLERANCE_PINNED = "tolerance.pinned"

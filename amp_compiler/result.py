@@ -48,6 +48,9 @@ class ConversionResult:
     # data): the converted IR, written by save() with its weights in a data file; ``model`` builds
     # the ModelProto, with every weight inside it, only when it is asked for.
     output: DeferredOutput | None = dataclasses.field(default=None, repr=False, compare=False)
+    # What the user should know: tensors that provably overflow the target above some magnitude of a
+    # graph input whose range is not known (state it, and they stay FP32).
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}

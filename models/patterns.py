@@ -143,3 +143,100 @@ _register(
     "neighbours) they land among FP16's subnormals, spaced 6e-8, before the output reads them; cast "
     "placement computes the output's producer in FP32 when that costs at most one Cast of it more.",
 )
+
+
+# --------------------------------------------------------------------------------------------------
+# stft-power-mel
+# --------------------------------------------------------------------------------------------------
+
+_STFT_N, _STFT_FFT, _STFT_HOP, _STFT_MELS = 2048, 128, 64, 16
+
+
+def _mel_filters(bins: int, mels: int) -> np.ndarray:
+    """Triangular filters over ``bins`` linear frequency bins, spaced evenly on a mel-like scale."""
+    edges = np.round(np.geomspace(1, bins - 1, mels + 2)).astype(int)
+    fb = np.zeros((bins, mels), np.float32)
+    for m in range(mels):
+        a, c, b = edges[m], edges[m + 1], max(edges[m + 2], edges[m + 1] + 1)
+        fb[a : c + 1, m] = np.linspace(0, 1, c - a + 1)
+        fb[c:b, m] = np.linspace(1, 0, b - c)
+    return fb
+
+
+def build_stft_power_mel() -> onnx.ModelProto:
+    g = _Graph(_seed("stft-power-mel"))
+    bins = _STFT_FFT // 2
+    n = np.arange(_STFT_FFT)
+    window = np.hanning(_STFT_FFT)
+    rows = [window * f(2 * np.pi * k * n / _STFT_FFT) for f in (np.cos, np.sin) for k in range(bins)]
+    stft = g.node("Conv", ["audio", g.const("stft_kernels", np.stack(rows)[:, None, :].astype(np.float32))],
+                  name="stft", kernel_shape=[_STFT_FFT], strides=[_STFT_HOP])  # (1, 2 * bins, frames)
+    parts = g.node("Reshape", [stft, g.const("parts_shape", np.array([1, 2, bins, -1], np.int64))], name="parts")
+    power = g.node("Mul", [parts, parts], name="square")
+    power = g.node("ReduceSum", [power, g.const("part_axis", np.array([1], np.int64))], name="power", keepdims=0)
+    frames = g.node("Transpose", [power], name="frames", perm=[0, 2, 1])  # (1, frames, bins)
+    mel = g.node("MatMul", [frames, g.const("mel_filters", _mel_filters(bins, _STFT_MELS))], name="mel")
+    mel = g.node("Sqrt", [mel], name="magnitude")
+    peak = g.node("ReduceMax", [mel, g.const("all_axes", np.array([1, 2], np.int64))], name="peak", keepdims=1)
+    peak = g.node("Add", [peak, g.const("tiny", np.array(1e-3, np.float32))], name="peak_eps")
+    feats = g.node("Div", [mel, peak], name="normalize")
+    h = g.node("MatMul", [feats, g.weight("W1", [_STFT_MELS, 32])], name="fc1")
+    h = g.node("Relu", [h], name="relu")
+    g.node("MatMul", [h, g.weight("W2", [32, 4])], name="fc2", outputs=["scores"])
+    frames_n = (_STFT_N - _STFT_FFT) // _STFT_HOP + 1
+    return _model(g, "stft_power_mel", [_vi("audio", F32, [1, 1, _STFT_N])],
+                  [_vi("scores", F32, [1, frames_n, 4])], 18)
+
+
+_register(
+    "stft-power-mel",
+    build_stft_power_mel,
+    lambda rng: {"audio": (_tones(rng, _STFT_N, 16000.0, (0.5, 0.2, 0.05)) * 0.6)[None, None, :].astype(np.float32)},
+    "An STFT as a Conv over raw audio, power (Mul, ReduceSum), a mel MatMul, a magnitude and a peak "
+    "normalization before a small classifier: with audio in [-1, 1] it is fine in FP16, at int16 "
+    "scale the STFT overflows (above |audio| = 800) and its power sooner (above 3.2), which a static "
+    "range analysis sees coming from the input's stated range.",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# attention-mask-padding
+# --------------------------------------------------------------------------------------------------
+
+
+def build_attention_mask_padding() -> onnx.ModelProto:
+    g = _Graph(_seed("attention-mask-padding"))
+    d = 16
+    q = g.node("MatMul", ["x", g.weight("Wq", [d, d])], name="q_proj")
+    k = g.node("MatMul", ["x", g.weight("Wk", [d, d])], name="k_proj")
+    v = g.node("MatMul", ["x", g.weight("Wv", [d, d])], name="v_proj")
+    s = g.node("MatMul", [q, g.node("Transpose", [k], name="k_transpose", perm=[0, 2, 1])], name="scores")
+    s = g.node("Mul", [s, g.const("inv_sqrt_d", np.array(1 / np.sqrt(d), np.float32))], name="scale")
+    # (1 - mask) * float32's lowest, as transformers' BERT export writes the extended attention mask
+    m = g.node("Cast", ["attention_mask"], name="mask_float", to=F32)
+    m = g.node("Unsqueeze", [m, g.const("mask_axes", np.array([1], np.int64))], name="mask_unsqueeze")
+    m = g.node("Sub", [g.const("one", np.array(1.0, np.float32)), m], name="mask_invert")
+    m = g.node("Mul", [m, g.const("lowest", np.array(np.finfo(np.float32).min, np.float32))], name="mask_scale")
+    s = g.node("Add", [s, m], name="add_mask")
+    p = g.node("Softmax", [s], name="softmax", axis=-1)
+    a = g.node("MatMul", [p, v], name="attn_v")
+    g.node("MatMul", [a, g.weight("Wo", [d, d])], name="o_proj", outputs=["y"])
+    return _model(g, "attention_mask_padding",
+                  [_vi("x", F32, ["batch", "seq", d]), _vi("attention_mask", onnx.TensorProto.INT64, ["batch", "seq"])],
+                  [_vi("y", F32, ["batch", "seq", d])], 18)
+
+
+def _padded_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    mask = np.ones((2, 8), np.int64)
+    mask[1, 5:] = 0  # the second sequence is padded
+    return {"x": rng.standard_normal((2, 8, 16)).astype(np.float32), "attention_mask": mask}
+
+
+_register(
+    "attention-mask-padding",
+    build_attention_mask_padding,
+    _padded_batch,
+    "Self-attention with an extended attention mask from an input, (1 - mask) * float32's lowest, "
+    "and a padded batch: calibration sees -3.4e38 on the mask path, which comes from a constant the "
+    "mask rule turns into -32768, so it must not count as an overflow.",
+)

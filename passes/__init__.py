@@ -6,7 +6,8 @@ Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read
 puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
 low-precision kernel on the target provider stay FP32), ``SignalPathPass`` (the linear path
 from a raw input into a Log stays FP32), ``ConstantRangePass`` (unrepresentable
-constants), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
+constants), ``StaticRangePass`` (what provably overflows for the inputs' known
+ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 
 Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``): ``LowerPlanPass`` (apply
@@ -25,6 +26,7 @@ from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
 from amp_compiler.passes.signal import SignalPathPass
+from amp_compiler.passes.static_ranges import StaticRangePass
 
 __all__ = [
     "AnalysisPass",
@@ -39,5 +41,6 @@ __all__ = [
     "PaintPass",
     "RemoveCancellingCastsPass",
     "SignalPathPass",
+    "StaticRangePass",
     "compile_patterns",
 ]

@@ -111,3 +111,33 @@ def test_data_movement_before_an_output_has_no_rounding_cost():
         [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])], [tensor("W", weights((16, 16)))],
     )
     assert {d.node: d.precision for d in convert(m).decisions}["relu"] == "fp16"
+
+
+# ------------------------------------------------------------------------------ calibration and masks
+def test_padding_in_calibration_data_does_not_pin_the_mask_path():
+    """Calibration with padded sequences sees -3.4e38 after the mask's Mul, Add and in the Softmax's
+    input; the mask rule turns that constant into -32768, so none of it is an overflow."""
+    from amp_compiler.calibrate import collect_ranges
+
+    fp32 = catalog.load("attention-mask-padding")
+    samples = _samples("attention-mask-padding")
+    ranges = collect_ranges(fp32, samples)
+    assert ranges["add_mask_out"].min < -1e38  # what calibration observes
+    result = convert(fp32, ranges=ranges)
+    by_node = {d.node: d for d in result.decisions}
+    assert not [d.node for d in result.decisions if d.rule.startswith("calibration")]
+    assert by_node["mask_scale"].precision == by_node["softmax"].precision == "fp16"
+    assert "-32768" in by_node["mask_scale"].reason
+    comparison = compare_models(fp32, result.model, samples)
+    assert comparison.outputs[0].nonfinite == 0 and comparison.outputs[0].error_of_range < 0.01
+
+
+def test_a_real_overflow_on_the_mask_path_still_counts():
+    """Scores of 1e6 beside the mask overflow FP16 whatever the mask does: observed maxima count."""
+    from amp_compiler.calibrate import collect_ranges
+
+    fp32 = catalog.load("attention-mask-padding")
+    samples = [{**s, "x": s["x"] * 300} for s in _samples("attention-mask-padding")]
+    result = convert(fp32, ranges=collect_ranges(fp32, samples))
+    add = {d.node: d for d in result.decisions}["add_mask"]
+    assert add.rule == "calibration.overflow" and "e+38" not in add.reason  # the scores' maximum, not the mask

@@ -60,8 +60,9 @@ class ConvertCommand(Command):
 
 
 def summary_line(result: ConversionResult, input_files: list[Path], output_files: list[Path], seconds: float) -> str:
-    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts, and the size
-    (model file plus external data files, before and after)."""
+    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts, the size
+    (model file plus external data files, before and after), and the first overflow that depends on
+    an input's scale, if any."""
     dst = output_files[0]
     decisions = result.decisions
     target = result.options.target.value
@@ -77,7 +78,17 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
         + f" | casts inserted: {result.casts_inserted}"
         + f" | size {size_in / 1e6:.2f} MB -> {size_out / 1e6:.2f} MB"
+        + overflow_note(result.warnings)
     )
+
+
+def overflow_note(warnings: list[str]) -> str:
+    """The summary line's end when some tensor overflows above an input magnitude: the first such
+    node, how many more, and the option that keeps them FP32."""
+    if not warnings:
+        return ""
+    more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+    return f" | warning: {warnings[0]}{more}: --input-range NAME:LO,HI keeps what overflows FP32"
 
 
 def tolerance_line(analysis: Analysis, tolerance: float | None) -> str:

@@ -9,12 +9,13 @@ import onnx
 from amp_compiler import ConvertOptions
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.costs import check_input_shapes, parse_input_shape
+from amp_compiler.options import parse_input_range
 from amp_compiler.targets import Provider, Target
 
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--pad-tensor-cores``. Depends on nothing to parse; checking that the
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``. Depends on nothing to parse; checking that the
     ``--input-shape`` names are graph inputs needs the loaded model (:meth:`check_input_shapes`)."""
 
     title = "conversion"
@@ -26,6 +27,7 @@ class ConversionArgs(ArgGroup):
         "keep_io_types": "--no-keep-io-types",
         "input_shapes": "--input-shape",
         "pad_tensor_cores": "--pad-tensor-cores",
+        "input_ranges": "--input-range",
     }
 
     def __init__(self) -> None:
@@ -55,6 +57,11 @@ class ConversionArgs(ArgGroup):
             help="fix a graph input's shape, e.g. input:1x3x224x224 (cost estimates, random inputs; repeatable)",
         )
         group.add_argument(
+            "--input-range", action="append", default=[], metavar="NAME:LO,HI",
+            help="the range of a float graph input's values, e.g. audio:-32768,32767: what provably "
+            "overflows the target for inputs within it stays FP32 (repeatable)",
+        )
+        group.add_argument(
             "--pad-tensor-cores", action="store_true",
             help="pad FP16/BF16 MatMul/Gemm/Conv weights to multiples of 8 with zeros and slice the "
             "outputs back (exact; off by default)",
@@ -74,6 +81,7 @@ class ConversionArgs(ArgGroup):
             block_nodes=tuple(args.block_node),
             pad_tensor_cores=args.pad_tensor_cores,
             input_shapes=tuple(shapes.items()),
+            input_ranges=tuple(parse_input_range(text) for text in args.input_range),
         )
 
     def check_input_shapes(self, model: onnx.ModelProto) -> None:
