@@ -1,8 +1,8 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> kernel coverage -> signal paths -> constant ranges -> static ranges -> calibration ranges
-                (ONNX frontends)                                     (input ranges)    (with ranges)
-    -> paint -> min-cut placement
+    classify -> kernel coverage -> signal paths -> quantized islands -> constant ranges -> static ranges
+                (ONNX frontends)                                                       (input ranges)
+    -> calibration ranges -> paint -> min-cut placement
                 (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
@@ -30,6 +30,7 @@ from amp_compiler.passes import (
     KernelCoveragePass,
     MinCutPlacementPass,
     PaintPass,
+    QuantizedIslandPass,
     SignalPathPass,
     StaticRangePass,
 )
@@ -80,6 +81,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
+    passes.append(QuantizedIslandPass())
     passes.append(ConstantRangePass(settings.target))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))

@@ -38,6 +38,8 @@ class Rule(enum.Enum):
     CONSTANT_OVERFLOW = "constant.overflow"
     CONSTANT_UNDERFLOW = "constant.underflow"
     CONSTANT_MASK = "constant.mask-lowest"
+    QUANTIZED_REQUANTIZE = "quantized.requantize"  # its result is quantized again
+    QUANTIZED_SCALE = "quantized.scale"  # reads a quantizer's scale (dequantization)
     RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"

@@ -240,3 +240,66 @@ _register(
     "and a padded batch: calibration sees -3.4e38 on the mask path, which comes from a constant the "
     "mask rule turns into -32768, so it must not count as an overflow.",
 )
+
+
+# --------------------------------------------------------------------------------------------------
+# quantized-encoder
+# --------------------------------------------------------------------------------------------------
+
+
+def _float_encoder() -> onnx.ModelProto:
+    """Two pre-LN transformer layers (d = 64, 16 tokens) and a 10-way classifier, in FP32."""
+    g = _Graph(_seed("quantized-encoder"))
+    d, ff = 64, 128
+
+    def norm(x: str, name: str) -> str:
+        return g.node("LayerNormalization", [x, g.const(f"{name}_g", g.rng.uniform(0.5, 1.5, d).astype(np.float32)),
+                                             g.const(f"{name}_b", (0.1 * g.rng.standard_normal(d)).astype(np.float32))],
+                      name=name, axis=-1)
+
+    def dense(x: str, n_in: int, n_out: int, name: str) -> str:
+        h = g.node("MatMul", [x, g.weight(f"{name}_w", [n_in, n_out])], name=name)
+        return g.node("Add", [h, g.weight(f"{name}_b", [n_out], 0.1)], name=f"{name}_bias")
+
+    h = "x"
+    for layer in range(2):
+        n = norm(h, f"ln1_{layer}")
+        q, k, v = (dense(n, d, d, f"{p}_{layer}") for p in "qkv")
+        s = g.node("MatMul", [q, g.node("Transpose", [k], name=f"kt_{layer}", perm=[0, 2, 1])], name=f"scores_{layer}")
+        s = g.node("Mul", [s, g.const(f"scale_{layer}", np.array(0.125, np.float32))], name=f"scaled_{layer}")
+        p = g.node("Softmax", [s], name=f"attn_{layer}", axis=-1)
+        a = g.node("MatMul", [p, v], name=f"attn_v_{layer}")
+        h = g.node("Add", [h, dense(a, d, d, f"o_{layer}")], name=f"res1_{layer}")
+        f = g.node("Gelu", [dense(norm(h, f"ln2_{layer}"), d, ff, f"fc1_{layer}")], name=f"gelu_{layer}")
+        h = g.node("Add", [h, dense(f, ff, d, f"fc2_{layer}")], name=f"res2_{layer}")
+    pooled = g.node("ReduceMean", [h, g.const("tokens", np.array([1], np.int64))], name="pool", keepdims=0)
+    logits = g.node("MatMul", [pooled, g.weight("cls_w", [d, 10], 0.5)], name="cls")
+    g.node("Softmax", [logits], name="probs", outputs=["probs"], axis=-1)
+    return _model(g, "float_encoder", [_vi("x", F32, [1, 16, d])], [_vi("probs", F32, [1, 10])], 20)
+
+
+def build_quantized_encoder() -> onnx.ModelProto:
+    import tempfile
+    from pathlib import Path
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(_float_encoder(), src)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        model = onnx.load(dst)
+    model.producer_name, model.producer_version = "amp-compiler-handbuilt", ""
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+_register(
+    "quantized-encoder",
+    build_quantized_encoder,
+    lambda rng: {"x": rng.standard_normal((1, 16, 64)).astype(np.float32)},
+    "A two-layer encoder quantized by onnxruntime's quantize_dynamic: DynamicQuantizeLinear, "
+    "MatMulInteger, Casts of int32 results and Muls by scales, with float islands between (LayerNorm, "
+    "attention's MatMuls, Softmax, Gelu): values quantized again and the quantization scales stay "
+    "FP32 (rounding to FP16 just before quantizing moves values across int8 levels).",
+)

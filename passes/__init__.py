@@ -5,7 +5,8 @@ Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read
 (they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
 puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
 low-precision kernel on the target provider stay FP32), ``SignalPathPass`` (the linear path
-from a raw input into a Log stays FP32), ``ConstantRangePass`` (unrepresentable
+from a raw input into a Log stays FP32), ``QuantizedIslandPass`` (values quantized again and
+quantization scales stay FP32), ``ConstantRangePass`` (unrepresentable
 constants), ``StaticRangePass`` (what provably overflows for the inputs' known
 ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
@@ -25,6 +26,7 @@ from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
+from amp_compiler.passes.quantized import QuantizedIslandPass
 from amp_compiler.passes.signal import SignalPathPass
 from amp_compiler.passes.static_ranges import StaticRangePass
 
@@ -39,6 +41,7 @@ __all__ = [
     "MinCutPlacementPass",
     "PadTensorCoresPass",
     "PaintPass",
+    "QuantizedIslandPass",
     "RemoveCancellingCastsPass",
     "SignalPathPass",
     "StaticRangePass",

@@ -4,6 +4,7 @@ the decisions the rule makes, and the accuracy with the rule against the accurac
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 
 import numpy as np
@@ -26,10 +27,10 @@ def _samples(name: str, n: int = 2) -> list[dict[str, np.ndarray]]:
 
 
 @functools.cache
-def _table_without(flag: str) -> PolicyTable:
-    """The shipped policy table with one flag dropped from every entry (the rule it drives is off)."""
+def _table_without(key: str) -> PolicyTable:
+    """The shipped policy table with one key dropped from every entry (the rule it drives is off)."""
     text = resources.files("amp_compiler.policy").joinpath("onnx_ops.toml").read_text("utf-8")
-    return PolicyTable.from_toml(text.replace(f"\n{flag} = true", ""))
+    return PolicyTable.from_toml(re.sub(rf"\n{key} = [^\n]+", "", text))
 
 
 def _worst_error_of_range(fp32: onnx.ModelProto, converted: onnx.ModelProto, samples) -> float:
@@ -141,3 +142,38 @@ def test_a_real_overflow_on_the_mask_path_still_counts():
     result = convert(fp32, ranges=collect_ranges(fp32, samples))
     add = {d.node: d for d in result.decisions}["add_mask"]
     assert add.rule == "calibration.overflow" and "e+38" not in add.reason  # the scores' maximum, not the mask
+
+
+# ------------------------------------------------------------------------------------- quantized models
+def test_quantized_islands_stay_fp32_with_reasons():
+    result = convert(catalog.load("quantized-encoder"))
+    by_node = {d.node: d for d in result.decisions}
+    assert by_node["attn_v_0"].rule == "quantized.requantize"  # its result is quantized for o_0
+    assert by_node["scores_0"].rule == "quantized.requantize"  # upstream of it, in the same island
+    assert "DynamicQuantizeLinear" in by_node["attn_v_0"].reason and "integer levels" in by_node["attn_v_0"].reason
+    assert by_node["q_0_quant_scales_mul"].rule == "quantized.scale"
+    assert by_node["q_0_quant"].precision == "none"  # MatMulInteger: never touched
+    assert result.casts_inserted == 0
+
+
+def test_quantized_islands_in_fp32_keep_the_probabilities_exact():
+    """Without the rule, FP16 in the islands flips int8 levels at the next quantizer."""
+    fp32, samples = catalog.load("quantized-encoder"), _samples("quantized-encoder", 4)
+    assert _worst_error_of_range(fp32, convert(fp32).model, samples) == 0.0
+    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("quantizes")).model, samples)
+    assert without > 1e-3
+
+
+def test_a_static_quantizer_keeps_only_what_it_reads_fp32():
+    """QuantizeLinear (a fixed scale) after a MatMul: the MatMul's result is what it reads."""
+    from onnx_builders import tensor as t
+
+    m = model(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm0"), helper.make_node("MatMul", ["h", "W"], ["h2"], name="mm1"),
+         helper.make_node("QuantizeLinear", ["h2", "s", "z"], ["q"], name="quant"),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequant")],
+        [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])],
+        [t("W", weights((16, 16))), t("s", np.array(0.02, np.float32)), t("z", np.array(0, np.int8))], opset=19,
+    )
+    rules = {d.node: d.rule for d in convert(m).decisions}
+    assert rules["mm1"] == "quantized.requantize" and rules["mm0"] == "policy.low"

@@ -47,8 +47,9 @@ class OpPolicy:
     signal: bool = False
     # Reads its input's whole dynamic range (Log): the signal path from a graph input into it stays FP32.
     dynamic_range: bool = False
-    # Quantizes its float input (QuantizeLinear, DynamicQuantizeLinear): the tensor it reads stays FP32.
-    quantizes: bool = False
+    # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
+    # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
+    quantizes: str | None = None
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -102,7 +103,7 @@ class PolicyTable:
                     tensor_core=bool(raw.get("tensor_core", False)),
                     signal=bool(raw.get("signal", False)),
                     dynamic_range=bool(raw.get("dynamic_range", False)),
-                    quantizes=bool(raw.get("quantizes", False)),
+                    quantizes=raw.get("quantizes"),
                 )
             )
         return cls(entries)
