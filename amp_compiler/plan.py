@@ -29,6 +29,7 @@ class Rule(enum.Enum):
     POLICY_HIGH_RANGE = "policy.high.range"
     POLICY_HIGH_ARITHMETIC = "policy.high.arithmetic"
     POLICY_FP32_INSIDE = "policy.high.fp32-inside"
+    POLICY_BF16_RECURRENCE = "policy.high.bf16-recurrence"  # a recurrent op, FP32 for BF16
     POLICY_FOLLOW = "policy.follow"
     POLICY_PASS = "policy.pass"
     SIGNAL_PATH = "policy.high.signal-path"  # on a raw signal's linear path into Log

@@ -177,3 +177,58 @@ def test_a_static_quantizer_keeps_only_what_it_reads_fp32():
     )
     rules = {d.node: d.rule for d in convert(m).decisions}
     assert rules["mm1"] == "quantized.requantize" and rules["mm0"] == "policy.low"
+
+
+# ------------------------------------------------------------------------------------ BF16 recurrences
+def test_onnx_lstm_stays_fp32_for_bf16_and_low_for_fp16():
+    """At opset 22 (the first where LSTM takes bf16) the policy keeps it FP32 for BF16."""
+    hidden = 8
+    m = model(
+        [helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="lstm", hidden_size=hidden)],
+        [vi("x", F32, [5, 2, 4])], [vi("y", F32, [5, 1, 2, hidden])],
+        [tensor("W", weights((1, 4 * hidden, 4))), tensor("R", weights((1, 4 * hidden, hidden)))], opset=22, ir_version=10,
+    )
+    bf16 = {d.node: d for d in convert(m, target="bf16").decisions}["lstm"]
+    assert (bf16.precision, bf16.rule) == ("fp32", "policy.high.bf16-recurrence")
+    assert "0.9988" in bf16.reason
+    fp16 = {d.node: d for d in convert(m, target="fp16").decisions}["lstm"]
+    assert (fp16.precision, fp16.rule) == ("fp16", "policy.low")
+
+
+def test_fx_lstm_encoder_keeps_its_recurrence_fp32_in_bf16():
+    """A 3-layer LSTM encoder with trained-like long memory (recurrent weights x2.5, forget bias +1):
+    in BF16 throughout (torch's own) its embeddings lose cosine; with the LSTM FP32 they do not."""
+    import copy
+
+    import torch
+
+    import amp_compiler.fx as ampfx
+
+    torch.manual_seed(0)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(40, 128, 3, batch_first=True)
+            self.proj = torch.nn.Linear(128, 64)
+            with torch.no_grad():
+                for name, p in self.lstm.named_parameters():
+                    p.mul_(2.5 if "weight_hh" in name else 1.5 if "weight_ih" in name else 1.0)
+                    if "bias_hh" in name:
+                        p[128:256] += 1.0
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            return torch.nn.functional.normalize(self.proj(y[:, -1]), dim=-1)
+
+    encoder, x = Encoder().eval(), torch.randn(8, 120, 40)
+    with torch.no_grad():
+        ref = encoder(x)
+        everything_bf16 = copy.deepcopy(encoder).to(torch.bfloat16)(x.bfloat16()).float()
+        gm = ampfx.convert(encoder, (x,), target="bf16")
+        ours = gm(x).float()
+    assert float((ref * everything_bf16).sum(-1).min()) < 0.999
+    assert float((ref * ours).sum(-1).min()) > 0.9999
+    by_op = {d.op_type: d for d in ampfx.report(gm).decisions}
+    assert by_op["aten.lstm.input"].rule == "policy.high.bf16-recurrence"
+    assert by_op["aten.linear.default"].precision == "bf16"

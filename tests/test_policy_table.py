@@ -19,7 +19,7 @@ SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
-    "signal", "dynamic_range", "quantizes",
+    "signal", "dynamic_range", "quantizes", "recurrent",
 }
 
 

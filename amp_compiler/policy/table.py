@@ -50,6 +50,8 @@ class OpPolicy:
     # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
     # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
     quantizes: str | None = None
+    # Carries a state from step to step (LSTM, GRU, RNN): FP32 for BF16 (passes/classify.py).
+    recurrent: bool = False
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -104,6 +106,7 @@ class PolicyTable:
                     signal=bool(raw.get("signal", False)),
                     dynamic_range=bool(raw.get("dynamic_range", False)),
                     quantizes=raw.get("quantizes"),
+                    recurrent=bool(raw.get("recurrent", False)),
                 )
             )
         return cls(entries)
