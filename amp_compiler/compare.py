@@ -26,7 +26,7 @@ import onnx_ir as ir
 from amp_compiler.calibrate import IntermediateRunner, random_samples
 from amp_compiler.convert import convert
 from amp_compiler.dtypes import short_name
-from amp_compiler.emulate import emulate, rounded_origin
+from amp_compiler.emulate import emulate, stored_values
 from amp_compiler.errors import ModelRunError, OptionError
 from amp_compiler.targets import Provider, Target
 from amp_compiler.tensor_error import ErrorStats
@@ -107,7 +107,7 @@ def compare_models(
     tensors: dict[str, ErrorStats] = {}
     for sample in samples:
         ref = _run(reference, sample, names[0])
-        got = _matched(_run(candidate, sample, names[1]))
+        got = stored_values(_run(candidate, sample, names[1]))
         for name, value in ref.items():
             if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
                 tensors.setdefault(name, ErrorStats()).add(value, got[name])
@@ -154,17 +154,6 @@ def _run(runner: IntermediateRunner, sample: dict[str, np.ndarray], name: str) -
 def _first_line(exc: Exception) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return (lines[0] if lines else type(exc).__name__)[:300]
-
-
-def _matched(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The converted model's tensors by the FP32 model's names: an emulated model's rounded copy of a
-    tensor stands for it (it is what the low-precision model stores)."""
-    out = dict(values)
-    for name, value in values.items():
-        origin = rounded_origin(name)
-        if origin is not None:
-            out[origin] = value
-    return out
 
 
 def _count_argmax(counts: list[int], ref: np.ndarray, got: np.ndarray) -> None:

@@ -66,6 +66,17 @@ def rounded_origin(name: str) -> str | None:
     return stem if tag and number.isdigit() else None
 
 
+def stored_values(values: dict) -> dict:
+    """Tensors of a run of an emulated model (by name) with each rounded copy standing for its original:
+    the values the low-precision model stores, by the names of the model before emulation."""
+    out = dict(values)
+    for name, value in values.items():
+        origin = rounded_origin(name)
+        if origin is not None:
+            out[origin] = value
+    return out
+
+
 def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
     """An FP32 model that computes what ``model`` computes with FP16/BF16 storage (see module doc)."""
     m = ir.from_proto(onnx.shape_inference.infer_shapes(model))  # every tensor's type

@@ -1,11 +1,13 @@
-"""Error-driven refinement (``--tolerance``): pin to FP32 the nodes that add the most error.
+"""Error-driven refinement (``--tolerance``): pin to FP32 the nodes that remove the most error per
+Tensor Core FLOP kept in FP32.
 
 Each round converts the model, runs the converted and the FP32 model on the calibration samples
 with every main-graph tensor exposed, and measures per node the error its output has against FP32
-(relative L2) and the error it *adds* (its output's error minus the worst error among its inputs).
-When every float graph output is within ``tolerance`` (relative L2 against FP32), it stops. Otherwise
-it pins the ``2**round`` low-precision nodes that add the most error (re-ranked every round) and
-converts again. Once a round meets the tolerance, bisection over that round's batch keeps the
+(relative L2, as the low-precision model stores it) and the error it *adds* (its output's error
+minus the worst error among its inputs). When every float graph output is within ``tolerance``
+(relative L2 against FP32), it stops. Otherwise it pins the ``2**round`` best candidates of
+:mod:`amp_compiler.pin_ranking` (re-ranked every round: error removed per Tensor Core FLOP kept in
+FP32, cheap ops whose result nothing low-precision reads first) and converts again. Once a round meets the tolerance, bisection over that round's batch keeps the
 shortest prefix that still meets it. A model of N nodes needs at most ``log2(N) + 1`` doubling rounds
 and ``log2(N)`` bisection rounds: the model runs grow like log N (onnxconverter-common's
 auto_convert_mixed_precision needs up to 2N - 1).
@@ -20,11 +22,13 @@ import onnx
 
 from amp_compiler.calibrate import IntermediateRunner
 from amp_compiler.convert import convert
-from amp_compiler.emulate import emulate
+from amp_compiler.costs import estimate
+from amp_compiler.emulate import emulate, stored_values
 from amp_compiler.errors import OptionError
 from amp_compiler.options import ConvertOptions
+from amp_compiler.pin_ranking import RANKINGS, rank
 from amp_compiler.plan import Rule
-from amp_compiler.policy import PolicyTable
+from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import NodeError, TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.targets import Target
@@ -59,7 +63,7 @@ def measure(
     accs: dict[str, ErrorStats] = {}
     for sample in samples:
         ref = fp32_runner.run(sample)
-        got = runner.run(sample)
+        got = stored_values(runner.run(sample))
         for name, value in ref.items():
             if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
                 accs.setdefault(name, ErrorStats()).add(value, got[name])
@@ -83,11 +87,21 @@ def refine(
     *,
     ranges: dict[str, TensorRange] | None = None,
     policy: PolicyTable | None = None,
+    ranking: str = "per-flop",
 ) -> Refinement:
-    """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc)."""
+    """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc).
+    ``ranking``: ``"per-flop"`` (error removed per Tensor Core FLOP kept FP32) or ``"error"`` (added
+    error alone, as before; for comparison)."""
     if not samples:
         raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
+    if ranking not in RANKINGS:
+        raise ValueError(f"unknown ranking {ranking!r}; expected one of {', '.join(RANKINGS)}")
     opts = options or ConvertOptions()
+    table = policy or default_table()
+    main_nodes = list(fp32.graph.node)
+    costs = estimate(fp32, {k: v.shape for k, v in samples[0].items()}, table).nodes[: len(main_nodes)]
+    flops = [c.flops for c in costs]
+    tensor_core = [table.is_tensor_core(n.domain, n.op_type) for n in main_nodes]
     fp32_runner = IntermediateRunner(fp32)
     pinned: list[tuple[int, str]] = []
     history: list[tuple[int, float]] = []
@@ -124,19 +138,14 @@ def refine(
             result, errors, outputs = best
             return Refinement(result, rounds, runs, fp32_runner.runs, pinned, errors, outputs, history, True)
         taken = {i for i, _ in pinned}
-        main = {
-            d.index for d in result.decisions
-            if d.index is not None and d.precision == low and d.rule not in _NOT_COMPUTE
+        precision = {
+            d.index: d.precision for d in result.decisions
+            if d.index is not None and d.index < len(main_nodes) and d.rule not in _NOT_COMPUTE
         }
-        candidates = sorted(
-            (i for i in errors if i in main and i not in taken and errors[i].added > 0),
-            key=lambda i: -errors[i].added,
-        )
+        candidates = [
+            c for c in rank(ranking, fp32.graph, errors, precision, low, flops, tensor_core) if c.index not in taken
+        ]
         if met or not candidates:
             return Refinement(result, rounds, runs, fp32_runner.runs, pinned, errors, outputs, history, met)
-        batch = [
-            (i, f"pinned by --tolerance {tolerance:g}: adds {errors[i].added:.2e} relative error "
-                f"(round {rounds})")
-            for i in candidates[: 2 ** (rounds - 1)]
-        ]
+        batch = [(c.index, c.why(tolerance, rounds)) for c in candidates[: 2 ** (rounds - 1)]]
         pinned = pinned + batch
