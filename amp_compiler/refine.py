@@ -8,9 +8,10 @@ minus the worst error among its inputs). When every float graph output is within
 (relative L2 against FP32), it stops. Otherwise it pins the ``2**round`` best candidates of
 :mod:`amp_compiler.pin_ranking` (re-ranked every round: error removed per Tensor Core FLOP kept in
 FP32, cheap ops whose result nothing low-precision reads first) and converts again. Once a round
-meets the tolerance, bisection over that round's batch keeps the shortest prefix that still meets it. A model of N nodes needs at most ``log2(N) + 1`` doubling rounds
-and ``log2(N)`` bisection rounds: the model runs grow like log N (onnxconverter-common's
-auto_convert_mixed_precision needs up to 2N - 1).
+meets the tolerance, bisection over that round's batch keeps the shortest prefix that still meets it.
+A model of N nodes needs at most ``log2(N) + 1`` doubling rounds and ``log2(N)`` bisection rounds:
+the model runs grow like log N (onnxconverter-common's auto_convert_mixed_precision needs up to
+2N - 1).
 """
 
 from __future__ import annotations
