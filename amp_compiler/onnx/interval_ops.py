@@ -70,6 +70,8 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(*ops: str):
+    """Register the decorated function as the rule of ``ops``."""
+
     def register(fn: Rule) -> Rule:
         for op in ops:
             RULES[op] = fn
@@ -91,22 +93,16 @@ def _attr(node: ir.Node, name: str, default):
     return default if attr is None else attr.value
 
 
-def _const_bound(c: np.ndarray) -> Bound:
-    c = np.asarray(c, np.float64)
-    return exact(c, c)
-
-
 def _operands(ins, consts) -> list[Bound | None]:
-    return [
-        b if b is not None else (_const_bound(c) if c is not None else None) for b, c in zip(ins, consts, strict=True)
-    ]
+    """The bounds of a node's inputs, constants included (exact)."""
+    return [b if b is not None else (exact(c, c) if c is not None else None) for b, c in zip(ins, consts, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------- elementwise
 _INCREASING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Relu": lambda x: np.maximum(x, 0.0), "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "Tanh": np.tanh,
     "Exp": np.exp, "Log": lambda x: np.log(np.maximum(x, 0.0)), "Sqrt": lambda x: np.sqrt(np.maximum(x, 0.0)),
-    "Identity": lambda x: x, "Floor": np.floor, "Ceil": np.ceil, "Round": np.round,
+    "Floor": np.floor, "Ceil": np.ceil, "Round": np.round,
     "Softplus": lambda x: np.logaddexp(0.0, x), "Softsign": lambda x: x / (1.0 + np.abs(x)),
 }
 
