@@ -111,6 +111,11 @@ def _analyze(
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
     warnings: list[str] = []
+    if result.warnings:
+        warnings.append(
+            "overflows that depend on an input's scale (--input-range NAME:LO,HI keeps them FP32): "
+            + "; ".join(result.warnings)
+        )
     try:
         eval_samples = samples or random_samples(model, shapes)
         accuracy = _accuracy(model, result.model, options.target, eval_samples, runner)

@@ -19,6 +19,7 @@ import onnx
 import onnx.shape_inference
 
 from amp_compiler.dtypes import FLOAT_TYPES
+from amp_compiler.errors import OptionError
 from amp_compiler.report.model import TensorRange
 from amp_compiler.runner import Runner, default_runner
 
@@ -30,6 +31,7 @@ from amp_compiler.samples import (  # noqa: F401
     random_samples,
     sample_files,
 )
+from amp_compiler.targets import Provider
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
@@ -54,21 +56,47 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     return inferred, [o.name for o in inferred.graph.output]
 
 
+# onnxruntime's name of each execution provider an IntermediateRunner can run on.
+_ORT_PROVIDERS = {Provider.CPU: "CPUExecutionProvider", Provider.CUDA: "CUDAExecutionProvider"}
+
+
 class IntermediateRunner:
     """Runs a model on onnxruntime with every main-graph float tensor exposed, through ``runner``
-    (:mod:`amp_compiler.runner`: a child process with a budget, or this process for trusted models)."""
+    (:mod:`amp_compiler.runner`: a child process with a budget, or this process for trusted models),
+    on the CPU provider or (``provider=Provider.CUDA``) on the CUDA provider, whose real FP16/BF16
+    kernels then run; a provider onnxruntime does not start is an :class:`OptionError`."""
 
-    def __init__(self, model: onnx.ModelProto, runner: Runner):
+    def __init__(self, model: onnx.ModelProto, runner: Runner, provider: Provider = Provider.CPU):
+        name = _ORT_PROVIDERS.get(provider)
+        if name is None:
+            raise OptionError(f"models run on the cpu or cuda execution provider, not {provider.value}",
+                              option="provider")
         exposed, self.names = exposed_model(model)
-        self.session = runner.load(exposed)
+        self.session = runner.load(exposed, provider=name)
+        if self.session.providers[:1] != [name]:
+            self.session.close()
+            raise OptionError(
+                f"onnxruntime here did not start the {provider.value} execution provider "
+                f"(it started: {', '.join(self.session.providers)})", option="provider",
+            )
+        self.feeds = dict(zip(self.session.input_names, self.session.input_types, strict=True))
         self.runs = 0
 
     def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
-        return dict(zip(self.names, self.session.run(sample), strict=True))
+        feeds = {k: _as_input(v, self.feeds[k]) for k, v in sample.items() if k in self.feeds}
+        return dict(zip(self.names, self.session.run(feeds), strict=True))
 
     def close(self) -> None:
         self.session.close()
+
+
+def _as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
+    """A float sample array in the float type the session's input takes (an FP16 input of a model
+    converted without keeping its I/O types); anything else as it is."""
+    if ort_type == "tensor(float16)" and np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float16)
+    return array
 
 
 @dataclasses.dataclass

@@ -1,10 +1,12 @@
 """The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
 
-    load -> check and type the IR (shape inference, then the ops' schemas) -> precision graph ->
-    analysis (classify, kernel coverage, constant and calibration ranges, paint, min-cut:
-    amp_compiler.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding (opt-in)
-    -> per-node decisions (nodes left as they are for want of an element type: a warning, or with
-    ``strict`` an error)
+    load -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from
+    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, runtime
+    hazards, signal paths, quantized islands, constant, static and calibration ranges, paint,
+    min-cut: amp_compiler.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding
+    (opt-in) -> per-node decisions (nodes left as they are for want of an element type: a warning,
+    or with ``strict`` an error), and warnings of overflows that depend on the scale of an input
+    whose range is not known
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
 from amp_compiler.onnx.files import load_model_deferred
 from amp_compiler.onnx.foreign_ops import foreign_ops
+from amp_compiler.onnx.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.onnx.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.output import output_proto as _output_proto
@@ -59,7 +62,8 @@ def convert(
     at a time when needed, and :meth:`ConversionResult.save` writes the result with external data.
     ``options`` (or keyword overrides of its fields, e.g. ``target="bf16"``) choose the target,
     provider and user overrides. ``ranges`` (from :func:`amp_compiler.calibrate.collect_ranges`) adds
-    the calibration rules. Returns the converted model with the per-node decisions. The input model
+    the calibration rules, and the graph inputs' observed ranges feed the static range analysis like
+    stated ones (``input_ranges``). Returns the converted model with the per-node decisions. The input model
     is not modified.
     """
     # Options, checked before the model is read.
@@ -76,6 +80,10 @@ def convert(
     if locations:
         defer_ir_tensors(ir_model, locations)
 
+    # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound.
+    input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), ranges)
+    bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
+
     # Analysis: the precision graph, then the plan (amp_compiler.pipeline). Cast sizes for placement
     # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
     graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
@@ -89,9 +97,12 @@ def convert(
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
+        reached=reached_magnitudes(bounds) or None,
         elements=placement_elements(proto, unshaped, shapes) if mincut and (shapes or unshaped) else None,
     )
     plan = plan_precisions(graph, settings)
+    unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
+    warnings = overflow_warnings(ir_model, graph, plan, opts.target, unranged)
 
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)
@@ -115,7 +126,7 @@ def convert(
         None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
-        input_shapes=shapes,
+        input_shapes=shapes, warnings=warnings,
     )
 
 

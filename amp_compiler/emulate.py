@@ -26,6 +26,8 @@ import onnx_ir as ir
 from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.onnx.schema_typing import type_from_schemas
 
+# The rounded copy of a tensor ``X`` is named ``X__f32emu<n>`` (see rounded_origin).
+ROUNDED_TAG = "__f32emu"
 _F32 = ir.DataType.FLOAT
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 _LOW_INTS = frozenset(int(t) for t in _LOW)
@@ -42,7 +44,7 @@ def _round_trip(graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: 
     if not users and not outputs:
         return
     low = ir.Value(name=f"{value.name}__lowemu{tag}", type=ir.TensorType(low_type), shape=value.shape)
-    back = ir.Value(name=f"{value.name}__f32emu{tag}", type=ir.TensorType(_F32), shape=value.shape)
+    back = ir.Value(name=f"{value.name}{ROUNDED_TAG}{tag}", type=ir.TensorType(_F32), shape=value.shape)
     to_low = ir.Node("", "Cast", [value], [ir.AttrInt64("to", int(low_type))], outputs=[low])
     to_f32 = ir.Node("", "Cast", [low], [ir.AttrInt64("to", int(_F32))], outputs=[back])
     if after is not None:
@@ -59,6 +61,24 @@ def _round_trip(graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: 
         value.name = f"{name}__unrounded{tag}"
         back.name = name
         graph.outputs[i] = back
+
+
+def rounded_origin(name: str) -> str | None:
+    """For the rounded copy of a tensor that :func:`emulate` made, the original tensor's name (what
+    its users read in the emulated model, as the low-precision model stores it); else None."""
+    stem, tag, number = name.rpartition(ROUNDED_TAG)
+    return stem if tag and number.isdigit() else None
+
+
+def stored_values(values: dict) -> dict:
+    """Tensors of a run of an emulated model (by name) with each rounded copy standing for its original:
+    the values the low-precision model stores, by the names of the model before emulation."""
+    out = dict(values)
+    for name, value in values.items():
+        origin = rounded_origin(name)
+        if origin is not None:
+            out[origin] = value
+    return out
 
 
 def emulate(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,6 +39,9 @@ class ConvertOptions:
     # Refuse to leave nodes as they are for want of an element type (UntypedTensorsError) instead of
     # warning about them (ConversionResult.untyped_nodes).
     strict: bool = False
+    # Ranges of float graph inputs (--input-range): ((name, (lo, hi)), ...). What provably overflows the
+    # target for inputs within them stays FP32 (a static range analysis).
+    input_ranges: tuple[tuple[str, tuple[float, float]], ...] = ()
 
 
 def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:
@@ -60,8 +64,9 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
     for key in ("block_nodes", "pinned_nodes"):
         if key in values:
             values[key] = tuple(values[key])
-    if isinstance(values.get("input_shapes"), dict):
-        values["input_shapes"] = tuple((k, tuple(v)) for k, v in values["input_shapes"].items())
+    for key in ("input_shapes", "input_ranges"):
+        if isinstance(values.get(key), dict):
+            values[key] = tuple((k, tuple(v)) for k, v in values[key].items())
     return dataclasses.replace(opts, **values)
 
 
@@ -71,3 +76,32 @@ def check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:
     unknown = sorted(op for op in ops if op not in known and not schemas.lookup("", op, 100))
     if unknown:
         raise OptionError(f"unknown op type(s): {', '.join(unknown)}", option="block_ops")
+
+
+def check_input_ranges(graph_inputs: Mapping[str, bool], ranges: Mapping[str, tuple[float, float]]) -> None:
+    """Raise :class:`OptionError` unless every name is a float graph input (``graph_inputs``: name ->
+    whether it is a float tensor) and every range is finite with ``lo <= hi``."""
+    for name, (lo, hi) in ranges.items():
+        if name not in graph_inputs:
+            raise OptionError(
+                f"{name} is not a graph input (inputs: {', '.join(sorted(graph_inputs))})", option="input_ranges"
+            )
+        if not graph_inputs[name]:
+            raise OptionError(f"{name} is not a float input: its range decides nothing", option="input_ranges")
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise OptionError(f"{name}: expected a finite range LO <= HI, got {lo:g}, {hi:g}", option="input_ranges")
+
+
+def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
+    """``name:-32768,32767`` -> ("name", (-32768.0, 32767.0))."""
+    name, sep, values = text.rpartition(":")
+    try:
+        lo_text, comma, hi_text = values.partition(",")
+        if not sep or not name or not comma:
+            raise ValueError
+        bounds = (float(lo_text), float(hi_text))
+    except ValueError:
+        raise OptionError(
+            f"{text!r}: expected NAME:LO,HI (e.g. audio:-32768,32767)", option="input_ranges"
+        ) from None
+    return name, bounds

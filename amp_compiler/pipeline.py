@@ -1,8 +1,9 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> kernel coverage -> runtime hazards -> constant ranges -> calibration ranges -> paint
-                (ONNX frontends)   (ONNX frontends)                     (with ranges)
-             -> min-cut placement
+    classify -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
+                (ONNX frontends)   (ONNX frontends)
+             -> constant ranges -> static ranges -> calibration ranges -> paint -> min-cut placement
+                                   (input ranges)    (with ranges)
                 (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
@@ -30,7 +31,10 @@ from amp_compiler.passes import (
     KernelCoveragePass,
     MinCutPlacementPass,
     PaintPass,
+    QuantizedIslandPass,
     RuntimeHazardPass,
+    SignalPathPass,
+    StaticRangePass,
 )
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.report.model import TensorRange
@@ -66,6 +70,7 @@ class AnalysisSettings:
     pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     ranges: Mapping[str, TensorRange] | None = None
     placement: str = "mincut"
+    reached: Mapping[str, float] | None = None
     elements: Mapping[str, int] | None = None
     kernel_coverage: bool = True
     runtime_hazards: bool = True
@@ -81,7 +86,11 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     if settings.runtime_hazards:
         passes.append(RuntimeHazardPass())
+    passes.append(SignalPathPass())
+    passes.append(QuantizedIslandPass())
     passes.append(ConstantRangePass(settings.target))
+    if settings.reached:
+        passes.append(StaticRangePass(settings.reached, settings.target))
     if settings.ranges:
         passes.append(CalibrationRangePass(settings.ranges, settings.target))
     passes.append(PaintPass())

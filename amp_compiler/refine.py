@@ -1,14 +1,17 @@
-"""Error-driven refinement (``--tolerance``): pin to FP32 the nodes that add the most error.
+"""Error-driven refinement (``--tolerance``): pin to FP32 the nodes that remove the most error per
+Tensor Core FLOP kept in FP32.
 
 Each round converts the model, runs the converted and the FP32 model on the calibration samples
 with every main-graph tensor exposed, and measures per node the error its output has against FP32
-(relative L2) and the error it *adds* (its output's error minus the worst error among its inputs).
-When every float graph output is within ``tolerance`` (relative L2 against FP32), it stops. Otherwise
-it pins the ``2**round`` low-precision nodes that add the most error (re-ranked every round) and
-converts again. Once a round meets the tolerance, bisection over that round's batch keeps the
-shortest prefix that still meets it. A model of N nodes needs at most ``log2(N) + 1`` doubling rounds
-and ``log2(N)`` bisection rounds: the model runs grow like log N (onnxconverter-common's
-auto_convert_mixed_precision needs up to 2N - 1).
+(relative L2, as the low-precision model stores it) and the error it *adds* (its output's error
+minus the worst error among its inputs). When every float graph output is within ``tolerance``
+(relative L2 against FP32), it stops. Otherwise it pins the ``2**round`` best candidates of
+:mod:`amp_compiler.pin_ranking` (re-ranked every round: error removed per Tensor Core FLOP kept in
+FP32, cheap ops whose result nothing low-precision reads first) and converts again. Once a round
+meets the tolerance, bisection over that round's batch keeps the shortest prefix that still meets it.
+A model of N nodes needs at most ``log2(N) + 1`` doubling rounds and ``log2(N)`` bisection rounds:
+the model runs grow like log N (onnxconverter-common's auto_convert_mixed_precision needs up to
+2N - 1).
 """
 
 from __future__ import annotations
@@ -20,42 +23,21 @@ import onnx
 
 from amp_compiler.calibrate import IntermediateRunner
 from amp_compiler.convert import convert
-from amp_compiler.emulate import emulate
+from amp_compiler.costs import estimate
+from amp_compiler.emulate import emulate, stored_values
 from amp_compiler.errors import OptionError
 from amp_compiler.options import ConvertOptions
+from amp_compiler.pin_ranking import RANKINGS, rank
 from amp_compiler.plan import Rule
-from amp_compiler.policy import PolicyTable
+from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import NodeError, TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
 from amp_compiler.targets import Target
+from amp_compiler.tensor_error import ErrorStats
 
 # Decisions that pinning cannot change.
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))
-
-
-@dataclasses.dataclass
-class _ErrAcc:
-    diff2: float = 0.0
-    ref2: float = 0.0
-    max_abs: float = 0.0
-
-    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
-        r = np.asarray(ref, dtype=np.float64)
-        g = np.asarray(got, dtype=np.float64)
-        if r.shape != g.shape:
-            return
-        finite = np.isfinite(r)
-        d = np.where(finite, g - r, np.where(r == g, 0.0, np.inf))
-        self.diff2 += float(np.sum(d * d))
-        self.ref2 += float(np.sum(np.where(finite, r * r, 0.0)))
-        self.max_abs = max(self.max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
-
-    @property
-    def rel_l2(self) -> float:
-        if self.ref2 == 0:
-            return 0.0 if self.diff2 == 0 else float("inf")
-        return float(np.sqrt(self.diff2 / self.ref2))
 
 
 @dataclasses.dataclass
@@ -92,13 +74,13 @@ def _measure(
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     intermediates = IntermediateRunner(runnable, runner)
-    accs: dict[str, _ErrAcc] = {}
+    accs: dict[str, ErrorStats] = {}
     for sample in samples:
         ref = fp32_runner.run(sample)
-        got = intermediates.run(sample)
+        got = stored_values(intermediates.run(sample))
         for name, value in ref.items():
             if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
-                accs.setdefault(name, _ErrAcc()).add(value, got[name])
+                accs.setdefault(name, ErrorStats()).add(value, got[name])
         del ref, got
     intermediates.close()
     rel = {name: acc.rel_l2 for name, acc in accs.items()}
@@ -122,14 +104,19 @@ def refine(
     ranges: dict[str, TensorRange] | None = None,
     policy: PolicyTable | None = None,
     runner: Runner | None = None,
+    ranking: str = "per-flop",
 ) -> Refinement:
     """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc).
-    ``runner``: where the models run (default: a child process with the default budget)."""
+    ``runner``: where the models run (default: a child process with the default budget).
+    ``ranking``: ``"per-flop"`` (error removed per Tensor Core FLOP kept FP32) or ``"error"`` (added
+    error alone, as before; for comparison)."""
     if not samples:
         raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
+    if ranking not in RANKINGS:
+        raise ValueError(f"unknown ranking {ranking!r}; expected one of {', '.join(RANKINGS)}")
     runner, owned = default_runner(runner)
     try:
-        return _refine(fp32, samples, tolerance, options or ConvertOptions(), ranges, policy, runner)
+        return _refine(fp32, samples, tolerance, options or ConvertOptions(), ranges, policy, runner, ranking)
     finally:
         if owned:
             runner.close()
@@ -137,8 +124,13 @@ def refine(
 
 def _refine(
     fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tolerance: float, opts: ConvertOptions,
-    ranges: dict[str, TensorRange] | None, policy: PolicyTable | None, runner: Runner,
+    ranges: dict[str, TensorRange] | None, policy: PolicyTable | None, runner: Runner, ranking: str,
 ) -> Refinement:
+    table = policy or default_table()
+    main_nodes = list(fp32.graph.node)
+    costs = estimate(fp32, {k: v.shape for k, v in samples[0].items()}, table).nodes[: len(main_nodes)]
+    flops = [c.flops for c in costs]
+    tensor_core = [table.is_tensor_core(n.domain, n.op_type) for n in main_nodes]
     fp32_runner = IntermediateRunner(fp32, runner)
     pinned: list[tuple[int, str]] = []
     history: list[tuple[int, float]] = []
@@ -175,19 +167,14 @@ def _refine(
             result, errors, outputs = best
             return Refinement(result, rounds, runs, fp32_runner.runs, pinned, errors, outputs, history, True)
         taken = {i for i, _ in pinned}
-        main = {
-            d.index for d in result.decisions
-            if d.index is not None and d.precision == low and d.rule not in _NOT_COMPUTE
+        precision = {
+            d.index: d.precision for d in result.decisions
+            if d.index is not None and d.index < len(main_nodes) and d.rule not in _NOT_COMPUTE
         }
-        candidates = sorted(
-            (i for i in errors if i in main and i not in taken and errors[i].added > 0),
-            key=lambda i: -errors[i].added,
-        )
+        candidates = [
+            c for c in rank(ranking, fp32.graph, errors, precision, low, flops, tensor_core) if c.index not in taken
+        ]
         if met or not candidates:
             return Refinement(result, rounds, runs, fp32_runner.runs, pinned, errors, outputs, history, met)
-        batch = [
-            (i, f"pinned by --tolerance {tolerance:g}: adds {errors[i].added:.2e} relative error "
-                f"(round {rounds})")
-            for i in candidates[: 2 ** (rounds - 1)]
-        ]
+        batch = [(c.index, c.why(tolerance, rounds)) for c in candidates[: 2 ** (rounds - 1)]]
         pinned = pinned + batch

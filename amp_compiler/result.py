@@ -54,6 +54,9 @@ class ConversionResult:
     # The graph input shapes the options' input_shapes fix, checked against the model, named dims
     # shared by other inputs filled in (amp_compiler.costs.bind_input_shapes); empty without them.
     input_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    # What the user should know: tensors that provably overflow the target above some magnitude of a
+    # graph input whose range is not known (state it, and they stay FP32).
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -46,6 +46,9 @@ from amp_compiler.units import format_bytes
 DEFAULT_SECONDS = 300.0
 #: The least memory budget: onnxruntime and numpy alone take about 200 MB of address space.
 MIN_MEMORY = 512 * 2**20
+#: onnxruntime's CPU execution provider, where models run unless a load asks for another.
+CPU = runner_child.PROVIDERS[0]
+
 #: How long the child may take to start (import onnxruntime), whatever the budget.
 _START_SECONDS = 60.0
 
@@ -78,10 +81,17 @@ class RunBudget:
 
 
 class Session(abc.ABC):
-    """One loaded model."""
+    """One loaded model: its inputs' names and onnxruntime types (``tensor(float16)``), its outputs'
+    names, and the execution providers onnxruntime started for it (the first one runs most ops)."""
 
     input_names: list[str]
+    input_types: list[str]
     output_names: list[str]
+    providers: list[str]
+
+    def _set_facts(self, facts: Mapping[str, list[str]]) -> None:
+        self.input_names, self.input_types = list(facts["inputs"]), list(facts["input_types"])
+        self.output_names, self.providers = list(facts["outputs"]), list(facts["providers"])
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The graph outputs, in order, for ``feeds`` (entries that are not inputs of the model are ignored)."""
@@ -98,8 +108,10 @@ class Runner(abc.ABC):
     """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
 
     @abc.abstractmethod
-    def load(self, model: onnx.ModelProto | str | os.PathLike) -> Session:
-        """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)."""
+    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU) -> Session:
+        """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
+        on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
+        to the CPU when it cannot start it: see :attr:`Session.providers`)."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -117,8 +129,7 @@ class Runner(abc.ABC):
 class _LocalSession(Session):
     def __init__(self, session: Any, run_options: Any):
         self._session, self._options = session, run_options
-        self.input_names = [i.name for i in session.get_inputs()]
-        self.output_names = [o.name for o in session.get_outputs()]
+        self._set_facts(runner_child.session_facts(session))
 
     def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         try:
@@ -131,13 +142,13 @@ class InProcessRunner(Runner):
     """Sessions in this process, with no time or memory limit: for models the caller trusts only
     (a hostile model can hang or crash the process). The test suite's own checks use it."""
 
-    def load(self, model: onnx.ModelProto | str | os.PathLike) -> Session:
+    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU) -> Session:
         ort = runtime.onnxruntime("run the model")
+        if provider not in runner_child.PROVIDERS:
+            raise ValueError(f"unknown execution provider {provider!r}")
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         try:
-            session = ort.InferenceSession(
-                source, runner_child.session_options(ort), providers=["CPUExecutionProvider"]
-            )
+            session = ort.InferenceSession(source, runner_child.session_options(ort), providers=[provider])
         except Exception as exc:
             error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRunError
             raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
@@ -148,9 +159,9 @@ class InProcessRunner(Runner):
 
 
 class _ChildSession(Session):
-    def __init__(self, runner: ChildRunner, sid: int, inputs: list[str], outputs: list[str]):
+    def __init__(self, runner: ChildRunner, sid: int, facts: Mapping[str, list[str]]):
         self._runner, self._sid = runner, sid
-        self.input_names, self.output_names = inputs, outputs
+        self._set_facts(facts)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         names = list(feeds)
@@ -183,13 +194,16 @@ class ChildRunner(Runner):
 
     # --- the public side
 
-    def load(self, model: onnx.ModelProto | str | os.PathLike) -> Session:
+    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU) -> Session:
+        if provider not in runner_child.PROVIDERS:
+            raise ValueError(f"unknown execution provider {provider!r}")
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
+        header["provider"] = provider
         answer, _ = self._request(header, raw=payload, doing="loading")
-        return _ChildSession(self, answer["session"], list(answer["inputs"]), list(answer["outputs"]))
+        return _ChildSession(self, answer["session"], answer)
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is not None:  # an error or a signal: stop the child at once

@@ -8,14 +8,16 @@ child that a hostile model took over cannot make its parent run code.
 
 Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
 
-    {"op": "load", "bytes": N} + N bytes of ModelProto     -> {"ok", "session", "inputs", "outputs"}
-    {"op": "load", "path": P}                              -> the same (P: a model file, its data beside it)
+    {"op": "load", "bytes": N, "provider": E} + N bytes of ModelProto
+                                        -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
+    {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
     {"op": "close", "session": S}                          -> {"ok": true}
 
 The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
 the same in the child and in-process (:func:`session_options`): onnxruntime's own log silenced
-(its errors reach the caller as exceptions), default graph optimisations, the CPU provider.
+(its errors reach the caller as exceptions), default graph optimisations, the CPU provider unless
+a load names another of :data:`PROVIDERS` (``providers`` in the answer says which ones started).
 
 This file must import nothing from amp_compiler (nor numpy at the top): the child runs it as a script.
 """
@@ -26,10 +28,23 @@ import json
 import sys
 from typing import Any, BinaryIO
 
+#: The execution providers a load may ask for.
+PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
+
 #: Kinds of numpy arrays that travel as raw bytes; object (string) arrays travel in the header.
 RAW_KINDS = frozenset("biufc")
 #: onnxruntime's words for an allocation that failed (the arena under RLIMIT_AS, or the system).
 MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Cannot allocate memory")
+
+
+def session_facts(session: Any) -> dict[str, list[str]]:
+    """A session's input names and types (``tensor(float16)``), output names and started providers."""
+    return {
+        "inputs": [i.name for i in session.get_inputs()],
+        "input_types": [i.type for i in session.get_inputs()],
+        "outputs": [o.name for o in session.get_outputs()],
+        "providers": list(session.get_providers()),
+    }
 
 
 def session_options(ort: Any, *, threads: int = 0) -> Any:
@@ -152,15 +167,14 @@ def _serve(limit: int) -> None:
         try:
             if op == "load":
                 source = request["path"] if "path" in request else bytes(_read_exact(stdin, request["bytes"]))
-                session = ort.InferenceSession(source, session_options(ort), providers=["CPUExecutionProvider"])
+                provider = request.get("provider", PROVIDERS[0])
+                if provider not in PROVIDERS:
+                    raise ValueError(f"unknown execution provider {provider!r}")
+                session = ort.InferenceSession(source, session_options(ort), providers=[provider])
                 del source
                 next_id += 1
                 sessions[next_id] = session
-                write_message(stdout, {
-                    "ok": True, "session": next_id,
-                    "inputs": [i.name for i in session.get_inputs()],
-                    "outputs": [o.name for o in session.get_outputs()],
-                })
+                write_message(stdout, {"ok": True, "session": next_id, **session_facts(session)})
             elif op == "run":
                 arrays = _read_arrays(np, stdin, request.get("arrays", []))
                 feeds = dict(zip(request["names"], arrays, strict=True))

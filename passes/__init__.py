@@ -5,8 +5,11 @@ Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read
 (they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
 puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
 low-precision kernel on the target provider stay FP32), ``RuntimeHazardPass`` (op patterns
-onnxruntime crashes on with a Cast inside stay FP32), ``ConstantRangePass`` (unrepresentable
-constants), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
+onnxruntime crashes on with a Cast inside stay FP32), ``SignalPathPass`` (the linear path
+from a raw input into a Log stays FP32), ``QuantizedIslandPass`` (values quantized again and
+quantization scales stay FP32), ``ConstantRangePass`` (unrepresentable
+constants), ``StaticRangePass`` (what provably overflows for the inputs' known
+ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 
 Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``): ``LowerPlanPass`` (apply
@@ -25,6 +28,9 @@ from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
+from amp_compiler.passes.quantized import QuantizedIslandPass
+from amp_compiler.passes.signal import SignalPathPass
+from amp_compiler.passes.static_ranges import StaticRangePass
 
 __all__ = [
     "AnalysisPass",
@@ -37,7 +43,10 @@ __all__ = [
     "MinCutPlacementPass",
     "PadTensorCoresPass",
     "PaintPass",
+    "QuantizedIslandPass",
     "RemoveCancellingCastsPass",
     "RuntimeHazardPass",
+    "SignalPathPass",
+    "StaticRangePass",
     "compile_patterns",
 ]

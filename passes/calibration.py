@@ -6,7 +6,10 @@ Guarantees, given per-tensor ranges observed on the FP32 model (``amp_compiler.c
 - a tensor more than ``max_underflow_share`` of whose non-zero values would flush to zero in FP16
   keeps its producer and consumers FP32 (rule ``calibration.underflow``; FP16 only: BF16 has FP32's
   exponent range, so neither rule can fire for it);
-- fixed vertices and vertices already pinned keep their role and reason.
+- fixed vertices and vertices already pinned keep their role and reason;
+- on the path of an attention mask that :class:`~amp_compiler.passes.ConstantRangePass` rewrote
+  (float32's lowest becomes -32768: calibration data with padding observes -3.4e38 there), observed
+  values at or below half of the rewritten constant come from the mask and do not count.
 ``ensures`` checks the overflow rule and that only free vertices changed, and only to DENY.
 """
 
@@ -17,11 +20,20 @@ from collections.abc import Mapping
 
 from amp_compiler.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.passes.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
+from amp_compiler.passes.constants import mask_paths
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Target
 
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+
+
+def _magnitude(r: TensorRange, mask_floor: float | None) -> float:
+    """The observed magnitude that counts: on a rewritten mask's path (``mask_floor``: the most
+    negative constant rewritten), values at or below half of it are the mask's and do not."""
+    if mask_floor is not None and r.min <= mask_floor / 2:
+        return max(abs(r.max), 0.0)
+    return r.absmax
 
 
 @dataclasses.dataclass
@@ -37,9 +49,11 @@ class CalibrationRangePass(AnalysisPass):
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
         rules = frozenset({Rule.CALIBRATION_OVERFLOW, Rule.CALIBRATION_UNDERFLOW})
         ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, rules)
+        masks = mask_paths(graph, plan)
+
         def within_range(vertex: Vertex) -> bool:
             return plan.roles[vertex.id] not in _PINNABLE or all(
-                r.absmax * self.margin <= self.target.max
+                _magnitude(r, masks.get(vertex.id)) * self.margin <= self.target.max
                 for s in vertex.slots
                 if s.value is not None and s.value.name and (r := self.ranges.get(s.value.name)) is not None
             )
@@ -48,6 +62,7 @@ class CalibrationRangePass(AnalysisPass):
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         name = self.target.value.upper()
+        masks = mask_paths(graph, plan)
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
                 continue
@@ -57,10 +72,11 @@ class CalibrationRangePass(AnalysisPass):
                 if r is None:
                     continue
                 where = "input" if slot.kind in (SlotKind.NODE_IN, SlotKind.GRAPH_OUT) else "output"
-                if r.absmax * self.margin > self.target.max:
+                magnitude = _magnitude(r, masks.get(vertex.id))
+                if magnitude * self.margin > self.target.max:
                     plan.set_role(
                         vertex.id, Role.DENY, Rule.CALIBRATION_OVERFLOW,
-                        f"HIGH: {where} {value.name!r} reaches |x| = {r.absmax:.3g} on the calibration "
+                        f"HIGH: {where} {value.name!r} reaches |x| = {magnitude:.3g} on the calibration "
                         f"data, beyond {name}'s range ({self.target.max:g}) with a {self.margin:g}x margin",
                     )
                     break

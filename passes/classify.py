@@ -4,7 +4,12 @@ Guarantees (checked by ``ensures``): every vertex gets exactly one role and a ru
 Fixed vertices (dtype cannot change), and only they, are FIXED; user-blocked ops and nodes are DENY;
 HIGH ops are DENY, except ``arithmetic`` HIGH ops whose kernel on the target provider computes in
 FP32 inside, which are INFER (they take low-precision inputs and outputs when their neighbours do);
-LOW ops are ALLOW; FOLLOW is INFER; PASS is CLEAR.
+LOW ops are ALLOW, except recurrent ones (LSTM, GRU, RNN) for BF16, which are DENY: a recurrence
+carries its state through every step and BF16's 8-bit significand compounds over them (a 3-layer
+LSTM speaker encoder over 160 frames, with trained-like long memory: embedding cosine 0.9988 in
+BF16, 0.99999 in FP16; its state alone in FP32 still gives 0.9993, BF16 weights change the
+dynamics, and ONNX's LSTM keeps weights, inputs and state in one type anyway); FOLLOW is INFER;
+PASS is CLEAR.
 
 Precedence, highest first: fixed by the schema or the model > user ``block_nodes`` > user
 ``block_ops`` > nodes pinned by ``--tolerance`` > the policy table.
@@ -21,7 +26,7 @@ from amp_compiler.graph import PrecisionGraph, Vertex
 from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 from amp_compiler.policy import Category, Sensitivity
-from amp_compiler.targets import Provider
+from amp_compiler.targets import Provider, Target
 
 
 def compile_patterns(patterns: Iterable[str], option: str = "block_nodes") -> tuple[re.Pattern, ...]:
@@ -46,7 +51,7 @@ class ClassifyPass(AnalysisPass):
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         unknown = set(graph.unknown_ops)
         for vertex in graph.vertices:
-            role, rule, reason = self._classify(vertex, vertex.node in unknown)
+            role, rule, reason = self._classify(vertex, vertex.node in unknown, graph.target)
             plan.set_role(vertex.id, role, rule, reason)
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
@@ -65,7 +70,7 @@ class ClassifyPass(AnalysisPass):
             "is FIXED while its dtype is free, or not FIXED while it is fixed",
         )
 
-    def _classify(self, vertex: Vertex, unknown_op: bool) -> tuple[Role, Rule, str]:
+    def _classify(self, vertex: Vertex, unknown_op: bool, target: Target) -> tuple[Role, Rule, str]:
         node = vertex.node
         if not vertex.free:
             rule = Rule.UNKNOWN_OP if unknown_op else Rule.UNKNOWN_TYPE if vertex.untyped else Rule.FIXED
@@ -84,6 +89,12 @@ class ClassifyPass(AnalysisPass):
             return Role.DENY, Rule.UNKNOWN_OP, f"FP32: {node.op_type} is not in the policy table"
         reason = policy.reason if policy is not None else "precision neutral"
         op = node.op_type if node is not None else "graph I/O"
+        if category is Category.LOW and policy is not None and policy.recurrent and target is Target.BF16:
+            return (
+                Role.DENY, Rule.POLICY_BF16_RECURRENCE,
+                f"FP32 for BF16: {op} carries its state through every step, and BF16's 8-bit significand "
+                "compounds over them (a 3-layer LSTM encoder: embedding cosine 0.9988 in BF16, 0.99999 in FP16)",
+            )
         if category is Category.LOW:
             return Role.ALLOW, Rule.POLICY_LOW, f"LOW: {op}: {reason}"
         if category is Category.HIGH:

@@ -66,6 +66,33 @@ def feeds_only_softmax(graph: PrecisionGraph, start: Vertex) -> bool:
     return reached
 
 
+def mask_paths(graph: PrecisionGraph, plan: PrecisionPlan) -> dict[int, float]:
+    """The vertices an attention mask rewritten by :class:`ConstantRangePass` flows through, from the
+    vertices that read the rewritten constant, through mask-building ops, to the Softmax (included:
+    it reads the masked scores), each with the most negative value rewritten (observed values at or
+    below half of it come from the mask, and become ``MASK_LOWEST`` multiples in the output model)."""
+    floor: dict[int, float] = {}
+    for vertex in graph.vertices:
+        rewritten = [
+            float(np.min(array)) for c in vertex.constants
+            if c in plan.constant_rewrites and (array := constant_array(c)) is not None
+        ]
+        if not rewritten:
+            continue
+        lowest = min(rewritten)
+        stack = [vertex.id]
+        while stack:
+            vid = stack.pop()
+            if floor.get(vid, 0.0) <= lowest:
+                continue
+            floor[vid] = lowest
+            v = graph.vertices[vid]
+            if v.node is not None and v.node.op_type in MASK_SINK_OPS:
+                continue
+            stack.extend(w for w in graph.digraph.succ[vid])
+    return floor
+
+
 def raw_float32_bytes(tensor: object) -> bytes | None:
     """The little-endian bytes of an FP32 tensor as the model file stores them (``raw_data``), or
     None for any other tensor (another type, typed fields, external data, not from a file): what

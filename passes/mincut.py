@@ -27,10 +27,20 @@ How it stays fast on 100,000-node graphs, exactly:
   vertex changes colour only where that saves bytes (or is forced by a change that does), and no
   bias capacities are needed (those made augmenting paths walk the whole residual stream of a
   transformer once per vertex: quadratic).
+- A numeric op (FOLLOW, or a HIGH op computing in FP32 inside) that produces an FP32 graph output
+  counts one more Cast of its output when it runs in low precision: its result is rounded before the
+  user reads it. The graph output would then take a Cast of the op's result, where an FP32 op takes
+  a Cast of its input instead, as many bytes when the shapes match, and a second Cast of its result
+  for its low-precision users if it has any. So it runs FP32 whenever that costs at most one Cast of
+  its output more (a detector's Sigmoid whose probabilities of 1e-6 also gate later layers landed
+  among FP16's subnormals, spaced 6e-8, and lost 8% of its value); ties go to FP32 for it. Data
+  movement (PASS) rounds nothing and has no such cost.
 
 Guarantees (checked by ``ensures``, which recounts both totals): painting's colouring is a feasible
-cut, so the result moves at most as many cast bytes as painting (both totals are recorded on the
-plan); only free vertices change. Maximum flows are
+cut, so the result costs at most what painting's does (cast bytes, both totals recorded on the plan,
+plus one Cast's worth per FP32 graph output a numeric op computes in low precision: a placement
+moves more bytes than painting only to compute such an output in FP32, at most one Cast of it more);
+only free vertices change. Maximum flows are
 networkx's ``boykov_kolmogorov`` on integer byte capacities. Tensor sizes come from the inferred
 shapes, or from ``--input-shape`` where dims are dynamic; unknown dims count as 1.
 """
@@ -46,7 +56,7 @@ import networkx as nx
 import onnx_ir as ir
 from networkx.algorithms.flow import boykov_kolmogorov
 
-from amp_compiler.graph import PrecisionGraph, ValueView
+from amp_compiler.graph import PrecisionGraph, SlotKind, ValueView
 from amp_compiler.passes.base import AnalysisPass, ensure, ensure_all, require, require_roles
 from amp_compiler.plan import PrecisionPlan, Role, Rule
 
@@ -130,11 +140,19 @@ class MinCutPlacementPass(AnalysisPass):
         require(set(plan.decisions) == {v.id for v in graph.vertices}, self, "painting must decide every vertex first")
 
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
-        """Never more cast bytes than painting; only free vertices change; both totals recounted."""
+        """Never costlier than painting; only free vertices change; both byte totals recounted."""
         painting, final = plan.cast_bytes_painting, plan.cast_bytes_final
+        low = graph.target.dtype
+        penalties = _output_penalties(graph, before, _tensors(graph, self.elements))
+
+        def rounding(decided: PrecisionPlan) -> int:
+            return sum(b for v, b in penalties.items() if decided.decisions[v].dtype == low)
+
         ensure(
-            painting is not None and final is not None and final <= painting, self,
-            f"the Casts move {final} bytes, painting's {painting} (None: not recorded)",
+            painting is not None and final is not None
+            and final + rounding(plan) <= painting + rounding(before), self,
+            f"the Casts move {final} bytes (outputs rounded: {rounding(plan)}), painting's {painting} "
+            f"({rounding(before)}) (None: not recorded)",
         )
         ensure_all(
             self, graph.vertices,
@@ -142,7 +160,6 @@ class MinCutPlacementPass(AnalysisPass):
             or (_free(before, v.id) and plan.decisions[v.id].rule is Rule.MINCUT),
             "changed colour, though painting was not free to choose it",
         )
-        low = graph.target.dtype
         tensors = _tensors(graph, self.elements)
         for name, total, decided in (("painting", painting, before), ("placement", final, plan)):
             recount = total_cast_bytes(tensors, {v.id: decided.decisions[v.id].dtype == low for v in graph.vertices})
@@ -156,7 +173,9 @@ class MinCutPlacementPass(AnalysisPass):
         regions = nx.utils.UnionFind(free)
         at_stake: list[list[int]] = []  # the free vertices of each tensor that needs a Cast
         painting = 0
-        for t in _tensors(graph, self.elements):
+        tensors = _tensors(graph, self.elements)
+        penalties = _output_penalties(graph, plan, tensors)
+        for t in tensors:
             stake = t.needs_cast(low_of)
             if stake:
                 painting += t.bytes
@@ -174,7 +193,7 @@ class MinCutPlacementPass(AnalysisPass):
 
         new_low: dict[int, bool] = {}
         for region_seeds in seeds.values():
-            new_low.update(_solve_region(region_seeds, incident, low_of))
+            new_low.update(_solve_region(region_seeds, incident, low_of, penalties))
         changed = sorted(v for v, now_low in new_low.items() if now_low != low_of[v])
         touched = _unique(t for v in changed for t in incident[v])
         before = total_cast_bytes(touched, low_of)
@@ -182,17 +201,36 @@ class MinCutPlacementPass(AnalysisPass):
         for v in changed:
             now_low = new_low[v]
             low_of[v] = now_low
+            why = (
+                "at most one Cast of its result more this way, and its result is an FP32 graph output: "
+                "computing it in low precision would round what the output reads" if v in penalties and not now_low
+                else "fewer bytes this way than painting did"
+            )
             plan.decide(
                 v, low if now_low else ir.DataType.FLOAT, Rule.MINCUT,
-                f"{name if now_low else 'FP32'}: cast placement (minimum cut) moves fewer bytes "
-                "this way than painting did",
+                f"{name if now_low else 'FP32'}: cast placement (minimum cut) moves {why}",
             )
         # only the tensors of vertices that changed colour can change cost
         plan.cast_bytes_final = plan.cast_bytes_painting - before + total_cast_bytes(touched, low_of)
 
 
+def _output_penalties(graph: PrecisionGraph, plan: PrecisionPlan, tensors: Iterable[_Tensor]) -> dict[int, int]:
+    """Per free numeric (INFER) vertex that produces an FP32 graph output: the bytes of a Cast of
+    that output, what computing it in low precision counts (see the module docstring)."""
+    outputs = {
+        v.id for v in graph.vertices
+        if not v.free and v.dtype == ir.DataType.FLOAT and any(s.kind is SlotKind.GRAPH_OUT for s in v.slots)
+    }
+    out: dict[int, int] = {}
+    for t in tensors:
+        v = t.producer
+        if plan.roles[v] is Role.INFER and _free(plan, v) and not outputs.isdisjoint(t.users):
+            out[v] = out.get(v, 0) + t.bytes
+    return out
+
+
 def _solve_region(
-    seeds: set[int], incident: dict[int, list[_Tensor]], low_of: dict[int, bool]
+    seeds: set[int], incident: dict[int, list[_Tensor]], low_of: dict[int, bool], penalties: dict[int, int]
 ) -> dict[int, bool]:
     """The optimal colouring of the free vertices of one region, grown from ``seeds`` as a band
     until the band's upper bound meets the lower bound (see the module docstring)."""
@@ -201,8 +239,8 @@ def _solve_region(
     while True:
         tensors = _unique(t for v in band for t in incident[v])
         outer = {v for t in tensors for v in (t.producer, *t.users) if v in incident and v not in band}
-        upper, colouring = _min_cut(tensors, band, low_of, tie_break=True)
-        if not outer or _min_cut(tensors, band | outer, low_of, tie_break=False)[0] == upper:
+        upper, colouring = _min_cut(tensors, band, low_of, penalties, tie_break=True)
+        if not outer or _min_cut(tensors, band | outer, low_of, penalties, tie_break=False)[0] == upper:
             return colouring
         for _ in range(layers):  # grow by as many layers as the band has had: doubling
             band |= outer
@@ -226,11 +264,13 @@ def _unique(tensors: Iterable[_Tensor]) -> list[_Tensor]:
 
 
 def _min_cut(
-    tensors: list[_Tensor], variables: set[int], low_of: dict[int, bool], tie_break: bool
+    tensors: list[_Tensor], variables: set[int], low_of: dict[int, bool], penalties: dict[int, int],
+    tie_break: bool,
 ) -> tuple[int, dict[int, bool]]:
-    """Minimum cast bytes over ``tensors`` with ``variables`` free and every other vertex at its
-    colour in ``low_of``; with ``tie_break``, also the colouring of ``variables`` (closest to
-    ``low_of`` among the optima)."""
+    """Minimum cost (cast bytes, plus ``penalties`` of the vertices left low) over ``tensors`` with
+    ``variables`` free and every other vertex at its colour in ``low_of``; with ``tie_break``, also
+    the colouring of ``variables`` (closest to ``low_of`` among the optima, except that penalised
+    vertices take FP32 where an optimum allows)."""
 
     def node(v: int):
         if v in variables:
@@ -240,7 +280,13 @@ def _min_cut(
     g = nx.DiGraph()
     g.add_nodes_from((_SOURCE, _SINK))
     g.add_nodes_from(variables)
-    fixed = 0  # Casts between two terminals: paid whatever the variables do
+    fixed = 0  # Casts between two terminals (and penalties of fixed vertices): paid whatever the variables do
+    ends = {v for t in tensors for v in (t.producer, *t.users)}
+    for v in sorted(ends.intersection(penalties)):
+        if v in variables:
+            _edge(g, _SOURCE, v, penalties[v])
+        elif low_of[v]:
+            fixed += penalties[v]
     for k, t in enumerate(tensors):
         p = node(t.producer)
         users = {node(u) for u in t.users} - {p}
@@ -271,7 +317,9 @@ def _min_cut(
         return e["capacity"] - e["flow"] > 0
 
     forced_low = _reach([_SINK], lambda v: (u for u in residual.pred[v] if open_(u, v)))
-    seeds = [_SOURCE] + [v for v in sorted(variables) if not low_of[v] and v not in forced_low]
+    seeds = [_SOURCE] + [
+        v for v in sorted(variables) if (not low_of[v] or v in penalties) and v not in forced_low
+    ]
     fp32_side = _reach(seeds, lambda u: (v for v in residual.succ[u] if open_(u, v)))
     return value, {v: v not in fp32_side for v in variables}
 

@@ -1,5 +1,7 @@
 """The torch.compile backend: the same pass, then Inductor (or another backend)."""
 
+import warnings
+
 import pytest
 import torch
 from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
@@ -76,3 +78,31 @@ def test_training_through_the_backend_updates_fp32_parameters():
     assert not torch.equal(model[0].weight, before)
     d = {r.node: r for r in be.reports[0].decisions}
     assert d["linear"].precision == "bf16"
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(40, 32, 2, batch_first=True)
+        self.proj = torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.proj(y[:, -1])
+
+
+def test_a_model_dynamo_does_not_trace_warns_instead_of_running_silently_unconverted():
+    """Dynamo does not trace nn.LSTM by default: the backend then sees no graph at all."""
+    torch._dynamo.reset()
+    compiled = ampfx.compile(_Encoder().eval(), "fp16", inner="eager")
+    x = torch.randn(2, 10, 40)
+    with pytest.warns(ampfx.NoGraphWarning, match="no graph: the model ran unconverted.*LSTM.*allow_rnn=True"):
+        compiled(x)
+    assert not compiled.amp_backend.graphs
+    torch._dynamo.reset()
+    traced = ampfx.compile(_Encoder().eval(), "fp16", inner="eager", allow_rnn=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampfx.NoGraphWarning)
+        traced(x)
+    ops = {d.op_type: d.precision for d in traced.amp_backend.reports[0].decisions}
+    assert ops["aten.lstm.input"] == ops["aten.linear.default"] == "fp16"

@@ -120,3 +120,25 @@ def test_catalog_models_export_like_the_onnx_path(name):
     onnx_path = convert_onnx(export(module, inputs))
     expected = [(d.op_type, d.precision) for d in onnx_path.decisions if _is_tensor_core(d)]
     assert expected and tensor_core_precisions(mixed) == expected
+
+
+def test_bf16_export_picks_an_opset_whose_schemas_take_bf16():
+    """ONNX's Conv takes bf16 from opset 22: export_onnx exports there when no opset is asked for,
+    refuses an explicit older one in one error, and leaves FP16 graphs at opset 18."""
+    from amp_compiler.emulate import emulate_bf16
+    from amp_compiler.errors import OptionError
+
+    module, (x,) = _cnn()
+    gm = ampfx.convert(module, (x,), target="bf16")
+    proto = ampfx.export_onnx(gm, (x,))
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 22
+    validate(proto)
+    got = run_onnxruntime(emulate_bf16(proto), {proto.graph.input[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        ref = module(x).numpy()
+    assert np.abs(got - ref).max() <= 0.05 * (ref.max() - ref.min())
+    with pytest.raises(OptionError, match=r"opset 18 has no schema .* Conv \(opset 22\)") as info:
+        ampfx.export_onnx(gm, (x,), opset=18)
+    assert info.value.option == "opset"
+    fp16 = ampfx.export_onnx(ampfx.convert(module, (x,), target="fp16"), (x,))
+    assert {o.domain: o.version for o in fp16.opset_import}[""] == 18

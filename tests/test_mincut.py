@@ -15,7 +15,7 @@ from amp_compiler import convert
 from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.passes import MinCutPlacementPass
-from amp_compiler.passes.mincut import _tensors, total_cast_bytes
+from amp_compiler.passes.mincut import _output_penalties, _tensors, total_cast_bytes
 from amp_compiler.pipeline import AnalysisSettings, plan_precisions
 from amp_compiler.plan import Role, Rule
 from amp_compiler.policy import default_table
@@ -81,9 +81,16 @@ def test_painting_only_is_still_available_and_unknown_placement_is_an_error():
 @pytest.mark.parametrize("entry", catalog.entries("small"), ids=lambda e: e.name)
 @pytest.mark.parametrize("target", ["fp16", "bf16"])
 def test_never_more_cast_bytes_than_painting(entry, target):
-    r = convert(catalog.load(entry), target=target)
+    """At most painting's bytes, and more only to compute an FP32 graph output in FP32 (at most one
+    Cast of each such output more)."""
+    model = catalog.load(entry)
+    r = convert(model, target=target)
     assert r.cast_bytes is not None and r.cast_bytes_painting is not None
-    assert r.cast_bytes <= r.cast_bytes_painting
+    if r.cast_bytes > r.cast_bytes_painting:
+        outputs = onnx.shape_inference.infer_shapes(model).graph.output
+        dims = [[d.dim_value if d.dim_value > 0 else 1 for d in o.type.tensor_type.shape.dim] for o in outputs]
+        assert r.cast_bytes <= r.cast_bytes_painting + sum(6 * int(np.prod(d)) for d in dims)
+        assert any(d.rule == "placement.min-cut" and "FP32 graph output" in d.reason for d in r.decisions)
 
 
 def _transpose_chain_then_slice(n: int):
@@ -165,8 +172,9 @@ def _random_graph(seed: int):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_min_cut_finds_the_optimum_of_exhaustive_search(seed):
-    """On random graphs, the pass moves exactly as few bytes as the best of every colouring of the
-    free vertices, and changes nothing where painting is already optimal."""
+    """On random graphs, the pass finds the cheapest of every colouring of the free vertices (cast
+    bytes, plus one Cast of each FP32 graph output a numeric op computes in low precision), and
+    changes nothing where painting is already optimal."""
     graph, plan = _painted(_random_graph(seed))
     low = graph.target.dtype
     painted = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
@@ -176,16 +184,19 @@ def test_min_cut_finds_the_optimum_of_exhaustive_search(seed):
         and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
     )
     tensors = _tensors(graph)
-    best = min(
-        total_cast_bytes(tensors, {**painted, **dict(zip(free, colours))})
-        for colours in itertools.product((False, True), repeat=len(free))
-    )
+    penalties = _output_penalties(graph, plan, tensors)
+
+    def cost(low_of):
+        return total_cast_bytes(tensors, low_of) + sum(b for v, b in penalties.items() if low_of[v])
+
+    best = min(cost({**painted, **dict(zip(free, colours))}) for colours in itertools.product((False, True), repeat=len(free)))
     MinCutPlacementPass()(graph, plan)
-    assert plan.cast_bytes_final == best
+    final = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
+    assert cost(final) == best and plan.cast_bytes_final == total_cast_bytes(tensors, final)
     assert plan.cast_bytes_painting == total_cast_bytes(tensors, painted)
-    changed = [v for v in free if (plan.decisions[v].dtype == low) != painted[v]]
-    if best == plan.cast_bytes_painting:
-        assert changed == []
+    changed = [v for v in free if final[v] != painted[v]]
+    if best == cost(painted):
+        assert all(v in penalties and not final[v] for v in changed)  # ties go to FP32 for outputs only
     assert all(plan.decisions[v].rule is Rule.MINCUT for v in changed)
 
 

@@ -18,7 +18,8 @@ DOMAINS = {"ai.onnx", "ai.onnx.ml", "com.microsoft"}
 SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
-    "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core", "shape_inputs",
+    "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
+    "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent",
 }
 
 

@@ -23,6 +23,7 @@ from importlib import metadata
 from typing import NoReturn
 
 from amp_compiler.cli.command import Command
+from amp_compiler.cli.compare import CompareCommand
 from amp_compiler.cli.convert import ConvertCommand
 from amp_compiler.cli.report import ReportCommand
 from amp_compiler.errors import AmpUserError, OptionError, OutputCheckError, RunBudgetError
@@ -146,7 +147,7 @@ def _log_line(records: list[logging.LogRecord]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run ``amp-compiler`` with ``argv`` (default: the process's arguments); returns the exit status."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
-    commands: dict[str, Command] = {c.name: c for c in (ConvertCommand(), ReportCommand())}
+    commands: dict[str, Command] = {c.name: c for c in (ConvertCommand(), ReportCommand(), CompareCommand())}
     flags = {key: flag for c in commands.values() for g in c.groups for key, flag in g.flags.items()}
     try:
         with _signals_unwind(), _quiet_libraries() as logs:

@@ -88,7 +88,8 @@ class ConvertCommand(Command):
 def summary_line(result: ConversionResult, input_files: list[Path], output_files: list[Path], seconds: float) -> str:
     """One line: where the model went, its nodes by precision, Tensor Core ops, Casts (inserted, and the
     input's that became unnecessary), the size (model file plus external data files, before and after),
-    and a warning counting the nodes left as they are for want of an element type."""
+    a warning counting the nodes left as they are for want of an element type, and the first overflow
+    that depends on an input's scale, if any."""
     dst = output_files[0]
     decisions = result.decisions
     target = result.options.target.value
@@ -109,7 +110,17 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
             f" | WARNING: {len(result.untyped_nodes)} node(s) of unknown element type left as they are"
             " (--strict refuses them)" if result.untyped_nodes else ""
         )
+        + overflow_note(result.warnings)
     )
+
+
+def overflow_note(warnings: list[str]) -> str:
+    """The summary line's end when some tensor overflows above an input magnitude: the first such
+    node, how many more, and the option that keeps them FP32."""
+    if not warnings:
+        return ""
+    more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+    return f" | warning: {warnings[0]}{more}: --input-range NAME:LO,HI keeps what overflows FP32"
 
 
 def tolerance_line(analysis: Analysis, tolerance: float | None) -> str:

@@ -6,6 +6,8 @@
     step = ampfx.prepare_training(model, loss_fn, (x, y), target="fp16", loss_scale="dynamic")
     loss = step(x, y, optimizer)                                  # scaled, unscaled, skipped on inf/NaN
     compiled = torch.compile(model, backend=ampfx.backend(target="fp16"))
+    compiled = ampfx.compile(model, target="fp16")                  # the same, warns if nothing reached it
+    onnx_model = ampfx.export_onnx(gm, example_inputs)               # at an opset valid for its types
 """
 
 try:
@@ -16,8 +18,9 @@ except ImportError:
         "(or convert an ONNX model with amp_compiler.convert)"
     ) from None
 
-from amp_compiler.fx.backend import AmpBackend, backend  # noqa: E402
+from amp_compiler.fx.backend import AmpBackend, CompiledModule, NoGraphWarning, backend, compile  # noqa: E402
 from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform  # noqa: E402
+from amp_compiler.fx.export import export_onnx  # noqa: E402
 from amp_compiler.fx.policy import default_policy  # noqa: E402
 from amp_compiler.fx.report import FxReport  # noqa: E402
 from amp_compiler.fx.scaler import LossScaler  # noqa: E402
@@ -26,13 +29,17 @@ from amp_compiler.fx.training import TrainStep, prepare_training  # noqa: E402
 __all__ = [
     "AmpBackend",
     "AmpInternalError",
+    "CompiledModule",
     "FxReport",
     "LossScaler",
+    "NoGraphWarning",
     "TrainStep",
     "backend",
     "capture",
+    "compile",
     "convert",
     "default_policy",
+    "export_onnx",
     "prepare_training",
     "report",
     "transform",

@@ -8,10 +8,18 @@ IR that ``torch.export`` produces), runs the same analysis and lowering as :func
 parameters and buffers treated as constants that are cast at use (they stay the caller's FP32
 tensors, so training through the compiled model updates them), then compiles the result with the
 inner backend (Inductor by default), which differentiates the graph with the casts in it.
+
+Dynamo hands a backend only what it traces: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` it does not trace
+unless ``torch._dynamo.config.allow_rnn`` is set, and a model made of them reaches the backend as no
+graph at all and runs unconverted, in FP32, without a word. :func:`compile` wraps ``torch.compile``
+with this backend and warns (:class:`NoGraphWarning`) after the first call that gave the backend no
+graph, naming the RNN modules when that is why (``allow_rnn=True`` traces them for that call); the
+backend itself warns when a graph it is given has no operation to convert.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -72,6 +80,11 @@ class AmpBackend:
         self.graphs: list[fx.GraphModule] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        if not any(n.op == "call_function" for n in gm.graph.nodes):
+            warnings.warn(
+                "torch.compile gave amp-compiler's backend a graph without operations: nothing converted",
+                NoGraphWarning, stacklevel=2,
+            )
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         state_index = {
             i for i, (n, x) in enumerate(zip(placeholders, example_inputs, strict=False))
@@ -118,6 +131,49 @@ class AmpBackend:
         from torch._dynamo import lookup_backend
 
         return lookup_backend(self.inner)(gm, example_inputs)
+
+
+class NoGraphWarning(UserWarning):
+    """torch.compile ran a model without giving amp-compiler's backend a graph: nothing was converted."""
+
+
+class CompiledModule(torch.nn.Module):
+    """``torch.compile(module, backend=...)`` that warns once if a call gave the backend no graph."""
+
+    def __init__(self, module: torch.nn.Module, amp_backend: AmpBackend, allow_rnn: bool, **compile_kwargs: Any):
+        super().__init__()
+        self.compiled = torch.compile(module, backend=amp_backend, **compile_kwargs)
+        self.amp_backend = amp_backend
+        self.allow_rnn = allow_rnn
+        self._checked = False
+        self._rnns = sorted(type(m).__name__ for m in module.modules() if isinstance(m, torch.nn.RNNBase))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch._dynamo.config.patch(allow_rnn=self.allow_rnn):
+            out = self.compiled(*args, **kwargs)
+        if not self._checked:
+            self._checked = True
+            if not self.amp_backend.graphs:
+                why = (
+                    f" It holds {', '.join(sorted(set(self._rnns)))}, which dynamo does not trace unless allowed "
+                    "(amp_compiler.fx.compile(..., allow_rnn=True))" if self._rnns and not self.allow_rnn else ""
+                )
+                warnings.warn(
+                    "torch.compile gave amp-compiler's backend no graph: the model ran unconverted, in FP32." + why,
+                    NoGraphWarning, stacklevel=2,
+                )
+        return out
+
+
+def compile(  # noqa: A001 - the name torch.compile users look for
+    module: torch.nn.Module, target: Target | str = "fp16", *, inner: str | Callable = "inductor",
+    block_ops: Iterable[str] = (), block_nodes: Iterable[str] = (), allow_rnn: bool = False, **compile_kwargs: Any,
+) -> CompiledModule:
+    """``torch.compile(module, backend=backend(target, ...))`` that warns (:class:`NoGraphWarning`) when
+    a call gave the backend no graph; ``allow_rnn`` lets dynamo trace nn.LSTM/GRU/RNN (it does not by
+    default, and they then run unconverted). The backend is the wrapper's ``amp_backend``."""
+    amp = AmpBackend(target, inner=inner, block_ops=block_ops, block_nodes=block_nodes)
+    return CompiledModule(module, amp, allow_rnn, **compile_kwargs)
 
 
 def backend(

@@ -46,6 +46,16 @@ class OpPolicy:
     # Inputs the op reads only the shape of (Shape, Size): any float type will do, so they take the
     # type their producer gives them and never get a Cast of their own.
     shape_inputs: frozenset[int] = frozenset()
+    # Linear in its signal input, or a magnitude/power of it (Conv, MatMul, Add, Mul, Sqrt, data
+    # movement): the noise FP16 storage adds to a signal passes through it (LOW ops: with constant weights).
+    signal: bool = False
+    # Reads its input's whole dynamic range (Log): the signal path from a graph input into it stays FP32.
+    dynamic_range: bool = False
+    # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
+    # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
+    quantizes: str | None = None
+    # Carries a state from step to step (LSTM, GRU, RNN): FP32 for BF16 (passes/classify.py).
+    recurrent: bool = False
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -98,6 +108,10 @@ class PolicyTable:
                     refs=raw.get("refs", ""),
                     tensor_core=bool(raw.get("tensor_core", False)),
                     shape_inputs=frozenset(raw.get("shape_inputs", ())),
+                    signal=bool(raw.get("signal", False)),
+                    dynamic_range=bool(raw.get("dynamic_range", False)),
+                    quantizes=raw.get("quantizes"),
+                    recurrent=bool(raw.get("recurrent", False)),
                 )
             )
         return cls(entries)

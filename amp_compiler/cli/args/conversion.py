@@ -8,13 +8,14 @@ from amp_compiler import ConvertOptions
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.costs import parse_input_shape
 from amp_compiler.errors import OptionError
+from amp_compiler.options import parse_input_range
 from amp_compiler.targets import Provider, Target
 
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing. The ``--input-shape``
-    values are checked against the model in one place, by the conversion
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing.
+    The ``--input-shape`` values are checked against the model in one place, by the conversion
     (:func:`amp_compiler.costs.bind_input_shapes`), for the plain and the analysis path alike."""
 
     title = "conversion"
@@ -27,6 +28,7 @@ class ConversionArgs(ArgGroup):
         "input_shapes": "--input-shape",
         "pad_tensor_cores": "--pad-tensor-cores",
         "strict": "--strict",
+        "input_ranges": "--input-range",
     }
 
     def __init__(self) -> None:
@@ -60,6 +62,11 @@ class ConversionArgs(ArgGroup):
             "too (cost estimates, cast placement, random inputs; repeatable)",
         )
         group.add_argument(
+            "--input-range", action="append", default=[], metavar="NAME:LO,HI",
+            help="the range of a float graph input's values, e.g. audio:-32768,32767: what provably "
+            "overflows the target for inputs within it stays FP32 (repeatable)",
+        )
+        group.add_argument(
             "--pad-tensor-cores", action="store_true",
             help="pad FP16/BF16 MatMul/Gemm/Conv weights to multiples of 8 with zeros and slice the "
             "outputs back (exact; off by default)",
@@ -87,4 +94,5 @@ class ConversionArgs(ArgGroup):
             pad_tensor_cores=args.pad_tensor_cores,
             input_shapes=tuple(shapes.items()),
             strict=args.strict,
+            input_ranges=tuple(parse_input_range(text) for text in args.input_range),
         )

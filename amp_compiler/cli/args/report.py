@@ -99,11 +99,11 @@ def format_for(path: Path) -> str:
     return {".json": "json", ".csv": "csv", ".html": "html", ".htm": "html"}.get(path.suffix.lower(), "terminal")
 
 
-def write_text(path: Path, text: str, source: Path) -> None:
+def write_text(path: Path, text: str, *sources: Path) -> None:
     """Write a report atomically (temporary file, then rename; the umask's permissions), never over
-    the model file ``source``."""
+    the model files ``sources``."""
     try:
-        output = check_output_path(path, [source])
+        output = check_output_path(path, list(sources))
     except OutputError as exc:
         raise OutputError(f"{exc} (the report)") from None
     output.write_bytes(text.encode("utf-8"))

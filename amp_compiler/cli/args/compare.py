@@ -1,0 +1,55 @@
+"""The ``compare`` command's options: the two models, the inputs, where they run, and the output."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from amp_compiler.cli.args.group import ArgGroup
+from amp_compiler.errors import OptionError
+from amp_compiler.report.comparison import FORMATS
+from amp_compiler.targets import Provider
+
+
+class CompareArgs(ArgGroup):
+    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--provider``, ``--top``, ``--format``, ``-o``.
+    Depends on nothing."""
+
+    title = "comparison"
+    flags = {"provider": "--provider", "data": "--data", "top": "--top"}
+
+    def __init__(self) -> None:
+        self.fp32 = Path()
+        self.converted = Path()
+        self.data: Path | None = None
+        self.provider = Provider.CPU
+        self.top = 5
+        self.format = "terminal"
+        self.output: Path | None = None
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument("fp32_model", help="the FP32 ONNX model (the reference)")
+        group.add_argument("converted_model", help="its conversion (by amp-compiler or any other tool)")
+        group.add_argument(
+            "--data", metavar="PATH",
+            help="inputs: an .npz keyed by graph input name, or a folder of them (default: generated inputs)",
+        )
+        group.add_argument(
+            "--provider", default="cpu", choices=["cpu", "cuda"],
+            help="where the converted model runs: cpu (exact FP16/BF16 emulation, the default) or cuda "
+            "(its real kernels; needs onnxruntime-gpu)",
+        )
+        group.add_argument(
+            "--top", type=int, default=5, metavar="N", help="name the N nodes where the error grows most"
+        )
+        group.add_argument("--format", default="terminal", choices=list(FORMATS), help="output format (json for CI)")
+        group.add_argument("-o", "--output", metavar="FILE", help="write the comparison here instead of stdout")
+
+    def parse(self, args: argparse.Namespace) -> None:
+        self.fp32, self.converted = Path(args.fp32_model), Path(args.converted_model)
+        self.data = Path(args.data) if args.data else None
+        self.provider = Provider.parse(args.provider)
+        if args.top < 0:
+            raise OptionError(f"must be 0 or more, got {args.top}", option="top")
+        self.top, self.format = args.top, args.format
+        self.output = Path(args.output) if args.output else None
