@@ -52,15 +52,18 @@ def __getattr__(name: str) -> Any:
 class _Package(types.ModuleType):
     """The package, whose ``convert`` is always the function: importing the submodule
     ``amp_compiler.convert`` binds the package attribute of that name to the module, which would
-    hide the lazily imported function (an eager ``from ... import convert`` rebound it afterwards)."""
+    hide the lazily imported function (an eager ``from ... import convert`` rebound it afterwards).
+    Binding a function to it (a test's monkeypatch) works as for any module attribute."""
 
     @property
     def convert(self) -> Any:
-        return importlib.import_module("amp_compiler.convert").convert
+        bound = self.__dict__.get("_convert_bound")
+        return bound if bound is not None else importlib.import_module("amp_compiler.convert").convert
 
     @convert.setter
-    def convert(self, value: Any) -> None:  # the import system binding the submodule: the name stays the function
-        pass
+    def convert(self, value: Any) -> None:
+        if not isinstance(value, types.ModuleType):  # the import system binding the submodule: ignored
+            self.__dict__["_convert_bound"] = value
 
 
 sys.modules[__name__].__class__ = _Package

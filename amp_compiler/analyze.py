@@ -22,7 +22,14 @@ from amp_compiler.calibrate import collect_ranges
 from amp_compiler.checks import compare
 from amp_compiler.convert import convert
 from amp_compiler.emulate import emulate
-from amp_compiler.errors import ModelCrashError, ModelRunError, OptionError, RunBudgetError
+from amp_compiler.errors import (
+    ModelCrashError,
+    ModelRefusedError,
+    ModelRunError,
+    ModelUnsupportedError,
+    OptionError,
+    RunBudgetError,
+)
 from amp_compiler.options import ConvertOptions
 from amp_compiler.policy import PolicyTable
 from amp_compiler.refine import Refinement, measure, refine
@@ -124,7 +131,7 @@ def _analyze(
     except (RunBudgetError, ModelCrashError):
         raise
     except ModelRunError as exc:  # the model does not run here (custom ops, missing kernels, or the shapes)
-        if result.input_shapes and not samples:
+        if result.input_shapes and not samples and not isinstance(exc, (ModelRefusedError, ModelUnsupportedError)):
             given = " ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in options.input_shapes)
             raise OptionError(
                 f"{given}: the model does not run with these shapes ({exc})", option="input_shapes"

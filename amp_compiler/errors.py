@@ -35,6 +35,11 @@ class ModelRunError(AmpUserError):
     """onnxruntime refused to load or run the model (its own message follows)."""
 
 
+class ModelRefusedError(ModelRunError):
+    """onnxruntime refused to load the model (an op it does not know, an invalid graph): a fault of
+    the model file, before any input is fed to it."""
+
+
 class ModelUnsupportedError(ModelRunError):
     """onnxruntime has no kernel, on the provider it ran with, for an op of the model."""
 

@@ -39,7 +39,14 @@ import numpy as np
 import onnx
 
 from amp_compiler import runner_child, runtime
-from amp_compiler.errors import ModelCrashError, ModelRunError, ModelUnsupportedError, OptionError, RunBudgetError
+from amp_compiler.errors import (
+    ModelCrashError,
+    ModelRefusedError,
+    ModelRunError,
+    ModelUnsupportedError,
+    OptionError,
+    RunBudgetError,
+)
 from amp_compiler.units import format_bytes
 
 #: Default time budget of one load or one run of the model, in seconds.
@@ -150,7 +157,7 @@ class InProcessRunner(Runner):
         try:
             session = ort.InferenceSession(source, runner_child.session_options(ort), providers=[provider])
         except Exception as exc:
-            error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRunError
+            error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
             raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
         return _LocalSession(session, runner_child.run_options(ort))
 
@@ -254,7 +261,11 @@ class ChildRunner(Runner):
                         f"{format_bytes(self.budget.memory)} ({message_text})",
                         option="run_memory",
                     )
-                error = ModelUnsupportedError if answer.get("kind") == "unsupported" else ModelRunError
+                error: type[ModelRunError] = ModelRunError
+                if answer.get("kind") == "unsupported":
+                    error = ModelUnsupportedError
+                elif doing == "loading":
+                    error = ModelRefusedError
                 verb = {"loading": "load", "running": "run"}.get(doing, doing)
                 raise error(f"onnxruntime could not {verb} the model: {message_text}")
             return answer, self._read_arrays(answer.get("arrays", []), deadline)

@@ -27,19 +27,21 @@ How it stays fast on 100,000-node graphs, exactly:
   vertex changes colour only where that saves bytes (or is forced by a change that does), and no
   bias capacities are needed (those made augmenting paths walk the whole residual stream of a
   transformer once per vertex: quadratic).
-- A numeric op (FOLLOW, or a HIGH op computing in FP32 inside) that produces an FP32 graph output
-  counts one more Cast of its output when it runs in low precision: its result is rounded before the
-  user reads it. The graph output would then take a Cast of the op's result, where an FP32 op takes
-  a Cast of its input instead, as many bytes when the shapes match, and a second Cast of its result
-  for its low-precision users if it has any. So it runs FP32 whenever that costs at most one Cast of
-  its output more (a detector's Sigmoid whose probabilities of 1e-6 also gate later layers landed
-  among FP16's subnormals, spaced 6e-8, and lost 8% of its value); ties go to FP32 for it. Data
-  movement (PASS) rounds nothing and has no such cost.
+- An op whose results are probabilities that can be tiny (policy flag ``tiny_outputs``: Sigmoid,
+  Softmax; FOLLOW, or HIGH computing in FP32 inside) and that produces an FP32 graph output counts
+  one more Cast of its output when it runs in low precision: FP16 holds a probability of 1e-6 only
+  as a subnormal (spaced 6e-8), so the output would lose ~8% of it. The graph output would then take
+  a Cast of the op's result, where an FP32 op takes a Cast of its input instead, as many bytes when
+  the shapes match, and a second Cast of its result for its low-precision users if it has any. So
+  it runs FP32 whenever that costs at most one Cast of its output more (a detector's Sigmoid whose
+  probabilities also gate later layers); ties go to FP32 for it. Other ops (a final LayerNorm, data
+  movement) round their results to FP16's 11 bits at worst and get no such cost.
 
 Guarantees (checked by ``ensures``, which recounts both totals): painting's colouring is a feasible
 cut, so the result costs at most what painting's does (cast bytes, both totals recorded on the plan,
-plus one Cast's worth per FP32 graph output a numeric op computes in low precision: a placement
-moves more bytes than painting only to compute such an output in FP32, at most one Cast of it more);
+plus one Cast's worth per FP32 graph output a ``tiny_outputs`` op computes in low precision: a
+placement moves more bytes than painting only to compute such an output in FP32, at most one Cast of
+it more);
 only free vertices change. Maximum flows are
 networkx's ``boykov_kolmogorov`` on integer byte capacities. Tensor sizes come from the inferred
 shapes, or from ``--input-shape`` where dims are dynamic; unknown dims count as 1.
@@ -215,8 +217,9 @@ class MinCutPlacementPass(AnalysisPass):
 
 
 def _output_penalties(graph: PrecisionGraph, plan: PrecisionPlan, tensors: Iterable[_Tensor]) -> dict[int, int]:
-    """Per free numeric (INFER) vertex that produces an FP32 graph output: the bytes of a Cast of
-    that output, what computing it in low precision counts (see the module docstring)."""
+    """Per free numeric (INFER) vertex of a ``tiny_outputs`` op that produces an FP32 graph output:
+    the bytes of a Cast of that output, what computing it in low precision counts (see the module
+    docstring)."""
     outputs = {
         v.id for v in graph.vertices
         if not v.free and v.dtype == ir.DataType.FLOAT and any(s.kind is SlotKind.GRAPH_OUT for s in v.slots)
@@ -224,7 +227,11 @@ def _output_penalties(graph: PrecisionGraph, plan: PrecisionPlan, tensors: Itera
     out: dict[int, int] = {}
     for t in tensors:
         v = t.producer
-        if plan.roles[v] is Role.INFER and _free(plan, v) and not outputs.isdisjoint(t.users):
+        policy = graph.vertices[v].policy
+        if (
+            plan.roles[v] is Role.INFER and _free(plan, v) and policy is not None and policy.tiny_outputs
+            and not outputs.isdisjoint(t.users)
+        ):
             out[v] = out.get(v, 0) + t.bytes
     return out
 

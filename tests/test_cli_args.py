@@ -63,9 +63,9 @@ def watched(monkeypatch):
     real_session, real_run = runner_module.ChildRunner.load, runner_module.Session.run
     real_load, real_convert = DeferredModel.load, convert_command.convert
 
-    def session(self, model):
+    def session(self, model, **kw):
         seen["sessions"].append("file" if isinstance(model, (str, Path)) else "proto")
-        return real_session(self, model)
+        return real_session(self, model, **kw)
 
     def run(self, feeds):
         seen["runs"].append(True)

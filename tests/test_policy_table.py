@@ -19,7 +19,7 @@ SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
-    "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent",
+    "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs",
 }
 
 

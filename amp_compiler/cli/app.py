@@ -20,13 +20,14 @@ import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from amp_compiler.cli.command import Command
 from amp_compiler.cli.compare import CompareCommand
 from amp_compiler.cli.convert import ConvertCommand
 from amp_compiler.cli.report import ReportCommand
 from amp_compiler.errors import AmpUserError, OptionError, OutputCheckError, RunBudgetError
+from amp_compiler.runtime import installed_distributions
 
 PROG = "amp-compiler"
 #: Libraries whose log records would otherwise print raw (names with line breaks and escapes included).
@@ -56,14 +57,27 @@ def version_text() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    deps = ", ".join(f"{name} {version(name)}" for name in ("onnx", "onnx-ir", "onnxruntime", "numpy"))
+    runtimes = installed_distributions() or ("onnxruntime",)  # onnxruntime-gpu, ...: whichever is installed
+    deps = ", ".join(f"{name} {version(name)}" for name in ("onnx", "onnx-ir", *runtimes, "numpy"))
     return f"{PROG} {version('amp-compiler')} ({deps})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the versions, read only when asked, printed on one line as they are (argparse's
+    own action wraps them at the terminal's width)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def build_parser(commands: Iterable[Command]) -> argparse.ArgumentParser:
     """The parser: global options, then one subparser per command."""
     parser = _Parser(prog=PROG, description="Mixed-precision (FP16/BF16) compiler for ONNX models.")
-    parser.add_argument("--version", action="version", version=version_text(), help="show the versions and exit")
+    parser.add_argument("--version", action=_VersionAction, help="show the versions and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for command in commands:

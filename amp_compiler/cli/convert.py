@@ -54,7 +54,7 @@ class ConvertCommand(Command):
         load_checked = self.running.load_check and runtime.is_installed()
         if self.running.load_check and not load_checked:
             warnings.append(
-                f"the converted model was not checked: onnxruntime is not installed ({runtime.INSTALL_HINT})"
+                f"the converted model was not checked: onnxruntime is not installed; {runtime.INSTALL_HINT}"
             )
         # onnxruntime's child process starts now: importing it overlaps the conversion.
         runner = self.running.runner() if explain or load_checked else None

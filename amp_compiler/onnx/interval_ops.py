@@ -18,6 +18,7 @@ slice keeps the least attained value, which every element reaches). Every other 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -166,7 +167,7 @@ def _clamp(node, ins, consts):
     else:
         others = [np.asarray(c, np.float64) for i, c in enumerate(consts) if i != signal[0] and c is not None]
         pick = np.maximum if node.op_type == "Max" else np.minimum
-        f = lambda x: pick.reduce([x, *others]) if others else x  # noqa: E731
+        f = lambda x: functools.reduce(pick, others, x)  # noqa: E731 - broadcasts like the op
     return [Bound(f(b.lo), f(b.hi), f(b.alo), f(b.ahi))]
 
 

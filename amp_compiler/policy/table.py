@@ -56,6 +56,9 @@ class OpPolicy:
     quantizes: str | None = None
     # Carries a state from step to step (LSTM, GRU, RNN): FP32 for BF16 (passes/classify.py).
     recurrent: bool = False
+    # Its results are probabilities that can be tiny and still matter (Sigmoid, Softmax): FP16 holds
+    # them only as subnormals, so feeding an FP32 graph output it runs FP32 when that costs no more.
+    tiny_outputs: bool = False
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -112,6 +115,7 @@ class PolicyTable:
                     dynamic_range=bool(raw.get("dynamic_range", False)),
                     quantizes=raw.get("quantizes"),
                     recurrent=bool(raw.get("recurrent", False)),
+                    tiny_outputs=bool(raw.get("tiny_outputs", False)),
                 )
             )
         return cls(entries)
