@@ -81,6 +81,9 @@ def analyze(
     where the model runs (default: a child process with the default budget)."""
     if tolerance is not None and calibration_data is None:
         raise OptionError("needs calibration data (the samples it measures error on)", option="tolerance")
+    if tolerance is not None and options.target is Target.FP8:
+        raise OptionError("fp8 does not take a tolerance yet (its per-layer choice uses fixed limits)",
+                          option="tolerance")
     if tolerance is not None and not tolerance > 0:
         raise OptionError(f"must be positive, got {tolerance}", option="tolerance")
     if input_shapes is not None:
@@ -106,7 +109,8 @@ def _analyze(
         refinement = refine(model, samples, tolerance, options, ranges=ranges, policy=policy, runner=runner)
         result, node_errors, runs = refinement.result, refinement.node_errors, refinement.model_runs
     else:
-        result = convert(model, options, policy=policy, ranges=ranges)
+        fp8 = {"samples": samples, "runner": runner} if options.target is Target.FP8 else {}
+        result = convert(model, options, policy=policy, ranges=ranges, **fp8)
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)

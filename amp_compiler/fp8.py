@@ -21,6 +21,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from amp_compiler.calibrate import collect_ranges
+from amp_compiler.costs import estimate
 from amp_compiler.decisions import NodeDecision
 from amp_compiler.errors import OptionError
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
@@ -28,7 +29,9 @@ from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
 from amp_compiler.passes.fp8 import QuantizeGemmInputsPass
 from amp_compiler.plan import Rule
+from amp_compiler.policy import default_table
 from amp_compiler.report.model import TensorRange
+from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
 
 FP8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8e4m3fn (and saturate) from opset 19
@@ -129,3 +132,16 @@ def fp8_decisions(
             d = dataclasses.replace(d, rule=Rule.FP8_KEPT.value, reason=plan.reasons[id(node)][1])
         out.append(d)
     return out
+
+
+def fp8_flop_share(result: ConversionResult) -> float:
+    """The share of the converted model's Tensor Core FLOPs (estimated, dynamic dims taken as 1
+    unless the options fix them) that run on FP8 inputs."""
+    costs = estimate(result.model, result.input_shapes or None)
+    policy = default_table()
+    total = fp8 = 0
+    for d, cost in zip(result.decisions, costs.nodes, strict=False):
+        if policy.is_tensor_core(d.domain, d.op_type):
+            total += cost.flops
+            fp8 += cost.flops if d.precision == "fp8" else 0
+    return fp8 / total if total else 0.0

@@ -14,7 +14,8 @@ from amp_compiler.targets import Provider, Target
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing.
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fp8-margin``, ``--fp8-max-error``,
+    ``--strict``. Depends on nothing.
     The ``--input-shape`` values are checked against the model in one place, by the conversion
     (:func:`amp_compiler.costs.bind_input_shapes`), for the plain and the analysis path alike."""
 
@@ -29,6 +30,8 @@ class ConversionArgs(ArgGroup):
         "pad_tensor_cores": "--pad-tensor-cores",
         "strict": "--strict",
         "input_ranges": "--input-range",
+        "fp8_margin": "--fp8-margin",
+        "fp8_max_error": "--fp8-max-error",
     }
 
     def __init__(self) -> None:
@@ -72,6 +75,16 @@ class ConversionArgs(ArgGroup):
             "outputs back (exact; off by default)",
         )
         group.add_argument(
+            "--fp8-margin", type=int, default=1, metavar="N",
+            help="--target fp8: activation scales are calibration amax * 2^N / 448, headroom for larger "
+            "values (default: 1)",
+        )
+        group.add_argument(
+            "--fp8-max-error", type=float, default=0.1, metavar="REL_L2",
+            help="--target fp8: a MatMul/Gemm/Conv takes FP8 inputs only when its output moves by at most "
+            "this relative L2 error vs FP16 inputs on the calibration data (default: 0.1)",
+        )
+        group.add_argument(
             "--strict", action="store_true",
             help="fail (exit 2) instead of warning when nodes would be left as they are because the "
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
@@ -95,4 +108,6 @@ class ConversionArgs(ArgGroup):
             input_shapes=tuple(shapes.items()),
             strict=args.strict,
             input_ranges=tuple(parse_input_range(text) for text in args.input_range),
+            fp8_margin=args.fp8_margin,
+            fp8_max_error=args.fp8_max_error,
         )
