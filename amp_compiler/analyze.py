@@ -109,8 +109,9 @@ def _analyze(
         refinement = refine(model, samples, tolerance, options, ranges=ranges, policy=policy, runner=runner)
         result, node_errors, runs = refinement.result, refinement.node_errors, refinement.model_runs
     else:
-        fp8 = {"samples": samples, "runner": runner} if options.target is Target.FP8 else {}
-        result = convert(model, options, policy=policy, ranges=ranges, **fp8)
+        fp8 = options.target is Target.FP8  # the per-layer FP8 choice runs the samples
+        result = convert(model, options, policy=policy, ranges=ranges, samples=samples if fp8 else None,
+                         runner=runner if fp8 else None)
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)

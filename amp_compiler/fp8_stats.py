@@ -90,7 +90,7 @@ def weight_scales(weight: np.ndarray, axis: int | None) -> np.ndarray:
 
 def _channel_axis(node: ir.Node, index: int, rank: int) -> int | None:
     """The output-channel axis of a constant data input (None: quantized per tensor)."""
-    if index != 1 or rank != 2 and node.op_type != "Conv":
+    if index != 1 or (rank != 2 and node.op_type != "Conv"):
         return None
     if node.op_type == "Conv":
         return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -39,8 +40,6 @@ class InsertedQdq:
 
 
 def _zero_point(shape: tuple[int, ...]) -> np.ndarray:
-    import ml_dtypes  # the one float8 numpy type
-
     return np.zeros(shape, dtype=ml_dtypes.float8_e4m3fn)
 
 
@@ -81,13 +80,15 @@ class QuantizeGemmInputsPass(ir.passes.InPlacePass):
                 if cand.node is not node:
                     continue
                 for inp in cand.inputs:
-                    producer = node.inputs[inp.index].producer()
+                    value = node.inputs[inp.index]
+                    producer = value.producer() if value is not None else None
                     if producer is None or producer.op_type != "DequantizeLinear":
                         raise ir.passes.PostconditionError(f"{node.name}: input {inp.index} is not dequantized")
 
     def _initializer(self, graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-        value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
-        value.type = ir.TensorType(value.const_value.dtype)
+        tensor = ir.tensor(array, name=name)
+        value = ir.Value(name=name, const_value=tensor)
+        value.type = ir.TensorType(tensor.dtype)
         value.shape = ir.Shape(array.shape)
         graph.register_initializer(value)
         return value
@@ -138,5 +139,5 @@ def _drop_if_unused(value: ir.Value) -> None:
             producer.graph.remove(producer, safe=True)
         return
     graph = value.graph
-    if value.is_initializer() and graph is not None and value.name in graph.initializers:
+    if value.is_initializer() and graph is not None and value.name and value.name in graph.initializers:
         del graph.initializers[value.name]

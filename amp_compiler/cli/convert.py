@@ -22,8 +22,8 @@ from amp_compiler.cli.args.model_file import ModelFileArgs
 from amp_compiler.cli.args.report import ReportFileArgs
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
-from amp_compiler.load_check import check_output_loads
 from amp_compiler.fp8 import fp8_flop_share
+from amp_compiler.load_check import check_output_loads
 from amp_compiler.plan import Rule
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Target
