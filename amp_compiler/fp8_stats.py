@@ -129,8 +129,43 @@ def fp8_candidates(model: ir.Model, ranges: Mapping[str, TensorRange], margin: i
     return out
 
 
+@dataclasses.dataclass
+class Fp8View:
+    """Nodes and initializers (for a probe model) that compute one data input as the FP8 model sees it
+    (``fp8``: quantized, dequantized to FP16, widened) and as the FP16 model sees it (``fp16``), in FP32."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    fp8: str
+    fp16: str
+    scale: str = ""  # the activation's FP32 scale initializer ("" for a weight)
+
+
+def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
+    """The :class:`Fp8View` of ``inp``; its names start with ``prefix``. Exactly the converted model's
+    Q/DQ arithmetic: FP16 input, ``x / scale`` in float32, saturated, DQ output rounded to FP16."""
+    f32, f16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    if inp.weight is not None:
+        q = quantize_fp8(inp.weight, inp.broadcast_scale())
+        w8 = dequantize_fp8(q, inp.broadcast_scale()).astype(np.float32)
+        w16 = inp.weight.astype(np.float16).astype(np.float32)
+        inits = [onnx.numpy_helper.from_array(w8, prefix + "w8"), onnx.numpy_helper.from_array(w16, prefix + "w16")]
+        return Fp8View([], inits, prefix + "w8", prefix + "w16")
+    a, s = prefix + "a", prefix + "s"
+    zp = onnx.helper.make_tensor(prefix + "zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
+    nodes = [
+        oh.make_node("Cast", [inp.name], [a + "h"], to=f16),
+        oh.make_node("Cast", [a + "h"], [a + "r"], to=f32),  # the FP16 value the model holds
+        oh.make_node("QuantizeLinear", [a + "r", s, zp.name], [a + "q"], saturate=1),
+        oh.make_node("DequantizeLinear", [a + "q", s, zp.name], [a + "dq"]),
+        oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16 in the model
+        oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
+    ]
+    return Fp8View(nodes, [onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s), zp], a + "8", a + "r", s)
+
+
 def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:
-    """The FP32 model with, per candidate, its op on FP8 and on FP16 inputs, reduced to five sums
+    """The FP32 model with, per candidate, its op on FP8 and on FP16 inputs, reduced to four sums
     (error^2, reference^2, scaled values below 2^-6, nonzero scaled values): the graph's outputs."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -146,27 +181,15 @@ def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx
         ins8, ins16 = list(proto.input), list(proto.input)
         below, nonzero = [], []
         for inp in cand.inputs:
+            view = fp8_view(inp, f"{p}{inp.index}_")
+            nodes += view.nodes
+            inits += view.initializers
+            ins8[inp.index], ins16[inp.index] = view.fp8, view.fp16
             if inp.weight is not None:
-                q = quantize_fp8(inp.weight, inp.broadcast_scale())
-                w8 = dequantize_fp8(q, inp.broadcast_scale()).astype(np.float32)
-                w16 = inp.weight.astype(np.float16).astype(np.float32)
-                inits += [onnx.numpy_helper.from_array(w8, f"{p}w8_{inp.index}"),
-                          onnx.numpy_helper.from_array(w16, f"{p}w16_{inp.index}")]
-                ins8[inp.index], ins16[inp.index] = f"{p}w8_{inp.index}", f"{p}w16_{inp.index}"
                 continue
-            a, s = f"{p}a{inp.index}", f"{p}s{inp.index}"
-            inits.append(onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s))
-            inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32), f"{p}zpf{inp.index}"))
-            zp = onnx.helper.make_tensor(f"{p}zp{inp.index}", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
-            inits.append(zp)
+            a, s = f"{p}a{inp.index}", view.scale
             nodes += [
-                oh.make_node("Cast", [inp.name], [a + "h"], to=f16),
-                oh.make_node("Cast", [a + "h"], [a + "r"], to=f32),  # the FP16 value the model holds
-                oh.make_node("QuantizeLinear", [a + "r", s, zp.name], [a + "q"], saturate=1),
-                oh.make_node("DequantizeLinear", [a + "q", s, zp.name], [a + "dq"]),
-                oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16 in the model
-                oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
-                oh.make_node("Div", [a + "r", s], [a + "sc"]),
+                oh.make_node("Div", [view.fp16, s], [a + "sc"]),
                 oh.make_node("Abs", [a + "sc"], [a + "abs"]),
                 oh.make_node("Less", [a + "abs", "fp8probe_normal"], [a + "lt"]),
                 oh.make_node("Greater", [a + "abs", "fp8probe_zero"], [a + "nz"]),
@@ -176,7 +199,6 @@ def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx
                 oh.make_node("ReduceSum", [a + "subf"], [a + "nsub"], keepdims=0),
                 oh.make_node("ReduceSum", [a + "nzf"], [a + "nnz"], keepdims=0),
             ]
-            ins8[inp.index], ins16[inp.index] = a + "8", a + "r"
             below.append(a + "nsub")
             nonzero.append(a + "nnz")
         for j, name in enumerate(proto.input):  # bias inputs: FP16 values on both sides
