@@ -24,6 +24,7 @@ from amp_compiler.calibrate import collect_ranges
 from amp_compiler.costs import estimate
 from amp_compiler.decisions import NodeDecision
 from amp_compiler.errors import OptionError
+from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_budget
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
@@ -89,16 +90,53 @@ def plan_fp8(
         ranges = ranges if ranges is not None else collect_ranges(proto, samples, runner=runner)
         candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin)
         stats = measure_candidates(proto, candidates, samples, runner)
+        reasons: dict[int, tuple[bool, str]] = {}
+        passed = []
+        for cand, stat in zip(candidates, stats, strict=True):
+            ok, why = fp8_choice(cand, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
+            reasons[id(cand.node)] = (ok, why)
+            if ok:
+                passed.append(cand)
+        chosen = _within_budget(proto, passed, samples, runner, opts.fp8_budget, reasons)
     finally:
         if owned:
             runner.close()
-    chosen, reasons = [], {}
-    for cand, stat in zip(candidates, stats, strict=True):
-        ok, why = fp8_choice(cand, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
-        reasons[id(cand.node)] = (ok, why)
-        if ok:
-            chosen.append(cand)
     return Fp8Plan(chosen, reasons), ranges
+
+
+def _within_budget(
+    proto: onnx.ModelProto, passed: list[Fp8Candidate], samples: list[dict[str, np.ndarray]], runner: Runner,
+    budget: float, reasons: dict[int, tuple[bool, str]],
+) -> list[Fp8Candidate]:
+    """Of the candidates that passed their local statistics, the set with the most FLOPs within the
+    end-to-end budget (:mod:`amp_compiler.fp8_budget`), checked by a run of the whole set and shrunk
+    (the most error per FLOP first) until it fits; ``reasons`` get the end-to-end numbers."""
+    if not passed:
+        return []
+    e2e = EndToEnd(proto, passed, samples, runner)
+    try:
+        singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
+        flops = candidate_flops(proto, passed, samples[0])
+        chosen = set(choose_within_budget(singles, flops, budget))
+        total = e2e.error(frozenset(chosen)) if chosen else 0.0
+        while chosen and total > budget:  # the prediction missed: drop the most error per FLOP
+            chosen.discard(max(chosen, key=lambda k: singles[k] ** 2 / flops[k]))
+            total = e2e.error(frozenset(chosen)) if chosen else 0.0
+    finally:
+        e2e.close()
+    for k, cand in enumerate(passed):
+        local = reasons[id(cand.node)][1]
+        alone = f"alone in FP8 it moves the model's outputs by {singles[k]:.2%} (relative L2 vs FP32, worst output)"
+        if k in chosen:
+            together = f"all FP8 GEMMs together {total:.2%} (budget {budget:.0%})"
+            reasons[id(cand.node)] = (True, f"{local}; {alone}, {together}")
+        else:
+            reasons[id(cand.node)] = (False, (
+                f"kept FP16: {alone}, too much for its {flops[k]:.3g} FLOPs within the FP8 error budget "
+                f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: "
+                + local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
+            ))
+    return [cand for k, cand in enumerate(passed) if k in chosen]
 
 
 def lower_fp8(ir_model: ir.Model, plan: Fp8Plan) -> QuantizeGemmInputsPass:

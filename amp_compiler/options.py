@@ -45,8 +45,11 @@ class ConvertOptions:
     # Target FP8 only: activation scales are amax * 2^fp8_margin / 448 (headroom for values beyond the
     # calibration amax); a GEMM takes FP8 inputs when its output error with them (relative L2 vs FP16
     # inputs, on the calibration samples) is at most fp8_max_error and at most fp8_max_subnormal of its
-    # nonzero scaled input values fall below FP8's smallest normal.
+    # nonzero scaled input values fall below FP8's smallest normal; of those, the set with the most
+    # FLOPs whose error at the outputs (relative L2 vs FP32 on the calibration samples, worst output)
+    # stays within fp8_budget.
     fp8_margin: int = 1
+    fp8_budget: float = 0.1
     fp8_max_error: float = 0.1
     fp8_max_subnormal: float = 0.01
 
@@ -83,7 +86,7 @@ def check_fp8_options(opts: ConvertOptions) -> None:
         raise OptionError("padding is for fp16/bf16 weights, not fp8 ones", option="pad_tensor_cores")
     if not 0 <= opts.fp8_margin <= 16:
         raise OptionError(f"expected 0..16, got {opts.fp8_margin}", option="fp8_margin")
-    for name in ("fp8_max_error", "fp8_max_subnormal"):
+    for name in ("fp8_max_error", "fp8_max_subnormal", "fp8_budget"):
         value = getattr(opts, name)
         if not (math.isfinite(value) and value >= 0):
             raise OptionError(f"expected a finite share >= 0, got {value}", option=name)

@@ -1,6 +1,6 @@
 """FP8 table: ``convert(target="fp8")`` next to ModelOpt 0.47's FP8 output on the catalog models.
 
-    python -m benchmarks.fp8_table [--models NAME,...] [--anchor benchmarks/fp8_anchor.json]
+    python -m benchmarks.fp8_table [--models NAME,...] [--budgets 0.05,0.1] [--anchor benchmarks/fp8_anchor.json]
 
 Same protocol as ``benchmarks/fp8_anchor.py`` (branch fp8-research, whose measured ModelOpt numbers
 ``--anchor`` reads): 8 calibration batches of each entry's ``make_inputs`` (seeds 10000+i), accuracy
@@ -8,7 +8,7 @@ against FP32 on 8 other held-out batches (seeds 20000+i), the FP8 model run as
 :func:`amp_compiler.emulate.emulate` makes it (exact FP16 storage) at onnxruntime's BASIC level (from
 EXTENDED on, onnxruntime deletes a Relu feeding a float8 QuantizeLinear). Per model, over its float
 outputs, the worst: max |error| as a share of the FP32 range, relative L2, cosine; the share of GEMM
-FLOPs in FP8; Q/DQ and Cast counts; size. Prints a markdown table.
+FLOPs in FP8; Q/DQ and Cast counts; size. One row per model and ``fp8_budget``. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ def _worst(ref, got) -> dict[str, float]:
     return worst
 
 
-def measure(name: str) -> dict:
+def measure(name: str, budget: float = 0.05) -> dict:
     entry, fp32 = catalog.get(name), catalog.load(name)
     calib = [entry.make_inputs(np.random.default_rng(10_000 + i)) for i in range(8)]
     held = [entry.make_inputs(np.random.default_rng(20_000 + i)) for i in range(8)]
     with InProcessRunner() as runner:
-        result = convert(fp32, target="fp8", samples=calib, runner=runner)
+        result = convert(fp32, target="fp8", samples=calib, runner=runner, fp8_budget=budget)
     worst = _worst(_run(fp32, held), _run(emulate(result.model), held))
     ops = [n.op_type for n in result.model.graph.node]
     return {
@@ -84,18 +84,19 @@ def _anchor(path: Path) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=DEFAULT_MODELS)
+    parser.add_argument("--budgets", default="0.05,0.1", help="fp8_budget values, one row each")
     parser.add_argument("--anchor", type=Path, default=Path(__file__).with_name("fp8_anchor.json"))
     args = parser.parse_args()
     anchor = _anchor(args.anchor)
-    print("| model | ours: max err / range | rel L2 | cosine | FP8 GEMM FLOPs | GEMMs FP8/kept | Q/DQ | Casts "
+    print("| model | budget | ours: max err / range | rel L2 | cosine | FP8 GEMM FLOPs | GEMMs FP8/kept | Q/DQ | Casts "
           "| size vs FP32 | ModelOpt: max err / range | rel L2 | cosine | FP8 GEMM FLOPs |")
-    print("|" + "---|" * 13)
-    for name in args.models.split(","):
-        r = measure(name)
+    print("|" + "---|" * 14)
+    for name, budget in ((n, float(b)) for n in args.models.split(",") for b in args.budgets.split(",")):
+        r = measure(name, budget)
         a = anchor.get(name)
         theirs = (f"{a['max_error_of_range']:.2%} | {a['rel_l2']:.2%} | {a['cosine']:.4f} | {a['fp8_flop_share']:.0%}"
                   if a else "- | - | - | -")
-        print(f"| {name} | {r['max_error_of_range']:.2%} | {r['rel_l2']:.2%} | {r['cosine']:.4f} | "
+        print(f"| {name} | {budget:g} | {r['max_error_of_range']:.2%} | {r['rel_l2']:.2%} | {r['cosine']:.4f} | "
               f"{r['fp8_flop_share']:.0%} | {r['gemms_fp8']}/{r['gemms_kept']} | {r['qdq']} | {r['casts']} | "
               f"{r['size'] / r['size_fp32']:.2f}x | {theirs} |", flush=True)
 
