@@ -88,6 +88,9 @@ def analyze(
     where the model runs (default: a child process with the default budget)."""
     if tolerance is not None and calibration_data is None:
         raise OptionError("needs calibration data (the samples it measures error on)", option="tolerance")
+    if tolerance is not None and options.target is Target.FP8:
+        raise OptionError("fp8 does not take a tolerance yet (its per-layer choice uses fixed limits)",
+                          option="tolerance")
     if tolerance is not None and not tolerance > 0:
         raise OptionError(f"must be positive, got {tolerance}", option="tolerance")
     if input_shapes is not None:
@@ -113,7 +116,9 @@ def _analyze(
         refinement = refine(model, samples, tolerance, options, ranges=ranges, policy=policy, runner=runner)
         result, node_errors, runs = refinement.result, refinement.node_errors, refinement.model_runs
     else:
-        result = convert(model, options, policy=policy, ranges=ranges)
+        fp8 = options.target is Target.FP8  # the per-layer FP8 choice runs the samples
+        result = convert(model, options, policy=policy, ranges=ranges, samples=samples if fp8 else None,
+                         runner=runner if fp8 else None)
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)

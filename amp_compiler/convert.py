@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
+import numpy as np
 import onnx
 
 from amp_compiler.costs import bind_input_shapes, placement_elements
 from amp_compiler.decisions import NodeDecision, node_decisions, untyped_message, untyped_nodes
-from amp_compiler.errors import UntypedTensorsError
+from amp_compiler.errors import OptionError, UntypedTensorsError
+from amp_compiler.fp8 import fp8_decisions, lower_fp8, plan_fp8, raise_opset, require_samples
 from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
 from amp_compiler.onnx.files import load_model_deferred
@@ -29,7 +32,7 @@ from amp_compiler.onnx.output import output_proto as _output_proto
 from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.onnx.sparse import densify
 from amp_compiler.onnx.typing import checked_typed_ir as _checked_typed_ir
-from amp_compiler.options import ConvertOptions, check_block_ops, resolve_options
+from amp_compiler.options import ConvertOptions, check_block_ops, check_fp8_options, resolve_options
 from amp_compiler.passes import (
     LowerPlanPass,
     PadTensorCoresPass,
@@ -42,6 +45,8 @@ from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.result import ConversionResult
+from amp_compiler.runner import Runner
+from amp_compiler.targets import Target
 
 __all__ = ["ConversionResult", "ConvertOptions", "NodeDecision", "convert"]
 
@@ -53,6 +58,8 @@ def convert(
     *,
     policy: PolicyTable | None = None,
     ranges: dict[str, TensorRange] | None = None,
+    samples: Sequence[dict[str, np.ndarray]] | None = None,
+    runner: Runner | None = None,
     **overrides,
 ) -> ConversionResult:
     """Convert an FP32 ONNX model to mixed precision.
@@ -65,6 +72,11 @@ def convert(
     the calibration rules, and the graph inputs' observed ranges feed the static range analysis like
     stated ones (``input_ranges``). Returns the converted model with the per-node decisions. The input model
     is not modified.
+
+    ``target="fp8"`` needs ``samples`` (calibration inputs, e.g. from
+    :func:`amp_compiler.samples.load_samples`): MatMul/Gemm/Conv whose statistics on them allow it read
+    FP8 E4M3 inputs through Q/DQ, everything else follows the FP16 policy (:mod:`amp_compiler.fp8`);
+    ``runner`` is where the samples run (default: a child process with the default budget).
     """
     # Options, checked before the model is read.
     opts = resolve_options(options, overrides)
@@ -72,28 +84,42 @@ def convert(
     check_block_ops(opts.block_ops, policy)
     patterns = compile_patterns(opts.block_nodes)
     check_placement(opts.placement)
+    fp8 = opts.target is Target.FP8
+    if fp8:
+        check_fp8_options(opts)
+        samples = require_samples(samples)
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     proto, locations, checked, origin = _read(model)
+    if fp8:
+        if locations:
+            raise OptionError("fp8 does not convert models with external data yet", option="target")
+        proto, checked = raise_opset(proto), False
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
         defer_ir_tensors(ir_model, locations)
 
+    # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
+    fp8_plan = None
+    if fp8:
+        fp8_plan, ranges = plan_fp8(ir_model, proto, list(samples or ()), ranges, opts, runner)
+
     # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound.
     input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), ranges)
     bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
+    target = opts.target.fallback
 
     # Analysis: the precision graph, then the plan (amp_compiler.pipeline). Cast sizes for placement
     # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
-    graph = build_precision_graph(ir_model, opts.target, policy, keep_io_types=opts.keep_io_types)
+    graph = build_precision_graph(ir_model, target, policy, keep_io_types=opts.keep_io_types)
     nodes = node_order(ir_model)
     mincut = opts.placement == "mincut"
     unshaped = unshaped_tensors(graph) if mincut else set()
     if unshaped and not foreign_ops(proto).nodes:
         unshaped = set()  # onnx's inference had its say: symbolic inference adds nothing worth its time
     settings = AnalysisSettings(
-        opts.target, opts.provider, opts.block_ops, patterns,
+        target, opts.provider, opts.block_ops, patterns,
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
@@ -102,7 +128,7 @@ def convert(
     )
     plan = plan_precisions(graph, settings)
     unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
-    warnings = overflow_warnings(ir_model, graph, plan, opts.target, unranged)
+    warnings = overflow_warnings(ir_model, graph, plan, target, unranged)
 
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)
@@ -111,11 +137,14 @@ def convert(
     pad = PadTensorCoresPass() if opts.pad_tensor_cores else None
     if pad is not None:
         pad(ir_model)
+    fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None
 
     # Decisions, one per node of the output (positions of the input's nodes), and the result.
     decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes)
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
+    if fp8_plan is not None and fp8_lowering is not None:
+        decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering)
     untyped = untyped_nodes(decisions)
     if opts.strict and untyped:
         raise UntypedTensorsError(untyped_message(untyped))

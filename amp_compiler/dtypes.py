@@ -12,11 +12,13 @@ _SHORT_NAMES = {
     ir.DataType.FLOAT16: "fp16",
     ir.DataType.BFLOAT16: "bf16",
     ir.DataType.DOUBLE: "fp64",
+    ir.DataType.FLOAT8E4M3FN: "fp8",
 }
 
 
 def short_name(dtype: ir.DataType) -> str:
-    """"fp32", "fp16", "bf16", "fp64" for the float types, else the type's name in lower case ("int64")."""
+    """"fp32", "fp16", "bf16", "fp64", "fp8" (E4M3) for the float types, else the type's name in lower
+    case ("int64")."""
     name = _SHORT_NAMES.get(dtype)
     return name if name is not None else dtype.name.lower()
 

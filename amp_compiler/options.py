@@ -42,6 +42,16 @@ class ConvertOptions:
     # Ranges of float graph inputs (--input-range): ((name, (lo, hi)), ...). What provably overflows the
     # target for inputs within them stays FP32 (a static range analysis).
     input_ranges: tuple[tuple[str, tuple[float, float]], ...] = ()
+    # Target FP8 only: activation scales are amax * 2^fp8_margin / 448 (headroom for values beyond the
+    # calibration amax); a GEMM takes FP8 inputs when its output error with them (relative L2 vs FP16
+    # inputs, on the calibration samples) is at most fp8_max_error and at most fp8_max_subnormal of its
+    # nonzero scaled input values fall below FP8's smallest normal; of those, the set with the most
+    # FLOPs whose error at the outputs (relative L2 vs FP32 on the calibration samples, worst output)
+    # stays within fp8_budget.
+    fp8_margin: int = 1
+    fp8_budget: float = 0.1
+    fp8_max_error: float = 0.1
+    fp8_max_subnormal: float = 0.01
 
 
 def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:
@@ -68,6 +78,18 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
         if isinstance(values.get(key), dict):
             values[key] = tuple((k, tuple(v)) for k, v in values[key].items())
     return dataclasses.replace(opts, **values)
+
+
+def check_fp8_options(opts: ConvertOptions) -> None:
+    """Raise :class:`OptionError` for FP8 settings out of range, and options FP8 does not take."""
+    if opts.pad_tensor_cores:
+        raise OptionError("padding is for fp16/bf16 weights, not fp8 ones", option="pad_tensor_cores")
+    if not 0 <= opts.fp8_margin <= 16:
+        raise OptionError(f"expected 0..16, got {opts.fp8_margin}", option="fp8_margin")
+    for name in ("fp8_max_error", "fp8_max_subnormal", "fp8_budget"):
+        value = getattr(opts, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise OptionError(f"expected a finite share >= 0, got {value}", option=name)
 
 
 def check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:

@@ -17,14 +17,22 @@ class Target(enum.Enum):
 
     FP16 = "fp16"
     BF16 = "bf16"
+    # FP8 E4M3 (float8e4m3fn: max 448, smallest normal 2^-6) for the inputs of Tensor Core ops whose
+    # statistics allow it, through QuantizeLinear/DequantizeLinear; every other op follows ``fallback``.
+    FP8 = "fp8"
 
     @property
     def dtype(self) -> ir.DataType:
-        return ir.DataType.FLOAT16 if self is Target.FP16 else ir.DataType.BFLOAT16
+        return _DTYPES[self]
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        return np.dtype(np.float16) if self is Target.FP16 else np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(_NUMPY_DTYPES[self])
+
+    @property
+    def fallback(self) -> Target:
+        """The target of the ops that do not run in this one's format: FP16 for FP8, else itself."""
+        return Target.FP16 if self is Target.FP8 else self
 
     @property
     def type_str(self) -> str:
@@ -49,7 +57,11 @@ class Target(enum.Enum):
         try:
             return cls(text.lower())
         except ValueError:
-            raise OptionError(f"unknown target {text!r}: expected fp16 or bf16", option="target") from None
+            raise OptionError(f"unknown target {text!r}: expected fp16, bf16 or fp8", option="target") from None
+
+
+_DTYPES = {Target.FP16: ir.DataType.FLOAT16, Target.BF16: ir.DataType.BFLOAT16, Target.FP8: ir.DataType.FLOAT8E4M3FN}
+_NUMPY_DTYPES = {Target.FP16: np.float16, Target.BF16: ml_dtypes.bfloat16, Target.FP8: ml_dtypes.float8_e4m3fn}
 
 
 class Provider(enum.Enum):

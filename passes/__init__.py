@@ -14,7 +14,8 @@ ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation)
 
 Model passes follow onnx_ir's pass contract (``call(model) -> PassResult``): ``LowerPlanPass`` (apply
 the plan), ``RemoveCancellingCastsPass`` (cleanup) and the opt-in ``PadTensorCoresPass`` (weights
-padded to multiples of 8, sliced back).
+padded to multiples of 8, sliced back) and, for ``--target fp8``, ``QuantizeGemmInputsPass`` (Q/DQ to
+FP8 E4M3 before the chosen GEMMs' inputs).
 """
 
 from amp_compiler.passes.base import AnalysisPass
@@ -23,6 +24,7 @@ from amp_compiler.passes.classify import ClassifyPass, compile_patterns
 from amp_compiler.passes.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.constants import ConstantRangePass
 from amp_compiler.passes.coverage import KernelCoveragePass
+from amp_compiler.passes.fp8 import QuantizeGemmInputsPass
 from amp_compiler.passes.hazards import RuntimeHazardPass
 from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
@@ -43,6 +45,7 @@ __all__ = [
     "MinCutPlacementPass",
     "PadTensorCoresPass",
     "PaintPass",
+    "QuantizeGemmInputsPass",
     "QuantizedIslandPass",
     "RemoveCancellingCastsPass",
     "RuntimeHazardPass",

@@ -115,8 +115,8 @@ def test_unknown_op_in_options(good_model, tmp_path, capsys):
 def test_unknown_option_and_bad_choice(good_model, tmp_path, capsys):
     code, _, err = _run(["convert", good_model, "-o", tmp_path / "o.onnx", "--frobnicate"], capsys)
     _assert_user_error(code, err, "--frobnicate")
-    code, _, err = _run(["convert", good_model, "-o", tmp_path / "o.onnx", "--target", "fp8"], capsys)
-    _assert_user_error(code, err, "fp8")
+    code, _, err = _run(["convert", good_model, "-o", tmp_path / "o.onnx", "--target", "fp4"], capsys)
+    _assert_user_error(code, err, "fp4")
 
 
 def test_unwritable_output(good_model, tmp_path, capsys):

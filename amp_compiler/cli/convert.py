@@ -22,9 +22,11 @@ from amp_compiler.cli.args.model_file import ModelFileArgs
 from amp_compiler.cli.args.report import ReportFileArgs
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
+from amp_compiler.fp8 import fp8_flop_share
 from amp_compiler.load_check import check_output_loads
 from amp_compiler.plan import Rule
 from amp_compiler.policy import default_table
+from amp_compiler.targets import Target
 from amp_compiler.units import format_bytes
 
 
@@ -103,6 +105,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
         + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
+        + (f" ({fp8_flop_share(result):.0%} of their FLOPs)" if target == Target.FP8.value else "")
         + f" | casts inserted: {result.casts_inserted}"
         + (f" (the model's own removed: {result.casts_removed})" if result.casts_removed else "")
         + f" | size {format_bytes(size_in)} -> {format_bytes(size_out)}"

@@ -11,10 +11,14 @@ from amp_compiler.errors import OptionError
 from amp_compiler.options import parse_input_range
 from amp_compiler.targets import Provider, Target
 
+_DEFAULTS = ConvertOptions()
+
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--strict``. Depends on nothing.
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fp8-margin``, ``--fp8-max-error``,
+    ``--fp8-budget``,
+    ``--strict``. Depends on nothing.
     The ``--input-shape`` values are checked against the model in one place, by the conversion
     (:func:`amp_compiler.costs.bind_input_shapes`), for the plain and the analysis path alike."""
 
@@ -29,6 +33,9 @@ class ConversionArgs(ArgGroup):
         "pad_tensor_cores": "--pad-tensor-cores",
         "strict": "--strict",
         "input_ranges": "--input-range",
+        "fp8_margin": "--fp8-margin",
+        "fp8_max_error": "--fp8-max-error",
+        "fp8_budget": "--fp8-budget",
     }
 
     def __init__(self) -> None:
@@ -72,6 +79,21 @@ class ConversionArgs(ArgGroup):
             "outputs back (exact; off by default)",
         )
         group.add_argument(
+            "--fp8-margin", type=int, default=_DEFAULTS.fp8_margin, metavar="N",
+            help="--target fp8: activation scales are calibration amax * 2^N / 448, headroom for larger "
+            "values (default: %(default)s)",
+        )
+        group.add_argument(
+            "--fp8-max-error", type=float, default=_DEFAULTS.fp8_max_error, metavar="REL_L2",
+            help="--target fp8: a MatMul/Gemm/Conv takes FP8 inputs only when its output moves by at most "
+            "this relative L2 error vs FP16 inputs on the calibration data (default: %(default)s)",
+        )
+        group.add_argument(
+            "--fp8-budget", type=float, default=_DEFAULTS.fp8_budget, metavar="REL_L2",
+            help="--target fp8: of those, the GEMMs with the most FLOPs whose FP8 inputs together move the "
+            "outputs by at most this relative L2 error vs FP32 on the calibration data (default: %(default)s)",
+        )
+        group.add_argument(
             "--strict", action="store_true",
             help="fail (exit 2) instead of warning when nodes would be left as they are because the "
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
@@ -95,4 +117,7 @@ class ConversionArgs(ArgGroup):
             input_shapes=tuple(shapes.items()),
             strict=args.strict,
             input_ranges=tuple(parse_input_range(text) for text in args.input_range),
+            fp8_margin=args.fp8_margin,
+            fp8_max_error=args.fp8_max_error,
+            fp8_budget=args.fp8_budget,
         )

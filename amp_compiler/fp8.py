@@ -1,0 +1,185 @@
+"""The FP8 conversion's own steps around the FP16 pipeline: opset, per-layer choice, Q/DQ, decisions.
+
+    FP32 model -> opset raised to 19 (float8 Q/DQ) -> FP8 candidates (MatMul/Gemm/Conv) with their
+    scales -> statistics on the calibration samples -> choice per GEMM -> [the FP16 pipeline runs]
+    -> Q/DQ before the chosen GEMMs' inputs (passes/fp8.py) -> decisions say fp8 and why
+
+Guarantees: a conversion to FP8 without calibration samples is refused (an :class:`OptionError`); a
+model whose opset onnx's version converter cannot raise to 19 is refused with one line; every
+candidate GEMM's decision carries its statistics (rule ``fp8.gemm`` or ``fp8.kept-fp16``), and every
+inserted Q/DQ node has its own decision (``fp8.qdq``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx.version_converter
+import onnx_ir as ir
+
+from amp_compiler.calibrate import collect_ranges
+from amp_compiler.costs import estimate
+from amp_compiler.decisions import NodeDecision
+from amp_compiler.errors import OptionError
+from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_budget
+from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
+from amp_compiler.onnx.ir_walk import node_order
+from amp_compiler.options import ConvertOptions
+from amp_compiler.passes.fp8 import QuantizeGemmInputsPass
+from amp_compiler.plan import Rule
+from amp_compiler.policy import default_table
+from amp_compiler.report.model import TensorRange
+from amp_compiler.result import ConversionResult
+from amp_compiler.runner import Runner, default_runner
+
+FP8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8e4m3fn (and saturate) from opset 19
+FP8_IR_VERSION = 9  # float8 element types exist from IR version 9
+
+
+def require_samples(samples: Sequence[dict[str, np.ndarray]] | None) -> list[dict[str, np.ndarray]]:
+    """The calibration samples, or an :class:`OptionError`: FP8 scales cannot be chosen blind."""
+    if not samples:
+        raise OptionError(
+            "an FP8 conversion needs calibration data: its scales and per-layer choice come from "
+            "observed values", option="calibration_data",
+        )
+    return list(samples)
+
+
+def raise_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` at opset 19 or later (onnx's version converter, which rewrites the ops whose
+    signature changed) and IR version 9 or later; refused with one line when it cannot."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    out = model
+    if opset < FP8_OPSET:
+        try:
+            out = onnx.version_converter.convert_version(model, FP8_OPSET)
+        except Exception as exc:  # the converter raises bare RuntimeErrors (C++ adapters)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OptionError(
+                f"fp8 needs opset {FP8_OPSET} (float8 QuantizeLinear) and onnx's version converter cannot "
+                f"raise this model's opset {opset}: {first}", option="target",
+            ) from None
+    if out.ir_version < FP8_IR_VERSION:
+        if out is model:
+            out = onnx.ModelProto()
+            out.CopyFrom(model)
+        out.ir_version = FP8_IR_VERSION
+    return out
+
+
+@dataclasses.dataclass
+class Fp8Plan:
+    """The per-layer choice, made on the FP32 model before the FP16 pipeline runs."""
+
+    chosen: list[Fp8Candidate]
+    reasons: dict[int, tuple[bool, str]]  # id(GEMM node) -> (FP8?, why)
+
+
+def plan_fp8(
+    ir_model: ir.Model, proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    ranges: dict[str, TensorRange] | None, opts: ConvertOptions, runner: Runner | None,
+) -> tuple[Fp8Plan, dict[str, TensorRange]]:
+    """Candidates, their statistics on ``samples`` and the choice (see module doc); the ranges
+    (collected from the samples unless given)."""
+    runner, owned = default_runner(runner)
+    try:
+        ranges = ranges if ranges is not None else collect_ranges(proto, samples, runner=runner)
+        candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin)
+        stats = measure_candidates(proto, candidates, samples, runner)
+        reasons: dict[int, tuple[bool, str]] = {}
+        passed = []
+        for cand, stat in zip(candidates, stats, strict=True):
+            ok, why = fp8_choice(cand, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
+            reasons[id(cand.node)] = (ok, why)
+            if ok:
+                passed.append(cand)
+        chosen = _within_budget(proto, passed, samples, runner, opts.fp8_budget, reasons)
+    finally:
+        if owned:
+            runner.close()
+    return Fp8Plan(chosen, reasons), ranges
+
+
+def _within_budget(
+    proto: onnx.ModelProto, passed: list[Fp8Candidate], samples: list[dict[str, np.ndarray]], runner: Runner,
+    budget: float, reasons: dict[int, tuple[bool, str]],
+) -> list[Fp8Candidate]:
+    """Of the candidates that passed their local statistics, the set with the most FLOPs within the
+    end-to-end budget (:mod:`amp_compiler.fp8_budget`), checked by a run of the whole set and shrunk
+    (the most error per FLOP first) until it fits; ``reasons`` get the end-to-end numbers."""
+    if not passed:
+        return []
+    e2e = EndToEnd(proto, passed, samples, runner)
+    try:
+        singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
+        flops = candidate_flops(proto, passed, samples[0])
+        chosen = set(choose_within_budget(singles, flops, budget))
+        total = e2e.error(frozenset(chosen)) if chosen else 0.0
+        while chosen and total > budget:  # the prediction missed: drop the most error per FLOP
+            chosen.discard(max(chosen, key=lambda k: singles[k] ** 2 / flops[k]))
+            total = e2e.error(frozenset(chosen)) if chosen else 0.0
+    finally:
+        e2e.close()
+    for k, cand in enumerate(passed):
+        local = reasons[id(cand.node)][1]
+        alone = f"alone in FP8 it moves the model's outputs by {singles[k]:.2%} (relative L2 vs FP32, worst output)"
+        if k in chosen:
+            together = f"all FP8 GEMMs together {total:.2%} (budget {budget:.0%})"
+            reasons[id(cand.node)] = (True, f"{local}; {alone}, {together}")
+        else:
+            reasons[id(cand.node)] = (False, (
+                f"kept FP16: {alone}, too much for its {flops[k]:.3g} FLOPs within the FP8 error budget "
+                f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: "
+                + local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
+            ))
+    return [cand for k, cand in enumerate(passed) if k in chosen]
+
+
+def lower_fp8(ir_model: ir.Model, plan: Fp8Plan) -> QuantizeGemmInputsPass:
+    """Q/DQ before the chosen GEMMs (after the FP16 lowering); returns the pass, which knows what it did."""
+    lowering = QuantizeGemmInputsPass(plan.chosen)
+    lowering(ir_model)
+    return lowering
+
+
+def fp8_decisions(
+    decisions: list[NodeDecision], ir_model: ir.Model, plan: Fp8Plan, lowering: QuantizeGemmInputsPass
+) -> list[NodeDecision]:
+    """``decisions`` (one per node of the lowered model, in node order) with the FP8 GEMMs, the GEMMs
+    kept in FP16 by their statistics, and the inserted Q/DQ nodes explained."""
+    quantized = {id(n) for n in lowering.quantized}
+    order = node_order(ir_model)
+    if len(order) != len(decisions):
+        raise AssertionError(f"{len(decisions)} decisions for {len(order)} nodes")
+    out = []
+    for node, d in zip(order, decisions, strict=True):
+        qdq = lowering.inserted.get(id(node))
+        if qdq is not None:
+            what = "weight stored in FP8, dequantized" if qdq.weight else "quantized to FP8 E4M3 and dequantized"
+            d = dataclasses.replace(
+                d, precision="fp8", rule=Rule.FP8_QDQ.value,
+                reason=f"input {qdq.index} of {qdq.gemm.name or qdq.gemm.op_type}: {what} (Q/DQ for its FP8 inputs)",
+            )
+        elif id(node) in quantized:
+            d = dataclasses.replace(d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=plan.reasons[id(node)][1])
+        elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision == "fp16":
+            d = dataclasses.replace(d, rule=Rule.FP8_KEPT.value, reason=plan.reasons[id(node)][1])
+        out.append(d)
+    return out
+
+
+def fp8_flop_share(result: ConversionResult) -> float:
+    """The share of the converted model's Tensor Core FLOPs (estimated, dynamic dims taken as 1
+    unless the options fix them) that run on FP8 inputs."""
+    costs = estimate(result.model, result.input_shapes or None)
+    policy = default_table()
+    total = fp8 = 0
+    for d, cost in zip(result.decisions, costs.nodes, strict=False):
+        if policy.is_tensor_core(d.domain, d.op_type):
+            total += cost.flops
+            fp8 += cost.flops if d.precision == "fp8" else 0
+    return fp8 / total if total else 0.0

@@ -1,0 +1,136 @@
+"""FP8 end to end: the error each GEMM in FP8 adds at the model's outputs, and the FP8 set that fits
+an error budget with the most FP8 FLOPs.
+
+Why: a GEMM's own output error with FP8 inputs is about the same 2-5% everywhere (3 mantissa bits);
+what differs is how much of it reaches the outputs (a classifier or an LM head next to the output,
+a CNN's stem). The fp8-research measurements (benchmarks/notes_fp8.md, section 5) show that the
+single-GEMM end-to-end error on calibration data predicts held-out data (rank correlation 0.97-0.99)
+and that errors add in quadrature.
+
+Guarantees:
+- :func:`end_to_end_errors` runs one probe model (the FP32 model with each candidate's data inputs
+  switched between FP32 and their FP8 values by a bool input per candidate, ``Where``) over the
+  samples: once with every switch off, once per candidate with its switch alone on, and (for
+  :func:`verified_error`) with a set's switches on. The error of a run is the worst relative L2 over
+  the float outputs, against the all-off run.
+- :func:`choose_within_budget` returns the set with the most FLOPs whose predicted error (the
+  quadrature sum of single errors) is within the budget: an exact 0/1 knapsack over errors^2 rounded
+  up to 1/1000 of the budget^2 (never over the budget as predicted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+
+from amp_compiler.costs import estimate, iter_nodes
+from amp_compiler.fp8_stats import Fp8Candidate, fp8_view
+from amp_compiler.runner import Runner
+
+_STEPS = 1000  # knapsack resolution: budget^2 in this many units
+
+
+def _switch(k: int) -> str:
+    return f"fp8e2e_on{k}"
+
+
+def _probe(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate]) -> onnx.ModelProto:
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    graph = probe.graph
+    by_output = {c.node.outputs[0].name: k for k, c in enumerate(candidates)}
+    new_nodes = []
+    for node in graph.node:
+        k = by_output.get(node.output[0]) if node.output else None
+        if k is not None:
+            cand = candidates[k]
+            for inp in cand.inputs:
+                view = fp8_view(inp, f"fp8e2e{k}_{inp.index}_")
+                new_nodes += view.nodes
+                graph.initializer.extend(view.initializers)
+                chosen = f"fp8e2e{k}_{inp.index}_in"
+                new_nodes.append(oh.make_node("Where", [_switch(k), view.fp8, inp.name], [chosen]))
+                node.input[inp.index] = chosen
+        new_nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    graph.input.extend(oh.make_tensor_value_info(_switch(k), onnx.TensorProto.BOOL, []) for k in range(len(candidates)))
+    return probe
+
+
+class EndToEnd:
+    """A loaded probe (see module doc); :meth:`error` measures a set of switched-on candidates."""
+
+    def __init__(self, model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
+                 samples: Sequence[dict[str, np.ndarray]], runner: Runner):
+        self.n, self.samples = len(candidates), list(samples)
+        self.floats = [i for i, o in enumerate(model.graph.output)
+                       if o.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+        self.session = runner.load(_probe(model, candidates))
+        self.reference = [self._run(sample, frozenset()) for sample in self.samples]
+        self.runs = len(self.samples)
+
+    def _run(self, sample: dict[str, np.ndarray], on: frozenset[int]) -> list[np.ndarray]:
+        feeds = {k: v for k, v in sample.items() if k in self.session.input_names}
+        feeds.update({_switch(k): np.array(k in on) for k in range(self.n)})
+        outs = self.session.run(feeds)
+        return [np.asarray(outs[i], dtype=np.float64) for i in self.floats]
+
+    def error(self, on: frozenset[int]) -> float:
+        """Worst relative L2 over the float outputs with the candidates ``on`` in FP8, on the samples."""
+        err2 = np.zeros(len(self.floats))
+        ref2 = np.zeros(len(self.floats))
+        for sample, ref in zip(self.samples, self.reference, strict=True):
+            got = self._run(sample, on)
+            self.runs += 1
+            for j, (r, g) in enumerate(zip(ref, got, strict=True)):
+                both = np.isfinite(r)
+                if not np.all(np.isfinite(g[both])):
+                    return math.inf
+                err2[j] += float(np.sum((g[both] - r[both]) ** 2))
+                ref2[j] += float(np.sum(r[both] ** 2))
+        rel = [math.sqrt(e / r) if r > 0 else (0.0 if e == 0 else math.inf) for e, r in zip(err2, ref2, strict=True)]
+        return max(rel, default=0.0)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
+                    sample: dict[str, np.ndarray]) -> list[int]:
+    """Estimated FLOPs of each candidate at the sample's input shapes (at least 1)."""
+    shapes = {k: tuple(v.shape) for k, v in sample.items()}
+    costs = estimate(model, shapes)
+    by_output = {n.output[0]: c.flops for n, c in zip(iter_nodes(model), costs.nodes, strict=False) if n.output}
+    return [max(int(by_output.get(c.node.outputs[0].name, 0)), 1) for c in candidates]
+
+
+def choose_within_budget(errors: Sequence[float], flops: Sequence[int], budget: float) -> frozenset[int]:
+    """The indices with the most total FLOPs whose quadrature sum of ``errors`` is within ``budget``
+    (see module doc); candidates with a non-finite error are never chosen."""
+    if budget <= 0:
+        return frozenset()
+    cap = _STEPS
+    weights = [math.ceil(e * e / (budget * budget) * cap) if math.isfinite(e) else cap + 1 for e in errors]
+    best = np.full(cap + 1, -1, dtype=np.int64)
+    best[0] = 0
+    take = np.zeros((len(errors), cap + 1), dtype=bool)
+    for i, (w, f) in enumerate(zip(weights, flops, strict=True)):
+        if w > cap:
+            continue
+        shifted = np.full(cap + 1, -1, dtype=np.int64)
+        shifted[w:] = np.where(best[: cap + 1 - w] >= 0, best[: cap + 1 - w] + f, -1)
+        better = shifted > best
+        take[i] = better
+        best = np.where(better, shifted, best)
+    c = int(np.argmax(best))
+    chosen = set()
+    for i in range(len(errors) - 1, -1, -1):
+        if take[i, c]:
+            chosen.add(i)
+            c -= weights[i]
+    return frozenset(chosen)

@@ -1,0 +1,274 @@
+"""FP8 statistics per Tensor Core op: which GEMMs may take FP8 (E4M3) inputs, their scales, and the
+error FP8 inputs add on the calibration samples.
+
+Guarantees:
+- :func:`fp8_candidates` lists the main graph's MatMul, Gemm and Conv nodes whose two data inputs
+  are FP32 and either constant (a weight: scales per output channel, from its values, margin 0) or
+  observed in calibration (an activation: one scale per tensor, ``amax * 2^margin / 448``). Scales are
+  FP16 values (what the Q/DQ nodes store), never 0, inf or subnormal-out-of-range.
+- :func:`measure_candidates` runs one probe model (the FP32 model plus, per candidate, the op on
+  FP8-quantized inputs and on FP16-rounded inputs, reduced to sums) over the samples, through a
+  :class:`~amp_compiler.runner.Runner`, and returns per candidate the relative L2 error of its output
+  with FP8 inputs against FP16 inputs and the share of nonzero scaled activation values below FP8's
+  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do.
+- :func:`fp8_choice` says whether a candidate goes to FP8 and why, in a sentence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx_ir as ir
+
+from amp_compiler.emulate import dequantize_fp8, quantize_fp8
+from amp_compiler.report.model import TensorRange
+from amp_compiler.runner import Runner
+from amp_compiler.schemas import is_onnx_domain
+from amp_compiler.targets import Target
+
+# The Tensor Core ops that take FP8 inputs through Q/DQ (TensorRT's explicit quantization), and the
+# positions of their data inputs (bias inputs stay FP16).
+FP8_GEMM_INPUTS: dict[str, tuple[int, ...]] = {"MatMul": (0, 1), "Gemm": (0, 1), "Conv": (0, 1)}
+_FP16_MAX = 65504.0
+_FP16_TINY = 2.0**-14  # FP16's smallest normal: smaller scales would lose bits
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Input:
+    """One data input of a candidate: its position, tensor name, and scale (an FP16 array: a scalar
+    per tensor, or one per output channel along ``axis`` for a weight, whose FP32 values it keeps)."""
+
+    index: int
+    name: str
+    scale: np.ndarray
+    axis: int | None = None
+    weight: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    amax: float = 0.0
+
+    def broadcast_scale(self) -> np.ndarray:
+        """The scale shaped to broadcast against the weight (per-axis) or as it is."""
+        if self.axis is None or self.weight is None:
+            return self.scale.astype(np.float32)
+        shape = [1] * self.weight.ndim
+        shape[self.axis] = -1
+        return self.scale.astype(np.float32).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Candidate:
+    node: ir.Node
+    inputs: tuple[Fp8Input, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Stats:
+    rel_error: float  # ||GEMM(FP8 inputs) - GEMM(FP16 inputs)|| / ||GEMM(FP16 inputs)||
+    subnormal_share: float  # nonzero scaled activation values below 2^-6, over all nonzero ones
+
+
+def fp16_scale(value: float) -> np.ndarray:
+    """``value`` as an FP16 scale, kept within FP16's normal range (0 and non-finite give 1)."""
+    if not math.isfinite(value) or value <= 0:
+        value = 1.0
+    return np.asarray(min(max(value, _FP16_TINY), _FP16_MAX), dtype=np.float16)
+
+
+def weight_scales(weight: np.ndarray, axis: int | None) -> np.ndarray:
+    """FP16 scales ``amax / 448`` per output channel (along ``axis``) or per tensor (``axis`` None)."""
+    fp8_max = Target.FP8.max
+    if axis is None:
+        return fp16_scale(float(np.max(np.abs(weight), initial=0.0)) / fp8_max)
+    others = tuple(d for d in range(weight.ndim) if d != axis)
+    amax = np.max(np.abs(weight), axis=others, initial=0.0) if others else np.abs(weight)
+    return np.stack([fp16_scale(float(a) / fp8_max) for a in np.ravel(amax)]).astype(np.float16)
+
+
+def _channel_axis(node: ir.Node, index: int, rank: int) -> int | None:
+    """The output-channel axis of a constant data input (None: quantized per tensor)."""
+    if index != 1 or (rank != 2 and node.op_type != "Conv"):
+        return None
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "Gemm":
+        attr = node.attributes.get("transB")
+        return 0 if attr is not None and attr.value else 1
+    return 1  # MatMul [K, N]
+
+
+def fp8_candidates(model: ir.Model, ranges: Mapping[str, TensorRange], margin: int) -> list[Fp8Candidate]:
+    """The main graph's FP8 candidates with their scales (see module doc)."""
+    out = []
+    for node in model.graph:
+        positions = FP8_GEMM_INPUTS.get(node.op_type)
+        if positions is None or not is_onnx_domain(node.domain):
+            continue
+        inputs = []
+        for i in positions:
+            value = node.inputs[i] if i < len(node.inputs) else None
+            if value is None or value.dtype != ir.DataType.FLOAT or not value.name:
+                break
+            const = ir.convenience.get_const_tensor(value)
+            if const is not None:
+                weight = const.numpy().astype(np.float32)
+                axis = _channel_axis(node, i, weight.ndim)
+                inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis), axis, weight,
+                                       float(np.max(np.abs(weight), initial=0.0))))
+                continue
+            seen = ranges.get(value.name)
+            if seen is None or not math.isfinite(seen.absmax):
+                break
+            scale = fp16_scale(seen.absmax * 2.0**margin / Target.FP8.max)
+            inputs.append(Fp8Input(i, value.name, scale, amax=seen.absmax))
+        else:
+            out.append(Fp8Candidate(node, tuple(inputs)))
+    return out
+
+
+@dataclasses.dataclass
+class Fp8View:
+    """Nodes and initializers (for a probe model) that compute one data input as the FP8 model sees it
+    (``fp8``: quantized, dequantized to FP16, widened) and as the FP16 model sees it (``fp16``), in FP32."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    fp8: str
+    fp16: str
+    scale: str = ""  # the activation's FP32 scale initializer ("" for a weight)
+
+
+def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
+    """The :class:`Fp8View` of ``inp``; its names start with ``prefix``. Exactly the converted model's
+    Q/DQ arithmetic: FP16 input, ``x / scale`` in float32, saturated, DQ output rounded to FP16."""
+    f32, f16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    if inp.weight is not None:
+        q = quantize_fp8(inp.weight, inp.broadcast_scale())
+        w8 = dequantize_fp8(q, inp.broadcast_scale()).astype(np.float32)
+        w16 = inp.weight.astype(np.float16).astype(np.float32)
+        inits = [onnx.numpy_helper.from_array(w8, prefix + "w8"), onnx.numpy_helper.from_array(w16, prefix + "w16")]
+        return Fp8View([], inits, prefix + "w8", prefix + "w16")
+    a, s = prefix + "a", prefix + "s"
+    zp = onnx.helper.make_tensor(prefix + "zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
+    nodes = [
+        oh.make_node("Cast", [inp.name], [a + "h"], to=f16),
+        oh.make_node("Cast", [a + "h"], [a + "r"], to=f32),  # the FP16 value the model holds
+        oh.make_node("QuantizeLinear", [a + "r", s, zp.name], [a + "q"], saturate=1),
+        oh.make_node("DequantizeLinear", [a + "q", s, zp.name], [a + "dq"]),
+        oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16 in the model
+        oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
+    ]
+    return Fp8View(nodes, [onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s), zp], a + "8", a + "r", s)
+
+
+def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:
+    """The FP32 model with, per candidate, its op on FP8 and on FP16 inputs, reduced to four sums
+    (error^2, reference^2, scaled values below 2^-6, nonzero scaled values): the graph's outputs."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    graph = probe.graph
+    del graph.output[:]
+    nodes, inits, outputs = [], [], []
+    f32, f16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32) + 2.0**-6, "fp8probe_normal"))
+    inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32), "fp8probe_zero"))
+    for k, cand in enumerate(candidates):
+        p = f"fp8probe{k}_"
+        proto = ir.serde.serialize_node(cand.node)
+        ins8, ins16 = list(proto.input), list(proto.input)
+        below, nonzero = [], []
+        for inp in cand.inputs:
+            view = fp8_view(inp, f"{p}{inp.index}_")
+            nodes += view.nodes
+            inits += view.initializers
+            ins8[inp.index], ins16[inp.index] = view.fp8, view.fp16
+            if inp.weight is not None:
+                continue
+            a, s = f"{p}a{inp.index}", view.scale
+            nodes += [
+                oh.make_node("Div", [view.fp16, s], [a + "sc"]),
+                oh.make_node("Abs", [a + "sc"], [a + "abs"]),
+                oh.make_node("Less", [a + "abs", "fp8probe_normal"], [a + "lt"]),
+                oh.make_node("Greater", [a + "abs", "fp8probe_zero"], [a + "nz"]),
+                oh.make_node("And", [a + "lt", a + "nz"], [a + "sub"]),
+                oh.make_node("Cast", [a + "sub"], [a + "subf"], to=f32),
+                oh.make_node("Cast", [a + "nz"], [a + "nzf"], to=f32),
+                oh.make_node("ReduceSum", [a + "subf"], [a + "nsub"], keepdims=0),
+                oh.make_node("ReduceSum", [a + "nzf"], [a + "nnz"], keepdims=0),
+            ]
+            below.append(a + "nsub")
+            nonzero.append(a + "nnz")
+        for j, name in enumerate(proto.input):  # bias inputs: FP16 values on both sides
+            if name and j not in FP8_GEMM_INPUTS[cand.node.op_type]:
+                nodes += [oh.make_node("Cast", [name], [f"{p}b{j}h"], to=f16),
+                          oh.make_node("Cast", [f"{p}b{j}h"], [f"{p}b{j}"], to=f32)]
+                ins8[j] = ins16[j] = f"{p}b{j}"
+        attrs = list(proto.attribute)
+        for tag, ins in (("y8", ins8), ("y16", ins16)):
+            node = oh.make_node(proto.op_type, ins, [p + tag], domain=proto.domain)
+            node.attribute.extend(attrs)
+            nodes.append(node)
+        nodes += [
+            oh.make_node("Sub", [p + "y8", p + "y16"], [p + "d"]),
+            oh.make_node("ReduceSumSquare", [p + "d"], [p + "err2"], keepdims=0),
+            oh.make_node("ReduceSumSquare", [p + "y16"], [p + "ref2"], keepdims=0),
+        ]
+        sums = [p + "err2", p + "ref2"]
+        for tag, names in (("nsub", below), ("nnz", nonzero)):
+            if names:
+                nodes.append(oh.make_node("Sum", names, [p + tag]))
+            else:
+                nodes.append(oh.make_node("Identity", ["fp8probe_zero"], [p + tag]))
+            sums.append(p + tag)
+        outputs += sums
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    graph.output.extend(oh.make_tensor_value_info(name, f32, []) for name in outputs)
+    return probe, outputs
+
+
+def measure_candidates(
+    model: onnx.ModelProto, candidates: list[Fp8Candidate], samples: Iterable[dict[str, np.ndarray]],
+    runner: Runner,
+) -> list[Fp8Stats]:
+    """Per candidate, its :class:`Fp8Stats` over ``samples`` (``model``: the FP32 model the
+    candidates' nodes come from, at opset 19 or later)."""
+    if not candidates:
+        return []
+    probe, names = _probe(model, candidates)
+    session = runner.load(probe)
+    try:
+        totals = np.zeros(len(names), dtype=np.float64)
+        for sample in samples:
+            feeds = {k: v for k, v in sample.items() if k in session.input_names}
+            totals += np.asarray([float(np.asarray(v)) for v in session.run(feeds)], dtype=np.float64)
+    finally:
+        session.close()
+    out = []
+    for k in range(len(candidates)):
+        err2, ref2, nsub, nnz = totals[4 * k : 4 * k + 4]
+        rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
+        out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, nsub / nnz if nnz else 0.0))
+    return out
+
+
+def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> tuple[bool, str]:
+    """Whether the candidate takes FP8 inputs, and the sentence that says why (with its statistics)."""
+    acts = [i for i in cand.inputs if i.weight is None]
+    weights = [i for i in cand.inputs if i.weight is not None]
+    stat = (
+        f"output error {stats.rel_error:.2%} with FP8 inputs vs FP16 inputs on the calibration data "
+        f"(limit {max_error:.0%}), {stats.subnormal_share:.2%} of scaled input values below FP8's "
+        f"smallest normal 2^-6 (limit {max_subnormal:.0%})"
+    )
+    if stats.rel_error > max_error or stats.subnormal_share > max_subnormal:
+        return False, f"kept FP16: FP8 E4M3 inputs would cost too much: {stat}"
+    scales = [f"input {i.index} scale {float(i.scale):.3g} per tensor (amax {i.amax:.3g})" for i in acts]
+    scales += [
+        f"weight {i.index} scales per output channel (axis {i.axis})" if i.axis is not None
+        else f"weight {i.index} scale {float(i.scale):.3g} per tensor" for i in weights
+    ]
+    return True, f"FP8 E4M3 inputs through Q/DQ: {stat}; {', '.join(scales)}"

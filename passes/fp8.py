@@ -1,0 +1,143 @@
+"""FP8 lowering: QuantizeLinear/DequantizeLinear to float8e4m3fn before the chosen GEMMs' data inputs.
+
+Guarantees, for each chosen node whose data inputs are FP16 after the FP16 lowering (a node the FP16
+policy kept in FP32 is left alone and listed in ``skipped``):
+- an activation input ``x`` is read through its own ``QuantizeLinear(x, scale, zero_point,
+  saturate=1) -> DequantizeLinear(scale, zero_point)`` pair placed right before the GEMM (never
+  shared with other readers of ``x``): a per-tensor FP16 scale and a float8e4m3fn zero point 0, as
+  TensorRT's explicit quantization reads them;
+- a constant weight becomes a float8e4m3fn initializer (quantized offline from its FP32 values,
+  exactly as QuantizeLinear would, :func:`amp_compiler.emulate.quantize_fp8`) read through one
+  ``DequantizeLinear`` with FP16 scales per output channel (``axis``) or per tensor; the FP16 copy
+  is removed when nothing else reads it;
+- bias inputs, and every other node, keep the types the FP16 lowering gave them.
+The model's opset must already be 19 or later (the conversion raises it first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+from amp_compiler.emulate import quantize_fp8
+from amp_compiler.fp8_stats import Fp8Candidate, Fp8Input
+from amp_compiler.onnx.ir_walk import home_graph
+
+_FP8 = ir.DataType.FLOAT8E4M3FN
+_FP16 = ir.DataType.FLOAT16
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertedQdq:
+    """A Q or DQ node the pass inserted: the GEMM it feeds and which of its inputs."""
+
+    gemm: ir.Node
+    index: int
+    weight: bool
+
+
+def _zero_point(shape: tuple[int, ...]) -> np.ndarray:
+    return np.zeros(shape, dtype=ml_dtypes.float8_e4m3fn)
+
+
+class QuantizeGemmInputsPass(ir.passes.InPlacePass):
+    """Q/DQ to FP8 E4M3 before the data inputs of ``chosen`` GEMMs (see module doc)."""
+
+    def __init__(self, chosen: list[Fp8Candidate]):
+        super().__init__()
+        self.chosen = chosen
+        self.inserted: dict[int, InsertedQdq] = {}  # id(Q/DQ node) -> what it is for
+        self.quantized: list[ir.Node] = []  # GEMMs that now read FP8 inputs
+        self.skipped: list[ir.Node] = []  # chosen GEMMs the FP16 policy kept in FP32
+
+    def requires(self, model: ir.Model) -> None:
+        opset = model.opset_imports.get("", 0)
+        if opset < 19:
+            raise ir.passes.PreconditionError(f"float8 Q/DQ needs opset 19 or later, the model has {opset}")
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        for k, cand in enumerate(self.chosen):
+            node = cand.node
+            values = [node.inputs[i.index] for i in cand.inputs]
+            if any(v is None or v.dtype != _FP16 for v in values):
+                self.skipped.append(node)
+                continue
+            graph = home_graph(node)
+            for inp in cand.inputs:
+                if inp.weight is not None:
+                    self._weight(graph, node, inp, f"fp8_{k}_w{inp.index}")
+                else:
+                    self._activation(graph, node, inp, f"fp8_{k}_x{inp.index}")
+            self.quantized.append(node)
+        return ir.passes.PassResult(model, modified=bool(self.quantized))
+
+    def ensures(self, model: ir.Model) -> None:
+        for node in self.quantized:
+            for cand in self.chosen:
+                if cand.node is not node:
+                    continue
+                for inp in cand.inputs:
+                    value = node.inputs[inp.index]
+                    producer = value.producer() if value is not None else None
+                    if producer is None or producer.op_type != "DequantizeLinear":
+                        raise ir.passes.PostconditionError(f"{node.name}: input {inp.index} is not dequantized")
+
+    def _initializer(self, graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+        tensor = ir.tensor(array, name=name)
+        value = ir.Value(name=name, const_value=tensor)
+        value.type = ir.TensorType(tensor.dtype)
+        value.shape = ir.Shape(array.shape)
+        graph.register_initializer(value)
+        return value
+
+    def _dequantized(self, like: ir.Value, name: str) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(_FP16), shape=ir.Shape(like.shape) if like.shape else None)
+
+    def _activation(self, graph: ir.Graph, node: ir.Node, inp: Fp8Input, prefix: str) -> None:
+        source = node.inputs[inp.index]
+        assert source is not None
+        scale = self._initializer(graph, f"{prefix}_scale", inp.scale.astype(np.float16))
+        zero = self._initializer(graph, f"{prefix}_zero_point", _zero_point(()))
+        q_out = ir.Value(name=f"{prefix}_fp8", type=ir.TensorType(_FP8),
+                         shape=ir.Shape(source.shape) if source.shape else None)
+        dq_out = self._dequantized(source, f"{prefix}_dequantized")
+        q = ir.Node("", "QuantizeLinear", [source, scale, zero], [ir.AttrInt64("saturate", 1)], outputs=[q_out],
+                    name=f"{prefix}_QuantizeLinear")
+        dq = ir.Node("", "DequantizeLinear", [q_out, scale, zero], outputs=[dq_out], name=f"{prefix}_DequantizeLinear")
+        graph.insert_before(node, [q, dq])
+        node.replace_input_with(inp.index, dq_out)
+        self.inserted[id(q)] = InsertedQdq(node, inp.index, False)
+        self.inserted[id(dq)] = InsertedQdq(node, inp.index, False)
+
+    def _weight(self, graph: ir.Graph, node: ir.Node, inp: Fp8Input, prefix: str) -> None:
+        old = node.inputs[inp.index]
+        assert old is not None and inp.weight is not None
+        quantized = quantize_fp8(inp.weight, inp.broadcast_scale())
+        stored = self._initializer(graph, f"{prefix}_fp8", quantized)
+        scale = self._initializer(graph, f"{prefix}_scale", inp.scale.astype(np.float16))
+        zero = self._initializer(graph, f"{prefix}_zero_point", _zero_point(inp.scale.shape))
+        attrs = [ir.AttrInt64("axis", inp.axis)] if inp.axis is not None else []
+        out = self._dequantized(stored, f"{prefix}_dequantized")
+        dq = ir.Node("", "DequantizeLinear", [stored, scale, zero], attrs, outputs=[out],
+                     name=f"{prefix}_DequantizeLinear")
+        graph.insert_before(node, [dq])
+        node.replace_input_with(inp.index, out)
+        self.inserted[id(dq)] = InsertedQdq(node, inp.index, True)
+        _drop_if_unused(old)
+
+
+def _drop_if_unused(value: ir.Value) -> None:
+    """Remove ``value``'s initializer or Constant node when nothing reads it any more."""
+    if value.uses() or value.is_graph_output() or value.is_graph_input():
+        return
+    producer = value.producer()
+    if producer is not None:
+        if producer.op_type == "Constant" and producer.graph is not None:
+            producer.graph.remove(producer, safe=True)
+        return
+    graph = value.graph
+    if value.is_initializer() and graph is not None and value.name and value.name in graph.initializers:
+        del graph.initializers[value.name]

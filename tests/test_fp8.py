@@ -1,0 +1,242 @@
+"""--target fp8 (ONNX): exact FP8 emulation, Q/DQ placement, the per-layer fallback, refusals, and
+numerics vs FP32 on catalog models."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as nh
+import onnxruntime as ort
+import pytest
+
+from amp_compiler import convert
+from amp_compiler.checks import compare, validate
+from amp_compiler.cli import main
+from amp_compiler.emulate import dequantize_fp8, emulate, quantize_fp8
+from amp_compiler.errors import OptionError
+from amp_compiler.fp8_budget import choose_within_budget
+from amp_compiler.plan import Rule
+from amp_compiler.runner import InProcessRunner
+from amp_compiler.targets import Target
+from models import catalog
+
+F32 = onnx.TensorProto.FLOAT
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """onnxruntime at BASIC: from EXTENDED on it deletes a Relu that feeds a float8 QuantizeLinear."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.log_severity_level = 4
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _qdq_model(scale: float) -> onnx.ModelProto:
+    zp = oh.make_tensor("zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
+    graph = oh.make_graph(
+        [oh.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], saturate=1),
+         oh.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"])],
+        "qdq", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, [None])],
+        [oh.make_tensor_value_info("q", onnx.TensorProto.FLOAT8E4M3FN, [None]),
+         oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, [None])],
+        [nh.from_array(np.array(scale, dtype=np.float16), "s"), zp],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)], ir_version=9)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.0078125, 0.3701, 3.5])
+def test_emulated_fp8_equals_onnxruntime_and_ml_dtypes_on_every_fp16_value(scale):
+    x = np.arange(2**16, dtype=np.uint16).view(np.float16)  # every FP16 value: NaN, inf, subnormals, -0
+    s = np.float16(scale)
+    q, y = _session(_qdq_model(float(s))).run(None, {"x": x})
+    ours = quantize_fp8(x, s)
+    assert np.array_equal(ours.view(np.uint8), np.asarray(q).view(np.uint8))
+    with np.errstate(invalid="ignore"):
+        scaled = x.astype(np.float32) / np.float32(s)
+    reference = np.clip(scaled, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(ours.view(np.uint8), reference.view(np.uint8))
+    assert np.array_equal(dequantize_fp8(ours, s).view(np.uint16), np.asarray(y).view(np.uint16))
+
+
+def test_fp8_target_ranges():
+    assert (Target.FP8.max, Target.FP8.smallest_normal, Target.FP8.fallback) == (448.0, 2.0**-6, Target.FP16)
+    assert Target.FP16.fallback is Target.FP16 and Target.BF16.fallback is Target.BF16
+
+
+def _mlp(outlier: bool = False) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+    """x -> MatMul -> Relu -> Gemm(transB) -> Conv-free MLP; with ``outlier``, the first MatMul's input has
+    one huge value per sample (which its weights ignore), so its scale leaves the other values below FP8's
+    smallest normal."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((16, 32)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((8, 32)) * 0.2).astype(np.float32)
+    if outlier:
+        w1[0] = 0.0  # the outlier does not reach the Gemm
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+         oh.make_node("Relu", ["h"], ["r"], name="relu"),
+         oh.make_node("Gemm", ["r", "W2", "b2"], ["y"], name="gemm2", transB=1)],
+        "mlp", [oh.make_tensor_value_info("x", F32, [4, 16])], [oh.make_tensor_value_info("y", F32, [4, 8])],
+        [nh.from_array(w1, "W1"), nh.from_array(w2, "W2"), nh.from_array(np.ones(8, np.float32), "b2")],
+    )
+    samples = []
+    for _ in range(4):
+        x = rng.standard_normal((4, 16)).astype(np.float32)
+        if outlier:
+            x[0, 0] = 2.0e4
+        samples.append({"x": x})
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), samples
+
+
+def _conv_net() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((16, 8, 3, 3)) * 0.1).astype(np.float32)
+    graph = oh.make_graph(
+        [oh.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         oh.make_node("ReduceMean", ["c"], ["y"], name="mean", axes=[2, 3], keepdims=0)],
+        "conv", [oh.make_tensor_value_info("x", F32, [2, 8, 8, 8])], [oh.make_tensor_value_info("y", F32, [2, 16])],
+        [nh.from_array(w, "W"), nh.from_array(np.zeros(16, np.float32), "B")],
+    )
+    samples = [{"x": rng.standard_normal((2, 8, 8, 8)).astype(np.float32)} for _ in range(3)]
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)]), samples
+
+
+def _fp8(model, samples, **options):
+    with InProcessRunner() as runner:
+        return convert(model, target="fp8", samples=samples, runner=runner, **options)
+
+
+@pytest.mark.parametrize("build", [_mlp, _conv_net], ids=["mlp", "conv"])
+def test_qdq_placement(build):
+    model, samples = build()
+    result = _fp8(model, samples)
+    out = result.model
+    assert next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    validate(out)  # checker full_check, strict shape inference
+    inits = {i.name: i for i in out.graph.initializer}
+    producers = {o: n for n in out.graph.node for o in n.output}
+    gemms = [n for n in out.graph.node if n.op_type in ("MatMul", "Gemm", "Conv")]
+    assert gemms
+    for gemm in gemms:
+        act = producers[gemm.input[0]]
+        assert act.op_type == "DequantizeLinear"
+        quant = producers[act.input[0]]
+        assert quant.op_type == "QuantizeLinear"
+        assert {a.name: a.i for a in quant.attribute}.get("saturate") == 1
+        assert inits[quant.input[1]].data_type == onnx.TensorProto.FLOAT16 and not inits[quant.input[1]].dims
+        assert inits[quant.input[2]].data_type == onnx.TensorProto.FLOAT8E4M3FN
+        assert not nh.to_array(inits[quant.input[2]]).astype(np.float32).any()  # zero point 0
+        weight_dq = producers[gemm.input[1]]
+        assert weight_dq.op_type == "DequantizeLinear" and weight_dq.input[0] in inits  # weight DQ constant
+        stored = inits[weight_dq.input[0]]
+        assert stored.data_type == onnx.TensorProto.FLOAT8E4M3FN
+        channels = stored.dims[0] if gemm.op_type in ("Conv", "Gemm") else stored.dims[1]
+        assert list(inits[weight_dq.input[1]].dims) == [channels]  # per output channel
+        if len(gemm.input) > 2:  # bias stays FP16, unquantized
+            assert inits[gemm.input[2]].data_type == onnx.TensorProto.FLOAT16
+    assert {d.rule for d in result.decisions if d.op_type in ("MatMul", "Gemm", "Conv")} == {Rule.FP8_GEMM.value}
+    for d in result.decisions:
+        if d.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert (d.precision, d.rule) == ("fp8", Rule.FP8_QDQ.value)
+    feeds = samples[0]
+    reference = _session(model).run(None, feeds)[0]
+    got = _session(emulate(out)).run(None, feeds)[0]
+    acc = compare("y", reference, got)
+    assert acc.finite and acc.cosine > 0.995 and acc.error_of_range < 0.05, acc
+    native = _session(out).run(None, feeds)[0]  # onnxruntime runs the FP8 graph itself too
+    assert compare("y", reference, native).cosine > 0.995
+
+
+def test_gemm_whose_input_fp8_cannot_hold_stays_fp16_with_its_statistic():
+    model, samples = _mlp(outlier=True)
+    result = _fp8(model, samples)
+    by_name = {d.node: d for d in result.decisions}
+    kept = by_name["mm1"]
+    assert (kept.precision, kept.rule) == ("fp16", Rule.FP8_KEPT.value)
+    assert "below FP8's smallest normal" in kept.reason and "output error" in kept.reason
+    assert (by_name["gemm2"].precision, by_name["gemm2"].rule) == ("fp8", Rule.FP8_GEMM.value)
+    producers = {o: n.op_type for n in result.model.graph.node for o in n.output}
+    mm1 = next(n for n in result.model.graph.node if n.name == "mm1")
+    assert "DequantizeLinear" not in {producers.get(i) for i in mm1.input}
+    validate(result.model)
+
+
+def test_gemms_over_the_end_to_end_budget_stay_fp16_with_their_error():
+    model, samples = _mlp()
+    result = _fp8(model, samples, fp8_budget=0.001)
+    gemms = [d for d in result.decisions if d.op_type in ("MatMul", "Gemm")]
+    assert {(d.precision, d.rule) for d in gemms} == {("fp16", Rule.FP8_KEPT.value)}
+    assert all("moves the model's outputs by" in d.reason and "budget 0%" in d.reason for d in gemms)
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in result.model.graph.node)
+    everything = _fp8(model, samples, fp8_budget=1.0)
+    assert {d.rule for d in everything.decisions if d.op_type in ("MatMul", "Gemm")} == {Rule.FP8_GEMM.value}
+
+
+def test_budget_choice_is_an_exact_knapsack():
+    # A stem-like GEMM with most FLOPs and a large error: greedy by error per FLOP takes the two small
+    # ones first and then cannot take the big one; the most FLOPs within the budget is the big one alone.
+    errors, flops = [0.09, 0.05, 0.05], [1000, 10, 10]
+    assert choose_within_budget(errors, flops, 0.1) == {0}
+    assert choose_within_budget(errors, flops, 0.2) == {0, 1, 2}
+    assert choose_within_budget([0.03, float("inf")], [1, 100], 0.1) == {0}
+    assert choose_within_budget(errors, flops, 0.0) == frozenset()
+    # never over the budget as predicted (quadrature sum)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        e, f = rng.uniform(0, 0.08, 8), rng.integers(1, 1000, 8)
+        chosen = choose_within_budget(list(e), list(f), 0.1)
+        assert np.sqrt(sum(e[i] ** 2 for i in chosen)) <= 0.1
+
+
+def test_fp8_needs_calibration_samples():
+    model, _ = _mlp()
+    with pytest.raises(OptionError) as info:
+        convert(model, target="fp8")
+    assert info.value.option == "calibration_data"
+
+
+def test_cli_refuses_fp8_without_calibration_data(tmp_path, capsys):
+    model, _ = _mlp()
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    code = main(["convert", str(path), "-o", str(tmp_path / "out.onnx"), "--target", "fp8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--calibration-data" in err[0]
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_cli_converts_to_fp8(tmp_path, capsys):
+    model, samples = _mlp()
+    path, data = tmp_path / "mlp.onnx", tmp_path / "cal.npz"
+    onnx.save(model, path)
+    np.savez(data, x=samples[0]["x"])
+    code = main(["convert", str(path), "-o", str(tmp_path / "out.onnx"), "--target", "fp8",
+                 "--calibration-data", str(data)])
+    out = capsys.readouterr().out
+    assert code == 0 and "Tensor Core ops in fp8: 2/2" in out and "of their FLOPs" in out
+    validate(onnx.load(tmp_path / "out.onnx"))
+
+
+# Reduced-size catalog models, held-out inputs (seed 100; calibration seeds 1..4), default options
+# (end-to-end budget 0.1 relative L2). Bounds on the max error as a share of the output's range: what
+# the FP8 outputs measured here (2.4-7.1%), with headroom; all-FP8 ResNet gives 15%.
+_NUMERICS = {"bert-base-small": 0.06, "gpt2-small": 0.06, "vit-base-small": 0.06, "resnet50-small": 0.10}
+
+
+@pytest.mark.parametrize("name", sorted(_NUMERICS))
+def test_catalog_models_in_fp8_match_fp32(name):
+    entry, model = catalog.get(name), catalog.load(name)
+    samples = [entry.make_inputs(np.random.default_rng(seed)) for seed in range(1, 5)]
+    result = _fp8(model, samples)
+    validate(result.model)
+    held_out = entry.make_inputs(np.random.default_rng(100))
+    reference = _session(model).run(None, held_out)
+    got = _session(emulate(result.model)).run(None, held_out)
+    assert sum(d.rule == Rule.FP8_GEMM.value for d in result.decisions) > 0
+    for info, ref, out in zip(model.graph.output, reference, got, strict=True):
+        if np.issubdtype(ref.dtype, np.floating):
+            acc = compare(info.name, ref, out)
+            assert acc.finite and acc.error_of_range <= _NUMERICS[name], (info.name, acc)
+            assert acc.cosine >= 0.95, (info.name, acc)
