@@ -114,8 +114,8 @@ def test_unknown_block_op_and_bad_pattern_are_option_errors():
         convert(m, policy=TEST_POLICY, block_ops=["NotAnOp"])
     with pytest.raises(OptionError, match="regular expression") as bad_pattern:
         convert(m, policy=TEST_POLICY, block_nodes=["(unclosed"])
-    with pytest.raises(OptionError, match="fp8") as bad_target:
-        convert(m, policy=TEST_POLICY, target="fp8")
+    with pytest.raises(OptionError, match="fp4") as bad_target:
+        convert(m, policy=TEST_POLICY, target="fp4")
     # Library errors name the API keyword they are about, and no command-line flag.
     errors = (bad_op.value, bad_pattern.value, bad_target.value)
     assert [e.option for e in errors] == ["block_ops", "block_nodes", "target"]
