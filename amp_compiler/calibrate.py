@@ -72,7 +72,7 @@ class IntermediateRunner:
             raise OptionError(f"models run on the cpu or cuda execution provider, not {provider.value}",
                               option="provider")
         exposed, self.names = exposed_model(model)
-        self.session = runner.load(exposed, provider=name)
+        self.session = runner.load(exposed, provider=name, basic=True)  # see runner_child.session_options
         if self.session.providers[:1] != [name]:
             self.session.close()
             raise OptionError(

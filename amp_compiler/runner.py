@@ -115,10 +115,11 @@ class Runner(abc.ABC):
     """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
 
     @abc.abstractmethod
-    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU) -> Session:
+    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
         on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
-        to the CPU when it cannot start it: see :attr:`Session.providers`)."""
+        to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
+        basic graph optimisations only (:func:`runner_child.session_options`)."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -149,13 +150,13 @@ class InProcessRunner(Runner):
     """Sessions in this process, with no time or memory limit: for models the caller trusts only
     (a hostile model can hang or crash the process). The test suite's own checks use it."""
 
-    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU) -> Session:
+    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
         ort = runtime.onnxruntime("run the model")
         if provider not in runner_child.PROVIDERS:
             raise ValueError(f"unknown execution provider {provider!r}")
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         try:
-            session = ort.InferenceSession(source, runner_child.session_options(ort), providers=[provider])
+            session = ort.InferenceSession(source, runner_child.session_options(ort, basic=basic), providers=[provider])
         except Exception as exc:
             error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
             raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
@@ -201,14 +202,14 @@ class ChildRunner(Runner):
 
     # --- the public side
 
-    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU) -> Session:
+    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
         if provider not in runner_child.PROVIDERS:
             raise ValueError(f"unknown execution provider {provider!r}")
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
-        header["provider"] = provider
+        header["provider"], header["basic"] = provider, basic
         answer, _ = self._request(header, raw=payload, doing="loading")
         return _ChildSession(self, answer["session"], answer)
 

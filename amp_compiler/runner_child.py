@@ -8,7 +8,7 @@ child that a hostile model took over cannot make its parent run code.
 
 Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
 
-    {"op": "load", "bytes": N, "provider": E} + N bytes of ModelProto
+    {"op": "load", "bytes": N, "provider": E, "basic": B} + N bytes of ModelProto
                                         -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
@@ -47,11 +47,18 @@ def session_facts(session: Any) -> dict[str, list[str]]:
     }
 
 
-def session_options(ort: Any, *, threads: int = 0) -> Any:
+def session_options(ort: Any, *, threads: int = 0, basic: bool = False) -> Any:
     """onnxruntime session options for every session amp-compiler makes: its log silenced (level 4,
-    fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations."""
+    fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations,
+    or with ``basic`` only onnxruntime's basic ones (constant folding, redundant node removal). Models
+    with every intermediate tensor exposed run with ``basic``: onnxruntime 1.32's extended fusions
+    change results when intermediates are graph outputs (a per-channel DequantizeLinear -> MatMul
+    whose DQ output is exposed computes one column wrong), and the FP32 reference must be the model's
+    semantics."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
+    if basic:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -170,7 +177,8 @@ def _serve(limit: int) -> None:
                 provider = request.get("provider", PROVIDERS[0])
                 if provider not in PROVIDERS:
                     raise ValueError(f"unknown execution provider {provider!r}")
-                session = ort.InferenceSession(source, session_options(ort), providers=[provider])
+                options = session_options(ort, basic=bool(request.get("basic", False)))
+                session = ort.InferenceSession(source, options, providers=[provider])
                 del source
                 next_id += 1
                 sessions[next_id] = session
