@@ -19,7 +19,6 @@ import signal
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from importlib import metadata
 from typing import NoReturn
 
 from amp_compiler.cli.command import Command
@@ -38,6 +37,19 @@ class _Parser(argparse.ArgumentParser):
         raise OptionError(message)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the versions, read from the installed packages only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: object, values: object, option: str | None = None
+    ) -> NoReturn:
+        print(version_text())
+        parser.exit()
+
+
 class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind as for Ctrl-C (a BaseException, so ``except Exception``
     handlers let it through and every ``finally`` runs)."""
@@ -49,6 +61,7 @@ class Terminated(BaseException):
 
 def version_text() -> str:
     """``amp-compiler X (onnx X, onnx-ir X, onnxruntime X, numpy X)``, from the installed packages."""
+    from importlib import metadata  # read only for --version (importing it costs start-up time)
 
     def version(name: str) -> str:
         try:
@@ -63,7 +76,7 @@ def version_text() -> str:
 def build_parser(commands: Iterable[Command]) -> argparse.ArgumentParser:
     """The parser: global options, then one subparser per command."""
     parser = _Parser(prog=PROG, description="Mixed-precision (FP16/BF16) compiler for ONNX models.")
-    parser.add_argument("--version", action="version", version=version_text(), help="show the versions and exit")
+    parser.add_argument("--version", action=_VersionAction, help="show the versions and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for command in commands:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from amp_compiler import ConvertOptions
 from amp_compiler.cli.args.group import ArgGroup
-from amp_compiler.costs import parse_input_shape
 from amp_compiler.errors import OptionError
-from amp_compiler.options import parse_input_range
 from amp_compiler.targets import Provider, Target
+
+if TYPE_CHECKING:  # imported once the options are read back, not to build the parser
+    from amp_compiler.options import ConvertOptions
 
 
 class ConversionArgs(ArgGroup):
@@ -32,7 +33,7 @@ class ConversionArgs(ArgGroup):
     }
 
     def __init__(self) -> None:
-        self.options = ConvertOptions()
+        self._options: ConvertOptions | None = None  # read back by parse
         self.input_shapes: dict[str, tuple[int, ...]] | None = None  # None: no --input-shape
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
@@ -77,7 +78,19 @@ class ConversionArgs(ArgGroup):
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
         )
 
+    @property
+    def options(self) -> ConvertOptions:
+        """The conversion options read back (the defaults before :meth:`parse`)."""
+        if self._options is None:
+            from amp_compiler.options import ConvertOptions
+
+            self._options = ConvertOptions()
+        return self._options
+
     def parse(self, args: argparse.Namespace) -> None:
+        from amp_compiler.costs import parse_input_shape
+        from amp_compiler.options import ConvertOptions, parse_input_range
+
         shapes: dict[str, tuple[int, ...]] = {}
         for text in args.input_shape:
             name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
@@ -85,7 +98,7 @@ class ConversionArgs(ArgGroup):
                 raise OptionError(f"{name} is given twice", option="input_shapes")
             shapes[name] = shape
         self.input_shapes = shapes or None
-        self.options = ConvertOptions(
+        self._options = ConvertOptions(
             target=Target.parse(args.target),
             provider=Provider.parse(args.provider),
             keep_io_types=args.keep_io_types,
