@@ -34,7 +34,7 @@ PLACEHOLDER = "amp-compiler-weight-described-not-stored"
 #: Serialized models stop here (protobuf's limit): larger ones go to the checker whole, which refuses them.
 PROTOBUF_LIMIT = 2**31 - 1
 
-_FLOAT_BYTES = {
+_FLOAT_BYTES: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4,
     onnx.TensorProto.FLOAT16: 2,
     onnx.TensorProto.BFLOAT16: 2,
