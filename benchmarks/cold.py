@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATED = {"10k": 10_000, "100k": 100_000}
 REAL = {"bert-base": "bert-base", "gpt2": "gpt2"}
 DEFAULT_MODELS = ("demo", "10k", "100k")
+SECTION_BEGIN = "<!-- cold-processes:begin (python -m benchmarks.cold --results) -->"
+SECTION_END = "<!-- cold-processes:end -->"
 
 _ONNXCONVERTER = """
 import sys, onnx
@@ -178,11 +180,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", action="store_true", help="add BERT-base and GPT-2 at full size (weights inside the file)")
     ap.add_argument("--models", default=None, help="comma-separated subset of demo,10k,100k,bert-base,gpt2")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="also write the table into this file's cold-process section (benchmarks/RESULTS.md)")
     args = ap.parse_args(argv)
     names = args.models.split(",") if args.models else [*DEFAULT_MODELS, *(REAL if args.real else ())]
     rows = measure(names, args.runs, args.timeout, log=lambda s: print(s, file=sys.stderr, flush=True))
     print("\n".join(rows))
+    if args.results is not None:
+        command = "python -m benchmarks.cold " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_section(args.results, "\n".join([f"## Cold processes\n\nCommand: `{command.strip()}`.\n", *rows]))
     return 0
+
+
+def write_section(path: Path, text: str) -> None:
+    """Put ``text`` between this benchmark's markers in ``path``: in place of the section it has,
+    else after its first paragraphs (before the first ``## `` heading)."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
+    if SECTION_BEGIN in old and SECTION_END in old:
+        head, rest = old.split(SECTION_BEGIN, 1)
+        path.write_text(head + block + rest.split(SECTION_END, 1)[1].lstrip("\n"))
+    elif "\n## " in old:
+        head, rest = old.split("\n## ", 1)
+        path.write_text(head + "\n" + block + "\n## " + rest)
+    else:
+        path.write_text(old + ("\n" if old else "") + block)
 
 
 if __name__ == "__main__":

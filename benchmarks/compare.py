@@ -641,13 +641,16 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "would bring `cupy-cuda12x` and `onnxruntime-gpu`). It runs on the CPU onnxruntime and the CPU torch.",
     ]
     text = "\n".join(lines) + "\n"
-    # The deployment graphs' section is written by benchmarks.deployment_facts: kept as it is.
-    from benchmarks.deployment_facts import SECTION_BEGIN, SECTION_END
+    # The cold-process section (benchmarks.cold) and the deployment graphs' (benchmarks.deployment_facts)
+    # are written by their own benchmarks: kept as they are.
+    from benchmarks import cold, deployment_facts
 
     old = path.read_text() if path.exists() else ""
-    if SECTION_BEGIN in old and SECTION_END in old:
-        start, end = old.index(SECTION_BEGIN), old.index(SECTION_END) + len(SECTION_END)
-        text += "\n" + old[start:end] + "\n"
+    for begin, end_marker in ((cold.SECTION_BEGIN, cold.SECTION_END),
+                              (deployment_facts.SECTION_BEGIN, deployment_facts.SECTION_END)):
+        if begin in old and end_marker in old:
+            start, end = old.index(begin), old.index(end_marker) + len(end_marker)
+            text += "\n" + old[start:end] + "\n"
     path.write_text(text)
     return text
 
