@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from amp_compiler import schemas
+from amp_compiler import schemas, targets
 from amp_compiler.errors import OptionError
 from amp_compiler.policy import PolicyTable
 from amp_compiler.targets import Provider, Target
@@ -48,10 +48,10 @@ class ConvertOptions:
     # nonzero scaled input values fall below FP8's smallest normal; of those, the set with the most
     # FLOPs whose error at the outputs (relative L2 vs FP32 on the calibration samples, worst output)
     # stays within fp8_budget.
-    fp8_margin: int = 1
-    fp8_budget: float = 0.1
-    fp8_max_error: float = 0.1
-    fp8_max_subnormal: float = 0.01
+    fp8_margin: int = targets.FP8_MARGIN
+    fp8_budget: float = targets.FP8_BUDGET
+    fp8_max_error: float = targets.FP8_MAX_ERROR
+    fp8_max_subnormal: float = targets.FP8_MAX_SUBNORMAL
 
 
 def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:

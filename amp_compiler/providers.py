@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from amp_compiler.schemas import canonical_domain
@@ -46,6 +48,9 @@ ORT_NAMES = {
 SHORT_NAMES = {Provider.CUDA: "CUDA", Provider.TENSORRT: "TensorRT", Provider.CPU: "CPU"}
 OPEN_END = 2**31 - 1  # onnxruntime's end of an open version range (INT_MAX)
 SOURCE_ENV = "AMP_COMPILER_KERNEL_SOURCE"
+#: The shared library an onnxruntime build ships for a provider (in ``onnxruntime/capi``): a build
+#: without it does not list the provider, which is then known without importing onnxruntime.
+PROVIDER_LIBRARIES = {"CUDAExecutionProvider": "onnxruntime_providers_cuda"}
 
 # Run in a child process: prints the registry of one provider as JSON (argv[1]: its onnxruntime name).
 PROBE_SCRIPT = r"""
@@ -186,6 +191,22 @@ def probe_registry(
     return data if data.get("kernels") else None
 
 
+def _may_list(name: str) -> bool:
+    """False when the installed onnxruntime cannot list provider ``name``: no onnxruntime, or a build
+    without the provider's library (the CPU wheel and CUDA). Found without importing onnxruntime
+    (a plain conversion then never loads it); True means "import it and ask"."""
+    try:
+        spec = importlib.util.find_spec("onnxruntime")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    library = PROVIDER_LIBRARIES.get(name)
+    if library is None:
+        return True
+    return any(any((Path(folder) / "capi").glob(f"*{library}*")) for folder in spec.submodule_search_locations)
+
+
 def _available_providers() -> list[str]:
     try:
         import onnxruntime
@@ -206,7 +227,7 @@ def coverage_for(provider: Provider) -> KernelCoverage | None:
         return None
     name = ORT_NAMES[provider]
     use_installed = os.environ.get(SOURCE_ENV, "").lower() != "snapshot"
-    if use_installed and name in _available_providers():
+    if use_installed and _may_list(name) and name in _available_providers():
         data = probe_registry(name)
         if data is not None:
             version = data["onnxruntime_version"]

@@ -22,7 +22,6 @@ a :class:`ChildRunner` with the default budget.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
 import math
 import os
@@ -39,52 +38,21 @@ import numpy as np
 import onnx
 
 from amp_compiler import runner_child, runtime
+from amp_compiler.budget import DEFAULT_SECONDS, MIN_MEMORY, RunBudget, default_memory  # noqa: F401 - re-exported
 from amp_compiler.errors import (
     ModelCrashError,
     ModelRefusedError,
     ModelRunError,
     ModelUnsupportedError,
-    OptionError,
     RunBudgetError,
 )
 from amp_compiler.units import format_bytes
 
-#: Default time budget of one load or one run of the model, in seconds.
-DEFAULT_SECONDS = 300.0
-#: The least memory budget: onnxruntime and numpy alone take about 200 MB of address space.
-MIN_MEMORY = 512 * 2**20
 #: onnxruntime's CPU execution provider, where models run unless a load asks for another.
 CPU = runner_child.PROVIDERS[0]
 
 #: How long the child may take to start (import onnxruntime), whatever the budget.
 _START_SECONDS = 60.0
-
-
-def default_memory() -> int:
-    """The default memory budget: half of the machine's physical memory (at least ``MIN_MEMORY``)."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 8 * 2**30
-    return max(MIN_MEMORY, total // 2)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunBudget:
-    """What running an untrusted model may take: ``seconds`` per load or run of it, ``memory`` bytes
-    of address space for the process that runs it (onnxruntime's ~200 MB included)."""
-
-    seconds: float = DEFAULT_SECONDS
-    memory: int = dataclasses.field(default_factory=default_memory)
-
-    def __post_init__(self) -> None:
-        if not (self.seconds > 0 and math.isfinite(self.seconds)):
-            raise OptionError(f"must be a positive number of seconds, got {self.seconds}", option="run_seconds")
-        if self.memory < MIN_MEMORY:
-            raise OptionError(
-                f"{format_bytes(self.memory)} is too little to run onnxruntime (at least {format_bytes(MIN_MEMORY)})",
-                option="run_memory",
-            )
 
 
 class Session(abc.ABC):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import importlib.util
 from types import ModuleType
 
@@ -26,7 +25,9 @@ INSTALL_HINT = "pip install 'amp-compiler[cpu]' (or 'amp-compiler[gpu]' for CUDA
 def installed_distributions() -> tuple[str, ...]:
     """The installed distributions that provide the ``onnxruntime`` package (``onnxruntime``,
     ``onnxruntime-gpu``, ...), from their metadata."""
-    return tuple(sorted(set(importlib.metadata.packages_distributions().get(PACKAGE, ()))))
+    from importlib import metadata  # only when onnxruntime is needed (importing it costs start-up time)
+
+    return tuple(sorted(set(metadata.packages_distributions().get(PACKAGE, ()))))
 
 
 def onnxruntime(needed_for: str) -> ModuleType:

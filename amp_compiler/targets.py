@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import ml_dtypes
-import numpy as np
-import onnx_ir as ir
-
-from amp_compiler.dtypes import schema_type
 from amp_compiler.errors import OptionError
+
+if TYPE_CHECKING:  # imported where used: the command line reads the choices without loading them
+    import numpy as np
+    import onnx_ir as ir
 
 
 class Target(enum.Enum):
@@ -23,11 +23,20 @@ class Target(enum.Enum):
 
     @property
     def dtype(self) -> ir.DataType:
-        return _DTYPES[self]
+        import onnx_ir as ir
+
+        by_target = {
+            Target.FP16: ir.DataType.FLOAT16, Target.BF16: ir.DataType.BFLOAT16, Target.FP8: ir.DataType.FLOAT8E4M3FN,
+        }
+        return by_target[self]
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        return np.dtype(_NUMPY_DTYPES[self])
+        import ml_dtypes
+        import numpy as np
+
+        by_target = {Target.FP16: np.float16, Target.BF16: ml_dtypes.bfloat16, Target.FP8: ml_dtypes.float8_e4m3fn}
+        return np.dtype(by_target[self])
 
     @property
     def fallback(self) -> Target:
@@ -37,19 +46,27 @@ class Target(enum.Enum):
     @property
     def type_str(self) -> str:
         """The ONNX schema spelling, as in type constraints: ``tensor(float16)``."""
+        from amp_compiler.dtypes import schema_type
+
         return schema_type(self.dtype)
 
     @property
     def max(self) -> float:
         """Largest finite value."""
+        import ml_dtypes
+
         return float(ml_dtypes.finfo(self.numpy_dtype).max)
 
     @property
     def smallest_normal(self) -> float:
+        import ml_dtypes
+
         return float(ml_dtypes.finfo(self.numpy_dtype).smallest_normal)
 
     @property
     def smallest_subnormal(self) -> float:
+        import ml_dtypes
+
         return float(ml_dtypes.finfo(self.numpy_dtype).smallest_subnormal)
 
     @classmethod
@@ -60,8 +77,11 @@ class Target(enum.Enum):
             raise OptionError(f"unknown target {text!r}: expected fp16, bf16 or fp8", option="target") from None
 
 
-_DTYPES = {Target.FP16: ir.DataType.FLOAT16, Target.BF16: ir.DataType.BFLOAT16, Target.FP8: ir.DataType.FLOAT8E4M3FN}
-_NUMPY_DTYPES = {Target.FP16: np.float16, Target.BF16: ml_dtypes.bfloat16, Target.FP8: ml_dtypes.float8_e4m3fn}
+#: Defaults of the FP8 options (``ConvertOptions.fp8_*``; the command line shows them in its help).
+FP8_MARGIN = 1
+FP8_BUDGET = 0.1
+FP8_MAX_ERROR = 0.1
+FP8_MAX_SUBNORMAL = 0.01
 
 
 class Provider(enum.Enum):

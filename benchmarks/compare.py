@@ -3,7 +3,9 @@
     python -m benchmarks.compare [--size smallest|small|full] [--out benchmarks/RESULTS.md]
 
 Models: the catalog's public architectures (``models/catalog.py``, kind ``architecture``, at the
-chosen size; ``smallest`` takes one) and generated transformer graphs (``benchmarks/generate.py``) of
+chosen size; ``smallest`` takes one), BERT-base and GPT-2 at full size with their weights inside
+the file (setting ``small``, or ``--real``: one conversion per tool, a torch export of minutes the
+first time they are built, then the catalog's cache) and generated transformer graphs (``benchmarks/generate.py``) of
 1,000 to 100,000 nodes; ``full`` (or ``--large-gb``) adds a generated model of ~2.5 GB of weights,
 saved with external data in a temporary folder.
 
@@ -63,17 +65,20 @@ class Setting:
     peer_node_limit: dict[str, int]  # peers skip larger generated graphs (quadratic; stated in the table)
     timeout_s: int  # per (tool, model) child process
     large_gb: float  # the external-data model (0: none)
+    real: tuple[str, ...] = ()  # full-size catalog architectures, weights inside the file (BERT-base, GPT-2)
 
 
 _PEERS = {"modelopt-autocast": 3000}  # 1,000 nodes: 7 s, 3,000: 60 s
 SETTINGS = {
     "smallest": Setting("small", 1, (1000,), 1, _PEERS, 120, 0.0),
-    "small": Setting("small", None, (1000, 3000, 10_000, 30_000, 100_000), 3, _PEERS, 900, 0.0),
+    "small": Setting("small", None, (1000, 3000, 10_000, 30_000, 100_000), 3, _PEERS, 900, 0.0, ("bert-base", "gpt2")),
     "full": Setting("full", None, (1000, 3000, 10_000, 30_000, 100_000), 3, _PEERS, 900, 2.5),
 }
 #: Graphs this large are converted once per tool (a median of one), to keep the run short; the
-#: generated graphs (up to 100,000 nodes) get the setting's repeats.
+#: generated graphs (up to 100,000 nodes) get the setting's repeats. So are models with this many
+#: bytes of weights (BERT-base: 438 MB).
 SINGLE_RUN_NODES = 300_000
+SINGLE_RUN_BYTES = 100_000_000
 #: onnxruntime's CPU session creation for an FP16 graph grows faster than its size (17 s at 10,000
 #: nodes, where the same graph emulated in FP32, three times the nodes, takes 3 s): above this, the
 #: outputs are not loaded or run (sizes and Cast/FLOPs counts are still measured).
@@ -341,6 +346,19 @@ def _cases(setting: Setting, folder: Path, log) -> list[Case]:
             feeds = entry.make_inputs(np.random.default_rng(0))
             cases.append(Case(entry.name, "catalog", path, len(model.graph.node), _weight_bytes(model), feeds,
                               {k: tuple(v.shape) for k, v in feeds.items()}))
+    if setting.real:
+        from models import catalog
+
+    for name in setting.real:  # full size, weights inside the file: the catalog's cached export
+        entry = catalog.get(name)
+        log(f"building {name} (full size: a torch export of minutes the first time, then cached)")
+        model = catalog.load(entry)
+        path = folder / f"{name}.onnx"
+        path.write_bytes(model.SerializeToString())
+        feeds = entry.make_inputs(np.random.default_rng(0))
+        cases.append(Case(name, "catalog", path, len(model.graph.node), _weight_bytes(model), feeds,
+                          {k: tuple(v.shape) for k, v in feeds.items()}))
+        del model
     for n in setting.generated:
         model = transformer_model(n, batch="batch")  # any batch size: latency at batch 1 and 8
         path = folder / f"generated-{n}.onnx"
@@ -415,7 +433,8 @@ def run_benchmark(setting: Setting, tools: tuple[str, ...], log=print, provider:
                 out_dir.mkdir()
                 out = out_dir / f"{case.name}.fp16.onnx"
                 log(f"{tool} on {case.name} ({case.nodes} nodes)")
-                repeats = 1 if case.nodes >= SINGLE_RUN_NODES or external else setting.repeats
+                single = case.nodes >= SINGLE_RUN_NODES or case.weight_bytes >= SINGLE_RUN_BYTES or external
+                repeats = 1 if single else setting.repeats
                 run = _run_tool(tool, case.name, case.path, out, dataclasses.replace(setting, repeats=repeats), external)
                 if run.status == "ok":
                     try:
@@ -622,13 +641,16 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "would bring `cupy-cuda12x` and `onnxruntime-gpu`). It runs on the CPU onnxruntime and the CPU torch.",
     ]
     text = "\n".join(lines) + "\n"
-    # The deployment graphs' section is written by benchmarks.deployment_facts: kept as it is.
-    from benchmarks.deployment_facts import SECTION_BEGIN, SECTION_END
+    # The cold-process section (benchmarks.cold) and the deployment graphs' (benchmarks.deployment_facts)
+    # are written by their own benchmarks: kept as they are.
+    from benchmarks import cold, deployment_facts
 
     old = path.read_text() if path.exists() else ""
-    if SECTION_BEGIN in old and SECTION_END in old:
-        start, end = old.index(SECTION_BEGIN), old.index(SECTION_END) + len(SECTION_END)
-        text += "\n" + old[start:end] + "\n"
+    for begin, end_marker in ((cold.SECTION_BEGIN, cold.SECTION_END),
+                              (deployment_facts.SECTION_BEGIN, deployment_facts.SECTION_END)):
+        if begin in old and end_marker in old:
+            start, end = old.index(begin), old.index(end_marker) + len(end_marker)
+            text += "\n" + old[start:end] + "\n"
     path.write_text(text)
     return text
 
@@ -672,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--large-gb", type=float, default=None, help="size of the external-data model (0: none)")
     parser.add_argument("--generated", default=None, help="comma-separated node counts of generated graphs")
+    parser.add_argument("--real", default=None,
+                        help="comma-separated full-size catalog architectures (default for small: bert-base,gpt2)")
     parser.add_argument("--latency-provider", default=None,
                         help="measure latency on this onnxruntime provider (default: CUDA where available; "
                              "CPUExecutionProvider exercises the code path, its times say nothing of GPUs)")
@@ -692,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         setting = dataclasses.replace(setting, large_gb=args.large_gb)
     if args.generated is not None:
         setting = dataclasses.replace(setting, generated=tuple(int(n) for n in args.generated.split(",") if n))
+    if args.real is not None:
+        setting = dataclasses.replace(setting, real=tuple(n for n in args.real.split(",") if n))
     tools = tuple(t for t in args.tools.split(",") if t)
     unknown = set(tools) - set(TOOLS)
     if unknown:

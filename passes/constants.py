@@ -93,6 +93,11 @@ def mask_paths(graph: PrecisionGraph, plan: PrecisionPlan) -> dict[int, float]:
     return floor
 
 
+#: Bytes of FP32 constants screened together (one numpy call per group: per tensor, numpy's own
+#: overhead dominates for small ones; one group for all would copy every weight at once).
+SCREEN_BYTES = 64 * 2**20
+
+
 def raw_float32_bytes(tensor: object) -> bytes | None:
     """The little-endian bytes of an FP32 tensor as the model file stores them (``raw_data``), or
     None for any other tensor (another type, typed fields, external data, not from a file): what
@@ -229,9 +234,12 @@ class ConstantRangePass(AnalysisPass):
     def _plainly_representable(self, graph: PrecisionGraph, plan: PrecisionPlan) -> list[int]:
         """The ids of FP32 initializers stored as raw little-endian bytes in the model whose every
         value is within the target's range and none small enough to flush (zero aside): screened
-        together, in one pass over their bytes, without building an array per tensor."""
+        over their bytes, without building an array per tensor, in groups of about ``SCREEN_BYTES``
+        (small tensors share numpy calls; a copy of every weight at once is never made)."""
+        found: list[int] = []
         keys: list[int] = []
         chunks: list[bytes] = []
+        pending = 0
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
                 continue
@@ -240,10 +248,16 @@ class ConstantRangePass(AnalysisPass):
                 if data:
                     keys.append(id(value))
                     chunks.append(data)
-        if not keys:
-            return []
+                    pending += len(data)
+                    if pending >= SCREEN_BYTES:
+                        found += self._screen(keys, chunks)
+                        keys, chunks, pending = [], [], 0
+        return found + self._screen(keys, chunks) if keys else found
+
+    def _screen(self, keys: list[int], chunks: list[bytes]) -> list[int]:
+        """The keys whose chunk (FP32 bytes) holds no value beyond the target's range and none that flushes."""
         sizes = np.fromiter((len(c) // 4 for c in chunks), np.int64, len(chunks))
-        flat = np.abs(np.frombuffer(b"".join(chunks), dtype="<f4"))
+        flat = np.abs(np.frombuffer(chunks[0] if len(chunks) == 1 else b"".join(chunks), dtype="<f4"))
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         plain = np.maximum.reduceat(flat, starts) <= self._limits[0]  # NaN: False
         plain &= ~np.logical_or.reduceat((flat < self._limits[1]) & (flat != 0), starts)

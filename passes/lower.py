@@ -28,7 +28,7 @@ from amp_compiler.graph import SlotKind
 from amp_compiler.onnx.ir_walk import home_graph, is_constant, iter_graphs
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
-from amp_compiler.passes.constants import constant_array, raw_float32_bytes
+from amp_compiler.passes.constants import SCREEN_BYTES, constant_array, raw_float32_bytes
 from amp_compiler.plan import PrecisionPlan
 
 _NUMPY: dict[ir.DataType, np.dtype] = {
@@ -74,30 +74,37 @@ class ConvertedConstant(ir.LazyTensor):
 
     @staticmethod
     def convert_together(tensors: Iterable[ConvertedConstant]) -> None:
-        """Convert many FP32 constants held as raw bytes in the model in one numpy call over their
-        concatenated bytes (per tensor, numpy's own overhead is most of the cost); each keeps its
-        bytes until :meth:`tobytes` hands them over. Others (on disk, rewritten, other types) are
-        left to convert themselves."""
-        batch, chunks = [], []
+        """Convert many FP32 constants held as raw bytes in the model, a group of about
+        ``SCREEN_BYTES`` of one target type at a time, in one numpy call over the group's
+        concatenated bytes (per tensor, numpy's own overhead is most of the cost; one call for all
+        would copy every weight at once); each keeps its bytes until :meth:`tobytes` hands them over.
+        Others (on disk, rewritten, other types) are left to convert themselves."""
+        groups: dict[ir.DataType, tuple[list[ConvertedConstant], list[bytes]]] = {}
+        pending: dict[ir.DataType, int] = {}
         for tensor in tensors:
             data = raw_float32_bytes(tensor._source) if tensor._rewrite is None else None
-            if data is not None:
-                batch.append(tensor)
-                chunks.append(data)
-        if not batch:
-            return
-        by_type: dict[ir.DataType, list[int]] = {}
-        for k, tensor in enumerate(batch):
-            by_type.setdefault(tensor.dtype, []).append(k)
-        for dtype, members in by_type.items():
-            target = numpy_dtype(dtype)
-            with np.errstate(over="ignore"):
-                data = np.frombuffer(b"".join(chunks[k] for k in members), dtype="<f4").astype(target).tobytes()
-            width, offset = target.itemsize, 0
-            for k in members:
-                size = len(chunks[k]) // 4 * width
-                batch[k]._bytes = data[offset:offset + size]
-                offset += size
+            if data is None:
+                continue
+            members, chunks = groups.setdefault(tensor.dtype, ([], []))
+            members.append(tensor)
+            chunks.append(data)
+            pending[tensor.dtype] = pending.get(tensor.dtype, 0) + len(data)
+            if pending[tensor.dtype] >= SCREEN_BYTES:
+                ConvertedConstant._convert_group(tensor.dtype, *groups.pop(tensor.dtype))
+                pending[tensor.dtype] = 0
+        for dtype, (members, chunks) in groups.items():
+            ConvertedConstant._convert_group(dtype, members, chunks)
+
+    @staticmethod
+    def _convert_group(dtype: ir.DataType, members: list[ConvertedConstant], chunks: list[bytes]) -> None:
+        target = numpy_dtype(dtype)
+        with np.errstate(over="ignore"):
+            data = np.frombuffer(b"".join(chunks), dtype="<f4").astype(target).tobytes()
+        width, offset = target.itemsize, 0
+        for tensor, chunk in zip(members, chunks, strict=True):
+            size = len(chunk) // 4 * width
+            tensor._bytes = data[offset:offset + size]
+            offset += size
 
     def numpy(self) -> np.ndarray:
         array = np.asarray(self._source.numpy())

@@ -58,3 +58,24 @@ def test_latency_at_each_batch_and_where_nodes_ran(tmp_path):
     ]
     assert nodes_elsewhere(events, "CUDAExecutionProvider") == (2, ["Clip clip (CPUExecutionProvider)"])
     assert np.isfinite(latencies[0].median_ms)
+
+
+def test_cold_benchmark_times_whole_processes_and_writes_its_section(tmp_path):
+    """benchmarks.cold on the demo model: one row with every column filled, written into its own
+    section of a results file (in place of the old one; the rest of the file kept)."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark\n\nintro\n\n## Headline\n\ntable\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cold", "--runs", "1", "--models", "demo", "--results", str(results)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| demo |"))
+    assert "failed" not in row and row.count(" MB") + row.count(" kB") >= 4  # file and three peak RSS cells
+    text = results.read_text()
+    assert text.index("intro") < text.index("## Cold processes") < text.index("## Headline")
+    from benchmarks.cold import write_section
+
+    write_section(results, "## Cold processes\n\nnew")
+    text = results.read_text()
+    assert text.count("## Cold processes") == 1 and "new" in text and "| demo |" not in text and "table" in text

@@ -19,8 +19,6 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-import amp_compiler.cli.args.model_file as model_file
-import amp_compiler.cli.convert as convert_command
 import amp_compiler.onnx.save as onnx_save
 from amp_compiler import runner as runner_module
 from amp_compiler.cli import main
@@ -31,6 +29,9 @@ from amp_compiler.errors import OptionError
 from amp_compiler.onnx.deferred import DeferredModel
 from amp_compiler.onnx.files import DEFER_MIN_BYTES
 from amp_compiler.onnx.save import InputOverwriteError, check_output_path
+
+#: The conversion module, whose ``convert`` the command calls (the package attribute of that name is the function).
+conversion_module = importlib.import_module("amp_compiler.convert")
 
 _W = (160, 160)  # 100 KiB of FP32: over DEFER_MIN_BYTES, so a plain convert leaves it on disk
 
@@ -61,7 +62,7 @@ def watched(monkeypatch):
     whole-model weight loads and the options convert() is given."""
     seen: dict[str, list] = {"sessions": [], "runs": [], "loads": [], "options": []}
     real_session, real_run = runner_module.ChildRunner.load, runner_module.Session.run
-    real_load, real_convert = DeferredModel.load, convert_command.convert
+    real_load, real_convert = DeferredModel.load, conversion_module.convert
 
     def session(self, model, **kw):
         seen["sessions"].append("file" if isinstance(model, (str, Path)) else "proto")
@@ -82,7 +83,9 @@ def watched(monkeypatch):
     monkeypatch.setattr(runner_module.ChildRunner, "load", session)
     monkeypatch.setattr(runner_module.Session, "run", run)
     monkeypatch.setattr(DeferredModel, "load", load)
-    monkeypatch.setattr(convert_command, "convert", convert)
+    monkeypatch.setattr(conversion_module, "convert", convert)  # the plain path's conversion
+    # analyze() converts too, through its own name: kept the real one, so "options" records the plain path only
+    monkeypatch.setattr(importlib.import_module("amp_compiler.analyze"), "convert", real_convert)
     return seen
 
 
@@ -152,7 +155,7 @@ def test_the_output_path_is_checked_once(tmp_path, monkeypatch, external):
         return real_extra(self, files)
 
     result_module = importlib.import_module("amp_compiler.result")  # ConversionResult.save
-    for module in (model_file, onnx_save, result_module):  # every caller of check_output_path
+    for module in (onnx_save, result_module):  # every caller of check_output_path (the CLI's, through onnx_save)
         monkeypatch.setattr(module, "check_output_path", check)
     monkeypatch.setattr(onnx_save.OutputPath, "with_external_data", with_external_data)
     code, err = _run(["convert", src, "-o", tmp_path / "out.onnx"])
@@ -193,7 +196,7 @@ def test_option_errors_are_printed_with_the_flag_of_their_option(tmp_path, monke
     def refuse(*args, **kwargs):
         raise OptionError("unknown op type(s): Foo", option="block_ops")
 
-    monkeypatch.setattr(convert_command, "convert", refuse)
+    monkeypatch.setattr(conversion_module, "convert", refuse)
     src = tmp_path / "m.onnx"
     onnx.save(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F32, [2])], [vi("y", F32, [2])]), src)
     code, err = _run(["convert", src, "-o", tmp_path / "o.onnx"])

@@ -26,9 +26,20 @@ from amp_compiler import convert
 from amp_compiler.checks import validate
 from amp_compiler.cli import main
 from amp_compiler.errors import ModelLoadError
+from amp_compiler.onnx import skeleton
 from amp_compiler.onnx.files import PROTOBUF_LIMIT, load_model
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+@pytest.fixture(autouse=True, params=["whole", "described"])
+def weights_described(request, monkeypatch):
+    """Every case runs twice: with each model given whole to onnx's checker and shape inference, and
+    with every float weight described by type and shape only (amp_compiler.onnx.skeleton, which
+    large models take): the verdicts must not change."""
+    if request.param == "described":
+        monkeypatch.setattr(skeleton, "MIN_SAVED_BYTES", 0)
+        monkeypatch.setattr(skeleton, "MIN_ELEMENTS", 1)
 
 
 def make(nodes, inputs, outputs, inits=(), opset=18, ir_version=9, domains=(), name="g") -> onnx.ModelProto:

@@ -336,3 +336,20 @@ def test_large_weights_with_a_few_flushed_values_stay_low_precision():
         [vi("x", F32, [2, 64])], [vi("y", F32, [2, 64])], [tensor("w", w)],
     )
     assert {x.node: x for x in _convert(m).decisions}["mm"].precision == "fp16"
+
+
+@pytest.mark.parametrize("group_bytes", [1, 4096])
+def test_constants_screened_and_converted_in_groups_give_the_same_model(monkeypatch, group_bytes):
+    """FP32 weights are screened (constants pass) and converted (lowering) in groups of about
+    SCREEN_BYTES: any grouping gives the same bytes as one group for all."""
+    from amp_compiler.passes import constants as constants_pass
+    from amp_compiler.passes import lower as lower_pass
+    from models import catalog
+
+    fp32 = catalog.load(catalog.entries("small", "architecture")[0])
+    monkeypatch.setattr(constants_pass, "SCREEN_BYTES", 2**40)
+    monkeypatch.setattr(lower_pass, "SCREEN_BYTES", 2**40)
+    whole = convert(fp32).model.SerializeToString()
+    monkeypatch.setattr(constants_pass, "SCREEN_BYTES", group_bytes)
+    monkeypatch.setattr(lower_pass, "SCREEN_BYTES", group_bytes)
+    assert convert(fp32).model.SerializeToString() == whole

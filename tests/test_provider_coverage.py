@@ -99,6 +99,7 @@ def test_installed_cpu_registry_is_read_in_a_child_process():
 def test_a_crashing_probe_falls_back_to_the_snapshot(monkeypatch):
     # onnxruntime-gpu without its CUDA libraries lists CUDA as available and segfaults in the registry
     monkeypatch.setattr(providers, "PROBE_SCRIPT", "import os; os.abort()")
+    monkeypatch.setattr(providers, "_may_list", lambda name: True)  # as if the build shipped its library
     monkeypatch.setattr(providers, "_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.delenv(providers.SOURCE_ENV, raising=False)
     assert probe_registry("CUDAExecutionProvider") is None
@@ -113,6 +114,7 @@ def test_a_listed_provider_is_probed(monkeypatch):
     fake = {"onnxruntime_version": "9.9.9", "provider": "CUDAExecutionProvider",
             "kernels": [["", "MatMul", 13, 2**31 - 1, {"T": ["tensor(float16)"]}]]}
     monkeypatch.setattr(providers, "probe_registry", lambda name, **kw: fake)
+    monkeypatch.setattr(providers, "_may_list", lambda name: True)  # as if the build shipped its library
     monkeypatch.setattr(providers, "_available_providers", lambda: ["CUDAExecutionProvider"])
     monkeypatch.delenv(providers.SOURCE_ENV, raising=False)
     coverage_for.cache_clear()
@@ -276,3 +278,21 @@ def test_undecided_values_finds_untyped_tensors():
     m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.UNDEFINED
     with pytest.raises(onnx.shape_inference.InferenceError):
         undecided_values(m)  # strict inference refuses a graph input without a type
+
+
+def test_a_build_without_the_provider_library_is_not_imported_to_ask(monkeypatch, tmp_path):
+    """The CPU wheel ships no CUDA provider library: CUDA is known unlisted without importing
+    onnxruntime; a package folder that has the library is asked (True: import it and ask)."""
+    import importlib.machinery
+
+    package = tmp_path / "onnxruntime"
+    (package / "capi").mkdir(parents=True)
+    spec = importlib.machinery.ModuleSpec("onnxruntime", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    monkeypatch.setattr(providers.importlib.util, "find_spec", lambda name: spec)
+    assert not providers._may_list("CUDAExecutionProvider")
+    assert providers._may_list("CPUExecutionProvider")
+    (package / "capi" / "libonnxruntime_providers_cuda.so").write_bytes(b"")
+    assert providers._may_list("CUDAExecutionProvider")
+    monkeypatch.setattr(providers.importlib.util, "find_spec", lambda name: None)
+    assert not providers._may_list("CPUExecutionProvider")

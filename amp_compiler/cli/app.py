@@ -19,15 +19,13 @@ import signal
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from importlib import metadata
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from amp_compiler.cli.command import Command
 from amp_compiler.cli.compare import CompareCommand
 from amp_compiler.cli.convert import ConvertCommand
 from amp_compiler.cli.report import ReportCommand
 from amp_compiler.errors import AmpUserError, OptionError, OutputCheckError, RunBudgetError
-from amp_compiler.runtime import installed_distributions
 
 PROG = "amp-compiler"
 #: Libraries whose log records would otherwise print raw (names with line breaks and escapes included).
@@ -37,6 +35,20 @@ LOGGERS = ("onnx_ir", "onnx", "onnxscript")
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too by default)
         raise OptionError(message)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the versions, read from the installed packages only when asked for, printed on
+    one line as they are (argparse's own action wraps them at the terminal's width)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: object, values: object, option: str | None = None
+    ) -> NoReturn:
+        print(version_text())
+        parser.exit()
 
 
 class Terminated(BaseException):
@@ -50,6 +62,9 @@ class Terminated(BaseException):
 
 def version_text() -> str:
     """``amp-compiler X (onnx X, onnx-ir X, onnxruntime X, numpy X)``, from the installed packages."""
+    from importlib import metadata  # read only for --version (importing it costs start-up time)
+
+    from amp_compiler.runtime import installed_distributions
 
     def version(name: str) -> str:
         try:
@@ -62,21 +77,9 @@ def version_text() -> str:
     return f"{PROG} {version('amp-compiler')} ({deps})"
 
 
-class _VersionAction(argparse.Action):
-    """``--version``: the versions, read only when asked, printed on one line as they are (argparse's
-    own action wraps them at the terminal's width)."""
-
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
-        print(version_text())
-        parser.exit()
-
-
 def build_parser(commands: Iterable[Command]) -> argparse.ArgumentParser:
     """The parser: global options, then one subparser per command."""
-    parser = _Parser(prog=PROG, description="Mixed-precision (FP16/BF16) compiler for ONNX models.")
+    parser = _Parser(prog=PROG, description="Mixed-precision (FP16/BF16/FP8) compiler for ONNX models.")
     parser.add_argument("--version", action=_VersionAction, help="show the versions and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

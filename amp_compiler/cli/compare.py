@@ -12,10 +12,6 @@ from amp_compiler.cli.args.compare import CompareArgs
 from amp_compiler.cli.args.report import write_text
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
-from amp_compiler.compare import compare_models
-from amp_compiler.onnx import files as onnx_files
-from amp_compiler.report.comparison import render_comparison
-from amp_compiler.samples import load_samples
 
 
 class CompareCommand(Command):
@@ -30,6 +26,11 @@ class CompareCommand(Command):
         self.groups = [self.options, self.running]
 
     def run(self, args: argparse.Namespace) -> int:
+        from amp_compiler.compare import compare_models
+        from amp_compiler.onnx import files as onnx_files
+        from amp_compiler.report.comparison import render_comparison
+        from amp_compiler.samples import load_samples
+
         o = self.options
         fp32 = onnx_files.load_model(o.fp32)
         converted = onnx_files.load_model(o.converted)

@@ -13,21 +13,20 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from amp_compiler import ConversionResult, convert, runtime
-from amp_compiler.analyze import Analysis
+from amp_compiler import runtime
 from amp_compiler.cli.args.analysis import AnalysisArgs
 from amp_compiler.cli.args.conversion import ConversionArgs
 from amp_compiler.cli.args.model_file import ModelFileArgs
 from amp_compiler.cli.args.report import ReportFileArgs
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
-from amp_compiler.fp8 import fp8_flop_share
-from amp_compiler.load_check import check_output_loads
-from amp_compiler.plan import Rule
-from amp_compiler.policy import default_table
-from amp_compiler.targets import Target
 from amp_compiler.units import format_bytes
+
+if TYPE_CHECKING:  # the conversion's modules are imported when it runs, not to build the parser
+    from amp_compiler.analyze import Analysis
+    from amp_compiler.result import ConversionResult
 
 
 class ConvertCommand(Command):
@@ -49,6 +48,9 @@ class ConvertCommand(Command):
         parser.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
     def run(self, args: argparse.Namespace) -> int:
+        from amp_compiler.convert import convert
+        from amp_compiler.load_check import check_output_loads
+
         files = self.files.open()  # the output path is checked before the work, not after it
         start = time.perf_counter()
         explain = self.analysis.asked or self.report.path is not None
@@ -92,6 +94,11 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     input's that became unnecessary), the size (model file plus external data files, before and after),
     a warning counting the nodes left as they are for want of an element type, and the first overflow
     that depends on an input's scale, if any."""
+    from amp_compiler.fp8 import fp8_flop_share
+    from amp_compiler.plan import Rule
+    from amp_compiler.policy import default_table
+    from amp_compiler.targets import Target
+
     dst = output_files[0]
     decisions = result.decisions
     target = result.options.target.value

@@ -20,6 +20,7 @@ from amp_compiler.onnx import native_checks
 from amp_compiler.onnx.foreign_ops import foreign_ops
 from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.onnx.schema_typing import type_from_schemas
+from amp_compiler.onnx.skeleton import weight_free
 from amp_compiler.onnx.validate import (
     check_model_contents,
     checker_input,
@@ -40,12 +41,16 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
     contradicts inference makes the model invalid; one whose shape does gives way to inference
     (:func:`~amp_compiler.onnx.native_checks.infer_checked`).
     """
+    # Large float weights are described by type and shape only (skeleton.py): neither C++ call
+    # reads them, and serializing them for each would cost more than both calls.
+    described = weight_free(proto)
+    to_infer = proto if described is None else described
     found = foreign_ops(proto) if check else None
-    to_check = checker_input(proto, deferred, found) if check else None
+    to_check = checker_input(to_infer, deferred or described is not None, found) if check else None
     native = None
     if len(proto.graph.node) >= native_checks.CHILD_MIN_NODES and sys.executable:
         try:
-            native = native_checks.NativeChecks(to_check, proto)
+            native = native_checks.NativeChecks(to_check, to_infer)
         except OSError:  # no child process here: do it all in this one
             native = None
     try:
@@ -54,13 +59,13 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
         try:
             model = ir.from_proto(proto)
         except Exception:
-            native_result(native, proto, origin, to_check)  # raises for an invalid model
+            native_result(native, to_infer, origin, to_check)  # raises for an invalid model
             raise
     except BaseException:
         if native is not None:
             native.cancel()
         raise
-    types = native_result(native, proto, origin, to_check)
+    types = native_result(native, to_infer, origin, to_check)
     if types is not None and types.type_conflicts:
         raise ModelLoadError(f"{origin}: invalid ONNX model: {types.type_conflicts[0]}")
     model = typed_ir(proto, model, types)
@@ -71,8 +76,9 @@ def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, che
 def native_result(
     native: native_checks.NativeChecks | None, proto: onnx.ModelProto, origin: str, to_check: onnx.ModelProto | None
 ) -> native_checks.InferredTypes | None:
-    """The checker's verdict (raised when it refuses the model) and shape inference's types: from the
-    child process, or computed here (no child, or a child that failed for reasons of its own)."""
+    """The checker's verdict (raised when it refuses the model) and shape inference's types of
+    ``proto`` (the model, or its weight-free description): from the child process, or computed here
+    (no child, or a child that failed for reasons of its own)."""
     if native is not None:
         result = native.result()
         if result.crashed:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import onnx
-
-from amp_compiler.analyze import Analysis, analyze
 from amp_compiler.cli.args.conversion import ConversionArgs
 from amp_compiler.cli.args.group import ArgGroup
-from amp_compiler.runner import Runner
+
+if TYPE_CHECKING:  # imported when the analysis runs, not to build the parser
+    import onnx
+
+    from amp_compiler.analyze import Analysis
+    from amp_compiler.runner import Runner
 
 
 class AnalysisArgs(ArgGroup):
@@ -46,6 +49,8 @@ class AnalysisArgs(ArgGroup):
 
     def run(self, model: onnx.ModelProto, *, model_name: str, runner: Runner) -> Analysis:
         """Convert and explain ``model`` (every weight in memory, checked), running it with ``runner``."""
+        from amp_compiler.analyze import analyze
+
         return analyze(
             model,
             self.conversion.options,

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from amp_compiler import ConvertOptions
+from amp_compiler import targets
 from amp_compiler.cli.args.group import ArgGroup
-from amp_compiler.costs import parse_input_shape
 from amp_compiler.errors import OptionError
-from amp_compiler.options import parse_input_range
 from amp_compiler.targets import Provider, Target
 
-_DEFAULTS = ConvertOptions()
+if TYPE_CHECKING:  # imported once the options are read back, not to build the parser
+    from amp_compiler.options import ConvertOptions
 
 
 class ConversionArgs(ArgGroup):
@@ -39,7 +39,7 @@ class ConversionArgs(ArgGroup):
     }
 
     def __init__(self) -> None:
-        self.options = ConvertOptions()
+        self._options: ConvertOptions | None = None  # read back by parse
         self.input_shapes: dict[str, tuple[int, ...]] | None = None  # None: no --input-shape
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
@@ -79,17 +79,17 @@ class ConversionArgs(ArgGroup):
             "outputs back (exact; off by default)",
         )
         group.add_argument(
-            "--fp8-margin", type=int, default=_DEFAULTS.fp8_margin, metavar="N",
+            "--fp8-margin", type=int, default=targets.FP8_MARGIN, metavar="N",
             help="--target fp8: activation scales are calibration amax * 2^N / 448, headroom for larger "
             "values (default: %(default)s)",
         )
         group.add_argument(
-            "--fp8-max-error", type=float, default=_DEFAULTS.fp8_max_error, metavar="REL_L2",
+            "--fp8-max-error", type=float, default=targets.FP8_MAX_ERROR, metavar="REL_L2",
             help="--target fp8: a MatMul/Gemm/Conv takes FP8 inputs only when its output moves by at most "
             "this relative L2 error vs FP16 inputs on the calibration data (default: %(default)s)",
         )
         group.add_argument(
-            "--fp8-budget", type=float, default=_DEFAULTS.fp8_budget, metavar="REL_L2",
+            "--fp8-budget", type=float, default=targets.FP8_BUDGET, metavar="REL_L2",
             help="--target fp8: of those, the GEMMs with the most FLOPs whose FP8 inputs together move the "
             "outputs by at most this relative L2 error vs FP32 on the calibration data (default: %(default)s)",
         )
@@ -99,7 +99,19 @@ class ConversionArgs(ArgGroup):
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
         )
 
+    @property
+    def options(self) -> ConvertOptions:
+        """The conversion options read back (the defaults before :meth:`parse`)."""
+        if self._options is None:
+            from amp_compiler.options import ConvertOptions
+
+            self._options = ConvertOptions()
+        return self._options
+
     def parse(self, args: argparse.Namespace) -> None:
+        from amp_compiler.costs import parse_input_shape
+        from amp_compiler.options import ConvertOptions, parse_input_range
+
         shapes: dict[str, tuple[int, ...]] = {}
         for text in args.input_shape:
             name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
@@ -107,7 +119,7 @@ class ConversionArgs(ArgGroup):
                 raise OptionError(f"{name} is given twice", option="input_shapes")
             shapes[name] = shape
         self.input_shapes = shapes or None
-        self.options = ConvertOptions(
+        self._options = ConvertOptions(
             target=Target.parse(args.target),
             provider=Provider.parse(args.provider),
             keep_io_types=args.keep_io_types,

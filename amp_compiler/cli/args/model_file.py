@@ -12,17 +12,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
-
-from amp_compiler import ConversionResult
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OutputError
-from amp_compiler.onnx import (
-    files as onnx_files,  # through the module: tests intercept the loaders
-)
-from amp_compiler.onnx.deferred import DeferredModel
-from amp_compiler.onnx.save import InputOverwriteError, OutputPath, Verify, check_output_path
+
+if TYPE_CHECKING:  # imported when a command runs, not to build the parser (--help stays fast)
+    import onnx
+
+    from amp_compiler import ConversionResult
+    from amp_compiler.onnx.deferred import DeferredModel
+    from amp_compiler.onnx.save import OutputPath, Verify
 
 
 @dataclasses.dataclass
@@ -36,6 +36,8 @@ class ModelFile:
 
     def load(self) -> onnx.ModelProto:
         """The input model, checked, with every weight in memory."""
+        from amp_compiler.onnx import files as onnx_files  # through the module: tests intercept the loaders
+
         model, files = onnx_files.load_model_and_files(self.source)
         self._read(files)
         return model
@@ -43,6 +45,8 @@ class ModelFile:
     def load_deferred(self, *, check: bool) -> DeferredModel:
         """The input model with its large external weights left on disk (validated, read when needed);
         ``check=False`` leaves the model checks to the conversion, which does them while it builds its IR."""
+        from amp_compiler.onnx import files as onnx_files
+
         loaded = onnx_files.load_model_deferred(self.source, check=check)
         self._read(loaded.files)
         return loaded
@@ -91,6 +95,8 @@ class ModelFileArgs(ArgGroup):
         """The model files, the output path checked (a refused one fails here, before any work)."""
         if self.output is None:
             return ModelFile(self.source)
+        from amp_compiler.onnx.save import InputOverwriteError, check_output_path
+
         try:
             output = check_output_path(self.output, [self.source], force=self.force)
         except InputOverwriteError as exc:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OutputError
-from amp_compiler.onnx.save import check_output_path
-from amp_compiler.report.model import PrecisionReport
-from amp_compiler.report.render import render
+
+if TYPE_CHECKING:  # imported when a report is written, not to build the parser
+    from amp_compiler.report.model import PrecisionReport
 
 FORMATS = ("terminal", "json", "csv", "html")
 
@@ -36,6 +37,8 @@ class ReportFileArgs(ArgGroup):
     def write(self, report: PrecisionReport, source: Path) -> None:
         """Write ``report`` to ``--report``'s file (nothing when it was not given), never over ``source``."""
         if self.path is not None:
+            from amp_compiler.report.render import render
+
             write_text(self.path, render(report, format_for(self.path)), source)
 
 
@@ -76,6 +79,8 @@ class ReportViewArgs(ArgGroup):
     def show(self, report: PrecisionReport, source: Path) -> None:
         """Render ``report`` as asked, to ``-o``'s file (never over ``source``, the model; one line
         says where it went) or to stdout (in colour on a terminal)."""
+        from amp_compiler.report.render import render
+
         to_tty = self.output is None and sys.stdout.isatty()
         text = render(
             report,
@@ -102,6 +107,8 @@ def format_for(path: Path) -> str:
 def write_text(path: Path, text: str, *sources: Path) -> None:
     """Write a report atomically (temporary file, then rename; the umask's permissions), never over
     the model files ``sources``."""
+    from amp_compiler.onnx.save import check_output_path
+
     try:
         output = check_output_path(path, list(sources))
     except OutputError as exc:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from amp_compiler.budget import DEFAULT_SECONDS, RunBudget, default_memory
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OptionError
-from amp_compiler.runner import DEFAULT_SECONDS, ChildRunner, RunBudget, default_memory
 from amp_compiler.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:  # the runner (numpy, onnx) is imported when a command starts one
+    from amp_compiler.runner import ChildRunner
 
 
 class RunArgs(ArgGroup):
@@ -55,4 +59,6 @@ class RunArgs(ArgGroup):
     def runner(self) -> ChildRunner:
         """A child process with the budget, started now (its import of onnxruntime overlaps the
         command's own work); close it (a context manager) when done."""
+        from amp_compiler.runner import ChildRunner
+
         return ChildRunner(self.budget)

@@ -1,0 +1,211 @@
+"""What a user waits for: a cold ``amp-compiler convert`` process per conversion, and its peak memory.
+
+    python -m benchmarks.cold [--real] [--runs 3] [--models demo,10k,100k,bert-base,gpt2]
+
+Each conversion is a fresh process, as a user runs it: Python's start-up, the imports, reading the
+file, converting, writing the output, and (for amp-compiler) the output load check that ``convert``
+runs by default in a child process (bytecode compiled once, by a first run that is not measured,
+as an installed package's is). A row is the median wall time over ``--runs`` processes and the
+largest peak RSS among them (``ru_maxrss`` from ``os.wait4``: the largest process of the tree, the
+load check's child included). Side by side, in its own cold process per run:
+``onnxconverter-common``'s ``float16.convert_float_to_float16(onnx.load(path), keep_io_types=True)``
+then ``onnx.save``. A second column gives amp-compiler without the load check
+(``--no-load-check``), and the in-process time of the conversion alone (``amp_compiler.convert``
+and ``save`` in a warm process, imports done: the figure ``benchmarks.compare`` reports).
+
+Models: ``models/demo.onnx``; generated transformer graphs of 10,000 and 100,000 nodes
+(``benchmarks/generate.py``, written to a temporary folder, seconds); with ``--real``, BERT-base
+and GPT-2 at full size with their weights inside the file (``models/catalog.py``: a torch export
+of a few minutes the first time, then read from ``AMP_MODELS_CACHE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = {"10k": 10_000, "100k": 100_000}
+REAL = {"bert-base": "bert-base", "gpt2": "gpt2"}
+DEFAULT_MODELS = ("demo", "10k", "100k")
+SECTION_BEGIN = "<!-- cold-processes:begin (python -m benchmarks.cold --results) -->"
+SECTION_END = "<!-- cold-processes:end -->"
+
+_ONNXCONVERTER = """
+import sys, onnx
+from onnxconverter_common import float16
+model = onnx.load(sys.argv[1])
+onnx.save(float16.convert_float_to_float16(model, keep_io_types=True), sys.argv[2])
+"""
+
+_IN_PROCESS = """
+import sys, time
+import amp_compiler.convert, amp_compiler.result
+from amp_compiler import convert
+start = time.perf_counter()
+convert(sys.argv[1]).save(sys.argv[2])
+print(time.perf_counter() - start)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    seconds: float
+    peak_rss: int  # bytes
+    stdout: str
+
+
+def _spawn(argv: list[str], timeout_s: float) -> Sample:
+    """A fresh process: wall time, the largest process's peak RSS (``ru_maxrss``), its stdout."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, text=True, env=_ENV)
+        deadline = start + timeout_s
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                raise TimeoutError(f"{' '.join(argv[:3])}: over {timeout_s:.0f} s")
+            time.sleep(0.005)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[:4])} exited {proc.returncode}: {err.read().strip()[-400:]}")
+        return Sample(seconds, usage.ru_maxrss * 1024, out.read())
+
+
+#: Children compile to bytecode once, as an installed package is (PYTHONDONTWRITEBYTECODE would make
+#: every process compile every module of ours again); the cache lives outside the source tree.
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+_ENV.setdefault("PYTHONPYCACHEPREFIX", str(Path(tempfile.gettempdir()) / "amp-cold-pycache"))
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "amp_compiler", "convert", "-q", "--force"]
+
+
+def tools(src: Path, out: Path) -> dict[str, list[str]]:
+    """The command line of each column, converting ``src`` to ``out``."""
+    return {
+        "amp-compiler": [*_cli(), str(src), "-o", str(out)],
+        "amp (no load check)": [*_cli(), "--no-load-check", str(src), "-o", str(out)],
+        "onnxconverter-common": [sys.executable, "-c", _ONNXCONVERTER, str(src), str(out)],
+        "amp in-process": [sys.executable, "-c", _IN_PROCESS, str(src), str(out)],
+    }
+
+
+def model_path(name: str, folder: Path) -> Path:
+    """The input file of a benchmark model (generated or built on first use)."""
+    if name == "demo":
+        return ROOT / "models" / "demo.onnx"
+    if name in GENERATED:
+        path = folder / f"generated-{name}.onnx"
+        if not path.exists():
+            import onnx
+
+            from benchmarks.generate import transformer_model
+
+            onnx.save(transformer_model(GENERATED[name]), path)
+        return path
+    if name in REAL:
+        from models import catalog
+
+        entry = next(e for e in catalog.entries(None) if e.name == REAL[name])
+        catalog.load(entry)
+        cached = sorted(catalog.CACHE_DIR.glob(f"{entry.name}.*.onnx"), key=lambda p: p.stat().st_mtime)
+        return cached[-1]
+    raise ValueError(f"unknown model {name!r} (demo, {', '.join(GENERATED)}, {', '.join(REAL)})")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 1e6 else f"{n / 1e3:,.0f} kB"
+
+
+def measure(names: list[str], runs: int, timeout_s: float, log=print) -> list[str]:
+    """The Markdown table of cold conversions (one row per model)."""
+    header = ("| model | file | amp-compiler s | peak RSS | no load check s | peak RSS | "
+              "onnxconverter-common s | peak RSS | speed-up | amp in-process s |")
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    with tempfile.TemporaryDirectory(prefix="amp-cold-") as tmp:
+        folder = Path(tmp)
+        for argv in tools(model_path("demo", folder), folder / "warm.onnx").values():
+            _spawn(argv, timeout_s)  # not measured: fills the bytecode cache
+        for name in names:
+            src = model_path(name, folder)
+            cells = {}
+            for tool, argv in tools(src, folder / "out.onnx").items():
+                samples = []
+                for _ in range(runs):
+                    try:
+                        samples.append(_spawn(argv, timeout_s))
+                    except (TimeoutError, RuntimeError) as exc:
+                        log(f"  {name} / {tool}: {exc}")
+                        break
+                if not samples:
+                    cells[tool] = None
+                    continue
+                if tool == "amp in-process":
+                    secs = statistics.median(float(s.stdout.split()[-1]) for s in samples)
+                else:
+                    secs = statistics.median(s.seconds for s in samples)
+                cells[tool] = (secs, max(s.peak_rss for s in samples))
+                log(f"  {name} / {tool}: {secs:.2f} s, {_mb(cells[tool][1])}")
+
+            t = {tool: "failed" if c is None else f"{c[0]:.2f}" for tool, c in cells.items()}
+            m = {tool: "" if c is None else _mb(c[1]) for tool, c in cells.items()}
+            ratio = ""
+            if cells["amp-compiler"] and cells["onnxconverter-common"]:
+                ratio = f"{cells['onnxconverter-common'][0] / cells['amp-compiler'][0]:.1f}x"
+            rows.append(f"| {name} | {_mb(src.stat().st_size)} | {t['amp-compiler']} | {m['amp-compiler']} | "
+                        f"{t['amp (no load check)']} | {m['amp (no load check)']} | {t['onnxconverter-common']} | "
+                        f"{m['onnxconverter-common']} | {ratio} | {t['amp in-process']} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3, help="cold processes per (tool, model); the median is reported")
+    ap.add_argument("--real", action="store_true", help="add BERT-base and GPT-2 at full size (weights inside the file)")
+    ap.add_argument("--models", default=None, help="comma-separated subset of demo,10k,100k,bert-base,gpt2")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="also write the table into this file's cold-process section (benchmarks/RESULTS.md)")
+    args = ap.parse_args(argv)
+    names = args.models.split(",") if args.models else [*DEFAULT_MODELS, *(REAL if args.real else ())]
+    rows = measure(names, args.runs, args.timeout, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print("\n".join(rows))
+    if args.results is not None:
+        command = "python -m benchmarks.cold " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_section(args.results, "\n".join([f"## Cold processes\n\nCommand: `{command.strip()}`.\n", *rows]))
+    return 0
+
+
+def write_section(path: Path, text: str) -> None:
+    """Put ``text`` between this benchmark's markers in ``path``: in place of the section it has,
+    else after its first paragraphs (before the first ``## `` heading)."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
+    if SECTION_BEGIN in old and SECTION_END in old:
+        head, rest = old.split(SECTION_BEGIN, 1)
+        path.write_text(head + block + rest.split(SECTION_END, 1)[1].lstrip("\n"))
+    elif "\n## " in old:
+        head, rest = old.split("\n## ", 1)
+        path.write_text(head + "\n" + block + "\n## " + rest)
+    else:
+        path.write_text(old + ("\n" if old else "") + block)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
