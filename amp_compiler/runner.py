@@ -99,6 +99,11 @@ class Runner(abc.ABC):
         self.close()
 
 
+def _check_provider(provider: str) -> None:
+    if provider not in runner_child.PROVIDERS:
+        raise ValueError(f"unknown execution provider {provider!r}")
+
+
 # ----------------------------------------------------------------------------- in this process
 
 
@@ -120,8 +125,7 @@ class InProcessRunner(Runner):
 
     def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
         ort = runtime.onnxruntime("run the model")
-        if provider not in runner_child.PROVIDERS:
-            raise ValueError(f"unknown execution provider {provider!r}")
+        _check_provider(provider)
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         try:
             session = ort.InferenceSession(source, runner_child.session_options(ort, basic=basic), providers=[provider])
@@ -171,8 +175,7 @@ class ChildRunner(Runner):
     # --- the public side
 
     def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
-        if provider not in runner_child.PROVIDERS:
-            raise ValueError(f"unknown execution provider {provider!r}")
+        _check_provider(provider)
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:

@@ -46,7 +46,7 @@ def onnxruntime(needed_for: str) -> ModuleType:
         if distributions:  # installed, but broken (a missing shared library, ...)
             raise RuntimeMissingError(f"{distributions[0]} is installed but does not load ({exc}); needed to "
                                       f"{needed_for}") from None
-        raise RuntimeMissingError(f"onnxruntime is not installed (needed to {needed_for}): {INSTALL_HINT}") from None
+        raise _missing(needed_for) from None
 
 
 def is_installed() -> bool:
@@ -58,7 +58,11 @@ def require(needed_for: str) -> None:
     """Raise :class:`RuntimeMissingError` when no ``onnxruntime`` package can be found, without
     importing it (for work that imports it in a child process)."""
     if not is_installed():
-        raise RuntimeMissingError(f"onnxruntime is not installed (needed to {needed_for}): {INSTALL_HINT}")
+        raise _missing(needed_for)
+
+
+def _missing(needed_for: str) -> RuntimeMissingError:
+    return RuntimeMissingError(f"onnxruntime is not installed (needed to {needed_for}): {INSTALL_HINT}")
 
 
 def _import() -> ModuleType:
