@@ -18,8 +18,10 @@ import numpy as np
 import onnx
 import onnx.shape_inference
 
+from amp_compiler import runner_child
 from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.errors import OptionError
+from amp_compiler.providers import ORT_NAMES
 from amp_compiler.report.model import TensorRange
 from amp_compiler.runner import Runner, default_runner
 
@@ -56,10 +58,6 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     return inferred, [o.name for o in inferred.graph.output]
 
 
-# onnxruntime's name of each execution provider an IntermediateRunner can run on.
-_ORT_PROVIDERS = {Provider.CPU: "CPUExecutionProvider", Provider.CUDA: "CUDAExecutionProvider"}
-
-
 class IntermediateRunner:
     """Runs a model on onnxruntime with every main-graph float tensor exposed, through ``runner``
     (:mod:`amp_compiler.runner`: a child process with a budget, or this process for trusted models),
@@ -67,8 +65,8 @@ class IntermediateRunner:
     kernels then run; a provider onnxruntime does not start is an :class:`OptionError`."""
 
     def __init__(self, model: onnx.ModelProto, runner: Runner, provider: Provider = Provider.CPU):
-        name = _ORT_PROVIDERS.get(provider)
-        if name is None:
+        name = ORT_NAMES[provider]
+        if name not in runner_child.PROVIDERS:
             raise OptionError(f"models run on the cpu or cuda execution provider, not {provider.value}",
                               option="provider")
         exposed, self.names = exposed_model(model)
