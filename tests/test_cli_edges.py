@@ -63,6 +63,7 @@ def test_version_and_python_dash_m(tmp_path, small):
     proc = subprocess.run([sys.executable, "-m", "amp_compiler", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith(f"amp-compiler {amp_compiler.__version__} (onnx ") and "onnxruntime" in proc.stdout
+    assert proc.stdout.count("\n") == 1 and proc.stdout.rstrip().endswith(")")  # one line, never wrapped
     proc = subprocess.run([sys.executable, "-m", "amp_compiler", "convert", str(small), "-o", str(tmp_path / "o.onnx"),
                            "-q", "--no-load-check"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == proc.stderr == "" and (tmp_path / "o.onnx").exists()
@@ -186,3 +187,18 @@ def test_amp_compiler_fx_without_torch_is_one_clear_error():
         "ImportError: amp_compiler.fx needs PyTorch, which is not installed: pip install 'amp-compiler[torch]' "
         "(or convert an ONNX model with amp_compiler.convert)"
     )
+
+
+def test_without_onnxruntime_the_load_check_is_skipped_with_one_warning(tmp_path, small, monkeypatch, capsys):
+    """The base install has no onnxruntime: convert still writes the model and says, in one line,
+    that it was not checked (it starts no runner)."""
+    from amp_compiler import runtime
+    from amp_compiler import runner as runner_module
+
+    monkeypatch.setattr(runtime, "is_installed", lambda: False)
+    monkeypatch.setattr(runner_module.ChildRunner, "__init__", lambda *a, **k: pytest.fail("no runner expected"))
+    out = tmp_path / "o.onnx"
+    assert main(["convert", str(small), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert out.exists() and err.count("\n") == 1
+    assert "not checked: onnxruntime is not installed" in err and "amp-compiler[cpu]" in err

@@ -48,6 +48,16 @@ def test_a_filter_over_raw_samples_attains_its_bound():
     assert float(run_onnxruntime(m, {"x": worst})[0].max()) == pytest.approx(expected.max(), rel=1e-5)
 
 
+def test_max_with_a_constant_of_another_shape_broadcasts():
+    """Found by the fuzzer: Max of a [1,1,2] signal and a [2,1,1,1] constant bounds like the op broadcasts."""
+    c = np.array([-1.0, 3.0], np.float32).reshape(2, 1, 1, 1)
+    m = model([helper.make_node("Max", ["x", "c"], ["y"], name="max")], [vi("x", F32, [1, 1, 2])],
+              [vi("y", F32, [2, 1, 1, 2])], [tensor("c", c)])
+    b = static_bounds(_ir(m), {"x": (-2.0, 2.0)})["y"]
+    np.testing.assert_allclose(np.broadcast_to(b.lo, (2, 1, 1, 2))[:, 0, 0, 0], [-1.0, 3.0])
+    np.testing.assert_allclose(np.broadcast_to(b.hi, (2, 1, 1, 2))[:, 0, 0, 0], [2.0, 3.0])
+
+
 def test_power_and_mel_reach_what_one_bin_reaches():
     b = static_bounds(_ir(catalog.load("stft-power-mel")), {"audio": (-1.0, 1.0)})
     stft = b["stft_out"].reached
