@@ -192,8 +192,8 @@ def test_amp_compiler_fx_without_torch_is_one_clear_error():
 def test_without_onnxruntime_the_load_check_is_skipped_with_one_warning(tmp_path, small, monkeypatch, capsys):
     """The base install has no onnxruntime: convert still writes the model and says, in one line,
     that it was not checked (it starts no runner)."""
-    from amp_compiler import runtime
     from amp_compiler import runner as runner_module
+    from amp_compiler import runtime
 
     monkeypatch.setattr(runtime, "is_installed", lambda: False)
     monkeypatch.setattr(runner_module.ChildRunner, "__init__", lambda *a, **k: pytest.fail("no runner expected"))
