@@ -63,12 +63,14 @@ def _widen_tensor(t: ir.TensorProtocol, name: str | None) -> ir.TensorProtocol:
     return ir.tensor(t.numpy().astype(np.float32), name=name)
 
 
-def _round_trip(graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: ir.Node | None, tag: int) -> None:
-    """Make ``value``'s users read it rounded to ``low_type``."""
+def _round_trip(
+    graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: ir.Node | None, tag: int
+) -> ir.Value | None:
+    """Make ``value``'s users read it rounded to ``low_type``; the rounded copy (None: nothing reads it)."""
     users = list(value.uses())
     outputs = [i for i, v in enumerate(graph.outputs) if v is value]
     if not users and not outputs:
-        return
+        return None
     low = ir.Value(name=f"{value.name}__lowemu{tag}", type=ir.TensorType(low_type), shape=value.shape)
     back = ir.Value(name=f"{value.name}{ROUNDED_TAG}{tag}", type=ir.TensorType(_F32), shape=value.shape)
     to_low = ir.Node("", "Cast", [value], [ir.AttrInt64("to", int(low_type))], outputs=[low])
@@ -87,6 +89,7 @@ def _round_trip(graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: 
         value.name = f"{name}__unrounded{tag}"
         back.name = name
         graph.outputs[i] = back
+    return back
 
 
 def rounded_origin(name: str) -> str | None:
@@ -109,8 +112,26 @@ def stored_values(values: dict) -> dict:
 
 def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
     """An FP32 model that computes what ``model`` computes with FP16/BF16 storage (see module doc)."""
+    m = typed_model(model)
+    emulate_in_place(m)
+    out = ir.to_proto(m)
+    out.ir_version = model.ir_version
+    return out
+
+
+def typed_model(model: onnx.ModelProto) -> ir.Model:
+    """``model`` in the IR with every tensor's element type that shape inference or the ops' schemas
+    give (contrib ops' outputs, and what follows them, included): what :func:`emulate_in_place` reads."""
     m = ir.from_proto(onnx.shape_inference.infer_shapes(model))
-    type_from_schemas(m)  # every tensor's type, contrib ops' outputs (and what follows them) included
+    type_from_schemas(m)
+    return m
+
+
+def emulate_in_place(m: ir.Model) -> dict[ir.Value, ir.Value]:
+    """Rewrite a typed model (:func:`typed_model`) as :func:`emulate` does; returns each rounded copy
+    with the value it rounds. Nodes stay the same objects (rounding Casts are added after them), so a
+    caller can find them again."""
+    rounded: dict[ir.Value, ir.Value] = {}
     tag = 0
     for graph in list(iter_graphs(m.graph)):
         for init in list(graph.initializers.values()):
@@ -122,7 +143,7 @@ def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
                 low_type = value.dtype
                 value.type = ir.TensorType(_F32)
                 tag += 1
-                _round_trip(graph, value, low_type, None, tag)
+                _keep(rounded, _round_trip(graph, value, low_type, None, tag), value)
         for node in list(graph):
             for name, attr in list(node.attributes.items()):
                 if attr.type == ir.AttributeType.TENSOR and attr.value.dtype in _LOW:
@@ -135,13 +156,16 @@ def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
                     out.type = ir.TensorType(_F32)
                     if node.op_type != "Constant":
                         tag += 1
-                        _round_trip(graph, out, low_type, node, tag)
+                        _keep(rounded, _round_trip(graph, out, low_type, node, tag), out)
         for value in graph.outputs:
             if value.dtype in _LOW:
                 value.type = ir.TensorType(_F32)
-    out = ir.to_proto(m)
-    out.ir_version = model.ir_version
-    return out
+    return rounded
+
+
+def _keep(rounded: dict[ir.Value, ir.Value], copy: ir.Value | None, original: ir.Value) -> None:
+    if copy is not None:
+        rounded[copy] = original
 
 
 def emulate_bf16(model: onnx.ModelProto) -> onnx.ModelProto:
