@@ -121,6 +121,7 @@ def convert(
     settings = AnalysisSettings(
         target, opts.provider, opts.block_ops, patterns,
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
+        kept={nodes[i]: why for i, why in opts.kept_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
         reached=reached_magnitudes(bounds) or None,

@@ -27,8 +27,10 @@ class ConvertOptions:
     keep_io_types: bool = True
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[str, ...] = ()
-    # Nodes kept FP32 by the --tolerance refinement: (position in node_order(), reason).
+    # Nodes kept FP32 by the --tolerance refinement, and nodes it keeps in low precision (what it
+    # measured them at): (position in node_order(), reason).
     pinned_nodes: tuple[tuple[int, str], ...] = ()
+    kept_nodes: tuple[tuple[int, str], ...] = ()
     # "mincut": re-decide painting's free choices to move the fewest cast bytes; "paint": painting only.
     placement: str = "mincut"
     # Pad low-precision MatMul/Gemm/Conv weights to multiples of 8 with zeros and Slice back (exact).
@@ -71,7 +73,7 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
         values["provider"] = Provider.parse(values["provider"])
     if "block_ops" in values:
         values["block_ops"] = frozenset(values["block_ops"])
-    for key in ("block_nodes", "pinned_nodes"):
+    for key in ("block_nodes", "pinned_nodes", "kept_nodes"):
         if key in values:
             values[key] = tuple(values[key])
     for key in ("input_shapes", "input_ranges"):

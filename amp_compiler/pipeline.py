@@ -1,7 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
-                (ONNX frontends)   (ONNX frontends)
+    classify -> tolerance pins -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
+                (--tolerance)     (ONNX frontends)   (ONNX frontends)
              -> constant ranges -> static ranges -> calibration ranges -> paint -> min-cut placement
                                    (input ranges)    (with ranges)
                 (placement="mincut")
@@ -35,6 +35,7 @@ from amp_compiler.passes import (
     RuntimeHazardPass,
     SignalPathPass,
     StaticRangePass,
+    TolerancePinPass,
 )
 from amp_compiler.plan import PrecisionPlan
 from amp_compiler.report.model import TensorRange
@@ -55,8 +56,8 @@ def check_placement(placement: str) -> None:
 class AnalysisSettings:
     """What the analysis passes need beyond the graph.
 
-    ``block_nodes``: compiled patterns (:func:`~amp_compiler.passes.compile_patterns`). ``pinned``:
-    ops kept FP32 by the ``--tolerance`` refinement, with why. ``ranges``: calibration ranges by
+    ``block_nodes``: compiled patterns (:func:`~amp_compiler.passes.compile_patterns`). ``pinned``/``kept``:
+    ops the ``--tolerance`` refinement keeps FP32 / low precision, with why. ``ranges``: calibration ranges by
     tensor name. ``elements``: element counts by tensor name for the cast costs, where the model's
     dims are dynamic. ``kernel_coverage``: whether ops without a low-precision kernel on the
     provider stay FP32 (ONNX models: the lookup reads ONNX schemas). ``runtime_hazards``: whether
@@ -68,6 +69,7 @@ class AnalysisSettings:
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[re.Pattern, ...] = ()
     pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
+    kept: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     ranges: Mapping[str, TensorRange] | None = None
     placement: str = "mincut"
     reached: Mapping[str, float] | None = None
@@ -80,8 +82,10 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     """The analysis passes for ``settings``, in the order they run."""
     check_placement(settings.placement)
     passes: list[AnalysisPass] = [
-        ClassifyPass(settings.provider, settings.block_ops, settings.block_nodes, settings.pinned)
+        ClassifyPass(settings.provider, settings.block_ops, settings.block_nodes)
     ]
+    if settings.pinned or settings.kept:
+        passes.append(TolerancePinPass(settings.pinned, settings.kept))
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     if settings.runtime_hazards:

@@ -45,6 +45,7 @@ class Rule(enum.Enum):
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"
     TOLERANCE_PINNED = "tolerance.pinned"
+    TOLERANCE_KEPT = "tolerance.kept-low"  # kept low by --tolerance, as it measured the node
     FP8_GEMM = "fp8.gemm"  # a Tensor Core op reading FP8 E4M3 inputs: its statistics allow it
     FP8_KEPT = "fp8.kept-fp16"  # a Tensor Core op kept FP16: FP8 inputs would cost too much
     FP8_QDQ = "fp8.qdq"  # a QuantizeLinear/DequantizeLinear inserted for an FP8 GEMM input

@@ -3,7 +3,8 @@
 Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read a
 :class:`~amp_compiler.graph.PrecisionGraph` and write a :class:`~amp_compiler.plan.PrecisionPlan`
 (they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
-puts them in order: ``ClassifyPass`` (policy roles), ``KernelCoveragePass`` (ops without a
+puts them in order: ``ClassifyPass`` (policy roles), ``TolerancePinPass`` (the nodes ``--tolerance``
+chose stay FP32, without spreading), ``KernelCoveragePass`` (ops without a
 low-precision kernel on the target provider stay FP32), ``RuntimeHazardPass`` (op patterns
 onnxruntime crashes on with a Cast inside stay FP32), ``SignalPathPass`` (the linear path
 from a raw input into a Log stays FP32), ``QuantizedIslandPass`` (values quantized again and
@@ -30,6 +31,7 @@ from amp_compiler.passes.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.mincut import MinCutPlacementPass
 from amp_compiler.passes.pad import PadTensorCoresPass
 from amp_compiler.passes.paint import PaintPass
+from amp_compiler.passes.pins import TolerancePinPass
 from amp_compiler.passes.quantized import QuantizedIslandPass
 from amp_compiler.passes.signal import SignalPathPass
 from amp_compiler.passes.static_ranges import StaticRangePass
@@ -51,5 +53,6 @@ __all__ = [
     "RuntimeHazardPass",
     "SignalPathPass",
     "StaticRangePass",
+    "TolerancePinPass",
     "compile_patterns",
 ]

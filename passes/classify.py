@@ -12,14 +12,15 @@ dynamics, and ONNX's LSTM keeps weights, inputs and state in one type anyway); F
 PASS is CLEAR.
 
 Precedence, highest first: fixed by the schema or the model > user ``block_nodes`` > user
-``block_ops`` > nodes pinned by ``--tolerance`` > the policy table.
+``block_ops`` > the policy table (nodes pinned by ``--tolerance`` are FIXED later, by
+:mod:`amp_compiler.passes.pins`, where the policy made them free).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable
 
 from amp_compiler.errors import OptionError
 from amp_compiler.graph import PrecisionGraph, Vertex
@@ -46,7 +47,6 @@ class ClassifyPass(AnalysisPass):
     provider: Provider = Provider.CUDA
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[re.Pattern, ...] = ()
-    pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)  # op -> why (--tolerance)
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         unknown = set(graph.unknown_ops)
@@ -81,8 +81,6 @@ class ClassifyPass(AnalysisPass):
                     return Role.DENY, Rule.USER_BLOCK_NODE, f"FP32: node name matches --block-node {pattern.pattern!r}"
             if node.op_type in self.block_ops:
                 return Role.DENY, Rule.USER_BLOCK_OP, f"FP32: user --block-op {node.op_type}"
-            if node in self.pinned:
-                return Role.DENY, Rule.TOLERANCE_PINNED, f"FP32: {self.pinned[node]}"
         policy = vertex.policy
         category = vertex.category
         if policy is None and node is not None and category is Category.HIGH:
