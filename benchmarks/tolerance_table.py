@@ -1,13 +1,13 @@
-"""What ``--tolerance`` costs and buys, per catalog model and pin ranking, as a markdown table.
+"""What ``--tolerance`` costs and buys, per catalog model, as a markdown table.
 
-    python -m benchmarks.tolerance_table [--models a,b,c] [--samples 2] [--factor 0.5] [--rankings error,per-flop]
+    python -m benchmarks.tolerance_table [--models a,b,c] [--samples 2] [--factor 0.5]
 
 For each model: plain FP16 (worst output relative L2 and max error of range against FP32, with exact
 FP16 storage emulation; share of Tensor Core FLOPs in FP16) and the ``--tolerance`` refinement at
-``factor`` times plain FP16's worst output error (relative L2), once per pin ranking
-(:mod:`amp_compiler.pin_ranking`: ``error`` pins by added error alone, as before; ``per-flop`` by error
-removed per Tensor Core FLOP kept in FP32): conversions, nodes pinned, the error reached, and the
-share of Tensor Core FLOPs left in FP16.
+``factor`` times plain FP16's worst output error (relative L2): nodes pinned, the error reached, the
+share of Tensor Core FLOPs left in FP16, the most any choice could leave (``at most``: the FLOPs of
+the units whose cheapest low-precision option alone fits the tolerance), the units measured,
+conversions and model runs, and the seconds it took.
 """
 
 from __future__ import annotations
@@ -53,12 +53,10 @@ def main() -> None:
     parser.add_argument("--models", default="ppocr-v4-det,ppocr-v4-rec,resnet50-small,mobilenetv2-small")
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--factor", type=float, default=0.5)
-    parser.add_argument("--rankings", default="error,per-flop")
     args = parser.parse_args()
-    rankings = args.rankings.split(",")
-    head = " | ".join(f"{r}: pinned / rel L2 / max err / TC FLOPs FP16 / conversions / s" for r in rankings)
-    print(f"| model | nodes | plain FP16: rel L2 / max err / TC FLOPs FP16 | tolerance | {head} |")
-    print("|---|---|---|---|" + "---|" * len(rankings))
+    print("| model | nodes | plain FP16: rel L2 / max err / TC FLOPs FP16 | tolerance | pinned | rel L2 | max err "
+          "| TC FLOPs FP16 | at most | units | conversions | model runs | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         entry = catalog.get(name)
         fp32 = catalog.load(entry)
@@ -68,19 +66,15 @@ def main() -> None:
         _, outputs, _ = measure(fp32, plain.model, samples, Target.FP16)
         base = max(outputs.values())
         tol = args.factor * base
-        cells = []
-        for ranking in rankings:
-            start = time.perf_counter()
-            r = refine(fp32, samples, tol, ranking=ranking)
-            seconds = time.perf_counter() - start
-            cells.append(
-                f"{len(r.pinned)} / {max(r.output_errors.values()):.2e}{'' if r.met else ' (not met)'} / "
-                f"{_max_error_of_range(fp32, r.result.model, samples):.2%} / "
-                f"{tensor_core_low_share(r.result, shapes):.1%} / {r.rounds} / {seconds:.0f}"
-            )
+        start = time.perf_counter()
+        r = refine(fp32, samples, tol)
+        seconds = time.perf_counter() - start
         print(
             f"| {name} | {len(fp32.graph.node)} | {base:.2e} / {_max_error_of_range(fp32, plain.model, samples):.2%} / "
-            f"{tensor_core_low_share(plain, shapes):.1%} | {tol:.2e} | " + " | ".join(cells) + " |",
+            f"{tensor_core_low_share(plain, shapes):.1%} | {tol:.2e} | {len(r.pinned)} | "
+            f"{max(r.output_errors.values()):.2e}{'' if r.met else ' (not met)'} | "
+            f"{_max_error_of_range(fp32, r.result.model, samples):.2%} | {tensor_core_low_share(r.result, shapes):.1%} | "
+            f"{r.ceiling:.1%} | {r.units} | {r.rounds} | {r.model_runs} | {seconds:.0f} |",
             flush=True,
         )
 

@@ -8,6 +8,9 @@ but realistic weights and inputs, so the rule that fixes it is tested without th
 - ``gated-softmax-output``: probabilities that are both a graph output and weights of a later layer
   (a wake-word detector's Sigmoid probability of 1e-6 lost 8% of its value among FP16's subnormals;
   onnxruntime's CPU Sigmoid itself is only accurate to 6e-8, so the pattern uses a Softmax);
+- ``decomposed-activations``: conv blocks whose BatchNorm and HardSwish an exporter wrote as
+  elementwise ops (five roundings after each convolution), where ``--tolerance`` should pin the cheap
+  chains, not the convolutions;
 - ``stft-power-mel``: an STFT as a convolution over audio at int16 scale, power, a mel MatMul and a
   power-law compression (overflow that depends on the input's scale);
 
@@ -302,4 +305,50 @@ _register(
     "MatMulInteger, Casts of int32 results and Muls by scales, with float islands between (LayerNorm, "
     "attention's MatMuls, Softmax, Gelu): values quantized again and the quantization scales stay "
     "FP32 (rounding to FP16 just before quantizing moves values across int8 levels).",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# decomposed-activations
+# --------------------------------------------------------------------------------------------------
+
+
+def build_decomposed_activations() -> onnx.ModelProto:
+    """Four conv blocks as some exporters write them (PaddlePaddle's paddle2onnx, for PP-OCR): the
+    BatchNorm as Mul/Add by per-channel constants and HardSwish as Add(3) -> Clip(0, 6) -> Div(6) ->
+    Mul, a residual Add from the second block on; then pooling, a classifier and a Softmax."""
+    g = _Graph(_seed("decomposed-activations"))
+    channels = 32
+
+    def per_channel(name: str, mean: float, spread: float) -> str:
+        return g.const(name, (mean + spread * g.rng.standard_normal((1, channels, 1, 1))).astype(np.float32))
+
+    h = "image"
+    for b in range(4):
+        c_in = 3 if b == 0 else channels
+        y = g.node("Conv", [h, g.weight(f"w{b}", [channels, c_in, 3, 3])], name=f"conv{b}", pads=[1, 1, 1, 1])
+        y = g.node("Mul", [y, per_channel(f"bn_scale{b}", 1.0, 0.2)], name=f"bn_mul{b}")
+        y = g.node("Add", [y, per_channel(f"bn_shift{b}", 0.0, 0.2)], name=f"bn_add{b}")
+        gate = g.node("Add", [y, g.const(f"three{b}", np.array(3.0, np.float32))], name=f"hs_add{b}")
+        gate = g.node("Clip", [gate, g.const(f"zero{b}", np.array(0.0, np.float32)),
+                               g.const(f"six{b}", np.array(6.0, np.float32))], name=f"hs_clip{b}")
+        gate = g.node("Div", [gate, g.const(f"six_div{b}", np.array(6.0, np.float32))], name=f"hs_div{b}")
+        y = g.node("Mul", [y, gate], name=f"hs_mul{b}")
+        h = y if b == 0 else g.node("Add", [h, y], name=f"residual{b}")
+    pooled = g.node("GlobalAveragePool", [h], name="pool")
+    flat = g.node("Flatten", [pooled], name="flatten", axis=1)
+    logits = g.node("Gemm", [flat, g.weight("fc_w", [channels, 100], 0.5), g.weight("fc_b", [100], 0.1)], name="fc")
+    g.node("Softmax", [logits], name="softmax", outputs=["probs"], axis=-1)
+    return _model(g, "decomposed_activations", [_vi("image", F32, ["batch", 3, 32, 32])],
+                  [_vi("probs", F32, ["batch", 100])], 17)
+
+
+_register(
+    "decomposed-activations",
+    build_decomposed_activations,
+    lambda rng: {"image": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)},
+    "Conv blocks whose BatchNorm (Mul, Add) and HardSwish (Add, Clip, Div, Mul) an exporter wrote as "
+    "elementwise ops: five FP16 roundings after each convolution's one, where most of the output error "
+    "comes from; --tolerance keeps the convolutions FP16 and those cheap chains FP32 (PP-OCRv4's "
+    "recogniser: 100% of its convolution FLOPs kept FP16 at half of plain FP16's error).",
 )

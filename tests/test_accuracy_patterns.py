@@ -232,3 +232,20 @@ def test_fx_lstm_encoder_keeps_its_recurrence_fp32_in_bf16():
     by_op = {d.op_type: d for d in ampfx.report(gm).decisions}
     assert by_op["aten.lstm.input"].rule == "policy.high.bf16-recurrence"
     assert by_op["aten.linear.default"].precision == "bf16"
+
+
+# ------------------------------------------------------------------------------ --tolerance per FLOP
+def test_tolerance_pins_the_cheap_chains_and_keeps_every_convolution_fp16():
+    from amp_compiler.refine import measure, refine
+    from amp_compiler.targets import Target
+
+    fp32 = catalog.load("decomposed-activations")
+    samples = _samples("decomposed-activations")
+    _, plain, _ = measure(fp32, convert(fp32).model, samples, Target.FP16)
+    r = refine(fp32, samples, max(plain.values()) / 2)
+    assert r.met and r.rounds == 2
+    convs = [d for d in r.result.decisions if d.op_type == "Conv"]
+    assert len(convs) == 4 and all((d.precision, d.rule) == ("fp16", "tolerance.kept-low") for d in convs)
+    assert r.low_flops_share > 0.99  # the classifier's Gemm, a few FLOPs, may go
+    pinned_ops = {fp32.graph.node[i].op_type for i, _ in r.pinned}
+    assert pinned_ops & {"Mul", "Add", "Clip", "Div"} and "Conv" not in pinned_ops

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from collections import Counter
@@ -138,8 +139,16 @@ def tolerance_line(analysis: Analysis, tolerance: float | None) -> str:
     r = analysis.refinement
     assert r is not None
     worst = max(r.output_errors.values(), default=0.0)
+    low = analysis.result.options.target.fallback.value
+    kept = (f", {_share(r.low_flops_share)} of their Tensor Core FLOPs kept {low} (at most "
+            f"{_share(r.ceiling)} could be)" if r.units else "")
     return (
         f"--tolerance {tolerance:g}: {'met' if r.met else 'NOT met'} (worst output "
         f"relative L2 {worst:.3g}) after {r.rounds} conversions, {r.model_runs} model runs; "
-        f"{len(r.pinned)} node(s) pinned to FP32"
+        f"{len(r.pinned)} node(s) pinned to FP32{kept}"
     )
+
+
+def _share(x: float) -> str:
+    """A share rounded down to 0.1% (99.99% is not 100%)."""
+    return f"{math.floor(x * 1000) / 10:.1f}%"
