@@ -47,6 +47,7 @@ from amp_compiler.tolerance_units import Unit, partition
 # Decisions that pinning cannot change.
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))
 _SEARCH_STEPS = 8  # budgets tried on the probe per choice (each: one probe run per sample)
+_FILL_TRIES = 16  # single-unit upgrades tried on the probe after the search (the same)
 _CONVERSION_RETRIES = 3  # conversions after the first pinned one, when the real model misses
 
 
@@ -238,7 +239,29 @@ class _Refiner:
             else:
                 above = budget
             budget = math.sqrt(below * above) if below > 0 else above / 2
-        return best, best_budget
+        return self.fill(probe, items, best), best_budget
+
+    def fill(self, probe: SwitchProbe, items: list[list[tuple[Option, frozenset[int]]]],
+             picks: list[int]) -> list[int]:
+        """``picks`` with units moved up one option at a time (most value per predicted error first),
+        each kept when the probe still finds the whole within the tolerance: the knapsack's choices
+        jump as the budget grows, and what lies between two of them is often still within it."""
+        picks = list(picks)
+        ups = []
+        for i, item in enumerate(items):
+            for k in range(picks[i] + 1, len(item)):
+                gain = item[k][0].value - item[picks[i]][0].value
+                cost = item[k][0].error ** 2 - item[picks[i]][0].error ** 2
+                if gain > 0 and math.isfinite(cost):
+                    ups.append((gain / max(cost, 1e-300), i, k))
+        for _, i, k in sorted(ups, reverse=True)[:_FILL_TRIES]:
+            if k <= picks[i]:
+                continue
+            trial = picks[:i] + [k] + picks[i + 1:]
+            on = frozenset().union(*(item[j][1] for item, j in zip(items, trial, strict=True)))
+            if probe.error(on) <= self.tolerance:
+                picks = trial
+        return picks
 
     def choices(self, units: list[Unit], items: list[list[tuple[Option, frozenset[int]]]], picks: list[int]):
         """The nodes pinned to FP32 and those kept low, each with why."""

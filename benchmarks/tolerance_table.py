@@ -50,7 +50,11 @@ def _max_error_of_range(fp32, converted, samples) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="ppocr-v4-det,ppocr-v4-rec,resnet50-small,mobilenetv2-small")
+    parser.add_argument(
+        "--models",
+        default="ppocr-v4-det,ppocr-v4-rec,resnet50-small,mobilenetv2-small,efficientnet-b0-small,bert-base-small,"
+        "decomposed-activations",
+    )
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--factor", type=float, default=0.5)
     args = parser.parse_args()

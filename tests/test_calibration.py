@@ -229,8 +229,9 @@ def test_tolerance_meets_the_target_by_measuring_each_unit():
     assert r.met and max(r.output_errors.values()) <= tol
     # one plain conversion, then the chosen one (more only when the probe's prediction misses)
     assert 2 <= r.rounds <= 5 and r.history[0][0] == 0
-    # probe runs: the base, at most two options per unit, eight budgets per choice; then the conversions
-    assert r.model_runs <= len(samples) * (1 + 2 * r.units + 8 * (r.rounds - 1) + r.rounds)
+    # probe runs: the base, at most two options per unit, eight budgets and 16 upgrades per choice;
+    # then the conversions
+    assert r.model_runs <= len(samples) * (1 + 2 * r.units + 24 * (r.rounds - 1) + r.rounds)
     assert 0 < len(r.pinned) < len(m.graph.node)
     assert 0 < r.low_flops_share <= r.ceiling <= 1
     pinned = [x for x in r.result.decisions if x.rule == "tolerance.pinned"]
