@@ -1,8 +1,8 @@
 """Against onnxconverter-common's convert_float_to_float16(keep_io_types=True), the usual anchor.
 
 On every CI-size catalog model: where its output loads and runs, ours is at least as accurate against
-FP32 (cosine, and max error within 10%: the largest error of one element moves by that much with
-where rounding happens to fall), measured over four inputs with FP16 storage emulated exactly for both
+FP32 (cosine, and max error within 10% and half an FP16 step: the largest error of one element moves
+by that much with where rounding happens to fall, and theirs may round an output ours keeps FP32), measured over four inputs with FP16 storage emulated exactly for both
 models; where its output does not run, ours does (and the catalog tests check it is accurate).
 Its models run in a child process (:class:`~amp_compiler.runner.ChildRunner`): on a batch-first RNN
 its FP16 output crashes onnxruntime at session creation (runtime.ort-transpose-matmul).
@@ -93,7 +93,10 @@ def test_at_least_as_accurate_as_onnxconverter_common(entry):
         if not other.finite:
             continue  # theirs overflows where ours does not
         assert mine.cosine >= other.cosine - 1e-6, f"{mine.name}: cosine {mine.cosine} < {other.cosine}"
-        assert mine.max_abs_error <= 1.1 * other.max_abs_error + 1e-6, (
+        # Where theirs rounds an output to FP16 that ours computes in FP32, that last rounding can move
+        # its largest error toward FP32 by up to half an FP16 step, by luck.
+        half_step = 0.5 * float(np.spacing(np.float16(min(mine.value_range, 65504.0))))
+        assert mine.max_abs_error <= 1.1 * other.max_abs_error + half_step + 1e-6, (
             f"{mine.name}: max error {mine.max_abs_error} > {other.max_abs_error}"
         )
 
