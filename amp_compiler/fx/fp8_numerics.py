@@ -143,3 +143,12 @@ def fp8_matmul(
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(out_dtype)
+
+
+def fp8_gemm(
+    a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None = None,
+    *, b_transposed: bool = True, out_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """The FP8 GEMM as a node of a converted graph calls it: :func:`fp8_matmul` with the second
+    operand given as [..., N, K] (``b_transposed``, a stored weight) or as [..., K, N]."""
+    return fp8_matmul(a, scale_a, b if b_transposed else b.mT, scale_b, bias, out_dtype)
