@@ -1,7 +1,7 @@
 """Estimated FLOPs of the nodes of an FX graph, by the ONNX path's definitions (:mod:`amp_compiler.costs`).
 
 A multiply-add counts 2: matrix products ``2 * output elements * K`` (linear, mm, addmm, bmm,
-baddbmm, matmul, the FP8 GEMM), convolutions ``2 * output elements * C_in/groups * kernel``,
+baddbmm, matmul, the FP8 GEMMs), convolutions ``2 * output elements * C_in/groups * kernel``,
 transposed convolutions ``2 * input elements * C_out/groups * kernel``, einsum the product of all
 index sizes (times 2), scaled-dot-product attention its two matrix products; other numeric ops one
 per output element; data movement (the policy's PASS and NONFLOAT ops), casts, quantizers,
@@ -20,6 +20,7 @@ import torch.fx as fx
 
 from amp_compiler.fx.arguments import schema_argument, tensor_arguments
 from amp_compiler.fx.fp8_numerics import fp8_gemm
+from amp_compiler.fx.fp8_scaling import fp8_train_gemm
 from amp_compiler.fx.policy import AtenPolicy, op_name, policy_name
 from amp_compiler.policy import Category
 
@@ -105,7 +106,7 @@ def node_flops(node: fx.Node, policy: AtenPolicy) -> int:
     """The node's estimated FLOPs (see module doc)."""
     if node.op != "call_function" or node.target is operator.getitem:
         return 0
-    if node.target is fp8_gemm:
+    if node.target is fp8_gemm or node.target is fp8_train_gemm:  # a [..., K] times a matrix
         return 2 * _numel(node) * ((_shape(node.args[0]) or (0,))[-1])
     name = op_name(node.target)
     if name is None:

@@ -102,7 +102,8 @@ def convert_fp8(
     return gm
 
 
-def _decision(node: fx.Node, old: NodeDecision | None, **changes: Any) -> NodeDecision:
+def redecide(node: fx.Node, old: NodeDecision | None, **changes: Any) -> NodeDecision:
+    """``old`` (a new node's decision when None) with ``changes`` and the node's dtypes as they are now."""
     if old is None:
         old = NodeDecision(graph="main", node=node.name, op_type=str(node.target), domain="fx", precision="none",
                            rule=Rule.NONFLOAT.value, reason="", input_dtypes=[], output_dtypes=[], index=None)
@@ -118,11 +119,11 @@ def fp8_decisions(gm: fx.GraphModule, base: FxReport, choice: Fp8Choice, lowerin
     for node in gm.graph.nodes:
         d = old.get(node.name)
         if node in lowering.gemms:
-            d = _decision(node, d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=choice.reasons[node],
+            d = redecide(node, d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=choice.reasons[node],
                           op_type="amp_compiler.fx.fp8_gemm")
         elif node in lowering.quantizers:
             cand, op = lowering.quantizers[node]
-            d = _decision(node, d, op_type="amp_compiler.fx.quantize", domain="fx", precision="fp8",
+            d = redecide(node, d, op_type="amp_compiler.fx.quantize", domain="fx", precision="fp8",
                           rule=Rule.FP8_QDQ.value, reason=(
                               f"{op.arg} of {cand.node.name} quantized to FP8 E4M3: scale {float(op.scale):.3g} "
                               f"per tensor, its calibration amax {op.amax:.3g} times 2^{margin} over 448"))
@@ -130,26 +131,27 @@ def fp8_decisions(gm: fx.GraphModule, base: FxReport, choice: Fp8Choice, lowerin
             cand, op = lowering.weights[node]
             how = "one scale per output channel" if op.axis is not None else "one scale per tensor"
             size = format_bytes(op.quantized.numel() if op.quantized is not None else 0)
-            d = _decision(node, d, op_type="get_attr", domain="fx", precision="fp8",
+            d = redecide(node, d, op_type="get_attr", domain="fx", precision="fp8",
                           rule=Rule.CONSTANT_STORED_LOW.value, reason=(
                               f"{op.arg} of {cand.node.name} stored in FP8 E4M3 "
                               f"({size}), quantized from its FP32 values with {how} "
                               "(amax / 448)"))
         elif node in lowering.scales:
             cand, op = lowering.scales[node]
-            d = _decision(node, d, op_type="get_attr", domain="fx", precision="fp32", rule=Rule.CONSTANT.value,
+            d = redecide(node, d, op_type="get_attr", domain="fx", precision="fp32", rule=Rule.CONSTANT.value,
                           reason=f"the FP32 scale(s) of {cand.node.name}'s FP8 {op.arg}")
         elif d is not None and d.precision == short(FALLBACK) and node in choice.reasons:
-            d = _decision(node, d, rule=Rule.FP8_KEPT.value, reason=choice.reasons[node])
-        elif d is not None and d.precision == short(FALLBACK) and (kept := _table_kept(node, policy)):
-            d = _decision(node, d, rule=Rule.FP8_KEPT.value, reason=f"{d.reason}; {kept}")
+            d = redecide(node, d, rule=Rule.FP8_KEPT.value, reason=choice.reasons[node])
+        elif d is not None and d.precision == short(FALLBACK) and (kept := table_kept(node, policy)):
+            d = redecide(node, d, rule=Rule.FP8_KEPT.value, reason=f"{d.reason}; {kept}")
         else:
-            d = _decision(node, d)
+            d = redecide(node, d)
         out.append(d)
     return out
 
 
-def _table_kept(node: fx.Node, policy: AtenPolicy) -> str | None:
+def table_kept(node: fx.Node, policy: AtenPolicy) -> str | None:
+    """The policy table's reason an op stays in the fallback precision for fp8 (``fp8_kept``), if any."""
     name = op_name(node.target) if node.op == "call_function" else None
     return policy.info_of(policy_name(name)).fp8_kept if name is not None else None
 

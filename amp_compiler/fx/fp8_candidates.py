@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from amp_compiler.fx.arguments import schema_argument
 from amp_compiler.fx.fp8_numerics import Fp8Format, channel_scales, fp8_matmul, quantize, scale_for_amax
-from amp_compiler.fx.policy import AtenPolicy, op_name, policy_name
+from amp_compiler.fx.policy import AtenOpInfo, AtenPolicy, op_name, policy_name
 
 FALLBACK = torch.float16  # what the rest of an FP8 graph computes in (Target.FP8.fallback)
 
@@ -135,6 +135,26 @@ def _weight(gm: fx.GraphModule, position: int, arg: str, node: fx.Node, transpos
     return Operand(position, arg, node, w, q, None, scale, amax)
 
 
+def gemm_operands(node: fx.Node, policy: AtenPolicy) -> tuple[AtenOpInfo, fx.Node, fx.Node] | None:
+    """For a call of an op lowered to the FP8 GEMM, in FP32, with unit ``alpha``/``beta`` and matrix
+    operands of rank >= 2: its policy info and its two operand nodes; else None."""
+    name = op_name(node.target) if node.op == "call_function" else None
+    if name is None:
+        return None
+    info = policy.info_of(policy_name(name))
+    out_val = _val(node)
+    if info.fp8_operands is None or out_val is None or out_val.dtype != torch.float32:
+        return None
+    if any(schema_argument(node, s)[1] not in (None, 1) for s in ("alpha", "beta")):
+        return None
+    operands = [schema_argument(node, arg)[1] for arg in info.fp8_operands]
+    for value in operands:
+        val = _val(value)
+        if val is None or val.dtype != torch.float32 or val.ndim < 2:
+            return None
+    return info, operands[0], operands[1]
+
+
 def find_candidates(
     gm: fx.GraphModule, policy: AtenPolicy, exclude: Iterable[fx.Node] = ()
 ) -> list[Candidate]:
@@ -142,27 +162,19 @@ def find_candidates(
     skip = set(exclude)
     out = []
     for node in gm.graph.nodes:
-        name = op_name(node.target) if node.op == "call_function" else None
-        if name is None or node in skip:
+        found = gemm_operands(node, policy) if node not in skip else None
+        if found is None:
             continue
-        info = policy.info_of(policy_name(name))
-        out_val = _val(node)
-        if info.fp8_operands is None or out_val is None or out_val.dtype != torch.float32:
-            continue
-        if any(schema_argument(node, s)[1] not in (None, 1) for s in ("alpha", "beta")):
-            continue
+        info, *nodes = found
+        assert info.fp8_operands is not None
         operands = []
-        for position, arg in enumerate(info.fp8_operands):
-            value = schema_argument(node, arg)[1]
-            val = _val(value)
-            if val is None or val.dtype != torch.float32 or val.ndim < 2:
-                break
+        for position, (arg, value) in enumerate(zip(info.fp8_operands, nodes, strict=True)):
             if value.op == "get_attr":
                 operands.append(_weight(gm, position, arg, value, info.fp8_transposed))
             else:
                 operands.append(Operand(position, arg, value))
-        else:
-            a_val = _val(operands[0].node)
-            flops = 2 * out_val.numel() * int(a_val.shape[-1]) if a_val is not None else 0
-            out.append(Candidate(node, name, (operands[0], operands[1]), info.fp8_bias, info.fp8_transposed, flops))
+        a_val, out_val = _val(nodes[0]), _val(node)
+        flops = 2 * out_val.numel() * int(a_val.shape[-1]) if a_val is not None and out_val is not None else 0
+        name = op_name(node.target) or ""
+        out.append(Candidate(node, name, (operands[0], operands[1]), info.fp8_bias, info.fp8_transposed, flops))
     return out
