@@ -67,6 +67,8 @@ def test_fp8_without_calibration_is_one_clear_error():
     assert e.value.option == "fp8_margin"
     with pytest.raises(OptionError, match="calibration samples"):  # the graph-level entry points
         ampfx.transform(ampfx.capture(m, (x,)), "fp8")
+    with pytest.raises(OptionError, match="torch.compile backend does not convert to fp8"):
+        ampfx.backend(target="fp8")
 
 
 def test_every_tensor_core_op_is_lowered_to_fp8_or_says_why_not():
