@@ -13,12 +13,13 @@ _SHORT_NAMES = {
     ir.DataType.BFLOAT16: "bf16",
     ir.DataType.DOUBLE: "fp64",
     ir.DataType.FLOAT8E4M3FN: "fp8",
+    ir.DataType.FLOAT8E5M2: "fp8e5m2",
 }
 
 
 def short_name(dtype: ir.DataType) -> str:
-    """"fp32", "fp16", "bf16", "fp64", "fp8" (E4M3) for the float types, else the type's name in lower
-    case ("int64")."""
+    """"fp32", "fp16", "bf16", "fp64", "fp8" (E4M3), "fp8e5m2" for the float types, else the type's
+    name in lower case ("int64")."""
     name = _SHORT_NAMES.get(dtype)
     return name if name is not None else dtype.name.lower()
 

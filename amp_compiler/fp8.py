@@ -24,7 +24,7 @@ from amp_compiler.calibrate import collect_ranges
 from amp_compiler.costs import estimate
 from amp_compiler.decisions import NodeDecision
 from amp_compiler.errors import OptionError
-from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_budget
+from amp_compiler.fp8_budget import EndToEnd, budget_reason, candidate_flops, choose_verified
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
@@ -117,25 +117,15 @@ def _within_budget(
     try:
         singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
         flops = candidate_flops(proto, passed, samples[0])
-        chosen = set(choose_within_budget(singles, flops, budget))
-        total = e2e.error(frozenset(chosen)) if chosen else 0.0
-        while chosen and total > budget:  # the prediction missed: drop the most error per FLOP
-            chosen.discard(max(chosen, key=lambda k: singles[k] ** 2 / flops[k]))
-            total = e2e.error(frozenset(chosen)) if chosen else 0.0
+        chosen, total = choose_verified(e2e.error, singles, flops, budget)
     finally:
         e2e.close()
     for k, cand in enumerate(passed):
         local = reasons[id(cand.node)][1]
-        alone = f"alone in FP8 it moves the model's outputs by {singles[k]:.2%} (relative L2 vs FP32, worst output)"
-        if k in chosen:
-            together = f"all FP8 GEMMs together {total:.2%} (budget {budget:.0%})"
-            reasons[id(cand.node)] = (True, f"{local}; {alone}, {together}")
-        else:
-            reasons[id(cand.node)] = (False, (
-                f"kept FP16: {alone}, too much for its {flops[k]:.3g} FLOPs within the FP8 error budget "
-                f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: "
-                + local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
-            ))
+        statistics = local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
+        reasons[id(cand.node)] = (
+            k in chosen, budget_reason(local, statistics, singles[k], flops[k], budget, total, k in chosen)
+        )
     return [cand for k, cand in enumerate(passed) if k in chosen]
 
 

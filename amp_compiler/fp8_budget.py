@@ -21,7 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -134,3 +134,29 @@ def choose_within_budget(errors: Sequence[float], flops: Sequence[int], budget: 
             chosen.add(i)
             c -= weights[i]
     return frozenset(chosen)
+
+
+def choose_verified(
+    error: Callable[[frozenset[int]], float], singles: Sequence[float], flops: Sequence[int], budget: float
+) -> tuple[frozenset[int], float]:
+    """:func:`choose_within_budget`, then the chosen set measured as a whole (``error``) and shrunk,
+    the most error per FLOP first, until it fits; the set and its measured error."""
+    chosen = set(choose_within_budget(singles, flops, budget))
+    total = error(frozenset(chosen)) if chosen else 0.0
+    while chosen and total > budget:  # the prediction missed: drop the most error per FLOP
+        chosen.discard(max(chosen, key=lambda k: singles[k] ** 2 / flops[k]))
+        total = error(frozenset(chosen)) if chosen else 0.0
+    return frozenset(chosen), total
+
+
+def budget_reason(local: str, statistics: str, single: float, flops: int, budget: float, total: float,
+                  chosen: bool) -> str:
+    """Why a GEMM whose local statistics passed is in FP8 or not, with its end-to-end numbers:
+    ``local`` is the sentence of its local choice, ``statistics`` that sentence's statistics part."""
+    alone = f"alone in FP8 it moves the model's outputs by {single:.2%} (relative L2 vs FP32, worst output)"
+    if chosen:
+        return f"{local}; {alone}, all FP8 GEMMs together {total:.2%} (budget {budget:.0%})"
+    return (
+        f"kept FP16: {alone}, too much for its {flops:.3g} FLOPs within the FP8 error budget "
+        f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: {statistics}"
+    )

@@ -255,16 +255,26 @@ def measure_candidates(
     return out
 
 
-def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> tuple[bool, str]:
-    """Whether the candidate takes FP8 inputs, and the sentence that says why (with its statistics)."""
-    acts = [i for i in cand.inputs if i.weight is None]
-    weights = [i for i in cand.inputs if i.weight is not None]
-    stat = (
+def stats_allow(stats: Fp8Stats, max_error: float, max_subnormal: float) -> bool:
+    """Whether a GEMM's local statistics allow FP8 inputs (both within their limits)."""
+    return stats.rel_error <= max_error and stats.subnormal_share <= max_subnormal
+
+
+def stats_sentence(stats: Fp8Stats, max_error: float, max_subnormal: float) -> str:
+    """A GEMM's local statistics and their limits, in words (the ONNX and FX paths' reasons)."""
+    return (
         f"output error {stats.rel_error:.2%} with FP8 inputs vs FP16 inputs on the calibration data "
         f"(limit {max_error:.0%}), {stats.subnormal_share:.2%} of scaled input values below FP8's "
         f"smallest normal 2^-6 (limit {max_subnormal:.0%})"
     )
-    if stats.rel_error > max_error or stats.subnormal_share > max_subnormal:
+
+
+def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> tuple[bool, str]:
+    """Whether the candidate takes FP8 inputs, and the sentence that says why (with its statistics)."""
+    acts = [i for i in cand.inputs if i.weight is None]
+    weights = [i for i in cand.inputs if i.weight is not None]
+    stat = stats_sentence(stats, max_error, max_subnormal)
+    if not stats_allow(stats, max_error, max_subnormal):
         return False, f"kept FP16: FP8 E4M3 inputs would cost too much: {stat}"
     scales = [f"input {i.index} scale {float(i.scale):.3g} per tensor (amax {i.amax:.3g})" for i in acts]
     scales += [

@@ -3,7 +3,9 @@
     import amp_compiler.fx as ampfx
     gm = ampfx.convert(model, example_inputs, target="fp16")     # GraphModule with explicit casts
     print(ampfx.report(gm))                                       # every node's decision and why
+    gm8 = ampfx.convert(model, example_inputs, target="fp8", calibration=[inputs, ...])  # FP8 GEMMs
     step = ampfx.prepare_training(model, loss_fn, (x, y), target="fp16", loss_scale="dynamic")
+    step8 = ampfx.prepare_training(model, loss_fn, (x, y), target="fp8", fp8_recipe=ampfx.DelayedScaling())
     loss = step(x, y, optimizer)                                  # scaled, unscaled, skipped on inf/NaN
     compiled = torch.compile(model, backend=ampfx.backend(target="fp16"))
     compiled = ampfx.compile(model, target="fp16")                  # the same, warns if nothing reached it
@@ -21,6 +23,7 @@ except ImportError:
 from amp_compiler.fx.backend import AmpBackend, CompiledModule, NoGraphWarning, backend, compile  # noqa: E402
 from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform  # noqa: E402
 from amp_compiler.fx.export import export_onnx  # noqa: E402
+from amp_compiler.fx.fp8_scaling import DelayedScaling  # noqa: E402
 from amp_compiler.fx.policy import default_policy  # noqa: E402
 from amp_compiler.fx.report import FxReport  # noqa: E402
 from amp_compiler.fx.scaler import LossScaler  # noqa: E402
@@ -30,6 +33,7 @@ __all__ = [
     "AmpBackend",
     "AmpInternalError",
     "CompiledModule",
+    "DelayedScaling",
     "FxReport",
     "LossScaler",
     "NoGraphWarning",

@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from amp_compiler.errors import OptionError
 from amp_compiler.fx.convert import transform
 from amp_compiler.fx.report import FxReport
 from amp_compiler.fx.rewrite import functionalize_inplace
@@ -73,6 +74,11 @@ class AmpBackend:
         block_ops: Iterable[str] = (), block_nodes: Iterable[str] = (),
     ):
         self.target = Target.parse(target) if isinstance(target, str) else target
+        if self.target is Target.FP8:
+            raise OptionError(
+                "the torch.compile backend does not convert to fp8 (its FP8 layers are chosen from calibration "
+                "samples): use amp_compiler.fx.convert(..., target='fp8', calibration=[...])", option="target",
+            )
         self.inner = inner
         self.block_ops = tuple(block_ops)
         self.block_nodes = tuple(block_nodes)

@@ -16,7 +16,9 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from amp_compiler import targets
 from amp_compiler.errors import OptionError
+from amp_compiler.fx.flops import graph_flops
 from amp_compiler.fx.graph import FxPrecisionGraph, build_fx_precision_graph
 from amp_compiler.fx.lower import lower_plan, short
 from amp_compiler.fx.policy import AtenPolicy, default_policy
@@ -86,6 +88,12 @@ def transform(
     (the ONNX path's default), ``"paint"`` keeps painting's answer.
     """
     target = Target.parse(target) if isinstance(target, str) else target
+    if target is Target.FP8:
+        raise OptionError(
+            "target fp8 chooses its FP8 layers from calibration samples: use convert(model, inputs, "
+            "target='fp8', calibration=[...]) for inference or prepare_training(..., target='fp8')",
+            option="target",
+        )
     policy = policy or default_policy()
     block_ops = frozenset(block_ops)
     unknown = sorted(op for op in block_ops if policy.get(op) is None and not hasattr(torch.ops.aten, op))
@@ -137,6 +145,7 @@ def transform(
         parameter_bytes_after=state_bytes(gm),
         warnings=warnings,
         output_names=output_names,
+        flops=graph_flops(gm, policy),
     )
     gm.meta[REPORT_KEY] = report
     return report
@@ -156,15 +165,24 @@ class _FakeProp(FakeTensorProp):
         return value
 
 
+def refresh_meta(gm: fx.GraphModule, fake: list | None = None) -> bool:
+    """Re-run the graph on fake tensors (default: its placeholders' traced values), refreshing every
+    node's ``meta["val"]``; False when there are no fake inputs to run it on."""
+    fake = fake if fake is not None else _fake_inputs(gm)
+    if not fake or any(v is None for v in fake):
+        return False
+    mode = detect_fake_mode(fake)
+    if mode is None:
+        return False
+    _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
+    return True
+
+
 def _check(gm: fx.GraphModule, fxg: FxPrecisionGraph, lowering, fake: list) -> None:
     """Re-run the graph on fake tensors (refreshing ``meta["val"]``) and check every tensor a node
     produces has the dtype the plan gave it."""
-    if not fake or any(v is None for v in fake):
+    if not refresh_meta(gm, fake):
         return
-    mode = detect_fake_mode(fake)
-    if mode is None:
-        return
-    _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
     wrong = []
     for slot in fxg.slots:
         if slot.kind is not SlotKind.NODE_OUT:
@@ -190,6 +208,11 @@ def convert(
     fold_bn: bool = True,
     placement: str = "mincut",
     policy: AtenPolicy | None = None,
+    calibration: Iterable[Any] | None = None,
+    fp8_margin: int = targets.FP8_MARGIN,
+    fp8_budget: float = targets.FP8_BUDGET,
+    fp8_max_error: float = targets.FP8_MAX_ERROR,
+    fp8_max_subnormal: float = targets.FP8_MAX_SUBNORMAL,
 ) -> fx.GraphModule:
     """Convert ``model`` to a mixed-precision GraphModule for inference, with explicit casts.
 
@@ -199,7 +222,23 @@ def convert(
     caller's model is untouched); ``report(gm)`` gives every node's decision and the memory saved.
     With ``fold_bn`` (the default), eval-mode batch norms that only read a convolution are folded
     into it first, in FP32, as ``torch.onnx.export`` does.
+
+    ``target="fp8"`` needs ``calibration``: samples of inputs (each a tuple like ``example_inputs``,
+    or one tensor). Matrix products (linear, mm, addmm, bmm, matmul) whose statistics on them allow
+    it take FP8 E4M3 inputs (``fp8_*``: the ONNX path's ``--fp8-*`` settings); everything else is
+    converted as for FP16 (:mod:`amp_compiler.fx.fp8`).
     """
+    target = Target.parse(target) if isinstance(target, str) else target
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if target is Target.FP8:
+        from amp_compiler.fx.fp8 import convert_fp8, fp8_options
+
+        opts = fp8_options(fp8_margin, fp8_budget, fp8_max_error, fp8_max_subnormal)
+        return convert_fp8(model, inputs, example_kwargs, calibration=calibration, opts=opts, block_ops=block_ops,
+                           block_nodes=block_nodes, dynamic_shapes=dynamic_shapes, fold_bn=fold_bn,
+                           placement=placement, policy=policy)
+    if calibration is not None:
+        raise OptionError("calibration samples are for target fp8 only", option="calibration")
     gm = capture(model, example_inputs if isinstance(example_inputs, tuple) else (example_inputs,),
                  example_kwargs, dynamic_shapes=dynamic_shapes)
     before = state_bytes(gm)

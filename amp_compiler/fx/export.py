@@ -39,6 +39,12 @@ def export_onnx(
     at ``opset`` (default: 18, or the first opset that accepts the graph's types); ``kwargs`` go to
     ``torch.onnx.export``. Raises :class:`OptionError` (``option="opset"``) for an opset too low for
     the graph's types."""
+    report = getattr(gm, "meta", {}).get("amp_compiler")
+    if report is not None and report.target == "fp8":
+        raise OptionError(
+            "an FP8 GraphModule does not export to ONNX (its FP8 GEMMs are Python calls); export the FP32 "
+            "model and convert it with amp-compiler convert --target fp8", option="target",
+        )
     first = opset or DEFAULT_OPSET
     proto = _export(gm, example_inputs, first, kwargs)
     needs = _too_old(proto, first)

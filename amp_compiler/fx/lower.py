@@ -25,7 +25,7 @@ import torch.fx as fx
 from amp_compiler.dtypes import short_name
 from amp_compiler.fx.arguments import replace_tensor_arguments, schema_argument, set_schema_argument, tensor_arguments
 from amp_compiler.fx.graph import FxPrecisionGraph
-from amp_compiler.fx.views import IR_TO_TORCH, TORCH_TO_IR, FxSlot, tensor_dtype
+from amp_compiler.fx.views import FP8_TO_IR, IR_TO_TORCH, TORCH_TO_IR, FxSlot, tensor_dtype
 from amp_compiler.graph import SlotKind
 from amp_compiler.plan import PrecisionPlan
 
@@ -36,7 +36,7 @@ def short(dtype: torch.dtype | None) -> str:
     """A torch dtype's short name: the ONNX path's for float types ("fp16"), else torch's ("int64")."""
     if dtype is None:
         return ""
-    ir_dtype = TORCH_TO_IR.get(dtype)
+    ir_dtype = TORCH_TO_IR.get(dtype, FP8_TO_IR.get(dtype))
     return short_name(ir_dtype) if ir_dtype is not None else str(dtype).removeprefix("torch.")
 
 

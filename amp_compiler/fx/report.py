@@ -38,6 +38,26 @@ class FxReport:
     # the module and names outputs after their ops (a Cast: "_to_copy_1"); pass these as its
     # output_names to keep the model's.
     output_names: list[str] = dataclasses.field(default_factory=list)
+    flops: dict[str, int] = dataclasses.field(default_factory=dict)  # node -> estimated FLOPs (fx/flops.py)
+    # target fp8: the chosen FP8 set's measured error at the outputs (relative L2 vs FP32, worst output,
+    # on the calibration samples), the budget it was chosen within, and the model runs the choice took.
+    fp8_error: float | None = None
+    fp8_budget: float | None = None
+    fp8_runs: int = 0
+
+    def flops_by_precision(self) -> dict[str, int]:
+        """Estimated FLOPs per precision ("fp8", "fp16", "fp32", ...), of the nodes deciding them."""
+        out: dict[str, int] = {}
+        for d in self.decisions:
+            f = self.flops.get(d.node, 0)
+            if f:
+                out[d.precision] = out.get(d.precision, 0) + f
+        return out
+
+    def flops_share(self, precision: str) -> float:
+        by_p = self.flops_by_precision()
+        total = sum(by_p.values())
+        return by_p.get(precision, 0) / total if total else 0.0
 
     @property
     def parameter_ratio(self) -> float:
@@ -71,7 +91,16 @@ class FxReport:
             )
         else:
             params = "parameters stay FP32, cast at use"
-        return f"{self.target} {self.mode} | nodes: {nodes} | casts inserted: {self.casts_inserted} | {params}"
+        by_f = self.flops_by_precision()
+        total = sum(by_f.values())
+        order = {"fp8": 0, "fp16": 1, "bf16": 2, "fp32": 3}
+        shares = ", ".join(f"{p} {f / total:.0%}" for p, f in sorted(by_f.items(), key=lambda x: order.get(x[0], 9)))
+        flops = f" | FLOPs: {shares}" if total else ""
+        fp8 = ""
+        if self.fp8_error is not None:
+            fp8 = f" | FP8 error at the outputs {self.fp8_error:.2%} (budget {self.fp8_budget:.0%})"
+        return (f"{self.target} {self.mode} | nodes: {nodes}{flops}{fp8} | casts inserted: {self.casts_inserted} "
+                f"| {params}")
 
 
     def table(self, verbose: bool = False) -> str:
@@ -97,12 +126,15 @@ class FxReport:
             NodeReport(
                 graph=d.graph, name=d.node, op_type=d.op_type, domain=d.domain, precision=d.precision,
                 rule=d.rule, reason=d.reason, input_dtypes=d.input_dtypes, output_dtypes=d.output_dtypes,
+                flops=self.flops.get(d.node),
             )
             for d in self.decisions
         ]
+        by_f = self.flops_by_precision()
         summary = Summary(
             target=self.target, provider="torch", nodes=len(nodes),
-            nodes_by_precision=self.decisions_by_precision(), flops_total=0, flops_low=0,
+            nodes_by_precision=self.decisions_by_precision(), flops_total=sum(by_f.values()),
+            flops_low=sum(f for p, f in by_f.items() if p in ("fp8", "fp16", "bf16")),
             casts=self.casts_inserted, cast_bytes=0, size_before=self.parameter_bytes_before,
             size_after=self.parameter_bytes_after,
         )
@@ -122,7 +154,8 @@ def state_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def _dtypes_of(node: fx.Node, outputs: bool) -> list[str]:
+def node_dtypes(node: fx.Node, outputs: bool) -> list[str]:
+    """Short names of the dtypes a node produces (``outputs``) or reads (its tensor arguments)."""
     if outputs:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -203,7 +236,7 @@ def node_decisions(
                 else:
                     reason = "read as it is: no float computation reads it"
         elif node.op == "output":
-            dts = sorted({d for d in _dtypes_of(node, False) if d and d != "?"})
+            dts = sorted({d for d in node_dtypes(node, False) if d and d != "?"})
             if dts:
                 precision = dts[0] if len(dts) == 1 else "mixed"
                 rule, reason = Rule.FIXED.value, "graph outputs keep their dtype"
@@ -238,8 +271,8 @@ def node_decisions(
                 precision=precision,
                 rule=rule,
                 reason=reason,
-                input_dtypes=_dtypes_of(node, False),
-                output_dtypes=_dtypes_of(node, True),
+                input_dtypes=node_dtypes(node, False),
+                output_dtypes=node_dtypes(node, True),
                 index=order.get(node),
             )
         )

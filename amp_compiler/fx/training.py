@@ -20,10 +20,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from amp_compiler.errors import OptionError
 from amp_compiler.fx.convert import capture, transform
-from amp_compiler.fx.policy import AtenPolicy
+from amp_compiler.fx.fp8_scaling import DelayedScaling, DelayedScalingState
+from amp_compiler.fx.fp8_training import rewrite_training, training_gemms, training_report
+from amp_compiler.fx.policy import AtenPolicy, default_policy, op_name, policy_name
 from amp_compiler.fx.report import FxReport
 from amp_compiler.fx.scaler import LossScaler
+from amp_compiler.passes import compile_patterns
 from amp_compiler.targets import Target
 
 SCALE_BUFFER = "amp_loss_scale"
@@ -45,12 +49,13 @@ class _LossGraph(torch.nn.Module):
 
 
 def make_scaler(target: Target, loss_scale: LossScaler | str | float | None) -> LossScaler:
-    """The scaler for ``loss_scale``: "auto" (dynamic for FP16, none for BF16), "dynamic", a number
+    """The scaler for ``loss_scale``: "auto" (dynamic for FP16 and FP8, whose other ops run in FP16;
+    none for BF16), "dynamic", a number
     (a static scale), None or "none" (no scaling), or a :class:`LossScaler`."""
     if isinstance(loss_scale, LossScaler):
         return loss_scale
     if loss_scale == "auto":
-        loss_scale = "dynamic" if target is Target.FP16 else None
+        loss_scale = "dynamic" if target.fallback is Target.FP16 else None
     if loss_scale is None or loss_scale == "none":
         return LossScaler(enabled=False)
     if loss_scale == "dynamic":
@@ -66,10 +71,12 @@ class TrainStep:
     """One training step over the converted graph; ``step(x, y, optimizer)`` returns the loss."""
 
     def __init__(
-        self, graph_module: fx.GraphModule, scaler: LossScaler, parameters: list, clip_grad_norm: float | None
+        self, graph_module: fx.GraphModule, scaler: LossScaler, parameters: list, clip_grad_norm: float | None,
+        fp8: DelayedScalingState | None = None,
     ):
         self.graph_module = graph_module
         self.scaler = scaler
+        self.fp8 = fp8  # target fp8: the delayed-scaling state, updated after every step
         self.parameters = parameters
         self.clip_grad_norm = clip_grad_norm
         self.steps = 0
@@ -98,15 +105,22 @@ class TrainStep:
         self.last_skipped = self.scaler.found_inf(optimizer)
         self.scaler.step(optimizer)
         self.scaler.update()
+        if self.fp8 is not None:
+            self.fp8.update(skipped=self.last_skipped)
         self.steps += 1
         self.skipped += self.last_skipped
         return loss.detach()
 
     def state_dict(self) -> dict:
-        return {"scaler": self.scaler.state_dict(), "steps": self.steps, "skipped": self.skipped}
+        state = {"scaler": self.scaler.state_dict(), "steps": self.steps, "skipped": self.skipped}
+        if self.fp8 is not None:
+            state["fp8"] = self.fp8.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.scaler.load_state_dict(state["scaler"])
+        if self.fp8 is not None and "fp8" in state:
+            self.fp8.load_state_dict(state["fp8"])
         self.steps = state.get("steps", 0)
         self.skipped = state.get("skipped", 0)
 
@@ -123,6 +137,7 @@ def prepare_training(
     block_nodes: Iterable[str] = (),
     dynamic_shapes: Any = None,
     policy: AtenPolicy | None = None,
+    fp8_recipe: DelayedScaling | None = None,
 ) -> TrainStep:
     """A mixed-precision training step for ``model`` and ``loss_fn(model(*x), y)``.
 
@@ -131,8 +146,14 @@ def prepare_training(
     are the model's own (build the optimizer over ``model.parameters()``). ``loss_scale``: ``"auto"``
     (dynamic for FP16, none for BF16), ``"dynamic"``, a number (static scale), ``None``, or a
     :class:`LossScaler`. ``clip_grad_norm``: clip the unscaled gradients to this norm each step.
+
+    ``target="fp8"``: Transformer Engine's recipe (:mod:`amp_compiler.fx.fp8_training`): the GEMMs
+    of weights run in FP8 with delayed scaling (``fp8_recipe``, a :class:`DelayedScaling`: history
+    length, margin, format), everything else as for FP16, with FP16's loss scaling.
     """
     target = Target.parse(target) if isinstance(target, str) else target
+    if fp8_recipe is not None and target is not Target.FP8:
+        raise OptionError("fp8_recipe is for target fp8 only", option="fp8_recipe")
     scaler = make_scaler(target, loss_scale)
     x, y = example_inputs
     inputs = x if isinstance(x, tuple) else (x,)
@@ -142,13 +163,24 @@ def prepare_training(
     _share_state(gm, wrapper)
     scale_nodes = [n for n in gm.graph.nodes if n.op == "get_attr" and str(n.target) == SCALE_BUFFER]
     muls = [u.name for n in scale_nodes for u in n.users]
-    transform(
-        gm, target, mode="training", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
+    policy = policy or default_policy()
+    fp8 = None
+    if target is Target.FP8:
+        recipe = fp8_recipe or DelayedScaling()
+        patterns = compile_patterns(block_nodes)
+        blocked = {n for n in gm.graph.nodes
+                   if policy_name(op_name(n.target) or "") in set(block_ops) or any(p.search(n.name) for p in patterns)}
+        gemms, others = training_gemms(gm, policy, blocked)
+    base = transform(
+        gm, target.fallback, mode="training", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
         unchecked_constants=scale_nodes,
         notes={m: "the loss-scale node: the loss times the scaler's buffer; backward starts here" for m in muls},
     )
+    if target is Target.FP8:
+        fp8 = rewrite_training(gm, gemms, recipe)
+        training_report(gm, base, fp8, others, policy)
     params = [p for p in model.parameters() if p.requires_grad]
-    return TrainStep(gm, scaler, params, clip_grad_norm)
+    return TrainStep(gm, scaler, params, clip_grad_norm, fp8)
 
 
 def _share_state(gm: fx.GraphModule, wrapper: torch.nn.Module) -> None:

@@ -24,6 +24,9 @@ TORCH_TO_IR = {
 }
 IR_TO_TORCH = {v: k for k, v in TORCH_TO_IR.items()}
 FLOAT_DTYPES = frozenset(TORCH_TO_IR)
+# FP8 tensors (the FP8 path's weights and quantized inputs): named like the ONNX path's types, never
+# part of the precision analysis (FLOAT_DTYPES).
+FP8_TO_IR = {torch.float8_e4m3fn: ir.DataType.FLOAT8E4M3FN, torch.float8_e5m2: ir.DataType.FLOAT8E5M2}
 
 
 def tensor_dtype(node: object) -> torch.dtype | None:
