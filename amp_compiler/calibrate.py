@@ -39,8 +39,14 @@ FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
 
 
+# onnxruntime's Python binding cannot return bfloat16 outputs ("No corresponding Numpy type"): an
+# emulated BF16 model's rounded copies are exposed in FP32 instead (amp_compiler.emulate).
+_EXPOSED_TYPES = FLOAT_TYPES - {onnx.TensorProto.BFLOAT16}
+
+
 def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of ``model`` whose main-graph float tensors are all graph outputs, and their names."""
+    """A copy of ``model`` whose main-graph float tensors (but bfloat16 ones, which onnxruntime cannot
+    return) are all graph outputs, and their names."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     existing = {o.name for o in inferred.graph.output}
     types = {vi.name: vi for vi in inferred.graph.value_info}
@@ -50,7 +56,7 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
             vi = types.get(name)
             if (
                 name and name not in existing and vi is not None and vi.type.HasField("tensor_type")
-                and vi.type.tensor_type.elem_type in FLOAT_TYPES
+                and vi.type.tensor_type.elem_type in _EXPOSED_TYPES
             ):
                 extra.append(vi)
                 existing.add(name)

@@ -1,11 +1,12 @@
 """The FP8 conversion's own steps around the FP16 pipeline: opset, per-layer choice, Q/DQ, decisions.
 
-    FP32 model -> opset raised to 19 (float8 Q/DQ) -> FP8 candidates (MatMul/Gemm/Conv) with their
-    scales -> statistics on the calibration samples -> choice per GEMM -> [the FP16 pipeline runs]
-    -> Q/DQ before the chosen GEMMs' inputs (passes/fp8.py) -> decisions say fp8 and why
+    FP32 model -> opset raised to 19, 22 with a BF16 fallback (amp_compiler.fp8_opset) -> FP8
+    candidates (MatMul/Gemm/Conv) with their scales (amp_compiler.fp8_scales) -> statistics on the
+    calibration samples -> choice per GEMM -> [the FP16 (BF16) pipeline runs] -> Q/DQ before the
+    chosen GEMMs' inputs (passes/fp8.py) -> decisions say fp8 and why
 
 Guarantees: a conversion to FP8 without calibration samples is refused (an :class:`OptionError`); a
-model whose opset onnx's version converter cannot raise to 19 is refused with one line; every
+model whose opset onnx's version converter cannot raise is refused with one line; every
 candidate GEMM's decision carries its statistics (rule ``fp8.gemm`` or ``fp8.kept-fp16``), and every
 inserted Q/DQ node has its own decision (``fp8.qdq``).
 """
@@ -17,14 +18,16 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-import onnx.version_converter
 import onnx_ir as ir
 
 from amp_compiler.calibrate import collect_ranges
 from amp_compiler.costs import estimate
 from amp_compiler.decisions import NodeDecision
+from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
 from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_budget
+from amp_compiler.fp8_opset import fp8_opset, raise_opset
+from amp_compiler.fp8_scales import Fp8Calibration, percentile_amax
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
@@ -34,9 +37,13 @@ from amp_compiler.policy import default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
+from amp_compiler.targets import Target
 
-FP8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8e4m3fn (and saturate) from opset 19
-FP8_IR_VERSION = 9  # float8 element types exist from IR version 9
+_FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
+
+
+__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "lower_fp8", "plan_fp8", "raise_opset",
+           "require_samples"]
 
 
 def require_samples(samples: Sequence[dict[str, np.ndarray]] | None) -> list[dict[str, np.ndarray]]:
@@ -47,28 +54,6 @@ def require_samples(samples: Sequence[dict[str, np.ndarray]] | None) -> list[dic
             "observed values", option="calibration_data",
         )
     return list(samples)
-
-
-def raise_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` at opset 19 or later (onnx's version converter, which rewrites the ops whose
-    signature changed) and IR version 9 or later; refused with one line when it cannot."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    out = model
-    if opset < FP8_OPSET:
-        try:
-            out = onnx.version_converter.convert_version(model, FP8_OPSET)
-        except Exception as exc:  # the converter raises bare RuntimeErrors (C++ adapters)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise OptionError(
-                f"fp8 needs opset {FP8_OPSET} (float8 QuantizeLinear) and onnx's version converter cannot "
-                f"raise this model's opset {opset}: {first}", option="target",
-            ) from None
-    if out.ir_version < FP8_IR_VERSION:
-        if out is model:
-            out = onnx.ModelProto()
-            out.CopyFrom(model)
-        out.ir_version = FP8_IR_VERSION
-    return out
 
 
 @dataclasses.dataclass
@@ -88,7 +73,7 @@ def plan_fp8(
     runner, owned = default_runner(runner)
     try:
         ranges = ranges if ranges is not None else collect_ranges(proto, samples, runner=runner)
-        candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin)
+        candidates = _candidates(ir_model, proto, samples, ranges, opts, runner)
         stats = measure_candidates(proto, candidates, samples, runner)
         reasons: dict[int, tuple[bool, str]] = {}
         passed = []
@@ -102,6 +87,22 @@ def plan_fp8(
         if owned:
             runner.close()
     return Fp8Plan(chosen, reasons), ranges
+
+
+def _candidates(
+    ir_model: ir.Model, proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    ranges: dict[str, TensorRange], opts: ConvertOptions, runner: Runner,
+) -> list[Fp8Candidate]:
+    """The candidates with their scales in the fallback type; with percentile calibration their
+    activations' amax is that percentile of |x| (one more run per sample)."""
+    low = opts.low_target
+    candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low)
+    if Fp8Calibration.parse(opts.fp8_calibration) is not Fp8Calibration.PERCENTILE:
+        return candidates
+    names = sorted({i.name for c in candidates for i in c.inputs if i.weight is None})
+    amax = percentile_amax(proto, names, samples, runner, opts.fp8_percentile, low)
+    how = f"{opts.fp8_percentile:g}th percentile of |x|"
+    return fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low, amax=amax, calibration=how)
 
 
 def _within_budget(
@@ -132,8 +133,8 @@ def _within_budget(
             reasons[id(cand.node)] = (True, f"{local}; {alone}, {together}")
         else:
             reasons[id(cand.node)] = (False, (
-                f"kept FP16: {alone}, too much for its {flops[k]:.3g} FLOPs within the FP8 error budget "
-                f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: "
+                f"kept {cand.inputs[0].low_name}: {alone}, too much for its {flops[k]:.3g} FLOPs within the FP8 "
+                f"error budget {budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: "
                 + local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
             ))
     return [cand for k, cand in enumerate(passed) if k in chosen]
@@ -166,7 +167,7 @@ def fp8_decisions(
             )
         elif id(node) in quantized:
             d = dataclasses.replace(d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=plan.reasons[id(node)][1])
-        elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision == "fp16":
+        elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision in _FALLBACKS:
             d = dataclasses.replace(d, rule=Rule.FP8_KEPT.value, reason=plan.reasons[id(node)][1])
         out.append(d)
     return out

@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as nh
-import onnxruntime as ort
 import pytest
 
 from amp_compiler import convert
@@ -18,19 +17,11 @@ from amp_compiler.emulate import dequantize_fp8, emulate, quantize_fp8
 from amp_compiler.errors import OptionError
 from amp_compiler.fp8_budget import choose_within_budget
 from amp_compiler.plan import Rule
-from amp_compiler.runner import InProcessRunner
 from amp_compiler.targets import Target
 from models import catalog
+from tests.fp8_builders import conv_net, mlp, session, to_fp8
 
 F32 = onnx.TensorProto.FLOAT
-
-
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """onnxruntime at BASIC: from EXTENDED on it deletes a Relu that feeds a float8 QuantizeLinear."""
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.log_severity_level = 4
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def _qdq_model(scale: float) -> onnx.ModelProto:
@@ -50,7 +41,7 @@ def _qdq_model(scale: float) -> onnx.ModelProto:
 def test_emulated_fp8_equals_onnxruntime_and_ml_dtypes_on_every_fp16_value(scale):
     x = np.arange(2**16, dtype=np.uint16).view(np.float16)  # every FP16 value: NaN, inf, subnormals, -0
     s = np.float16(scale)
-    q, y = _session(_qdq_model(float(s))).run(None, {"x": x})
+    q, y = session(_qdq_model(float(s))).run(None, {"x": x})
     ours = quantize_fp8(x, s)
     assert np.array_equal(ours.view(np.uint8), np.asarray(q).view(np.uint8))
     with np.errstate(invalid="ignore"):
@@ -65,53 +56,10 @@ def test_fp8_target_ranges():
     assert Target.FP16.fallback is Target.FP16 and Target.BF16.fallback is Target.BF16
 
 
-def _mlp(outlier: bool = False) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
-    """x -> MatMul -> Relu -> Gemm(transB) -> Conv-free MLP; with ``outlier``, the first MatMul's input has
-    one huge value per sample (which its weights ignore), so its scale leaves the other values below FP8's
-    smallest normal."""
-    rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((16, 32)) * 0.2).astype(np.float32)
-    w2 = (rng.standard_normal((8, 32)) * 0.2).astype(np.float32)
-    if outlier:
-        w1[0] = 0.0  # the outlier does not reach the Gemm
-    graph = oh.make_graph(
-        [oh.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
-         oh.make_node("Relu", ["h"], ["r"], name="relu"),
-         oh.make_node("Gemm", ["r", "W2", "b2"], ["y"], name="gemm2", transB=1)],
-        "mlp", [oh.make_tensor_value_info("x", F32, [4, 16])], [oh.make_tensor_value_info("y", F32, [4, 8])],
-        [nh.from_array(w1, "W1"), nh.from_array(w2, "W2"), nh.from_array(np.ones(8, np.float32), "b2")],
-    )
-    samples = []
-    for _ in range(4):
-        x = rng.standard_normal((4, 16)).astype(np.float32)
-        if outlier:
-            x[0, 0] = 2.0e4
-        samples.append({"x": x})
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), samples
-
-
-def _conv_net() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
-    rng = np.random.default_rng(1)
-    w = (rng.standard_normal((16, 8, 3, 3)) * 0.1).astype(np.float32)
-    graph = oh.make_graph(
-        [oh.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         oh.make_node("ReduceMean", ["c"], ["y"], name="mean", axes=[2, 3], keepdims=0)],
-        "conv", [oh.make_tensor_value_info("x", F32, [2, 8, 8, 8])], [oh.make_tensor_value_info("y", F32, [2, 16])],
-        [nh.from_array(w, "W"), nh.from_array(np.zeros(16, np.float32), "B")],
-    )
-    samples = [{"x": rng.standard_normal((2, 8, 8, 8)).astype(np.float32)} for _ in range(3)]
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)]), samples
-
-
-def _fp8(model, samples, **options):
-    with InProcessRunner() as runner:
-        return convert(model, target="fp8", samples=samples, runner=runner, **options)
-
-
-@pytest.mark.parametrize("build", [_mlp, _conv_net], ids=["mlp", "conv"])
+@pytest.mark.parametrize("build", [mlp, conv_net], ids=["mlp", "conv"])
 def test_qdq_placement(build):
     model, samples = build()
-    result = _fp8(model, samples)
+    result = to_fp8(model, samples)
     out = result.model
     assert next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx")) >= 19
     validate(out)  # checker full_check, strict shape inference
@@ -141,17 +89,17 @@ def test_qdq_placement(build):
         if d.op_type in ("QuantizeLinear", "DequantizeLinear"):
             assert (d.precision, d.rule) == ("fp8", Rule.FP8_QDQ.value)
     feeds = samples[0]
-    reference = _session(model).run(None, feeds)[0]
-    got = _session(emulate(out)).run(None, feeds)[0]
+    reference = session(model).run(None, feeds)[0]
+    got = session(emulate(out)).run(None, feeds)[0]
     acc = compare("y", reference, got)
     assert acc.finite and acc.cosine > 0.995 and acc.error_of_range < 0.05, acc
-    native = _session(out).run(None, feeds)[0]  # onnxruntime runs the FP8 graph itself too
+    native = session(out).run(None, feeds)[0]  # onnxruntime runs the FP8 graph itself too
     assert compare("y", reference, native).cosine > 0.995
 
 
 def test_gemm_whose_input_fp8_cannot_hold_stays_fp16_with_its_statistic():
-    model, samples = _mlp(outlier=True)
-    result = _fp8(model, samples)
+    model, samples = mlp(outlier=True)
+    result = to_fp8(model, samples)
     by_name = {d.node: d for d in result.decisions}
     kept = by_name["mm1"]
     assert (kept.precision, kept.rule) == ("fp16", Rule.FP8_KEPT.value)
@@ -164,13 +112,13 @@ def test_gemm_whose_input_fp8_cannot_hold_stays_fp16_with_its_statistic():
 
 
 def test_gemms_over_the_end_to_end_budget_stay_fp16_with_their_error():
-    model, samples = _mlp()
-    result = _fp8(model, samples, fp8_budget=0.001)
+    model, samples = mlp()
+    result = to_fp8(model, samples, fp8_budget=0.001)
     gemms = [d for d in result.decisions if d.op_type in ("MatMul", "Gemm")]
     assert {(d.precision, d.rule) for d in gemms} == {("fp16", Rule.FP8_KEPT.value)}
     assert all("moves the model's outputs by" in d.reason and "budget 0%" in d.reason for d in gemms)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in result.model.graph.node)
-    everything = _fp8(model, samples, fp8_budget=1.0)
+    everything = to_fp8(model, samples, fp8_budget=1.0)
     assert {d.rule for d in everything.decisions if d.op_type in ("MatMul", "Gemm")} == {Rule.FP8_GEMM.value}
 
 
@@ -191,14 +139,14 @@ def test_budget_choice_is_an_exact_knapsack():
 
 
 def test_fp8_needs_calibration_samples():
-    model, _ = _mlp()
+    model, _ = mlp()
     with pytest.raises(OptionError) as info:
         convert(model, target="fp8")
     assert info.value.option == "calibration_data"
 
 
 def test_cli_refuses_fp8_without_calibration_data(tmp_path, capsys):
-    model, _ = _mlp()
+    model, _ = mlp()
     path = tmp_path / "mlp.onnx"
     onnx.save(model, path)
     code = main(["convert", str(path), "-o", str(tmp_path / "out.onnx"), "--target", "fp8"])
@@ -207,8 +155,8 @@ def test_cli_refuses_fp8_without_calibration_data(tmp_path, capsys):
     assert not (tmp_path / "out.onnx").exists()
 
 
-def test_cli_converts_to_fp8(tmp_path, capsys):
-    model, samples = _mlp()
+def test_cli_converts_toto_fp8(tmp_path, capsys):
+    model, samples = mlp()
     path, data = tmp_path / "mlp.onnx", tmp_path / "cal.npz"
     onnx.save(model, path)
     np.savez(data, x=samples[0]["x"])
@@ -229,11 +177,11 @@ _NUMERICS = {"bert-base-small": 0.06, "gpt2-small": 0.06, "vit-base-small": 0.06
 def test_catalog_models_in_fp8_match_fp32(name):
     entry, model = catalog.get(name), catalog.load(name)
     samples = [entry.make_inputs(np.random.default_rng(seed)) for seed in range(1, 5)]
-    result = _fp8(model, samples)
+    result = to_fp8(model, samples)
     validate(result.model)
     held_out = entry.make_inputs(np.random.default_rng(100))
-    reference = _session(model).run(None, held_out)
-    got = _session(emulate(result.model)).run(None, held_out)
+    reference = session(model).run(None, held_out)
+    got = session(emulate(result.model)).run(None, held_out)
     assert sum(d.rule == Rule.FP8_GEMM.value for d in result.decisions) > 0
     for info, ref, out in zip(model.graph.output, reference, got, strict=True):
         if np.issubdtype(ref.dtype, np.floating):
