@@ -152,7 +152,7 @@ def convert(
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
     if fp8_plan is not None and fp8_lowering is not None:
-        decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering)
+        decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering, policy)
     untyped = untyped_nodes(decisions)
     if opts.strict and untyped:
         raise UntypedTensorsError(untyped_message(untyped))

@@ -33,7 +33,7 @@ from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
 from amp_compiler.passes.fp8 import QuantizeGemmInputsPass
 from amp_compiler.plan import Rule
-from amp_compiler.policy import default_table
+from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
@@ -62,6 +62,7 @@ class Fp8Plan:
 
     chosen: list[Fp8Candidate]
     reasons: dict[int, tuple[bool, str]]  # id(GEMM node) -> (FP8?, why)
+    skipped: dict[int, str] = dataclasses.field(default_factory=dict)  # id(MatMul/Gemm/Conv) -> why no candidate
 
 
 def plan_fp8(
@@ -73,7 +74,8 @@ def plan_fp8(
     runner, owned = default_runner(runner)
     try:
         ranges = ranges if ranges is not None else collect_ranges(proto, samples, runner=runner)
-        candidates = _candidates(ir_model, proto, samples, ranges, opts, runner)
+        skipped: dict[int, str] = {}
+        candidates = _candidates(ir_model, proto, samples, ranges, opts, runner, skipped)
         stats = measure_candidates(proto, candidates, samples, runner)
         reasons: dict[int, tuple[bool, str]] = {}
         passed = []
@@ -86,17 +88,18 @@ def plan_fp8(
     finally:
         if owned:
             runner.close()
-    return Fp8Plan(chosen, reasons), ranges
+    return Fp8Plan(chosen, reasons, skipped), ranges
 
 
 def _candidates(
     ir_model: ir.Model, proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-    ranges: dict[str, TensorRange], opts: ConvertOptions, runner: Runner,
+    ranges: dict[str, TensorRange], opts: ConvertOptions, runner: Runner, skipped: dict[int, str],
 ) -> list[Fp8Candidate]:
     """The candidates with their scales in the fallback type; with percentile calibration their
-    activations' amax is that percentile of |x| (one more run per sample)."""
+    activations' amax is that percentile of |x| (one more run per sample). ``skipped`` receives why
+    the other main-graph MatMul/Gemm/Conv nodes are none."""
     low = opts.low_target
-    candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low)
+    candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low, skipped=skipped)
     if Fp8Calibration.parse(opts.fp8_calibration) is not Fp8Calibration.PERCENTILE:
         return candidates
     names = sorted({i.name for c in candidates for i in c.inputs if i.weight is None})
@@ -148,10 +151,14 @@ def lower_fp8(ir_model: ir.Model, plan: Fp8Plan) -> QuantizeGemmInputsPass:
 
 
 def fp8_decisions(
-    decisions: list[NodeDecision], ir_model: ir.Model, plan: Fp8Plan, lowering: QuantizeGemmInputsPass
+    decisions: list[NodeDecision], ir_model: ir.Model, plan: Fp8Plan, lowering: QuantizeGemmInputsPass,
+    policy: PolicyTable | None = None,
 ) -> list[NodeDecision]:
     """``decisions`` (one per node of the lowered model, in node order) with the FP8 GEMMs, the GEMMs
-    kept in FP16 by their statistics, and the inserted Q/DQ nodes explained."""
+    kept in the fallback type by their statistics, the inserted Q/DQ nodes, and the other Tensor Core
+    ops in the fallback type (rule ``fp8.no-qdq``: the policy table's ``fp8_reason``, or why a
+    MatMul/Gemm/Conv was no candidate) explained."""
+    policy = policy or default_table()
     quantized = {id(n) for n in lowering.quantized}
     order = node_order(ir_model)
     if len(order) != len(decisions):
@@ -169,8 +176,25 @@ def fp8_decisions(
             d = dataclasses.replace(d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=plan.reasons[id(node)][1])
         elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision in _FALLBACKS:
             d = dataclasses.replace(d, rule=Rule.FP8_KEPT.value, reason=plan.reasons[id(node)][1])
+        elif d.precision in _FALLBACKS and id(node) not in plan.reasons:
+            why = _not_fp8(node, policy, plan)
+            if why is not None:
+                d = dataclasses.replace(d, rule=Rule.FP8_NO_QDQ.value, reason=why)
         out.append(d)
     return out
+
+
+def _not_fp8(node: ir.Node, policy: PolicyTable, plan: Fp8Plan) -> str | None:
+    """Why a Tensor Core op in the fallback type takes no FP8 inputs (None: not a Tensor Core op)."""
+    entry = policy.get(node.domain, node.op_type)
+    if entry is None or not entry.tensor_core:
+        return None
+    if not entry.fp8_inputs:
+        return entry.fp8_reason or "no FP8 inputs for this op: it runs in the fallback precision"
+    why = plan.skipped.get(id(node))
+    if why is None:
+        why = "it is inside a subgraph (If, Loop or Scan body), and FP8 candidates are main-graph GEMMs"
+    return f"no FP8 candidate: {why}; it runs in the fallback precision"
 
 
 def fp8_flop_share(result: ConversionResult) -> float:

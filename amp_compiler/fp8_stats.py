@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -30,14 +31,17 @@ import onnx_ir as ir
 
 from amp_compiler.emulate import dequantize_fp8, quantize_fp8
 from amp_compiler.fp8_scales import channel_axis, scale_value, weight_scales
+from amp_compiler.policy import default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.runner import Runner
 from amp_compiler.schemas import is_onnx_domain
 from amp_compiler.targets import Target
 
 # The Tensor Core ops that take FP8 inputs through Q/DQ (TensorRT's explicit quantization), and the
-# positions of their data inputs (bias inputs stay FP16).
-FP8_GEMM_INPUTS: dict[str, tuple[int, ...]] = {"MatMul": (0, 1), "Gemm": (0, 1), "Conv": (0, 1)}
+# positions of their data inputs (bias inputs stay FP16): the policy table's ``fp8_inputs``.
+FP8_GEMM_INPUTS: Mapping[str, tuple[int, ...]] = types.MappingProxyType(
+    {e.op: e.fp8_inputs for e in default_table() if e.fp8_inputs and is_onnx_domain(e.domain)}
+)
 _LOW_ONNX = {np.dtype(t.numpy_dtype): onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.numpy_dtype))
              for t in (Target.FP16, Target.BF16)}
 
@@ -89,38 +93,54 @@ class Fp8Stats:
 
 def fp8_candidates(
     model: ir.Model, ranges: Mapping[str, TensorRange], margin: int, *, low: Target = Target.FP16,
-    amax: Mapping[str, float] | None = None, calibration: str = "amax",
+    amax: Mapping[str, float] | None = None, calibration: str = "amax", skipped: dict[int, str] | None = None,
 ) -> list[Fp8Candidate]:
     """The main graph's FP8 candidates with their scales in ``low`` (see module doc); ``amax``:
     activations' amax by tensor name (default: the observed max of |x| in ``ranges``), described
-    as ``calibration`` in the reasons."""
+    as ``calibration`` in the reasons. ``skipped`` (if given) receives, by ``id`` of the node, why a
+    main-graph MatMul/Gemm/Conv is no candidate."""
     out = []
     for node in model.graph:
         positions = FP8_GEMM_INPUTS.get(node.op_type)
         if positions is None or not is_onnx_domain(node.domain):
             continue
-        inputs = []
-        for i in positions:
-            value = node.inputs[i] if i < len(node.inputs) else None
-            if value is None or value.dtype != ir.DataType.FLOAT or not value.name:
-                break
-            const = ir.convenience.get_const_tensor(value)
-            if const is not None:
-                weight = const.numpy().astype(np.float32)
-                axis = channel_axis(node, i, weight.ndim)
-                inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, low), axis, weight,
-                                       float(np.max(np.abs(weight), initial=0.0))))
-                continue
-            seen = ranges.get(value.name)
-            if seen is None or not math.isfinite(seen.absmax):
-                break
-            given = amax.get(value.name) if amax is not None else None
-            peak, how = (given, calibration) if given is not None else (seen.absmax, "amax")
-            scale = scale_value(peak * 2.0**margin / Target.FP8.max, low)
-            inputs.append(Fp8Input(i, value.name, scale, amax=peak, calibration=how))
-        else:
-            out.append(Fp8Candidate(node, tuple(inputs)))
+        found = _candidate(node, positions, ranges, margin, low, amax, calibration)
+        if isinstance(found, Fp8Candidate):
+            out.append(found)
+        elif skipped is not None:
+            skipped[id(node)] = found
     return out
+
+
+def _candidate(
+    node: ir.Node, positions: tuple[int, ...], ranges: Mapping[str, TensorRange], margin: int, low: Target,
+    amax: Mapping[str, float] | None, calibration: str,
+) -> Fp8Candidate | str:
+    """The candidate with its scales, or why ``node`` is none."""
+    inputs = []
+    for i in positions:
+        value = node.inputs[i] if i < len(node.inputs) else None
+        if value is None or not value.name:
+            return f"input {i} is absent"
+        if value.dtype != ir.DataType.FLOAT:
+            return f"input {i} ({value.name}) is {value.dtype.name if value.dtype else 'untyped'}, not FP32"
+        const = ir.convenience.get_const_tensor(value)
+        if const is not None:
+            weight = const.numpy().astype(np.float32)
+            axis = channel_axis(node, i, weight.ndim)
+            inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, low), axis, weight,
+                                   float(np.max(np.abs(weight), initial=0.0))))
+            continue
+        seen = ranges.get(value.name)
+        if seen is None:
+            return f"input {i} ({value.name}) was not observed on the calibration data"
+        if not math.isfinite(seen.absmax):
+            return f"input {i} ({value.name}) reached inf or NaN on the calibration data"
+        given = amax.get(value.name) if amax is not None else None
+        peak, how = (given, calibration) if given is not None else (seen.absmax, "amax")
+        scale = scale_value(peak * 2.0**margin / Target.FP8.max, low)
+        inputs.append(Fp8Input(i, value.name, scale, amax=peak, calibration=how))
+    return Fp8Candidate(node, tuple(inputs))
 
 
 @dataclasses.dataclass
