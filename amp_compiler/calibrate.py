@@ -76,7 +76,7 @@ def _schema_types(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
     typed = ir.from_proto(model)
     type_from_schemas(typed)
     return {v.name: int(v.dtype) for node in typed.graph for v in node.outputs
-            if v.name in names and v.type is not None}
+            if v.name in names and v.dtype is not None}
 
 
 class IntermediateRunner:
