@@ -19,8 +19,16 @@ import onnx
 
 from amp_compiler.costs import bind_input_shapes, placement_elements
 from amp_compiler.decisions import NodeDecision, node_decisions, untyped_message, untyped_nodes
-from amp_compiler.errors import OptionError, UntypedTensorsError
-from amp_compiler.fp8 import fp8_decisions, fp8_opset, lower_fp8, plan_fp8, raise_opset, require_samples
+from amp_compiler.errors import UntypedTensorsError
+from amp_compiler.fp8 import (
+    fp8_decisions,
+    fp8_opset,
+    lower_fp8,
+    plan_fp8,
+    raise_opset,
+    require_samples,
+    weights_in_memory,
+)
 from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
 from amp_compiler.onnx.files import load_model_deferred
@@ -100,8 +108,6 @@ def convert(
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     proto, locations, checked, origin = _read(model)
     if fp8:
-        if locations:
-            raise OptionError("fp8 does not convert models with external data yet", option="target")
         proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
@@ -111,7 +117,9 @@ def convert(
     # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
     fp8_plan = None
     if fp8:
-        fp8_plan, ranges = plan_fp8(ir_model, proto, list(samples or ()), ranges, opts, runner)
+        in_memory = weights_in_memory(proto, origin) if locations else proto  # what the probes run
+        fp8_plan, ranges = plan_fp8(ir_model, in_memory, list(samples or ()), ranges, opts, runner)
+        del in_memory
 
     # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound.
     input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), ranges)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,6 +30,7 @@ from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_bud
 from amp_compiler.fp8_opset import fp8_opset, raise_opset
 from amp_compiler.fp8_scales import Fp8Calibration, percentile_amax
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
+from amp_compiler.onnx.external_data import plan_external_reads, read_external
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
 from amp_compiler.passes.fp8 import QuantizeGemmInputsPass
@@ -38,12 +40,35 @@ from amp_compiler.report.model import TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
 from amp_compiler.targets import Target
+from amp_compiler.units import format_bytes
 
 _FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
 
 
 __all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "lower_fp8", "plan_fp8", "raise_opset",
-           "require_samples"]
+           "require_samples", "weights_in_memory"]
+
+
+# Probe models are serialized whole to run: protobuf's limit, less room for the probes' own nodes.
+_PROBE_LIMIT = 2**31 - 2**26
+
+
+def weights_in_memory(model: onnx.ModelProto, origin: str) -> onnx.ModelProto:
+    """A copy of ``model`` (whose external tensors lie in the folder of the model file ``origin``)
+    with every weight read into it: the FP32 model the statistics' probes run. The conversion itself
+    keeps reading the weights from disk. Refused with one line when the weights exceed what a
+    probe can hold (protobuf's 2 GiB)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    pending, _ = plan_external_reads(out, Path(origin).parent, origin)
+    total = out.ByteSize() + sum(read.length for read in pending)
+    if total > _PROBE_LIMIT:
+        raise OptionError(
+            f"fp8 runs the FP32 model on the calibration data with its weights in memory, serialized whole "
+            f"(protobuf's 2 GiB limit): this model takes {format_bytes(total)}", option="target",
+        )
+    read_external(pending, origin)
+    return out
 
 
 def require_samples(samples: Sequence[dict[str, np.ndarray]] | None) -> list[dict[str, np.ndarray]]:

@@ -29,7 +29,6 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
-from amp_compiler.emulate import dequantize_fp8, quantize_fp8
 from amp_compiler.fp8_scales import channel_axis, scale_value, weight_scales
 from amp_compiler.policy import default_table
 from amp_compiler.report.model import TensorRange
@@ -161,11 +160,7 @@ def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
     saturated, DQ output rounded to the fallback type."""
     f32, f16 = onnx.TensorProto.FLOAT, inp.low_type
     if inp.weight is not None:
-        q = quantize_fp8(inp.weight, inp.broadcast_scale())
-        w8 = dequantize_fp8(q, inp.broadcast_scale(), inp.scale.dtype.type).astype(np.float32)
-        w16 = inp.weight.astype(inp.scale.dtype).astype(np.float32)
-        inits = [onnx.numpy_helper.from_array(w8, prefix + "w8"), onnx.numpy_helper.from_array(w16, prefix + "w16")]
-        return Fp8View([], inits, prefix + "w8", prefix + "w16")
+        return _weight_view(inp, prefix)
     a, s = prefix + "a", prefix + "s"
     zp = onnx.helper.make_tensor(prefix + "zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
     nodes = [
@@ -177,6 +172,31 @@ def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
         oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
     ]
     return Fp8View(nodes, [onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s), zp], a + "8", a + "r", s)
+
+
+def _weight_view(inp: Fp8Input, prefix: str) -> Fp8View:
+    """A weight's :class:`Fp8View`, computed in the probe from the model's FP32 weight (no copies of it:
+    a probe holds the model's weights once): QuantizeLinear with the FP32 values of its scales, as
+    :func:`amp_compiler.emulate.quantize_fp8` quantizes it offline, then DequantizeLinear rounded to the
+    fallback type; and the weight rounded to the fallback type."""
+    f32, low = onnx.TensorProto.FLOAT, inp.low_type
+    w, s, zp = prefix + "w", prefix + "s", prefix + "zp"
+    scale = inp.scale.astype(np.float32)
+    zero = onnx.helper.make_tensor(zp, onnx.TensorProto.FLOAT8E4M3FN, list(scale.shape), [0.0] * scale.size)
+    quant = oh.make_node("QuantizeLinear", [inp.name, s, zp], [w + "q"], saturate=1)
+    dequant = oh.make_node("DequantizeLinear", [w + "q", s, zp], [w + "dq"])
+    if inp.axis is not None:
+        for node in (quant, dequant):
+            node.attribute.append(oh.make_attribute("axis", inp.axis))
+    nodes = [
+        quant,
+        dequant,
+        oh.make_node("Cast", [w + "dq"], [w + "dqh"], to=low),  # DQ's output is FP16/BF16 in the model
+        oh.make_node("Cast", [w + "dqh"], [w + "8"], to=f32),
+        oh.make_node("Cast", [inp.name], [w + "h"], to=low),
+        oh.make_node("Cast", [w + "h"], [w + "16"], to=f32),
+    ]
+    return Fp8View(nodes, [onnx.numpy_helper.from_array(scale, s), zero], w + "8", w + "16")
 
 
 def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:

@@ -16,6 +16,10 @@ from amp_compiler.cli import main
 from amp_compiler.emulate import dequantize_fp8, emulate, quantize_fp8
 from amp_compiler.errors import OptionError
 from amp_compiler.fp8_budget import choose_within_budget
+from amp_compiler.fp8_scales import weight_scales
+from amp_compiler.fp8_stats import Fp8Input, fp8_view
+from amp_compiler.onnx.deferred import DeferredModel
+from amp_compiler.onnx.files import load_model_deferred
 from amp_compiler.plan import Rule
 from amp_compiler.targets import Target
 from models import catalog
@@ -188,3 +192,67 @@ def test_catalog_models_in_fp8_match_fp32(name):
             acc = compare(info.name, ref, out)
             assert acc.finite and acc.error_of_range <= _NUMERICS[name], (info.name, acc)
             assert acc.cosine >= 0.95, (info.name, acc)
+
+
+def _external(model: onnx.ModelProto, folder) -> DeferredModel:
+    """``model`` (a copy) saved with every initializer in ``weights.data`` beside it, read back with
+    them all left on disk (a path leaves those of 64 KiB or more there: these weights are smaller)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    path = folder / "model.onnx"
+    onnx.save(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location="weights.data",
+              size_threshold=0)
+    deferred = load_model_deferred(path, min_bytes=0, check=False)
+    assert deferred.locations
+    return deferred
+
+
+def test_external_data_model_converts_like_the_in_memory_one(tmp_path):
+    model, samples = conv_net()
+    path = _external(model, tmp_path)
+    in_memory = to_fp8(model, samples)
+    on_disk = to_fp8(path, samples)  # weights read from disk for scales, statistics and FP8 conversion
+    assert [(d.node, d.precision, d.rule, d.reason) for d in on_disk.decisions] == \
+        [(d.node, d.precision, d.rule, d.reason) for d in in_memory.decisions]
+    data = on_disk.save(tmp_path / "out.onnx")
+    assert data is not None and data.name == "out.onnx.data" and data.stat().st_size > 0  # as the FP16 path writes
+    written = onnx.load(tmp_path / "out.onnx", load_external_data=False)
+    stored = {i.name: i for i in written.graph.initializer}
+    fp8_weights = [i for i in stored.values()  # FP8 weights of 1 KiB or more (not zero points)
+                   if i.data_type == onnx.TensorProto.FLOAT8E4M3FN and np.prod(i.dims) >= 1024]
+    assert fp8_weights and all(i.data_location == onnx.TensorProto.EXTERNAL for i in fp8_weights)
+    loaded = onnx.load(tmp_path / "out.onnx")
+    validate(loaded)
+    feeds = samples[0]
+    assert np.array_equal(session(emulate(loaded)).run(None, feeds)[0],
+                          session(emulate(in_memory.model)).run(None, feeds)[0])
+
+
+def test_external_data_model_too_large_for_the_probes_is_refused(tmp_path, monkeypatch):
+    import amp_compiler.fp8 as fp8
+
+    model, samples = conv_net()
+    monkeypatch.setattr(fp8, "_PROBE_LIMIT", 1024)
+    with pytest.raises(OptionError) as info:
+        to_fp8(_external(model, tmp_path), samples)
+    assert info.value.option == "target" and "2 GiB" in str(info.value)
+
+
+@pytest.mark.parametrize("low", [Target.FP16, Target.BF16])
+@pytest.mark.parametrize(("shape", "axis"), [((64, 48), 1), ((16, 8, 3, 3), 0), ((32, 16), None)])
+def test_probe_quantizes_weights_in_graph_exactly_as_the_offline_conversion(low, shape, axis):
+    """The probes hold each weight once, quantized by QuantizeLinear inside the probe: bit for bit what
+    the converted model stores (quantize_fp8 offline) and its DequantizeLinear gives."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal(shape) * rng.uniform(0.01, 3, shape)).astype(np.float32)
+    w.flat[0] = 1e-9  # below FP8's smallest subnormal once scaled
+    scales = weight_scales(w, axis, low)
+    inp = Fp8Input(1, "W", scales, axis, w, float(np.abs(w).max()))
+    view = fp8_view(inp, "p_")
+    graph = oh.make_graph(view.nodes, "g", [], [oh.make_tensor_value_info(n, F32, None) for n in (view.fp8, view.fp16)],
+                          [nh.from_array(w, "W"), *view.initializers])
+    got8, got16 = session(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)], ir_version=9)).run(None, {})
+    scale = inp.broadcast_scale()
+    expected = dequantize_fp8(quantize_fp8(w, scale), scale, low.numpy_dtype).astype(np.float32)
+    assert np.array_equal(got8.view(np.uint32), expected.view(np.uint32))
+    assert np.array_equal(got16, w.astype(low.numpy_dtype).astype(np.float32))
