@@ -26,7 +26,7 @@ from amp_compiler.costs import estimate
 from amp_compiler.decisions import NodeDecision
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
-from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_budget
+from amp_compiler.fp8_budget import EndToEnd, candidate_flops, choose_within_budget, grow_within_budget
 from amp_compiler.fp8_opset import fp8_opset, raise_opset
 from amp_compiler.fp8_scales import Fp8Calibration, percentile_amax
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
@@ -139,7 +139,8 @@ def _within_budget(
 ) -> list[Fp8Candidate]:
     """Of the candidates that passed their local statistics, the set with the most FLOPs within the
     end-to-end budget (:mod:`amp_compiler.fp8_budget`), checked by a run of the whole set and shrunk
-    (the most error per FLOP first) until it fits; ``reasons`` get the end-to-end numbers."""
+    (the most error per FLOP first) until it fits, then grown by the GEMMs left out whose measured
+    total still fits; ``reasons`` get the end-to-end numbers."""
     if not passed:
         return []
     e2e = EndToEnd(proto, passed, samples, runner)
@@ -151,6 +152,7 @@ def _within_budget(
         while chosen and total > budget:  # the prediction missed: drop the most error per FLOP
             chosen.discard(max(chosen, key=lambda k: singles[k] ** 2 / flops[k]))
             total = e2e.error(frozenset(chosen)) if chosen else 0.0
+        total = grow_within_budget(e2e, chosen, total, singles, flops, budget)  # or the other way
     finally:
         e2e.close()
     for k, cand in enumerate(passed):

@@ -16,6 +16,12 @@ Guarantees:
 - :func:`choose_within_budget` returns the set with the most FLOPs whose predicted error (the
   quadrature sum of single errors) is within the budget: an exact 0/1 knapsack over errors^2 rounded
   up to 1/1000 of the budget^2 (never over the budget as predicted).
+- :func:`grow_within_budget` adds to a set that fits the budget, one at a time, the GEMMs left out whose
+  measured total with the set still fits: errors of different GEMMs partly cancel, so the quadrature
+  prediction can leave budget unused (resnet50-small: 9.4% used of 10%, and its classifier, predicted
+  at 10.15%, measures 9.96%). It tries at most :data:`GROW_TRIES` of them (one run over the samples
+  each), those whose predicted total is within :data:`GROW_REACH` times the budget, the most FLOPs
+  per error^2 first; the total never exceeds the budget as measured.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from amp_compiler.fp8_stats import Fp8Candidate, fp8_view
 from amp_compiler.runner import Runner
 
 _STEPS = 1000  # knapsack resolution: budget^2 in this many units
+GROW_TRIES = 8  # end-to-end runs spent trying GEMMs the prediction left out
+GROW_REACH = 1.25  # ... whose predicted total with the set is at most this many times the budget
 
 
 def _switch(k: int) -> str:
@@ -134,3 +142,23 @@ def choose_within_budget(errors: Sequence[float], flops: Sequence[int], budget: 
             chosen.add(i)
             c -= weights[i]
     return frozenset(chosen)
+
+
+def grow_within_budget(e2e: EndToEnd, chosen: set[int], total: float, errors: Sequence[float],
+                       flops: Sequence[int], budget: float) -> float:
+    """Add to ``chosen`` (whose measured error is ``total``, within ``budget``) the candidates whose
+    measured total still fits (see module doc); returns the new total."""
+    rest = sorted((k for k in range(len(errors)) if k not in chosen and math.isfinite(errors[k])),
+                  key=lambda k: errors[k] ** 2 / flops[k])
+    tries = 0
+    for k in rest:
+        if tries == GROW_TRIES:
+            break
+        if math.hypot(total, errors[k]) > GROW_REACH * budget:
+            continue
+        tries += 1
+        trial = e2e.error(frozenset(chosen | {k}))
+        if trial <= budget:
+            chosen.add(k)
+            total = trial
+    return total

@@ -15,7 +15,7 @@ from amp_compiler.checks import compare, validate
 from amp_compiler.cli import main
 from amp_compiler.emulate import dequantize_fp8, emulate, quantize_fp8
 from amp_compiler.errors import OptionError
-from amp_compiler.fp8_budget import choose_within_budget
+from amp_compiler.fp8_budget import choose_within_budget, grow_within_budget
 from amp_compiler.fp8_scales import weight_scales
 from amp_compiler.fp8_stats import Fp8Input, fp8_view
 from amp_compiler.onnx.deferred import DeferredModel
@@ -256,3 +256,28 @@ def test_probe_quantizes_weights_in_graph_exactly_as_the_offline_conversion(low,
     expected = dequantize_fp8(quantize_fp8(w, scale), scale, low.numpy_dtype).astype(np.float32)
     assert np.array_equal(got8.view(np.uint32), expected.view(np.uint32))
     assert np.array_equal(got16, w.astype(low.numpy_dtype).astype(np.float32))
+
+
+class _FakeEndToEnd:
+    """Measured errors of sets: errors of GEMMs 0 and 1 cancel in part (their sum is less than the
+    quadrature sum); GEMM 3's does not."""
+
+    def __init__(self, errors):
+        self.errors, self.runs = errors, 0
+
+    def error(self, on):
+        self.runs += 1
+        total = float(np.sqrt(sum(self.errors[k] ** 2 for k in on)))
+        return total * 0.9 if {0, 1} <= on else total
+
+
+def test_grow_adds_what_the_measured_total_fits_and_nothing_else():
+    errors, flops = [0.08, 0.065, 0.09, 0.07], [100, 50, 10, 40]
+    chosen = {0}
+    total = grow_within_budget(_FakeEndToEnd(errors), chosen, 0.08, errors, flops, 0.1)
+    # with GEMM 1: predicted 10.3% (over the budget), measured 9.3%: added; then GEMM 3 measures 11.2%
+    assert chosen == {0, 1} and total == pytest.approx(0.9 * np.hypot(0.08, 0.065))
+    e2e = _FakeEndToEnd(errors)
+    none_fit = {2}
+    assert grow_within_budget(e2e, none_fit, 0.09, errors, flops, 0.1) == 0.09 and none_fit == {2}
+    assert e2e.runs == 3  # each tried once, measured over the budget
