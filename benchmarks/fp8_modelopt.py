@@ -61,7 +61,8 @@ def measure(name: str) -> dict:
         out = folder / "model.fp8.onnx"
         if done.returncode != 0 or not out.exists():
             lines = [x for x in (done.stderr + done.stdout).splitlines() if "Error" in x or "error" in x]
-            return {"model": name, "error": (lines[-1] if lines else f"exit status {done.returncode}")[:300]}
+            return {"model": name, "error": (lines[-1] if lines else f"exit status {done.returncode}")[:300],
+                    "protocol": "benchmarks.fp8_modelopt", "made_by": f"python -m benchmarks.fp8_modelopt --models {name}"}
         quantized = onnx.load(out)
     got = protocol.accuracy(protocol.run(fp32, held), protocol.run(emulate(quantized), held))
     all_gemms = protocol.gemms(fp32, calib[0])
@@ -74,6 +75,7 @@ def measure(name: str) -> dict:
                   for g in all_gemms],
         "fp8_flop_share": protocol.flop_share(all_gemms, fp8), **protocol.counts(quantized),
         "size_fp32": fp32.ByteSize(), "protocol": "benchmarks.fp8_modelopt",
+        "made_by": f"python -m benchmarks.fp8_modelopt --models {name}",
     }
 
 
@@ -89,11 +91,9 @@ def main() -> None:
         print(json.dumps({k: v for k, v in entry.items() if k != "gemms"}), flush=True)
         by_model[name] = entry
     data["results"] = list(by_model.values())
-    data.setdefault("versions_fp8_modelopt", {})
-    data["versions_fp8_modelopt"] = {
+    data["versions_fp8_modelopt"] = {  # of the entries with "protocol": "benchmarks.fp8_modelopt"
         p: importlib.metadata.version(p) for p in ("nvidia-modelopt", "onnxruntime", "onnx", "numpy")
     }
-    data["command_fp8_modelopt"] = "python -m benchmarks.fp8_modelopt --models " + args.models
     args.anchor.write_text(json.dumps(data, indent=1) + "\n")
 
 

@@ -51,14 +51,22 @@ def measure(name: str, budget: float = 0.1) -> dict:
 
 
 def anchor(path: Path) -> dict[str, dict]:
-    """ModelOpt's entries by model (those measured by ``benchmarks.fp8_modelopt``)."""
+    """ModelOpt's entries by model, those measured by ``benchmarks.fp8_modelopt`` (the file also keeps
+    older entries measured with another protocol on branch fp8-research; they are not shown)."""
     if not path.exists():
         return {}
-    return {r["model"]: r for r in json.loads(path.read_text())["results"] if r.get("protocol") or r.get("error")}
+    results = json.loads(path.read_text())["results"]
+    return {r["model"]: r for r in results if r.get("protocol") == "benchmarks.fp8_modelopt"}
 
 
 def _pct(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}%}"
+
+
+def _failure(error: str) -> str:
+    """ModelOpt's error line, short: ``ValidationError: No Op registered for ...``."""
+    kind, _, message = error.partition(": ")
+    return f"fails: {kind.rsplit('.', 1)[-1]}: {message[:70]}"
 
 
 def row(ours: dict, budget: float, theirs: dict | None) -> str:
@@ -68,7 +76,7 @@ def row(ours: dict, budget: float, theirs: dict | None) -> str:
         str(ours["qdq"]), str(ours["casts"]), f"{ours['size'] / ours['size_fp32']:.2f}x",
     ]
     if theirs is None or theirs.get("error"):
-        cells += [f"fails: {theirs['error'][:80]}" if theirs else "-"] + ["-"] * 8
+        cells += [_failure(theirs["error"]) if theirs else "-"] + ["-"] * 8
     else:
         share = theirs["fp8_flop_share"]
         cells += [
