@@ -7,8 +7,9 @@
 
 Guarantees: a conversion to FP8 without calibration samples is refused (an :class:`OptionError`); a
 model whose opset onnx's version converter cannot raise is refused with one line; every
-candidate GEMM's decision carries its statistics (rule ``fp8.gemm`` or ``fp8.kept-fp16``), and every
-inserted Q/DQ node has its own decision (``fp8.qdq``).
+candidate GEMM's decision carries its statistics (rule ``fp8.gemm`` or ``fp8.kept-fp16``), every
+other Tensor Core op in the fallback precision says why it takes no FP8 inputs (``fp8.no-qdq``), and
+every inserted Q/DQ node has its own decision (``fp8.qdq``).
 """
 
 from __future__ import annotations
