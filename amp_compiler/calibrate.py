@@ -39,23 +39,44 @@ FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
 
 
+# onnxruntime's Python binding cannot return bfloat16 outputs ("No corresponding Numpy type"): an
+# emulated BF16 model's rounded copies are exposed in FP32 instead (amp_compiler.emulate).
+_EXPOSED_TYPES = FLOAT_TYPES - {onnx.TensorProto.BFLOAT16}
+
+
 def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of ``model`` whose main-graph float tensors are all graph outputs, and their names."""
+    """A copy of ``model`` whose main-graph float tensors (but bfloat16 ones, which onnxruntime cannot
+    return) are all graph outputs, and their names. Tensors onnx's shape inference leaves untyped
+    (downstream of onnxruntime's contrib ops) take the type their ops' schemas imply."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     existing = {o.name for o in inferred.graph.output}
-    types = {vi.name: vi for vi in inferred.graph.value_info}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info
+             if vi.type.HasField("tensor_type")}
+    untyped = [name for node in inferred.graph.node for name in node.output
+               if name and name not in existing and name not in types]
+    if untyped:
+        types.update(_schema_types(inferred, set(untyped)))
     extra = []
     for node in inferred.graph.node:
         for name in node.output:
-            vi = types.get(name)
-            if (
-                name and name not in existing and vi is not None and vi.type.HasField("tensor_type")
-                and vi.type.tensor_type.elem_type in FLOAT_TYPES
-            ):
-                extra.append(vi)
+            if name and name not in existing and types.get(name) in _EXPOSED_TYPES:
+                extra.append(onnx.helper.make_tensor_value_info(name, types[name], None))
                 existing.add(name)
     inferred.graph.output.extend(extra)
     return inferred, [o.name for o in inferred.graph.output]
+
+
+def _schema_types(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """Element types of the main-graph tensors ``names`` from the ops' schemas (onnx_ir over the model,
+    :func:`amp_compiler.onnx.schema_typing.type_from_schemas`)."""
+    import onnx_ir as ir
+
+    from amp_compiler.onnx.schema_typing import type_from_schemas
+
+    typed = ir.from_proto(model)
+    type_from_schemas(typed)
+    return {v.name: int(v.dtype) for node in typed.graph for v in node.outputs
+            if v.name in names and v.dtype is not None}
 
 
 class IntermediateRunner:

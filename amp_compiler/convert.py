@@ -19,8 +19,16 @@ import onnx
 
 from amp_compiler.costs import bind_input_shapes, placement_elements
 from amp_compiler.decisions import NodeDecision, node_decisions, untyped_message, untyped_nodes
-from amp_compiler.errors import OptionError, UntypedTensorsError
-from amp_compiler.fp8 import fp8_decisions, lower_fp8, plan_fp8, raise_opset, require_samples
+from amp_compiler.errors import UntypedTensorsError
+from amp_compiler.fp8 import (
+    fp8_decisions,
+    fp8_opset,
+    lower_fp8,
+    plan_fp8,
+    raise_opset,
+    require_samples,
+    weights_in_memory,
+)
 from amp_compiler.gc_pause import gc_paused
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
 from amp_compiler.onnx.files import load_model_deferred
@@ -32,7 +40,13 @@ from amp_compiler.onnx.output import output_proto as _output_proto
 from amp_compiler.onnx.precision_graph import build_precision_graph
 from amp_compiler.onnx.sparse import densify
 from amp_compiler.onnx.typing import checked_typed_ir as _checked_typed_ir
-from amp_compiler.options import ConvertOptions, check_block_ops, check_fp8_options, resolve_options
+from amp_compiler.options import (
+    ConvertOptions,
+    check_block_ops,
+    check_fallback,
+    check_fp8_options,
+    resolve_options,
+)
 from amp_compiler.passes import (
     LowerPlanPass,
     PadTensorCoresPass,
@@ -75,7 +89,8 @@ def convert(
 
     ``target="fp8"`` needs ``samples`` (calibration inputs, e.g. from
     :func:`amp_compiler.samples.load_samples`): MatMul/Gemm/Conv whose statistics on them allow it read
-    FP8 E4M3 inputs through Q/DQ, everything else follows the FP16 policy (:mod:`amp_compiler.fp8`);
+    FP8 E4M3 inputs through Q/DQ, everything else follows the FP16 policy, or the BF16 one with
+    ``fallback="bf16"`` (:mod:`amp_compiler.fp8`);
     ``runner`` is where the samples run (default: a child process with the default budget).
     """
     # Options, checked before the model is read.
@@ -84,6 +99,7 @@ def convert(
     check_block_ops(opts.block_ops, policy)
     patterns = compile_patterns(opts.block_nodes)
     check_placement(opts.placement)
+    check_fallback(opts)
     fp8 = opts.target is Target.FP8
     if fp8:
         check_fp8_options(opts)
@@ -92,9 +108,7 @@ def convert(
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     proto, locations, checked, origin = _read(model)
     if fp8:
-        if locations:
-            raise OptionError("fp8 does not convert models with external data yet", option="target")
-        proto, checked = raise_opset(proto), False
+        proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
@@ -103,12 +117,14 @@ def convert(
     # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
     fp8_plan = None
     if fp8:
-        fp8_plan, ranges = plan_fp8(ir_model, proto, list(samples or ()), ranges, opts, runner)
+        in_memory = weights_in_memory(proto, origin) if locations else proto  # what the probes run
+        fp8_plan, ranges = plan_fp8(ir_model, in_memory, list(samples or ()), ranges, opts, runner)
+        del in_memory
 
     # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound.
     input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), ranges)
     bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
-    target = opts.target.fallback
+    target = opts.low_target
 
     # Analysis: the precision graph, then the plan (amp_compiler.pipeline). Cast sizes for placement
     # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
@@ -145,7 +161,7 @@ def convert(
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
     if fp8_plan is not None and fp8_lowering is not None:
-        decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering)
+        decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering, policy)
     untyped = untyped_nodes(decisions)
     if opts.strict and untyped:
         raise UntypedTensorsError(untyped_message(untyped))

@@ -1,42 +1,75 @@
 """The FP8 conversion's own steps around the FP16 pipeline: opset, per-layer choice, Q/DQ, decisions.
 
-    FP32 model -> opset raised to 19 (float8 Q/DQ) -> FP8 candidates (MatMul/Gemm/Conv) with their
-    scales -> statistics on the calibration samples -> choice per GEMM -> [the FP16 pipeline runs]
-    -> Q/DQ before the chosen GEMMs' inputs (passes/fp8.py) -> decisions say fp8 and why
+    FP32 model -> opset raised to 19, 22 with a BF16 fallback (amp_compiler.fp8_opset) -> FP8
+    candidates (MatMul/Gemm/Conv) with their scales (amp_compiler.fp8_scales) -> statistics on the
+    calibration samples -> choice per GEMM -> [the FP16 (BF16) pipeline runs] -> Q/DQ before the
+    chosen GEMMs' inputs (passes/fp8.py) -> decisions say fp8 and why
 
 Guarantees: a conversion to FP8 without calibration samples is refused (an :class:`OptionError`); a
-model whose opset onnx's version converter cannot raise to 19 is refused with one line; every
-candidate GEMM's decision carries its statistics (rule ``fp8.gemm`` or ``fp8.kept-fp16``), and every
-inserted Q/DQ node has its own decision (``fp8.qdq``).
+model whose opset onnx's version converter cannot raise is refused with one line; every
+candidate GEMM's decision carries its statistics (rule ``fp8.gemm`` or ``fp8.kept-fp16``), every
+other Tensor Core op in the fallback precision says why it takes no FP8 inputs (``fp8.no-qdq``), and
+every inserted Q/DQ node has its own decision (``fp8.qdq``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx.version_converter
 import onnx_ir as ir
 
 from amp_compiler.calibrate import collect_ranges
 from amp_compiler.costs import estimate
 from amp_compiler.decisions import NodeDecision
+from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
 from amp_compiler.fp8_budget import EndToEnd, budget_reason, candidate_flops, choose_verified
+from amp_compiler.fp8_opset import fp8_opset, raise_opset
+from amp_compiler.fp8_scales import Fp8Calibration, percentile_amax
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_candidates, fp8_choice, measure_candidates
+from amp_compiler.onnx.external_data import plan_external_reads, read_external
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.options import ConvertOptions
 from amp_compiler.passes.fp8 import QuantizeGemmInputsPass
 from amp_compiler.plan import Rule
-from amp_compiler.policy import default_table
+from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
+from amp_compiler.targets import Target
+from amp_compiler.units import format_bytes
 
-FP8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8e4m3fn (and saturate) from opset 19
-FP8_IR_VERSION = 9  # float8 element types exist from IR version 9
+_FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
+
+
+__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "lower_fp8", "plan_fp8", "raise_opset",
+           "require_samples", "weights_in_memory"]
+
+
+# Probe models are serialized whole to run: protobuf's limit, less room for the probes' own nodes.
+_PROBE_LIMIT = 2**31 - 2**26
+
+
+def weights_in_memory(model: onnx.ModelProto, origin: str) -> onnx.ModelProto:
+    """A copy of ``model`` (whose external tensors lie in the folder of the model file ``origin``)
+    with every weight read into it: the FP32 model the statistics' probes run. The conversion itself
+    keeps reading the weights from disk. Refused with one line when the weights exceed what a
+    probe can hold (protobuf's 2 GiB)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    pending, _ = plan_external_reads(out, Path(origin).parent, origin)
+    total = out.ByteSize() + sum(read.length for read in pending)
+    if total > _PROBE_LIMIT:
+        raise OptionError(
+            f"fp8 runs the FP32 model on the calibration data with its weights in memory, serialized whole "
+            f"(protobuf's 2 GiB limit): this model takes {format_bytes(total)}", option="target",
+        )
+    read_external(pending, origin)
+    return out
 
 
 def require_samples(samples: Sequence[dict[str, np.ndarray]] | None) -> list[dict[str, np.ndarray]]:
@@ -49,34 +82,13 @@ def require_samples(samples: Sequence[dict[str, np.ndarray]] | None) -> list[dic
     return list(samples)
 
 
-def raise_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` at opset 19 or later (onnx's version converter, which rewrites the ops whose
-    signature changed) and IR version 9 or later; refused with one line when it cannot."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    out = model
-    if opset < FP8_OPSET:
-        try:
-            out = onnx.version_converter.convert_version(model, FP8_OPSET)
-        except Exception as exc:  # the converter raises bare RuntimeErrors (C++ adapters)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise OptionError(
-                f"fp8 needs opset {FP8_OPSET} (float8 QuantizeLinear) and onnx's version converter cannot "
-                f"raise this model's opset {opset}: {first}", option="target",
-            ) from None
-    if out.ir_version < FP8_IR_VERSION:
-        if out is model:
-            out = onnx.ModelProto()
-            out.CopyFrom(model)
-        out.ir_version = FP8_IR_VERSION
-    return out
-
-
 @dataclasses.dataclass
 class Fp8Plan:
     """The per-layer choice, made on the FP32 model before the FP16 pipeline runs."""
 
     chosen: list[Fp8Candidate]
     reasons: dict[int, tuple[bool, str]]  # id(GEMM node) -> (FP8?, why)
+    skipped: dict[int, str] = dataclasses.field(default_factory=dict)  # id(MatMul/Gemm/Conv) -> why no candidate
 
 
 def plan_fp8(
@@ -88,7 +100,8 @@ def plan_fp8(
     runner, owned = default_runner(runner)
     try:
         ranges = ranges if ranges is not None else collect_ranges(proto, samples, runner=runner)
-        candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin)
+        skipped: dict[int, str] = {}
+        candidates = _candidates(ir_model, proto, samples, ranges, opts, runner, skipped)
         stats = measure_candidates(proto, candidates, samples, runner)
         reasons: dict[int, tuple[bool, str]] = {}
         passed = []
@@ -101,7 +114,24 @@ def plan_fp8(
     finally:
         if owned:
             runner.close()
-    return Fp8Plan(chosen, reasons), ranges
+    return Fp8Plan(chosen, reasons, skipped), ranges
+
+
+def _candidates(
+    ir_model: ir.Model, proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    ranges: dict[str, TensorRange], opts: ConvertOptions, runner: Runner, skipped: dict[int, str],
+) -> list[Fp8Candidate]:
+    """The candidates with their scales in the fallback type; with percentile calibration their
+    activations' amax is that percentile of |x| (one more run per sample). ``skipped`` receives why
+    the other main-graph MatMul/Gemm/Conv nodes are none."""
+    low = opts.low_target
+    candidates = fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low, skipped=skipped)
+    if Fp8Calibration.parse(opts.fp8_calibration) is not Fp8Calibration.PERCENTILE:
+        return candidates
+    names = sorted({i.name for c in candidates for i in c.inputs if i.weight is None})
+    amax = percentile_amax(proto, names, samples, runner, opts.fp8_percentile, low)
+    how = f"{opts.fp8_percentile:g}th percentile of |x|"
+    return fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low, amax=amax, calibration=how)
 
 
 def _within_budget(
@@ -110,7 +140,8 @@ def _within_budget(
 ) -> list[Fp8Candidate]:
     """Of the candidates that passed their local statistics, the set with the most FLOPs within the
     end-to-end budget (:mod:`amp_compiler.fp8_budget`), checked by a run of the whole set and shrunk
-    (the most error per FLOP first) until it fits; ``reasons`` get the end-to-end numbers."""
+    (the most error per FLOP first) until it fits, then grown by the GEMMs left out whose measured
+    total still fits; ``reasons`` get the end-to-end numbers."""
     if not passed:
         return []
     e2e = EndToEnd(proto, passed, samples, runner)
@@ -123,9 +154,9 @@ def _within_budget(
     for k, cand in enumerate(passed):
         local = reasons[id(cand.node)][1]
         statistics = local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
-        reasons[id(cand.node)] = (
-            k in chosen, budget_reason(local, statistics, singles[k], flops[k], budget, total, k in chosen)
-        )
+        reasons[id(cand.node)] = (k in chosen, budget_reason(
+            local, statistics, singles[k], flops[k], budget, total, k in chosen, cand.inputs[0].low_name,
+        ))
     return [cand for k, cand in enumerate(passed) if k in chosen]
 
 
@@ -137,10 +168,14 @@ def lower_fp8(ir_model: ir.Model, plan: Fp8Plan) -> QuantizeGemmInputsPass:
 
 
 def fp8_decisions(
-    decisions: list[NodeDecision], ir_model: ir.Model, plan: Fp8Plan, lowering: QuantizeGemmInputsPass
+    decisions: list[NodeDecision], ir_model: ir.Model, plan: Fp8Plan, lowering: QuantizeGemmInputsPass,
+    policy: PolicyTable | None = None,
 ) -> list[NodeDecision]:
     """``decisions`` (one per node of the lowered model, in node order) with the FP8 GEMMs, the GEMMs
-    kept in FP16 by their statistics, and the inserted Q/DQ nodes explained."""
+    kept in the fallback type by their statistics, the inserted Q/DQ nodes, and the other Tensor Core
+    ops in the fallback type (rule ``fp8.no-qdq``: the policy table's ``fp8_reason``, or why a
+    MatMul/Gemm/Conv was no candidate) explained."""
+    policy = policy or default_table()
     quantized = {id(n) for n in lowering.quantized}
     order = node_order(ir_model)
     if len(order) != len(decisions):
@@ -156,10 +191,27 @@ def fp8_decisions(
             )
         elif id(node) in quantized:
             d = dataclasses.replace(d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=plan.reasons[id(node)][1])
-        elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision == "fp16":
+        elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision in _FALLBACKS:
             d = dataclasses.replace(d, rule=Rule.FP8_KEPT.value, reason=plan.reasons[id(node)][1])
+        elif d.precision in _FALLBACKS and id(node) not in plan.reasons:
+            why = _not_fp8(node, policy, plan)
+            if why is not None:
+                d = dataclasses.replace(d, rule=Rule.FP8_NO_QDQ.value, reason=why)
         out.append(d)
     return out
+
+
+def _not_fp8(node: ir.Node, policy: PolicyTable, plan: Fp8Plan) -> str | None:
+    """Why a Tensor Core op in the fallback type takes no FP8 inputs (None: not a Tensor Core op)."""
+    entry = policy.get(node.domain, node.op_type)
+    if entry is None or not entry.tensor_core:
+        return None
+    if not entry.fp8_inputs:
+        return entry.fp8_reason or "no FP8 inputs for this op: it runs in the fallback precision"
+    why = plan.skipped.get(id(node))
+    if why is None:
+        why = "it is inside a subgraph (If, Loop or Scan body), and FP8 candidates are main-graph GEMMs"
+    return f"no FP8 candidate: {why}; it runs in the fallback precision"
 
 
 def fp8_flop_share(result: ConversionResult) -> float:

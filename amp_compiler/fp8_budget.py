@@ -16,6 +16,12 @@ Guarantees:
 - :func:`choose_within_budget` returns the set with the most FLOPs whose predicted error (the
   quadrature sum of single errors) is within the budget: an exact 0/1 knapsack over errors^2 rounded
   up to 1/1000 of the budget^2 (never over the budget as predicted).
+- :func:`grow_within_budget` adds to a set that fits the budget, one at a time, the GEMMs left out whose
+  measured total with the set still fits: errors of different GEMMs partly cancel, so the quadrature
+  prediction can leave budget unused (resnet50-small: 9.4% used of 10%, and its classifier, predicted
+  at 10.15%, measures 9.96%). It tries at most :data:`GROW_TRIES` of them (one run over the samples
+  each), those whose predicted total is within :data:`GROW_REACH` times the budget, the most FLOPs
+  per error^2 first; the total never exceeds the budget as measured.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from amp_compiler.fp8_stats import Fp8Candidate, fp8_view
 from amp_compiler.runner import Runner
 
 _STEPS = 1000  # knapsack resolution: budget^2 in this many units
+GROW_TRIES = 8  # end-to-end runs spent trying GEMMs the prediction left out
+GROW_REACH = 1.25  # ... whose predicted total with the set is at most this many times the budget
 
 
 def _switch(k: int) -> str:
@@ -140,23 +148,46 @@ def choose_verified(
     error: Callable[[frozenset[int]], float], singles: Sequence[float], flops: Sequence[int], budget: float
 ) -> tuple[frozenset[int], float]:
     """:func:`choose_within_budget`, then the chosen set measured as a whole (``error``) and shrunk,
-    the most error per FLOP first, until it fits; the set and its measured error."""
+    the most error per FLOP first, until it fits, then grown by the candidates left out whose
+    measured total still fits (:func:`grow_within_budget`); the set and its measured error."""
     chosen = set(choose_within_budget(singles, flops, budget))
     total = error(frozenset(chosen)) if chosen else 0.0
     while chosen and total > budget:  # the prediction missed: drop the most error per FLOP
         chosen.discard(max(chosen, key=lambda k: singles[k] ** 2 / flops[k]))
         total = error(frozenset(chosen)) if chosen else 0.0
+    total = grow_within_budget(error, chosen, total, singles, flops, budget)  # or the other way
     return frozenset(chosen), total
 
 
+def grow_within_budget(error: Callable[[frozenset[int]], float], chosen: set[int], total: float,
+                       errors: Sequence[float], flops: Sequence[int], budget: float) -> float:
+    """Add to ``chosen`` (whose measured error is ``total``, within ``budget``) the candidates whose
+    measured total still fits (see module doc); returns the new total."""
+    rest = sorted((k for k in range(len(errors)) if k not in chosen and math.isfinite(errors[k])),
+                  key=lambda k: errors[k] ** 2 / flops[k])
+    tries = 0
+    for k in rest:
+        if tries == GROW_TRIES:
+            break
+        if math.hypot(total, errors[k]) > GROW_REACH * budget:
+            continue
+        tries += 1
+        trial = error(frozenset(chosen | {k}))
+        if trial <= budget:
+            chosen.add(k)
+            total = trial
+    return total
+
+
 def budget_reason(local: str, statistics: str, single: float, flops: int, budget: float, total: float,
-                  chosen: bool) -> str:
+                  chosen: bool, low: str = "FP16") -> str:
     """Why a GEMM whose local statistics passed is in FP8 or not, with its end-to-end numbers:
-    ``local`` is the sentence of its local choice, ``statistics`` that sentence's statistics part."""
+    ``local`` is the sentence of its local choice, ``statistics`` that sentence's statistics part,
+    ``low`` the fallback's name."""
     alone = f"alone in FP8 it moves the model's outputs by {single:.2%} (relative L2 vs FP32, worst output)"
     if chosen:
         return f"{local}; {alone}, all FP8 GEMMs together {total:.2%} (budget {budget:.0%})"
     return (
-        f"kept FP16: {alone}, too much for its {flops:.3g} FLOPs within the FP8 error budget "
+        f"kept {low}: {alone}, too much for its {flops:.3g} FLOPs within the FP8 error budget "
         f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: {statistics}"
     )

@@ -4,13 +4,16 @@ error FP8 inputs add on the calibration samples.
 Guarantees:
 - :func:`fp8_candidates` lists the main graph's MatMul, Gemm and Conv nodes whose two data inputs
   are FP32 and either constant (a weight: scales per output channel, from its values, margin 0) or
-  observed in calibration (an activation: one scale per tensor, ``amax * 2^margin / 448``). Scales are
-  FP16 values (what the Q/DQ nodes store), never 0, inf or subnormal-out-of-range.
+  observed in calibration (an activation: one scale per tensor, ``amax * 2^margin / 448``, amax the
+  observed max of |x| or the one given, a percentile: :mod:`amp_compiler.fp8_scales`). Scales are
+  values of the fallback type (FP16 or BF16: what the Q/DQ nodes store), never 0, inf or out of its
+  normal range.
 - :func:`measure_candidates` runs one probe model (the FP32 model plus, per candidate, the op on
   FP8-quantized inputs and on FP16-rounded inputs, reduced to sums) over the samples, through a
   :class:`~amp_compiler.runner.Runner`, and returns per candidate the relative L2 error of its output
   with FP8 inputs against FP16 inputs and the share of nonzero scaled activation values below FP8's
-  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do.
+  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do, the
+  other side what the fallback type (the scales' type) holds.
 - :func:`fp8_choice` says whether a candidate goes to FP8 and why, in a sentence.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -25,23 +29,27 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
-from amp_compiler.emulate import dequantize_fp8, quantize_fp8
+from amp_compiler.fp8_scales import channel_axis, scale_value, weight_scales
+from amp_compiler.policy import default_table
 from amp_compiler.report.model import TensorRange
 from amp_compiler.runner import Runner
 from amp_compiler.schemas import is_onnx_domain
 from amp_compiler.targets import Target
 
 # The Tensor Core ops that take FP8 inputs through Q/DQ (TensorRT's explicit quantization), and the
-# positions of their data inputs (bias inputs stay FP16).
-FP8_GEMM_INPUTS: dict[str, tuple[int, ...]] = {"MatMul": (0, 1), "Gemm": (0, 1), "Conv": (0, 1)}
-_FP16_MAX = 65504.0
-_FP16_TINY = 2.0**-14  # FP16's smallest normal: smaller scales would lose bits
+# positions of their data inputs (bias inputs stay FP16): the policy table's ``fp8_inputs``.
+FP8_GEMM_INPUTS: Mapping[str, tuple[int, ...]] = types.MappingProxyType(
+    {e.op: e.fp8_inputs for e in default_table() if e.fp8_inputs and is_onnx_domain(e.domain)}
+)
+_LOW_ONNX = {np.dtype(t.numpy_dtype): onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.numpy_dtype))
+             for t in (Target.FP16, Target.BF16)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Input:
-    """One data input of a candidate: its position, tensor name, and scale (an FP16 array: a scalar
-    per tensor, or one per output channel along ``axis`` for a weight, whose FP32 values it keeps)."""
+    """One data input of a candidate: its position, tensor name, and scale (an array of the fallback
+    type, FP16 or BF16: a scalar per tensor, or one per output channel along ``axis`` for a weight,
+    whose FP32 values it keeps); ``amax`` is what the scale was taken from, ``calibration`` how."""
 
     index: int
     name: str
@@ -49,6 +57,17 @@ class Fp8Input:
     axis: int | None = None
     weight: np.ndarray | None = dataclasses.field(default=None, repr=False)
     amax: float = 0.0
+    calibration: str = "amax"
+
+    @property
+    def low_type(self) -> int:
+        """The ONNX element type of the scale (the fallback type the GEMM's inputs have)."""
+        return _LOW_ONNX[self.scale.dtype]
+
+    @property
+    def low_name(self) -> str:
+        """"FP16" or "BF16": the fallback type, for reasons."""
+        return "BF16" if self.low_type == onnx.TensorProto.BFLOAT16 else "FP16"
 
     def broadcast_scale(self) -> np.ndarray:
         """The scale shaped to broadcast against the weight (per-axis) or as it is."""
@@ -71,62 +90,56 @@ class Fp8Stats:
     subnormal_share: float  # nonzero scaled activation values below 2^-6, over all nonzero ones
 
 
-def fp16_scale(value: float) -> np.ndarray:
-    """``value`` as an FP16 scale, kept within FP16's normal range (0 and non-finite give 1)."""
-    if not math.isfinite(value) or value <= 0:
-        value = 1.0
-    return np.asarray(min(max(value, _FP16_TINY), _FP16_MAX), dtype=np.float16)
-
-
-def weight_scales(weight: np.ndarray, axis: int | None) -> np.ndarray:
-    """FP16 scales ``amax / 448`` per output channel (along ``axis``) or per tensor (``axis`` None)."""
-    fp8_max = Target.FP8.max
-    if axis is None:
-        return fp16_scale(float(np.max(np.abs(weight), initial=0.0)) / fp8_max)
-    others = tuple(d for d in range(weight.ndim) if d != axis)
-    amax = np.max(np.abs(weight), axis=others, initial=0.0) if others else np.abs(weight)
-    return np.stack([fp16_scale(float(a) / fp8_max) for a in np.ravel(amax)]).astype(np.float16)
-
-
-def _channel_axis(node: ir.Node, index: int, rank: int) -> int | None:
-    """The output-channel axis of a constant data input (None: quantized per tensor)."""
-    if index != 1 or (rank != 2 and node.op_type != "Conv"):
-        return None
-    if node.op_type == "Conv":
-        return 0
-    if node.op_type == "Gemm":
-        attr = node.attributes.get("transB")
-        return 0 if attr is not None and attr.value else 1
-    return 1  # MatMul [K, N]
-
-
-def fp8_candidates(model: ir.Model, ranges: Mapping[str, TensorRange], margin: int) -> list[Fp8Candidate]:
-    """The main graph's FP8 candidates with their scales (see module doc)."""
+def fp8_candidates(
+    model: ir.Model, ranges: Mapping[str, TensorRange], margin: int, *, low: Target = Target.FP16,
+    amax: Mapping[str, float] | None = None, calibration: str = "amax", skipped: dict[int, str] | None = None,
+) -> list[Fp8Candidate]:
+    """The main graph's FP8 candidates with their scales in ``low`` (see module doc); ``amax``:
+    activations' amax by tensor name (default: the observed max of |x| in ``ranges``), described
+    as ``calibration`` in the reasons. ``skipped`` (if given) receives, by ``id`` of the node, why a
+    main-graph MatMul/Gemm/Conv is no candidate."""
     out = []
     for node in model.graph:
         positions = FP8_GEMM_INPUTS.get(node.op_type)
         if positions is None or not is_onnx_domain(node.domain):
             continue
-        inputs = []
-        for i in positions:
-            value = node.inputs[i] if i < len(node.inputs) else None
-            if value is None or value.dtype != ir.DataType.FLOAT or not value.name:
-                break
-            const = ir.convenience.get_const_tensor(value)
-            if const is not None:
-                weight = const.numpy().astype(np.float32)
-                axis = _channel_axis(node, i, weight.ndim)
-                inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis), axis, weight,
-                                       float(np.max(np.abs(weight), initial=0.0))))
-                continue
-            seen = ranges.get(value.name)
-            if seen is None or not math.isfinite(seen.absmax):
-                break
-            scale = fp16_scale(seen.absmax * 2.0**margin / Target.FP8.max)
-            inputs.append(Fp8Input(i, value.name, scale, amax=seen.absmax))
-        else:
-            out.append(Fp8Candidate(node, tuple(inputs)))
+        found = _candidate(node, positions, ranges, margin, low, amax, calibration)
+        if isinstance(found, Fp8Candidate):
+            out.append(found)
+        elif skipped is not None:
+            skipped[id(node)] = found
     return out
+
+
+def _candidate(
+    node: ir.Node, positions: tuple[int, ...], ranges: Mapping[str, TensorRange], margin: int, low: Target,
+    amax: Mapping[str, float] | None, calibration: str,
+) -> Fp8Candidate | str:
+    """The candidate with its scales, or why ``node`` is none."""
+    inputs = []
+    for i in positions:
+        value = node.inputs[i] if i < len(node.inputs) else None
+        if value is None or not value.name:
+            return f"input {i} is absent"
+        if value.dtype != ir.DataType.FLOAT:
+            return f"input {i} ({value.name}) is {value.dtype.name if value.dtype else 'untyped'}, not FP32"
+        const = ir.convenience.get_const_tensor(value)
+        if const is not None:
+            weight = const.numpy().astype(np.float32)
+            axis = channel_axis(node, i, weight.ndim)
+            inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, low), axis, weight,
+                                   float(np.max(np.abs(weight), initial=0.0))))
+            continue
+        seen = ranges.get(value.name)
+        if seen is None:
+            return f"input {i} ({value.name}) was not observed on the calibration data"
+        if not math.isfinite(seen.absmax):
+            return f"input {i} ({value.name}) reached inf or NaN on the calibration data"
+        given = amax.get(value.name) if amax is not None else None
+        peak, how = (given, calibration) if given is not None else (seen.absmax, "amax")
+        scale = scale_value(peak * 2.0**margin / Target.FP8.max, low)
+        inputs.append(Fp8Input(i, value.name, scale, amax=peak, calibration=how))
+    return Fp8Candidate(node, tuple(inputs))
 
 
 @dataclasses.dataclass
@@ -143,14 +156,11 @@ class Fp8View:
 
 def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
     """The :class:`Fp8View` of ``inp``; its names start with ``prefix``. Exactly the converted model's
-    Q/DQ arithmetic: FP16 input, ``x / scale`` in float32, saturated, DQ output rounded to FP16."""
-    f32, f16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    Q/DQ arithmetic: input in the fallback type (the scale's: FP16 or BF16), ``x / scale`` in float32,
+    saturated, DQ output rounded to the fallback type."""
+    f32, f16 = onnx.TensorProto.FLOAT, inp.low_type
     if inp.weight is not None:
-        q = quantize_fp8(inp.weight, inp.broadcast_scale())
-        w8 = dequantize_fp8(q, inp.broadcast_scale()).astype(np.float32)
-        w16 = inp.weight.astype(np.float16).astype(np.float32)
-        inits = [onnx.numpy_helper.from_array(w8, prefix + "w8"), onnx.numpy_helper.from_array(w16, prefix + "w16")]
-        return Fp8View([], inits, prefix + "w8", prefix + "w16")
+        return _weight_view(inp, prefix)
     a, s = prefix + "a", prefix + "s"
     zp = onnx.helper.make_tensor(prefix + "zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
     nodes = [
@@ -158,10 +168,35 @@ def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
         oh.make_node("Cast", [a + "h"], [a + "r"], to=f32),  # the FP16 value the model holds
         oh.make_node("QuantizeLinear", [a + "r", s, zp.name], [a + "q"], saturate=1),
         oh.make_node("DequantizeLinear", [a + "q", s, zp.name], [a + "dq"]),
-        oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16 in the model
+        oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16/BF16 in the model
         oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
     ]
     return Fp8View(nodes, [onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s), zp], a + "8", a + "r", s)
+
+
+def _weight_view(inp: Fp8Input, prefix: str) -> Fp8View:
+    """A weight's :class:`Fp8View`, computed in the probe from the model's FP32 weight (no copies of it:
+    a probe holds the model's weights once): QuantizeLinear with the FP32 values of its scales, as
+    :func:`amp_compiler.emulate.quantize_fp8` quantizes it offline, then DequantizeLinear rounded to the
+    fallback type; and the weight rounded to the fallback type."""
+    f32, low = onnx.TensorProto.FLOAT, inp.low_type
+    w, s, zp = prefix + "w", prefix + "s", prefix + "zp"
+    scale = inp.scale.astype(np.float32)
+    zero = onnx.helper.make_tensor(zp, onnx.TensorProto.FLOAT8E4M3FN, list(scale.shape), [0.0] * scale.size)
+    quant = oh.make_node("QuantizeLinear", [inp.name, s, zp], [w + "q"], saturate=1)
+    dequant = oh.make_node("DequantizeLinear", [w + "q", s, zp], [w + "dq"])
+    if inp.axis is not None:
+        for node in (quant, dequant):
+            node.attribute.append(oh.make_attribute("axis", inp.axis))
+    nodes = [
+        quant,
+        dequant,
+        oh.make_node("Cast", [w + "dq"], [w + "dqh"], to=low),  # DQ's output is FP16/BF16 in the model
+        oh.make_node("Cast", [w + "dqh"], [w + "8"], to=f32),
+        oh.make_node("Cast", [inp.name], [w + "h"], to=low),
+        oh.make_node("Cast", [w + "h"], [w + "16"], to=f32),
+    ]
+    return Fp8View(nodes, [onnx.numpy_helper.from_array(scale, s), zero], w + "8", w + "16")
 
 
 def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:
@@ -172,7 +207,7 @@ def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx
     graph = probe.graph
     del graph.output[:]
     nodes, inits, outputs = [], [], []
-    f32, f16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    f32 = onnx.TensorProto.FLOAT
     inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32) + 2.0**-6, "fp8probe_normal"))
     inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32), "fp8probe_zero"))
     for k, cand in enumerate(candidates):
@@ -201,9 +236,9 @@ def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx
             ]
             below.append(a + "nsub")
             nonzero.append(a + "nnz")
-        for j, name in enumerate(proto.input):  # bias inputs: FP16 values on both sides
+        for j, name in enumerate(proto.input):  # bias inputs: FP16 (BF16) values on both sides
             if name and j not in FP8_GEMM_INPUTS[cand.node.op_type]:
-                nodes += [oh.make_node("Cast", [name], [f"{p}b{j}h"], to=f16),
+                nodes += [oh.make_node("Cast", [name], [f"{p}b{j}h"], to=cand.inputs[0].low_type),
                           oh.make_node("Cast", [f"{p}b{j}h"], [f"{p}b{j}"], to=f32)]
                 ins8[j] = ins16[j] = f"{p}b{j}"
         attrs = list(proto.attribute)
@@ -260,10 +295,11 @@ def stats_allow(stats: Fp8Stats, max_error: float, max_subnormal: float) -> bool
     return stats.rel_error <= max_error and stats.subnormal_share <= max_subnormal
 
 
-def stats_sentence(stats: Fp8Stats, max_error: float, max_subnormal: float) -> str:
-    """A GEMM's local statistics and their limits, in words (the ONNX and FX paths' reasons)."""
+def stats_sentence(stats: Fp8Stats, max_error: float, max_subnormal: float, low: str = "FP16") -> str:
+    """A GEMM's local statistics and their limits, in words (the ONNX and FX paths' reasons); ``low``
+    is the fallback's name."""
     return (
-        f"output error {stats.rel_error:.2%} with FP8 inputs vs FP16 inputs on the calibration data "
+        f"output error {stats.rel_error:.2%} with FP8 inputs vs {low} inputs on the calibration data "
         f"(limit {max_error:.0%}), {stats.subnormal_share:.2%} of scaled input values below FP8's "
         f"smallest normal 2^-6 (limit {max_subnormal:.0%})"
     )
@@ -271,12 +307,13 @@ def stats_sentence(stats: Fp8Stats, max_error: float, max_subnormal: float) -> s
 
 def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> tuple[bool, str]:
     """Whether the candidate takes FP8 inputs, and the sentence that says why (with its statistics)."""
+    low = cand.inputs[0].low_name
     acts = [i for i in cand.inputs if i.weight is None]
     weights = [i for i in cand.inputs if i.weight is not None]
-    stat = stats_sentence(stats, max_error, max_subnormal)
+    stat = stats_sentence(stats, max_error, max_subnormal, low)
     if not stats_allow(stats, max_error, max_subnormal):
-        return False, f"kept FP16: FP8 E4M3 inputs would cost too much: {stat}"
-    scales = [f"input {i.index} scale {float(i.scale):.3g} per tensor (amax {i.amax:.3g})" for i in acts]
+        return False, f"kept {low}: FP8 E4M3 inputs would cost too much: {stat}"
+    scales = [f"input {i.index} scale {float(i.scale):.3g} per tensor ({i.calibration} {i.amax:.3g})" for i in acts]
     scales += [
         f"weight {i.index} scales per output channel (axis {i.axis})" if i.axis is not None
         else f"weight {i.index} scale {float(i.scale):.3g} per tensor" for i in weights

@@ -54,6 +54,20 @@ class ConvertOptions:
     fp8_budget: float = targets.FP8_BUDGET
     fp8_max_error: float = targets.FP8_MAX_ERROR
     fp8_max_subnormal: float = targets.FP8_MAX_SUBNORMAL
+    # Target FP8 only: an activation's amax is the max of |x| over the calibration samples ("max"), or
+    # its fp8_percentile-th percentile ("percentile": values above it saturate, outliers are clipped).
+    fp8_calibration: str = targets.FP8_CALIBRATION
+    fp8_percentile: float = targets.FP8_PERCENTILE
+    # Target FP8 only: the precision of everything that does not run in FP8 (the ops the FP16 policy
+    # lowers, the GEMMs kept out of FP8, the Q/DQ scales): fp16 or bf16; None is fp16.
+    fallback: Target | None = None
+
+    @property
+    def low_target(self) -> Target:
+        """The target the FP16/BF16 pipeline converts to: ``target``, or for FP8 its fallback."""
+        if self.target is Target.FP8:
+            return self.fallback or Target.FP16
+        return self.target
 
 
 def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:
@@ -69,6 +83,8 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
     values = dict(overrides)
     if isinstance(values.get("target"), str):
         values["target"] = Target.parse(values["target"])
+    if isinstance(values.get("fallback"), str):
+        values["fallback"] = Target.parse(values["fallback"], option="fallback")
     if isinstance(values.get("provider"), str):
         values["provider"] = Provider.parse(values["provider"])
     if "block_ops" in values:
@@ -86,12 +102,25 @@ def check_fp8_options(opts: ConvertOptions) -> None:
     """Raise :class:`OptionError` for FP8 settings out of range, and options FP8 does not take."""
     if opts.pad_tensor_cores:
         raise OptionError("padding is for fp16/bf16 weights, not fp8 ones", option="pad_tensor_cores")
+    if opts.fallback not in (None, Target.FP16, Target.BF16):
+        raise OptionError(f"expected fp16 or bf16, got {opts.fallback.value}", option="fallback")
     if not 0 <= opts.fp8_margin <= 16:
         raise OptionError(f"expected 0..16, got {opts.fp8_margin}", option="fp8_margin")
+    from amp_compiler.fp8_scales import Fp8Calibration, check_percentile
+
+    Fp8Calibration.parse(opts.fp8_calibration)
+    check_percentile(opts.fp8_percentile)
     for name in ("fp8_max_error", "fp8_max_subnormal", "fp8_budget"):
         value = getattr(opts, name)
         if not (math.isfinite(value) and value >= 0):
             raise OptionError(f"expected a finite share >= 0, got {value}", option=name)
+
+
+def check_fallback(opts: ConvertOptions) -> None:
+    """Raise :class:`OptionError` for a fallback given to a target that has none (fp16, bf16)."""
+    if opts.fallback is not None and opts.target is not Target.FP8:
+        raise OptionError(f"is for --target fp8 (every op of a {opts.target.value} conversion is {opts.target.value})",
+                          option="fallback")
 
 
 def check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:

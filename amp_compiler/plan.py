@@ -47,7 +47,8 @@ class Rule(enum.Enum):
     TOLERANCE_PINNED = "tolerance.pinned"
     TOLERANCE_KEPT = "tolerance.kept-low"  # kept low by --tolerance, as it measured the node
     FP8_GEMM = "fp8.gemm"  # a Tensor Core op reading FP8 E4M3 inputs: its statistics allow it
-    FP8_KEPT = "fp8.kept-fp16"  # a Tensor Core op kept FP16: FP8 inputs would cost too much
+    FP8_KEPT = "fp8.kept-fp16"  # a Tensor Core op kept in the fallback (FP16, or BF16): FP8 inputs cost too much
+    FP8_NO_QDQ = "fp8.no-qdq"  # a Tensor Core op taking no FP8 inputs (policy table's fp8_reason, or no candidate)
     FP8_QDQ = "fp8.qdq"  # inserted for an FP8 GEMM input: Q/DQ nodes (ONNX), a quantize node (FX)
     PROVIDER_NO_KERNEL = "provider.no-kernel"
     RUNTIME_TRANSPOSE_MATMUL = "runtime.ort-transpose-matmul"  # a pattern onnxruntime crashes on with a Cast inside

@@ -40,7 +40,8 @@ class Target(enum.Enum):
 
     @property
     def fallback(self) -> Target:
-        """The target of the ops that do not run in this one's format: FP16 for FP8, else itself."""
+        """The default target of the ops that do not run in this one's format: FP16 for FP8 (BF16 on
+        request: ``ConvertOptions.fallback``), else itself."""
         return Target.FP16 if self is Target.FP8 else self
 
     @property
@@ -70,11 +71,12 @@ class Target(enum.Enum):
         return float(ml_dtypes.finfo(self.numpy_dtype).smallest_subnormal)
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str, option: str = "target") -> Target:
         try:
             return cls(text.lower())
         except ValueError:
-            raise OptionError(f"unknown target {text!r}: expected fp16, bf16 or fp8", option="target") from None
+            expected = "fp16, bf16 or fp8" if option == "target" else "fp16 or bf16"
+            raise OptionError(f"unknown target {text!r}: expected {expected}", option=option) from None
 
 
 #: Defaults of the FP8 options (``ConvertOptions.fp8_*``; the command line shows them in its help).
@@ -82,6 +84,8 @@ FP8_MARGIN = 1
 FP8_BUDGET = 0.1
 FP8_MAX_ERROR = 0.1
 FP8_MAX_SUBNORMAL = 0.01
+FP8_CALIBRATION = "max"
+FP8_PERCENTILE = 99.99
 
 
 class Provider(enum.Enum):

@@ -1,14 +1,14 @@
 """FP8 table: ``convert(target="fp8")`` next to ModelOpt 0.47's FP8 output on the catalog models.
 
-    python -m benchmarks.fp8_table [--models NAME,...] [--budgets 0.05,0.1] [--anchor benchmarks/fp8_anchor.json]
+    python -m benchmarks.fp8_table [--models NAME,...] [--budgets 0.1] [--anchor benchmarks/fp8_anchor.json]
 
-Same protocol as ``benchmarks/fp8_anchor.py`` (branch fp8-research, whose measured ModelOpt numbers
-``--anchor`` reads): 8 calibration batches of each entry's ``make_inputs`` (seeds 10000+i), accuracy
-against FP32 on 8 other held-out batches (seeds 20000+i), the FP8 model run as
-:func:`amp_compiler.emulate.emulate` makes it (exact FP16 storage) at onnxruntime's BASIC level (from
-EXTENDED on, onnxruntime deletes a Relu feeding a float8 QuantizeLinear). Per model, over its float
-outputs, the worst: max |error| as a share of the FP32 range, relative L2, cosine; the share of GEMM
-FLOPs in FP8; Q/DQ and Cast counts; size. One row per model and ``fp8_budget``. Prints a markdown table.
+The protocol (data, runs, measures) is :mod:`benchmarks.fp8_protocol`, the same for both tools;
+ModelOpt's numbers come from ``--anchor`` (written by ``python -m benchmarks.fp8_modelopt``, which
+needs ModelOpt; this table does not). Per model and ``fp8_budget``: the worst float output's max
+|error| as a share of the FP32 range, relative L2 and cosine on the held-out batches; top-1 agreement
+for classifiers; the share of Tensor Core FLOPs (fused ops included) whose op reads FP8 inputs; ours
+as GEMMs FP8 / kept in FP16 by their statistics (fp8.kept-fp16) / taking no FP8 (fp8.no-qdq); Q/DQ
+and Cast counts; size vs FP32; and our FP8 share as a multiple of ModelOpt's. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -17,88 +17,89 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-
 from amp_compiler import convert
 from amp_compiler.emulate import emulate
-from amp_compiler.fp8 import fp8_flop_share
 from amp_compiler.plan import Rule
 from amp_compiler.runner import InProcessRunner
-from models import catalog
+from benchmarks import fp8_protocol as protocol
 
-DEFAULT_MODELS = "bert-base-small,gpt2-small,vit-base-small,resnet50-small"
-
-
-def _run(model, batches):
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.log_severity_level = 4
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return [session.run(None, b) for b in batches]
-
-
-def _worst(ref, got) -> dict[str, float]:
-    worst = {"max_error_of_range": 0.0, "rel_l2": 0.0, "cosine": 1.0}
-    for k in range(len(ref[0])):
-        r = np.concatenate([np.ravel(b[k]).astype(np.float64) for b in ref])
-        g = np.concatenate([np.ravel(b[k]).astype(np.float64) for b in got])
-        if not np.issubdtype(ref[0][k].dtype, np.floating):
-            continue
-        span = r.max() - r.min()
-        worst["max_error_of_range"] = max(worst["max_error_of_range"], float(np.abs(r - g).max() / span) if span else 0.0)
-        worst["rel_l2"] = max(worst["rel_l2"], float(np.linalg.norm(r - g) / max(np.linalg.norm(r), 1e-30)))
-        cos = float(r @ g / max(np.linalg.norm(r) * np.linalg.norm(g), 1e-30))
-        worst["cosine"] = min(worst["cosine"], cos)
-    return worst
+DEFAULT_MODELS = (
+    "bert-base-small,gpt2-small,vit-base-small,resnet50-small,"
+    "bert-fused-small,bert-mha-fused-small,gpt2-fused-small,vit-fused-small,clip-vision-fused-small,"
+    "t5-encoder-fused-small,llama-genai-fp32-small,llama-genai-int4-small,ppocr-cls,magika"
+)
+HEADER = (
+    "| model | budget | ours: max err / range | rel L2 | cosine | top-1 | FP8 GEMM FLOPs | GEMMs FP8/kept/no-qdq "
+    "| Q/DQ | Casts | size vs FP32 | ModelOpt: max err / range | rel L2 | cosine | top-1 | FP8 GEMM FLOPs | Q/DQ "
+    "| Casts | size vs FP32 | our FP8 share / ModelOpt's |"
+)
 
 
-def measure(name: str, budget: float = 0.05) -> dict:
-    entry, fp32 = catalog.get(name), catalog.load(name)
-    calib = [entry.make_inputs(np.random.default_rng(10_000 + i)) for i in range(8)]
-    held = [entry.make_inputs(np.random.default_rng(20_000 + i)) for i in range(8)]
+def measure(name: str, budget: float = 0.1) -> dict:
+    """Ours on ``name`` at ``budget`` (see module doc)."""
+    fp32, calib, held = protocol.batches(name)
     with InProcessRunner() as runner:
         result = convert(fp32, target="fp8", samples=calib, runner=runner, fp8_budget=budget)
-    worst = _worst(_run(fp32, held), _run(emulate(result.model), held))
-    ops = [n.op_type for n in result.model.graph.node]
+    got = protocol.accuracy(protocol.run(fp32, held), protocol.run(emulate(result.model), held))
+    rules = [d.rule for d in result.decisions]
     return {
-        "model": name, **worst, "fp8_flop_share": fp8_flop_share(result),
-        "gemms_fp8": sum(d.rule == Rule.FP8_GEMM.value for d in result.decisions),
-        "gemms_kept": sum(d.rule == Rule.FP8_KEPT.value for d in result.decisions),
-        "qdq": ops.count("QuantizeLinear") + ops.count("DequantizeLinear"), "casts": ops.count("Cast"),
-        "size": result.model.ByteSize(), "size_fp32": fp32.ByteSize(),
+        "model": name, **got, "fp8_flop_share": protocol.flop_share(protocol.gemms(fp32, calib[0]),
+                                                                     protocol.fp8_outputs(result.model)),
+        "gemms": (rules.count(Rule.FP8_GEMM.value), rules.count(Rule.FP8_KEPT.value), rules.count(Rule.FP8_NO_QDQ.value)),
+        **protocol.counts(result.model), "size_fp32": fp32.ByteSize(),
     }
 
 
-def _anchor(path: Path) -> dict[str, dict]:
+def anchor(path: Path) -> dict[str, dict]:
+    """ModelOpt's entries by model, those measured by ``benchmarks.fp8_modelopt`` (the file also keeps
+    older entries measured with another protocol on branch fp8-research; they are not shown)."""
     if not path.exists():
         return {}
-    out = {}
-    for r in json.loads(path.read_text())["results"]:
-        total = sum(g["flops"] for g in r["gemms"])
-        share = sum(g["flops"] for g in r["gemms"] if g["fp8"]) / total if total else 0.0
-        out[r["model"]] = {**r["worst"], "fp8_flop_share": share}
-    return out
+    results = json.loads(path.read_text())["results"]
+    return {r["model"]: r for r in results if r.get("protocol") == "benchmarks.fp8_modelopt"}
+
+
+def _pct(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}%}"
+
+
+def _failure(error: str) -> str:
+    """ModelOpt's error line, short: ``ValidationError: No Op registered for ...``."""
+    kind, _, message = error.partition(": ")
+    return f"fails: {kind.rsplit('.', 1)[-1]}: {message[:70]}"
+
+
+def row(ours: dict, budget: float, theirs: dict | None) -> str:
+    cells = [
+        ours["model"], f"{budget:g}", _pct(ours["max_error_of_range"]), _pct(ours["rel_l2"]), f"{ours['cosine']:.4f}",
+        _pct(ours["top1"], 1), _pct(ours["fp8_flop_share"], 0), "/".join(map(str, ours["gemms"])),
+        str(ours["qdq"]), str(ours["casts"]), f"{ours['size'] / ours['size_fp32']:.2f}x",
+    ]
+    if theirs is None or theirs.get("error"):
+        cells += [_failure(theirs["error"]) if theirs else "-"] + ["-"] * 8
+    else:
+        share = theirs["fp8_flop_share"]
+        cells += [
+            _pct(theirs["worst"]["max_error_of_range"]), _pct(theirs["worst"]["rel_l2"]),
+            f"{theirs['worst']['cosine']:.4f}", _pct(theirs["top1_agreement"], 1), _pct(share, 0),
+            str(theirs["qdq"]), str(theirs["casts"]), f"{theirs['size'] / theirs['size_fp32']:.2f}x",
+            f"{ours['fp8_flop_share'] / share:.2f}x" if share else "-",
+        ]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=DEFAULT_MODELS)
-    parser.add_argument("--budgets", default="0.05,0.1", help="fp8_budget values, one row each")
+    parser.add_argument("--budgets", default="0.1", help="fp8_budget values, one row each")
     parser.add_argument("--anchor", type=Path, default=Path(__file__).with_name("fp8_anchor.json"))
     args = parser.parse_args()
-    anchor = _anchor(args.anchor)
-    print("| model | budget | ours: max err / range | rel L2 | cosine | FP8 GEMM FLOPs | GEMMs FP8/kept | Q/DQ | Casts "
-          "| size vs FP32 | ModelOpt: max err / range | rel L2 | cosine | FP8 GEMM FLOPs |")
-    print("|" + "---|" * 14)
-    for name, budget in ((n, float(b)) for n in args.models.split(",") for b in args.budgets.split(",")):
-        r = measure(name, budget)
-        a = anchor.get(name)
-        theirs = (f"{a['max_error_of_range']:.2%} | {a['rel_l2']:.2%} | {a['cosine']:.4f} | {a['fp8_flop_share']:.0%}"
-                  if a else "- | - | - | -")
-        print(f"| {name} | {budget:g} | {r['max_error_of_range']:.2%} | {r['rel_l2']:.2%} | {r['cosine']:.4f} | "
-              f"{r['fp8_flop_share']:.0%} | {r['gemms_fp8']}/{r['gemms_kept']} | {r['qdq']} | {r['casts']} | "
-              f"{r['size'] / r['size_fp32']:.2f}x | {theirs} |", flush=True)
+    theirs = anchor(args.anchor)
+    print(HEADER)
+    print("|" + "---|" * 20)
+    for name in args.models.split(","):
+        for budget in (float(b) for b in args.budgets.split(",")):
+            print(row(measure(name, budget), budget, theirs.get(name)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """FP8 lowering: QuantizeLinear/DequantizeLinear to float8e4m3fn before the chosen GEMMs' data inputs.
 
-Guarantees, for each chosen node whose data inputs are FP16 after the FP16 lowering (a node the FP16
-policy kept in FP32 is left alone and listed in ``skipped``):
+Guarantees, for each chosen node whose data inputs have the fallback type (FP16, or BF16: the type
+of the candidate's scales) after the FP16/BF16 lowering (a node that lowering kept in FP32 is left
+alone and listed in ``skipped``):
 - an activation input ``x`` is read through its own ``QuantizeLinear(x, scale, zero_point,
   saturate=1) -> DequantizeLinear(scale, zero_point)`` pair placed right before the GEMM (never
-  shared with other readers of ``x``): a per-tensor FP16 scale and a float8e4m3fn zero point 0, as
-  TensorRT's explicit quantization reads them;
+  shared with other readers of ``x``): a per-tensor scale of the fallback type and a float8e4m3fn
+  zero point 0, as TensorRT's explicit quantization reads them;
 - a constant weight becomes a float8e4m3fn initializer (quantized offline from its FP32 values,
   exactly as QuantizeLinear would, :func:`amp_compiler.emulate.quantize_fp8`) read through one
-  ``DequantizeLinear`` with FP16 scales per output channel (``axis``) or per tensor; the FP16 copy
+  ``DequantizeLinear`` with scales per output channel (``axis``) or per tensor; the FP16/BF16 copy
   is removed when nothing else reads it;
 - bias inputs, and every other node, keep the types the FP16 lowering gave them.
 The model's opset must already be 19 or later (the conversion raises it first).
@@ -27,7 +28,6 @@ from amp_compiler.fp8_stats import Fp8Candidate, Fp8Input
 from amp_compiler.onnx.ir_walk import home_graph
 
 _FP8 = ir.DataType.FLOAT8E4M3FN
-_FP16 = ir.DataType.FLOAT16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,9 @@ class QuantizeGemmInputsPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         for k, cand in enumerate(self.chosen):
             node = cand.node
+            low = ir.DataType(cand.inputs[0].low_type)
             values = [node.inputs[i.index] for i in cand.inputs]
-            if any(v is None or v.dtype != _FP16 for v in values):
+            if any(v is None or v.dtype != low for v in values):
                 self.skipped.append(node)
                 continue
             graph = home_graph(node)
@@ -93,17 +94,18 @@ class QuantizeGemmInputsPass(ir.passes.InPlacePass):
         graph.register_initializer(value)
         return value
 
-    def _dequantized(self, like: ir.Value, name: str) -> ir.Value:
-        return ir.Value(name=name, type=ir.TensorType(_FP16), shape=ir.Shape(like.shape) if like.shape else None)
+    def _dequantized(self, like: ir.Value, name: str, inp: Fp8Input) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(ir.DataType(inp.low_type)),
+                        shape=ir.Shape(like.shape) if like.shape else None)
 
     def _activation(self, graph: ir.Graph, node: ir.Node, inp: Fp8Input, prefix: str) -> None:
         source = node.inputs[inp.index]
         assert source is not None
-        scale = self._initializer(graph, f"{prefix}_scale", inp.scale.astype(np.float16))
+        scale = self._initializer(graph, f"{prefix}_scale", inp.scale)
         zero = self._initializer(graph, f"{prefix}_zero_point", _zero_point(()))
         q_out = ir.Value(name=f"{prefix}_fp8", type=ir.TensorType(_FP8),
                          shape=ir.Shape(source.shape) if source.shape else None)
-        dq_out = self._dequantized(source, f"{prefix}_dequantized")
+        dq_out = self._dequantized(source, f"{prefix}_dequantized", inp)
         q = ir.Node("", "QuantizeLinear", [source, scale, zero], [ir.AttrInt64("saturate", 1)], outputs=[q_out],
                     name=f"{prefix}_QuantizeLinear")
         dq = ir.Node("", "DequantizeLinear", [q_out, scale, zero], outputs=[dq_out], name=f"{prefix}_DequantizeLinear")
@@ -117,10 +119,10 @@ class QuantizeGemmInputsPass(ir.passes.InPlacePass):
         assert old is not None and inp.weight is not None
         quantized = quantize_fp8(inp.weight, inp.broadcast_scale())
         stored = self._initializer(graph, f"{prefix}_fp8", quantized)
-        scale = self._initializer(graph, f"{prefix}_scale", inp.scale.astype(np.float16))
+        scale = self._initializer(graph, f"{prefix}_scale", inp.scale)
         zero = self._initializer(graph, f"{prefix}_zero_point", _zero_point(inp.scale.shape))
         attrs = [ir.AttrInt64("axis", inp.axis)] if inp.axis is not None else []
-        out = self._dequantized(stored, f"{prefix}_dequantized")
+        out = self._dequantized(stored, f"{prefix}_dequantized", inp)
         dq = ir.Node("", "DequantizeLinear", [stored, scale, zero], attrs, outputs=[out],
                      name=f"{prefix}_DequantizeLinear")
         graph.insert_before(node, [dq])

@@ -79,3 +79,18 @@ def test_cold_benchmark_times_whole_processes_and_writes_its_section(tmp_path):
     write_section(results, "## Cold processes\n\nnew")
     text = results.read_text()
     assert text.count("## Cold processes") == 1 and "new" in text and "| demo |" not in text and "table" in text
+
+
+def test_fp8_table_row_runs_and_counts_a_graph_output_gemm_as_fp8(tmp_path):
+    """One row of the FP8 table (no ModelOpt needed: an anchor file without the model gives dashes);
+    a GEMM that writes a graph output (renamed by the conversion, a Cast makes the output) counts."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fp8_table", "--models", "gpt2-small", "--anchor", str(tmp_path / "none.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| gpt2-small | 0.1 |")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[6] == "100%" and cells[7] == "13/0/0"  # the LM head (graph output 'logits') included
+    assert cells[11:] == ["-"] * 9

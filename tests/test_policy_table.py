@@ -19,7 +19,7 @@ SENSITIVITIES = {"range", "arithmetic"}
 PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
-    "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs",
+    "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
 }
 
 
@@ -38,6 +38,24 @@ def table(entries):
 
 def test_parses_and_is_not_empty(entries):
     assert len(entries) > 300
+
+
+def test_every_tensor_core_op_says_whether_it_takes_fp8(entries):
+    """FP8 inputs through Q/DQ (``fp8_inputs``) or a reason why not (``fp8_reason``), for Tensor Core ops only."""
+    for e in entries:
+        has_inputs, has_reason = bool(e.get("fp8_inputs")), bool(e.get("fp8_reason"))
+        if e.get("tensor_core"):
+            assert has_inputs != has_reason, e["op"]
+        else:
+            assert not has_inputs and not has_reason, e["op"]
+    from amp_compiler.policy import default_table
+
+    takes = {e["op"] for e in entries if e.get("fp8_inputs")}
+    assert takes == {"MatMul", "Gemm", "Conv"}
+    table = default_table()
+    for op in ("MatMul", "Gemm", "Conv"):
+        assert table.get("", op).fp8_inputs == (0, 1)
+    assert "Q/DQ" in table.get("com.microsoft", "Attention").fp8_reason
 
 
 def test_tensor_core_ops_are_the_low_matrix_products(entries):

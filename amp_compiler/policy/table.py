@@ -2,7 +2,8 @@
 
 The table is data: one entry per (domain, op) with a category, a human reason, and for ops that only
 need FP32 arithmetic inside, the providers whose kernels already accumulate in FP32 (with a source);
-``tensor_core`` marks matrix-product ops and ``shape_inputs`` the inputs an op reads only the shape of.
+``tensor_core`` marks matrix-product ops and ``shape_inputs`` the inputs an op reads only the shape of;
+``fp8_inputs``/``fp8_reason`` say which Tensor Core ops take FP8 inputs through Q/DQ, and why the others do not.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class OpPolicy:
     # Its results are probabilities that can be tiny and still matter (Sigmoid, Softmax): FP16 holds
     # them only as subnormals, so feeding an FP32 graph output it runs FP32 when that costs no more.
     tiny_outputs: bool = False
+    # FP8 (--target fp8), for Tensor Core ops: the data inputs that take FP8 E4M3 through Q/DQ
+    # (MatMul, Gemm, Conv), or why the op does not (every other Tensor Core op).
+    fp8_inputs: tuple[int, ...] = ()
+    fp8_reason: str = ""
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
@@ -116,6 +121,8 @@ class PolicyTable:
                     quantizes=raw.get("quantizes"),
                     recurrent=bool(raw.get("recurrent", False)),
                     tiny_outputs=bool(raw.get("tiny_outputs", False)),
+                    fp8_inputs=tuple(raw.get("fp8_inputs", ())),
+                    fp8_reason=raw.get("fp8_reason", ""),
                 )
             )
         return cls(entries)

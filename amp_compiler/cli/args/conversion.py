@@ -16,9 +16,9 @@ if TYPE_CHECKING:  # imported once the options are read back, not to build the p
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fp8-margin``, ``--fp8-max-error``,
-    ``--fp8-budget``,
-    ``--strict``. Depends on nothing.
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fallback``, ``--fp8-margin``,
+    ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``.
+    Depends on nothing.
     The ``--input-shape`` values are checked against the model in one place, by the conversion
     (:func:`amp_compiler.costs.bind_input_shapes`), for the plain and the analysis path alike."""
 
@@ -33,7 +33,10 @@ class ConversionArgs(ArgGroup):
         "pad_tensor_cores": "--pad-tensor-cores",
         "strict": "--strict",
         "input_ranges": "--input-range",
+        "fallback": "--fallback",
         "fp8_margin": "--fp8-margin",
+        "fp8_calibration": "--fp8-calibration",
+        "fp8_percentile": "--fp8-percentile",
         "fp8_max_error": "--fp8-max-error",
         "fp8_budget": "--fp8-budget",
     }
@@ -79,9 +82,24 @@ class ConversionArgs(ArgGroup):
             "outputs back (exact; off by default)",
         )
         group.add_argument(
+            "--fallback", choices=[Target.FP16.value, Target.BF16.value], default=None,
+            help="--target fp8: the precision of every op that does not run in FP8, and of the Q/DQ scales "
+            "(default: fp16)",
+        )
+        group.add_argument(
             "--fp8-margin", type=int, default=targets.FP8_MARGIN, metavar="N",
             help="--target fp8: activation scales are calibration amax * 2^N / 448, headroom for larger "
             "values (default: %(default)s)",
+        )
+        group.add_argument(
+            "--fp8-calibration", choices=["max", "percentile"], default=targets.FP8_CALIBRATION,
+            help="--target fp8: an activation's amax is the max of |x| over the calibration data, or a "
+            "percentile of it (values above saturate: outliers are clipped) (default: %(default)s)",
+        )
+        group.add_argument(
+            "--fp8-percentile", type=float, default=targets.FP8_PERCENTILE, metavar="P",
+            help="--target fp8 with --fp8-calibration percentile: the percentile of |x| taken as amax "
+            "(default: %(default)s)",
         )
         group.add_argument(
             "--fp8-max-error", type=float, default=targets.FP8_MAX_ERROR, metavar="REL_L2",
@@ -129,7 +147,10 @@ class ConversionArgs(ArgGroup):
             input_shapes=tuple(shapes.items()),
             strict=args.strict,
             input_ranges=tuple(parse_input_range(text) for text in args.input_range),
+            fallback=Target.parse(args.fallback, option="fallback") if args.fallback else None,
             fp8_margin=args.fp8_margin,
+            fp8_calibration=args.fp8_calibration,
+            fp8_percentile=args.fp8_percentile,
             fp8_max_error=args.fp8_max_error,
             fp8_budget=args.fp8_budget,
         )
