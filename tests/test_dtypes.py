@@ -12,7 +12,7 @@ def test_short_names():
     assert [short_name(t) for t in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)] \
         == ["fp32", "fp16", "bf16", "fp64"]
     assert short_name(ir.DataType.INT64) == "int64" and short_name(ir.DataType.FLOAT8E4M3FN) == "fp8"
-    assert short_name(ir.DataType.FLOAT8E5M2) == "float8e5m2"
+    assert short_name(ir.DataType.FLOAT8E5M2) == "fp8e5m2"  # FP8 training gradients (E5M2)
     assert {short_name(t.dtype) for t in Target} == {"fp16", "bf16", "fp8"}
 
 
