@@ -88,9 +88,6 @@ def analyze(
     where the model runs (default: a child process with the default budget)."""
     if tolerance is not None and calibration_data is None:
         raise OptionError("needs calibration data (the samples it measures error on)", option="tolerance")
-    if tolerance is not None and options.target is Target.FP8:
-        raise OptionError("fp8 does not take a tolerance yet (its per-layer choice uses fixed limits)",
-                          option="tolerance")
     if tolerance is not None and not tolerance > 0:
         raise OptionError(f"must be positive, got {tolerance}", option="tolerance")
     if input_shapes is not None:
@@ -115,6 +112,7 @@ def _analyze(
     if tolerance is not None:
         refinement = refine(model, samples, tolerance, options, ranges=ranges, policy=policy, runner=runner)
         result, node_errors, runs = refinement.result, refinement.node_errors, refinement.model_runs
+        model = refinement.fp32 or model  # at the FP8 opset, for --target fp8: the positions refer to it
     else:
         fp8 = options.target is Target.FP8  # the per-layer FP8 choice runs the samples
         result = convert(model, options, policy=policy, ranges=ranges, samples=samples if fp8 else None,

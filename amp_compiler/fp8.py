@@ -46,8 +46,8 @@ from amp_compiler.units import format_bytes
 _FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
 
 
-__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "lower_fp8", "plan_fp8", "raise_opset",
-           "require_samples", "weights_in_memory"]
+__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "local_choice", "lower_fp8", "plan_fp8",
+           "raise_opset", "require_samples", "weights_in_memory"]
 
 
 # Probe models are serialized whole to run: protobuf's limit, less room for the probes' own nodes.
@@ -101,20 +101,36 @@ def plan_fp8(
     try:
         ranges = ranges if ranges is not None else collect_ranges(proto, samples, runner=runner)
         skipped: dict[int, str] = {}
-        candidates = _candidates(ir_model, proto, samples, ranges, opts, runner, skipped)
-        stats = measure_candidates(proto, candidates, samples, runner)
-        reasons: dict[int, tuple[bool, str]] = {}
-        passed = []
-        for cand, stat in zip(candidates, stats, strict=True):
-            ok, why = fp8_choice(cand, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
-            reasons[id(cand.node)] = (ok, why)
-            if ok:
-                passed.append(cand)
+        if opts.fp8_nodes is not None:  # chosen by --tolerance (amp_compiler.refine)
+            candidates = _candidates(ir_model, proto, samples, ranges, opts, runner, skipped)
+            position = {id(node): i for i, node in enumerate(node_order(ir_model))}
+            given = dict(opts.fp8_nodes)
+            chosen = [c for c in candidates if position[id(c.node)] in given]
+            return Fp8Plan(chosen, {id(c.node): (True, given[position[id(c.node)]]) for c in chosen}, skipped), ranges
+        passed, reasons = local_choice(ir_model, proto, samples, ranges, opts, runner, skipped)
         chosen = _within_budget(proto, passed, samples, runner, opts.fp8_budget, reasons)
     finally:
         if owned:
             runner.close()
     return Fp8Plan(chosen, reasons, skipped), ranges
+
+
+def local_choice(
+    ir_model: ir.Model, proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    ranges: dict[str, TensorRange], opts: ConvertOptions, runner: Runner, skipped: dict[int, str],
+) -> tuple[list[Fp8Candidate], dict[int, tuple[bool, str]]]:
+    """The candidates whose local statistics allow FP8 inputs, and every candidate's reason (by
+    ``id`` of its node); ``skipped`` receives why the other MatMul/Gemm/Conv nodes are no candidates."""
+    candidates = _candidates(ir_model, proto, samples, ranges, opts, runner, skipped)
+    stats = measure_candidates(proto, candidates, samples, runner)
+    reasons: dict[int, tuple[bool, str]] = {}
+    passed = []
+    for cand, stat in zip(candidates, stats, strict=True):
+        ok, why = fp8_choice(cand, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
+        reasons[id(cand.node)] = (ok, why)
+        if ok:
+            passed.append(cand)
+    return passed, reasons
 
 
 def _candidates(

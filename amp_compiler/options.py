@@ -61,6 +61,9 @@ class ConvertOptions:
     # Target FP8 only: the precision of everything that does not run in FP8 (the ops the FP16 policy
     # lowers, the GEMMs kept out of FP8, the Q/DQ scales): fp16 or bf16; None is fp16.
     fallback: Target | None = None
+    # Target FP8 only: the GEMMs the --tolerance refinement chose for FP8 ((position in node_order(),
+    # why), ...), instead of the choice by their statistics and fp8_budget; None: that choice.
+    fp8_nodes: tuple[tuple[int, str], ...] | None = None
 
     @property
     def low_target(self) -> Target:
@@ -89,7 +92,7 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
         values["provider"] = Provider.parse(values["provider"])
     if "block_ops" in values:
         values["block_ops"] = frozenset(values["block_ops"])
-    for key in ("block_nodes", "pinned_nodes", "kept_nodes"):
+    for key in ("block_nodes", "pinned_nodes", "kept_nodes", "fp8_nodes"):
         if key in values:
             values[key] = tuple(values[key])
     for key in ("input_shapes", "input_ranges"):

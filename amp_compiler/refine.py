@@ -1,22 +1,26 @@
 """Error-driven refinement (``--tolerance``): keep in low precision the units worth the most Tensor
-Core FLOPs whose errors together fit the tolerance, and pin the rest to FP32.
+Core throughput whose errors together fit the tolerance, and pin the rest to FP32.
 
     convert -> measure (every float output within tolerance? done: one conversion)
             -> units (amp_compiler.tolerance_units): each Tensor Core op with the cheap ops it feeds
-            -> the switched probe (amp_compiler.tolerance_probe): each unit's error at the outputs, alone
-            -> the knapsack (amp_compiler.knapsack): the units kept low, most Tensor Core FLOPs first,
-               whose errors summed in quadrature fit the tolerance
-            -> that set checked on the probe, then converted with the other units pinned and measured
+            -> the switched probe (amp_compiler.tolerance_probe; FP8 switches: amp_compiler.tolerance_fp8)
+            -> each unit's levels measured alone, the best set within the tolerance chosen and
+               checked on the probe (amp_compiler.tolerance_choice, amp_compiler.knapsack)
+            -> one conversion with that choice fixed, measured
 
 Ranking by an estimate of each node's effect (its *added* error) kept too little in FP16: on deep
 CNNs every convolution adds a little, and what reaches the outputs differs by orders of magnitude
 between them. The probe measures what reaches the outputs, unit by unit, in one loaded session.
 
-Guarantees: the result is the conversion with the recorded pins; ``met`` is true only when its
-measured worst output error (exact FP16/BF16 storage emulated, against FP32, on the samples) is
-within the tolerance. When the set the knapsack chose misses it (the prediction is not exact), the
-budget shrinks by the miss and the choice is made again (on the probe, then by converting), so the
-model runs are the units' count plus a few per sample, and the conversions 2 to 6.
+With ``--target fp8`` the units come from the fallback (FP16/BF16) conversion of the model at the FP8
+opset, and a unit whose Tensor Core op is an FP8 candidate may also take FP8: the plain conversion
+is not tried first (its FP8 choice follows ``fp8_budget``, not the tolerance).
+
+Guarantees: the result is the conversion with the recorded choice; ``met`` is true only when its
+measured worst output error (exact FP16/BF16 storage emulated, FP8 Q/DQ as onnxruntime computes it,
+against FP32, on the samples) is within the tolerance. When the conversion misses what the probe
+measured, the choice is made again below that budget (at most three times). Model runs: about two
+to four per unit and sample in the probe's session, plus one per conversion; conversions: usually 2.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ import math
 
 import numpy as np
 import onnx
+import onnx.shape_inference
+import onnx_ir as ir
 
-from amp_compiler.calibrate import IntermediateRunner
+from amp_compiler.calibrate import IntermediateRunner, collect_ranges
 from amp_compiler.convert import convert
 from amp_compiler.costs import estimate
 from amp_compiler.emulate import emulate, stored_values
 from amp_compiler.errors import OptionError
-from amp_compiler.knapsack import Option, choose
+from amp_compiler.fp8 import fp8_opset, local_choice, raise_opset
+from amp_compiler.fp8_stats import Fp8Candidate
 from amp_compiler.options import ConvertOptions
 from amp_compiler.plan import Rule
 from amp_compiler.policy import PolicyTable, default_table
@@ -41,13 +48,13 @@ from amp_compiler.result import ConversionResult
 from amp_compiler.runner import Runner, default_runner
 from amp_compiler.targets import Target
 from amp_compiler.tensor_error import ErrorStats
+from amp_compiler.tolerance_choice import Choice, Decided, Level, decide, search, unit_choices
+from amp_compiler.tolerance_fp8 import add_fp8_switches
 from amp_compiler.tolerance_probe import SwitchProbe, build_probe
 from amp_compiler.tolerance_units import Unit, partition
 
 # Decisions that pinning cannot change.
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))
-_SEARCH_STEPS = 8  # budgets tried on the probe per choice (each: one probe run per sample)
-_FILL_TRIES = 16  # single-unit upgrades tried on the probe after the search (the same)
 _CONVERSION_RETRIES = 3  # conversions after the first pinned one, when the real model misses
 
 
@@ -63,10 +70,12 @@ class Refinement:
     history: list[tuple[int, float]]  # (nodes pinned, worst output error) per conversion
     met: bool
     units: int = 0  # units the probe measured (0: the plain conversion met the tolerance)
-    low_flops_share: float = 1.0  # share of the units' Tensor Core FLOPs kept in low precision
+    low_flops_share: float = 1.0  # share of the units' Tensor Core FLOPs kept in low precision (FP8 included)
+    fp8_flops_share: float = 0.0  # ... in FP8 (--target fp8)
     # Share of the units' Tensor Core FLOPs in units that can be low at all: whose cheapest
     # low-precision option alone keeps the outputs within the tolerance (no choice keeps more low).
     ceiling: float = 1.0
+    fp32: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)  # the FP32 model it refers to
 
 
 def measure(
@@ -125,9 +134,12 @@ def refine(
     ``runner``: where the models run (default: a child process with the default budget)."""
     if not samples:
         raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
+    opts = options or ConvertOptions()
+    if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
+        fp32 = raise_opset(fp32, fp8_opset(opts.low_target))
     runner, owned = default_runner(runner)
     try:
-        return _Refiner(fp32, samples, tolerance, options or ConvertOptions(), ranges, policy, runner).run()
+        return _Refiner(fp32, samples, tolerance, opts, ranges, policy, runner).run()
     finally:
         if owned:
             runner.close()
@@ -138,32 +150,44 @@ class _Refiner:
                  opts: ConvertOptions, ranges: dict[str, TensorRange] | None, policy: PolicyTable | None,
                  runner: Runner):
         self.fp32, self.samples, self.tolerance, self.opts = fp32, samples, tolerance, opts
-        self.ranges, self.policy, self.runner = ranges, policy, runner
+        self.policy, self.runner = policy, runner
+        self.fp8 = opts.target is Target.FP8
+        if self.fp8 and ranges is None:
+            ranges = collect_ranges(fp32, samples, runner=runner)  # once, not per conversion
+        self.ranges = ranges
         self.fp32_runner = IntermediateRunner(fp32, runner)
         self.history: list[tuple[int, float]] = []
         self.runs = 0
 
-    def convert(self, pinned: list[tuple[int, str]], kept: list[tuple[int, str]] | None = None):
-        """A conversion with ``pinned`` (FP32) and ``kept`` (low) nodes, and its measurement: (result,
-        node errors, output errors)."""
-        opts = dataclasses.replace(self.opts, pinned_nodes=tuple(pinned), kept_nodes=tuple(kept or ()))
-        result = convert(self.fp32, opts, policy=self.policy, ranges=self.ranges)
+    def convert(self, decided: Decided | None = None):
+        """A conversion with ``decided`` fixed, and its measurement: (result, node errors, output errors)."""
+        decided = decided or Decided()
+        opts = dataclasses.replace(self.opts, pinned_nodes=tuple(decided.pinned), kept_nodes=tuple(decided.kept))
+        if self.fp8:
+            opts = dataclasses.replace(opts, fp8_nodes=tuple(decided.fp8))
+        result = convert(self.fp32, opts, policy=self.policy, ranges=self.ranges,
+                         samples=self.samples if self.fp8 else None, runner=self.runner if self.fp8 else None)
         errors, outputs, n = _measure(self.fp32, result.model, self.samples, self.fp32_runner, self.runner)
         self.runs += n
-        self.history.append((len(pinned), max(outputs.values(), default=0.0)))
+        self.history.append((len(decided.pinned), max(outputs.values(), default=0.0)))
         return result, errors, outputs
 
-    def done(self, result, errors, outputs, pinned, units=0, share=1.0, ceiling=1.0) -> Refinement:
+    def done(self, result, errors, outputs, pinned, **shares: float) -> Refinement:
         met = max(outputs.values(), default=0.0) <= self.tolerance
         return Refinement(result, len(self.history), self.runs, self.fp32_runner.runs, pinned, errors, outputs,
-                          self.history, met, units, share, ceiling)
+                          self.history, met, fp32=self.fp32, **shares)  # type: ignore[arg-type]
 
     def run(self) -> Refinement:
-        result, errors, outputs = self.convert([])
-        if max(outputs.values(), default=0.0) <= self.tolerance:
-            return self.done(result, errors, outputs, [])
-        units = self.units(result)
-        # Switch groups: a Tensor Core unit's root, and its followers; a cheap unit whole.
+        low = self.opts.low_target
+        if self.fp8:  # the units and the probe come from the fallback conversion
+            plain = convert(self.fp32, dataclasses.replace(self.opts, target=low, fallback=None),
+                            policy=self.policy, ranges=self.ranges)
+        else:
+            plain, errors, outputs = self.convert()
+            if max(outputs.values(), default=0.0) <= self.tolerance:
+                return self.done(plain, errors, outputs, [])
+        units = self.units(plain)
+        # Switch groups: a Tensor Core unit's root, and its followers; a cheap unit whole; FP8 switches.
         groups: list[tuple[int, ...]] = []
         parts: list[tuple[int, ...]] = []  # per unit: its groups, the root's first
         for unit in units:
@@ -171,47 +195,44 @@ class _Refiner:
             split = (unit.nodes,) if whole else (unit.nodes[:1], unit.nodes[1:])
             parts.append(tuple(range(len(groups), len(groups) + len(split))))
             groups += split
-        probe = SwitchProbe(self.fp32, build_probe(self.fp32, result.model, result.decisions, groups), len(groups),
-                            self.samples, self.runner)
+        candidates = self.fp8_candidates(units) if self.fp8 else {}
+        fp8_group = {root: len(groups) + k for k, root in enumerate(sorted(candidates))}
+        probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, tagged=candidates)
+        if candidates:
+            probe_model = add_fp8_switches(probe_model, candidates, fp8_group)
+        probe = SwitchProbe(self.fp32, probe_model, len(groups) + len(fp8_group), self.samples, self.runner)
         try:
-            items = [self.options(probe, unit, part) for unit, part in zip(units, parts, strict=True)]
+            items = [unit_choices(self.alone(probe), unit, part, fp8_group.get(unit.root), low)
+                     for unit, part in zip(units, parts, strict=True)]
             room = math.sqrt(max(self.tolerance ** 2 - probe.base ** 2, 0.0))
-            above = math.sqrt(sum(max(o.error ** 2 for o, _ in item) for item in items))  # every unit fits
+            above = math.sqrt(sum(max(c.option.error ** 2 for c in item) for item in items))  # every unit fits
             for _ in range(_CONVERSION_RETRIES + 1):
-                picks, budget = self.fit(probe, items, room, above)
-                pinned, kept = self.choices(units, items, picks)
-                result, errors, outputs = self.convert(pinned, kept)
+                picks, budget = search(probe.error, items, self.tolerance, room, above)
+                decided = decide(self.fp32.graph, units, items, picks, self.tolerance, low)
+                result, errors, outputs = self.convert(decided)
                 if max(outputs.values(), default=0.0) <= self.tolerance or not any(picks):
                     break
-                above = budget  # the pins changed more than the probe saw: search below this budget
+                above = budget  # the conversion differs from what the probe measured: search below
         finally:
             self.runs += probe.runs
             probe.close()
-        total = sum(u.tensor_core_flops for u in units) or 1
-        low = sum(u.tensor_core_flops for u, pick in zip(units, picks, strict=True) if pick)
-        can = sum(u.tensor_core_flops for u, item in zip(units, items, strict=True)
-                  if min(o.error for o, _ in item[1:]) <= room)
-        return self.done(result, errors, outputs, pinned, len(units), low / total, can / total)
+        shares = _shares(units, items, picks, room)
+        return self.done(result, errors, outputs, decided.pinned, units=len(units), **shares)
 
-    def options(self, probe: SwitchProbe, unit: Unit, part: tuple[int, ...]) -> list[tuple[Option, frozenset[int]]]:
-        """A unit's choices, each with its error alone at the outputs (beyond what no group controls:
-        squares add, see :mod:`amp_compiler.knapsack`) and the groups it switches on: FP32; for a
-        Tensor Core unit with followers, its root low and its followers FP32; everything low."""
-        def alone(on: frozenset[int]) -> float:
+    @staticmethod
+    def alone(probe: SwitchProbe):
+        """What groups switched on alone add at the outputs, beyond what no group controls (squares
+        add: see :mod:`amp_compiler.knapsack`)."""
+        def error(on: frozenset[int]) -> float:
             e = probe.error(on)
             return math.sqrt(max(e * e - probe.base ** 2, 0.0)) if math.isfinite(e) else math.inf
-
-        found: list[tuple[Option, frozenset[int]]] = [(Option(0.0, 0), frozenset())]
-        if len(part) > 1:
-            found.append((Option(alone(frozenset(part[:1])), unit.tensor_core_flops), frozenset(part[:1])))
-        found.append((Option(alone(frozenset(part)), unit.tensor_core_flops + 1), frozenset(part)))
-        return found
+        return error
 
     def units(self, result: ConversionResult) -> list[Unit]:
         """The units of the conversion's low-precision nodes (main graph)."""
         table = self.policy or default_table()
         nodes = list(self.fp32.graph.node)
-        low_name = self.opts.target.value
+        low_name = self.opts.low_target.value
         low = {d.index for d in result.decisions
                if d.index is not None and d.index < len(nodes) and d.precision == low_name
                and d.rule not in _NOT_COMPUTE}
@@ -220,70 +241,23 @@ class _Refiner:
         tensor_core = [table.is_tensor_core(n.domain, n.op_type) for n in nodes]
         return partition(self.fp32.graph, low, tensor_core, flops)
 
-    def fit(self, probe: SwitchProbe, items: list[list[tuple[Option, frozenset[int]]]], first: float,
-            above: float) -> tuple[list[int], float]:
-        """The option picked per unit and the budget that picked them: the knapsack's choice for the
-        largest budget below ``above`` whose groups the probe finds within the tolerance (a geometric
-        search from ``first``: the prediction is not exact, in either direction)."""
-        options = [[o for o, _ in item] for item in items]
-        best, best_value, best_budget = [0] * len(items), -1, 0.0
-        below, budget = 0.0, min(first, above * 0.99)
-        for _ in range(_SEARCH_STEPS):
-            picks = choose(options, budget)
-            on = frozenset().union(*(item[k][1] for item, k in zip(items, picks, strict=True)))
-            if probe.error(on) <= self.tolerance:
-                value = sum(item[k][0].value for item, k in zip(items, picks, strict=True))
-                if value > best_value:
-                    best, best_value, best_budget = picks, value, budget
-                below = budget
-            else:
-                above = budget
-            budget = math.sqrt(below * above) if below > 0 else above / 2
-        return self.fill(probe, items, best), best_budget
+    def fp8_candidates(self, units: list[Unit]) -> dict[int, Fp8Candidate]:
+        """The units' Tensor Core roots whose local statistics allow FP8 inputs, by position."""
+        ir_model = ir.from_proto(onnx.shape_inference.infer_shapes(self.fp32))
+        passed, _ = local_choice(ir_model, self.fp32, self.samples, dict(self.ranges or {}), self.opts,
+                                 self.runner, {})
+        position = {id(node): i for i, node in enumerate(ir_model.graph)}
+        roots = {u.root for u in units if u.tensor_core_flops}
+        return {position[id(c.node)]: c for c in passed if position.get(id(c.node)) in roots}
 
-    def fill(self, probe: SwitchProbe, items: list[list[tuple[Option, frozenset[int]]]],
-             picks: list[int]) -> list[int]:
-        """``picks`` with units moved up one option at a time (most value per predicted error first),
-        each kept when the probe still finds the whole within the tolerance: the knapsack's choices
-        jump as the budget grows, and what lies between two of them is often still within it."""
-        picks = list(picks)
-        ups = []
-        for i, item in enumerate(items):
-            for k in range(picks[i] + 1, len(item)):
-                gain = item[k][0].value - item[picks[i]][0].value
-                cost = item[k][0].error ** 2 - item[picks[i]][0].error ** 2
-                if gain > 0 and math.isfinite(cost):
-                    ups.append((gain / max(cost, 1e-300), i, k))
-        for _, i, k in sorted(ups, reverse=True)[:_FILL_TRIES]:
-            if k <= picks[i]:
-                continue
-            trial = picks[:i] + [k] + picks[i + 1:]
-            on = frozenset().union(*(item[j][1] for item, j in zip(items, trial, strict=True)))
-            if probe.error(on) <= self.tolerance:
-                picks = trial
-        return picks
 
-    def choices(self, units: list[Unit], items: list[list[tuple[Option, frozenset[int]]]], picks: list[int]):
-        """The nodes pinned to FP32 and those kept low, each with why."""
-        nodes = self.fp32.graph.node
-        pinned, kept = [], []
-        for unit, item, pick in zip(units, items, picks, strict=True):
-            root = nodes[unit.root]
-            name = f"{root.op_type} '{root.name}'" if root.name else root.op_type
-            everything = f"{name} and the {len(unit.nodes) - 1} op(s) it feeds" if len(unit.nodes) > 1 else name
-            last = item[-1][0]
-            effect = f"in low precision alone {everything} move(s) the outputs by {last.error:.2e} (relative L2)"
-            cost = (f"{unit.tensor_core_flops:.3g} Tensor Core FLOPs" if unit.tensor_core_flops
-                    else "no Tensor Core FLOPs")
-            tol = f"--tolerance {self.tolerance:g}"
-            if pick == len(item) - 1:
-                kept += [(i, f"kept by {tol}: {effect}, within the budget for {cost}") for i in unit.nodes]
-            elif pick == 0:
-                pinned += [(i, f"pinned by {tol}: {effect}, too much for {cost}") for i in unit.nodes]
-            else:  # the root low, its followers FP32
-                root_only = item[pick][0].error
-                kept.append((unit.root, f"kept by {tol}: {effect}; with the ops it feeds in FP32, "
-                             f"{root_only:.2e}, within the budget for {cost}"))
-                pinned += [(i, f"pinned by {tol} after {name}: {effect}; with them in FP32 it moves them by "
-                            f"{root_only:.2e}, enough to keep its {cost} low") for i in unit.nodes[1:]]
-        return sorted(pinned), sorted(kept)
+def _shares(units: list[Unit], items: list[list[Choice]], picks: list[int], room: float) -> dict[str, float]:
+    """The shares of the units' Tensor Core FLOPs in low precision, in FP8, and in units that could be
+    low at all (whose cheapest low level alone fits)."""
+    total = sum(u.tensor_core_flops for u in units) or 1
+    levels = [item[k].level for item, k in zip(items, picks, strict=True)]
+    low = sum(u.tensor_core_flops for u, level in zip(units, levels, strict=True) if level is not Level.FP32)
+    fp8 = sum(u.tensor_core_flops for u, level in zip(units, levels, strict=True) if level.fp8)
+    can = sum(u.tensor_core_flops for u, item in zip(units, items, strict=True)
+              if min(c.option.error for c in item[1:]) <= room)
+    return {"low_flops_share": low / total, "fp8_flops_share": fp8 / total, "ceiling": can / total}

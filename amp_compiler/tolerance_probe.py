@@ -48,13 +48,22 @@ def switch_name(k: int) -> str:
     return f"tolerance_group{k}"
 
 
+def exact_name(constant: str) -> str:
+    """The name of the FP32 copy of a low-precision constant that the probe reads when switched off."""
+    return f"{constant}__exact"
+
+
+TAG = "amp_compiler.tolerance.position"  # metadata of a tagged node: its position in the FP32 model
+
+
 def build_probe(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, decisions: Sequence[NodeDecision],
-    groups: Sequence[Collection[int]],
+    groups: Sequence[Collection[int]], tagged: Collection[int] = (),
 ) -> onnx.ModelProto:
     """The probe (see module doc) of ``converted`` (whose ``decisions`` are one per node, in node
     order), a conversion of ``fp32``, with a switch per group of ``groups`` (disjoint sets of
-    positions in ``fp32``'s main graph)."""
+    positions in ``fp32``'s main graph). The nodes at the positions ``tagged`` carry their position
+    in their metadata (:data:`TAG`), for rewrites of the probe that need to find them."""
     m = typed_model(converted)
     group_at = {pos: k for k, group in enumerate(groups) for pos in group}
     main = list(m.graph)
@@ -64,6 +73,8 @@ def build_probe(
     for node, d in zip(node_order(m), decisions, strict=True):
         if d.index is not None and d.index < len(fp32.graph.node) and id(node) in in_main:
             fp32_inputs[id(node)] = fp32.graph.node[d.index].input
+            if d.index in tagged:
+                node.metadata_props[TAG] = str(d.index)
             if d.index in group_at:
                 group_of[id(node)] = group_at[d.index]
     low_constants = {v for v in m.graph.initializers.values() if v.dtype in _LOW}
@@ -140,7 +151,7 @@ class _Switches:
         value = self.exact_constants.get(tensor.name)
         if value is None:
             array = onnx.numpy_helper.to_array(tensor).astype(np.float32)
-            value = ir.Value(name=f"{tensor.name}__exact", type=ir.TensorType(ir.DataType.FLOAT),
+            value = ir.Value(name=exact_name(tensor.name), type=ir.TensorType(ir.DataType.FLOAT),
                              shape=ir.Shape(array.shape), const_value=ir.Tensor(array))
             self.graph.register_initializer(value)
             self.exact_constants[tensor.name] = value

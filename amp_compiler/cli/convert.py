@@ -139,8 +139,9 @@ def tolerance_line(analysis: Analysis, tolerance: float | None) -> str:
     r = analysis.refinement
     assert r is not None
     worst = max(r.output_errors.values(), default=0.0)
-    low = analysis.result.options.target.fallback.value
-    kept = (f", {_share(r.low_flops_share)} of their Tensor Core FLOPs kept {low} (at most "
+    low = analysis.result.options.low_target.value
+    fp8 = f" ({_share(r.fp8_flops_share)} in fp8)" if analysis.result.options.target.value == "fp8" else ""
+    kept = (f", {_share(r.low_flops_share)} of their Tensor Core FLOPs kept {low} or lower{fp8} (at most "
             f"{_share(r.ceiling)} could be)" if r.units else "")
     return (
         f"--tolerance {tolerance:g}: {'met' if r.met else 'NOT met'} (worst output "
