@@ -22,6 +22,7 @@ from amp_compiler.decisions import NodeDecision, node_decisions, untyped_message
 from amp_compiler.errors import OptionError, UntypedTensorsError
 from amp_compiler.fp8 import fp8_decisions, lower_fp8, plan_fp8, raise_opset, require_samples
 from amp_compiler.gc_pause import gc_paused
+from amp_compiler.onnx.check_pieces import value_types
 from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
 from amp_compiler.onnx.files import load_model_deferred
 from amp_compiler.onnx.foreign_ops import foreign_ops
@@ -150,12 +151,13 @@ def convert(
         raise UntypedTensorsError(untyped_message(untyped))
     inserted = sum(d.rule == Rule.LOWERING_CAST.value for d in decisions)
     kept = sum(d.op_type == "Cast" and d.rule != Rule.LOWERING_CAST.value for d in decisions)
+    types = value_types(ir_model)  # before the output drops the types the input did not describe
     output = _DeferredOutput(ir_model, proto) if locations else None
     return ConversionResult(
         None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
-        input_shapes=shapes, warnings=warnings,
+        input_shapes=shapes, warnings=warnings, value_types=types,
     )
 
 

@@ -82,6 +82,8 @@ class Session(abc.ABC):
 class Runner(abc.ABC):
     """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
 
+    onnxruntime_version = ""  # the version of the onnxruntime that loads the models, once known
+
     @abc.abstractmethod
     def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
