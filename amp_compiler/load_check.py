@@ -78,7 +78,7 @@ def first_failure(models: Sequence[onnx.ModelProto | Path], runner: Runner) -> F
     a model it has no CPU kernel for loads). A load over the budget raises :class:`RunBudgetError`."""
     for model in models:
         try:
-            runner.load(model).close()
+            runner.load(model, threads=1).close()  # a session only created: no thread pool to fill the cores
         except ModelUnsupportedError:  # no CPU kernel (BF16 MatMul): raised after every graph optimizer ran
             continue
         except RunBudgetError:
@@ -135,11 +135,11 @@ class OutputLoadCheck:
         """Load the pieces of ``result``'s in-memory output in the background (an output with external
         data has its pieces read from the written file)."""
         self._types = result.value_types
-        if result.output is None and self._types:
+        if (result.output is None or result.output.inline) and self._types:
             self._thread = threading.Thread(target=self._background, args=(result.model,), daemon=True)
             self._thread.start()
 
-    def _background(self, model: onnx.ModelProto) -> None:
+    def _background(self, model: onnx.ModelProto) -> None:  # runs in the thread
         try:
             pieces = load_pieces(model, self._types)
             self._outcome = (pieces is not None, first_failure(pieces, self.runner) if pieces else None)

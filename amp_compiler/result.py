@@ -21,6 +21,7 @@ class DeferredOutput(Protocol):
     """A conversion's IR whose unconverted weights are still on disk, and how to make its ModelProto."""
 
     ir_model: ir.Model
+    inline: bool  # written as one file, its weights inside it (from a model that held them so)
 
     def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto: ...
 
@@ -83,9 +84,9 @@ class ConversionResult:
         memory, and no 2 GiB protobuf limit). Returns that data file, or None for a single file.
         """
         output = check_output_path(path, input_files, force=force)
-        if self.output is not None:
+        if self.output is not None and not self.output.inline:
             return self.output.write(output, verify)
-        output.write_model(self.model, verify)
+        output.write_model(self.model, verify)  # an inline output: its ModelProto, built once
         return None
 
 

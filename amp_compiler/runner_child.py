@@ -8,7 +8,7 @@ child that a hostile model took over cannot make its parent run code.
 
 Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
 
-    {"op": "load", "bytes": N, "provider": E, "basic": B} + N bytes of ModelProto
+    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T} + N bytes of ModelProto
                                         -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
@@ -177,7 +177,9 @@ def _serve(limit: int) -> None:
                 provider = request.get("provider", PROVIDERS[0])
                 if provider not in PROVIDERS:
                     raise ValueError(f"unknown execution provider {provider!r}")
-                options = session_options(ort, basic=bool(request.get("basic", False)))
+                options = session_options(
+                    ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0))
+                )
                 session = ort.InferenceSession(source, options, providers=[provider])
                 del source
                 next_id += 1

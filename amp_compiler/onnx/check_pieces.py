@@ -151,8 +151,12 @@ class _Wiring:
         self.producer, self.last_use = producer, last_use
         constants: dict[str, tuple] = {}
         interned: dict[tuple, int] = {}
-        self.signatures: list[int] = []
+        self.signatures: list[int] = []  # interned, offsets capped at _FAR: the node inside any piece
+        self.sources: list[list[tuple]] = []  # where each input comes from (a node: how far back)
+        self.sinks: list[list[tuple]] = []  # how far ahead each output is last read
+        self.heads: list[tuple] = []  # op, domain, attributes
         self.reach: list[int] = []  # how far back the node's furthest node input was made
+        self.ahead: list[int] = []  # how far ahead its furthest output is read (_FAR: a graph output)
         for i, node in enumerate(self.nodes):
             sources: list[tuple] = []
             reach = 0
@@ -161,7 +165,7 @@ class _Wiring:
                 if made is not None and made[0] < i:
                     back = i - made[0]
                     reach = max(reach, back)
-                    sources.append((back if back <= _FAR else _FAR, made[1]))
+                    sources.append((back, made[1]))
                 elif not name:
                     sources.append(())
                 elif name in self.initializers:
@@ -170,15 +174,23 @@ class _Wiring:
                     sources.append(constants[name])
                 else:
                     sources.append((name,))
-            sinks = tuple(
-                (min(last_use.get(name, i) - i, _FAR), name in self.graph_outputs,
+            sinks = [
+                (last_use.get(name, i) - i, name in self.graph_outputs,
                  self.described[name].type.SerializeToString() if name in self.described else b"")
                 for name in self.outputs[i]
-            )
+            ]
             attrs = _digest(b"".join(a.SerializeToString() for a in node.attribute)) if node.attribute else b""
-            signature = (node.op_type, node.domain, attrs, tuple(sources), sinks)
-            self.signatures.append(interned.setdefault(signature, len(interned)))
+            head = (node.op_type, node.domain, attrs)
+            capped = (
+                tuple((min(s[0], _FAR), s[1]) if len(s) == 2 else s for s in sources),
+                tuple((min(s[0], _FAR), *s[1:]) for s in sinks),
+            )
+            self.signatures.append(interned.setdefault((head, *capped), len(interned)))
+            self.heads.append(head)
+            self.sources.append(sources)
+            self.sinks.append(sinks)
             self.reach.append(reach)
+            self.ahead.append(max((_FAR if s[1] else s[0] for s in sinks), default=0))
 
     def _borders(self, lo: int, hi: int) -> tuple[list[str], list[str]]:
         """The tensors made before ``lo`` that nodes lo..hi-1 read, and those they make that a node
@@ -197,7 +209,9 @@ class _Wiring:
         return list(inputs), list(outputs)
 
     def key(self, lo: int, hi: int, types: TypeTable) -> bytes | None:
-        """The structure of the piece lo..hi-1 (None when a tensor at its border has no known type)."""
+        """The structure of the piece lo..hi-1 (None when a tensor at its border has no known type):
+        its nodes' signatures, a node at its border seen from inside the piece (a tensor made before
+        it is its n-th input, one read after it an output, however far away)."""
         inputs, outputs = self._borders(lo, hi)
         border = []
         for name in (*inputs, *outputs):
@@ -206,7 +220,19 @@ class _Wiring:
             if types.get(name, (None, None))[0] is None:
                 return None
             border.append(repr(types[name]))
-        return _digest(repr((self.signatures[lo:hi], border)).encode())
+        index = {name: k for k, name in enumerate(inputs)}
+        parts: list[object] = []
+        for i in range(lo, hi):
+            if self.reach[i] <= i - lo and self.ahead[i] < hi - i:
+                parts.append(self.signatures[i])
+                continue
+            sources = tuple(
+                ("in", index[name]) if len(source) == 2 and source[0] > i - lo else source
+                for name, source in zip(self.reads[i], self.sources[i], strict=True)
+            )
+            sinks = tuple(("out", *sink[1:]) if sink[0] >= hi - i else sink for sink in self.sinks[i])
+            parts.append((self.heads[i], sources, sinks))
+        return _digest(repr((parts, border)).encode())
 
     def piece(self, lo: int, hi: int, types: TypeTable, base_dir: str | Path | None) -> onnx.ModelProto | None:
         """The model of nodes lo..hi-1 (None when its weights would be too large for one ModelProto)."""
