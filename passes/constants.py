@@ -321,7 +321,8 @@ class ConstantRangePass(AnalysisPass):
     @functools.cached_property
     def _bit_limits(self) -> tuple[np.uint32, np.uint32]:
         """:attr:`_limits` as FP32 bit patterns (both positive)."""
-        return tuple(np.array(self._limits, dtype="<f4").view("<u4"))  # type: ignore[return-value]
+        high, low = np.array(self._limits, dtype="<f4").view("<u4")
+        return high, low
 
     def _verdict(self, value: ir.Value, s: RangeStats) -> tuple[Rule, str] | None:
         name = self.target.value.upper()
