@@ -41,6 +41,8 @@ from amp_compiler.errors import (
     RunBudgetError,
 )
 from amp_compiler.onnx.check_pieces import TypeTable, load_pieces
+from amp_compiler.onnx.files import DEFER_MIN_BYTES
+from amp_compiler.onnx.inline_weights import skim
 from amp_compiler.runner import ChildRunner, RunBudget, Runner
 
 if TYPE_CHECKING:
@@ -57,28 +59,33 @@ class Failure:
 
 def check_output_loads(
     output: str | os.PathLike, input_model: str | os.PathLike, budget: RunBudget, runner: ChildRunner | None = None,
-    pieces: Sequence[onnx.ModelProto] | None = None,
+    pieces: Sequence[onnx.ModelProto] | None = None, data_folder: Path | None = None,
 ) -> str | None:
     """Raise :class:`OutputCheckError` when onnxruntime cannot load the converted model at ``output``
     (a file, its external data beside it) while it loads ``input_model`` (see the module doc).
     Returns None when the output loads, or a warning when neither does. ``runner``: a child already
     started (its import of onnxruntime overlapped the conversion), else one is started here.
-    ``pieces``: load these instead of the whole output (a failure is confirmed on the whole)."""
+    ``pieces``: load these instead of the whole output (a failure is confirmed on the whole), their
+    external data in ``data_folder``."""
     first = runner or ChildRunner(budget)
     try:
-        failure = first_failure(pieces if pieces is not None else [Path(output)], first)
+        failure = first_failure(pieces if pieces is not None else [Path(output)], first, data_folder)
     finally:
         if runner is None:
             first.close()
     return judge(failure, output, input_model, budget, confirm=pieces is not None)
 
 
-def first_failure(models: Sequence[onnx.ModelProto | Path], runner: Runner) -> Failure | None:
+def first_failure(
+    models: Sequence[onnx.ModelProto | Path], runner: Runner, data_folder: Path | None = None
+) -> Failure | None:
     """The first refusal or crash of onnxruntime loading ``models`` in order (None when all load;
-    a model it has no CPU kernel for loads). A load over the budget raises :class:`RunBudgetError`."""
+    a model it has no CPU kernel for loads; a ModelProto's external data is in ``data_folder``). A
+    load over the budget raises :class:`RunBudgetError`."""
     for model in models:
         try:
-            runner.load(model, threads=1).close()  # a session only created: no thread pool to fill the cores
+            folder = data_folder if isinstance(model, onnx.ModelProto) else None
+            runner.load(model, threads=1, data_folder=folder).close()  # only created: one thread is enough
         except ModelUnsupportedError:  # no CPU kernel (BF16 MatMul): raised after every graph optimizer ran
             continue
         except RunBudgetError:
@@ -135,7 +142,7 @@ class OutputLoadCheck:
         """Load the pieces of ``result``'s in-memory output in the background (an output with external
         data has its pieces read from the written file)."""
         self._types = result.value_types
-        if (result.output is None or result.output.inline) and self._types:
+        if result.output is None and self._types:
             self._thread = threading.Thread(target=self._background, args=(result.model,), daemon=True)
             self._thread.start()
 
@@ -157,10 +164,11 @@ class OutputLoadCheck:
             if loaded:
                 self._warn(judge(failure, tmp, self.input_model, self.budget, confirm=True))
                 return
-        elif self._types:
-            skeleton = onnx.load(tmp, load_external_data=False)
-            pieces = load_pieces(skeleton, self._types, base_dir=tmp.parent)
-        self._warn(check_output_loads(tmp, self.input_model, self.budget, self.runner, pieces))
+        elif self._types:  # an output with external data, or one file with its weights streamed into it
+            skimmed = skim(tmp, DEFER_MIN_BYTES)  # weights left in the file: onnxruntime reads each piece's
+            skeleton = onnx.load(tmp, load_external_data=False) if skimmed is None else onnx.load_from_string(skimmed)
+            pieces = load_pieces(skeleton, self._types)
+        self._warn(check_output_loads(tmp, self.input_model, self.budget, self.runner, pieces, tmp.parent))
 
     def _warn(self, warning: str | None) -> None:
         if warning:

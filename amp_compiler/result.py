@@ -84,9 +84,9 @@ class ConversionResult:
         memory, and no 2 GiB protobuf limit). Returns that data file, or None for a single file.
         """
         output = check_output_path(path, input_files, force=force)
-        if self.output is not None and not self.output.inline:
+        if self.output is not None:
             return self.output.write(output, verify)
-        output.write_model(self.model, verify)  # an inline output: its ModelProto, built once
+        output.write_model(self.model, verify)
         return None
 
 

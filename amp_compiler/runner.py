@@ -86,13 +86,15 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def load(
-        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None,
     ) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
         on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
         to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
         basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
-        thread pool's size (0: onnxruntime's default, one per core)."""
+        thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
+        external data of a ModelProto lies (onnxruntime reads it from there)."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -129,12 +131,14 @@ class InProcessRunner(Runner):
     (a hostile model can hang or crash the process). The test suite's own checks use it."""
 
     def load(
-        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None,
     ) -> Session:
         ort = runtime.onnxruntime("run the model")
         _check_provider(provider)
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-        options = runner_child.session_options(ort, basic=basic, threads=threads)
+        folder = os.path.abspath(data_folder) if data_folder is not None else None
+        options = runner_child.session_options(ort, basic=basic, threads=threads, data_folder=folder)
         try:
             session = ort.InferenceSession(source, options, providers=[provider])
         except Exception as exc:
@@ -183,7 +187,8 @@ class ChildRunner(Runner):
     # --- the public side
 
     def load(
-        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None,
     ) -> Session:
         _check_provider(provider)
         if isinstance(model, onnx.ModelProto):
@@ -191,6 +196,8 @@ class ChildRunner(Runner):
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
         header["provider"], header["basic"], header["threads"] = provider, basic, threads
+        if data_folder is not None:
+            header["data_folder"] = os.path.abspath(data_folder)
         answer, _ = self._request(header, raw=payload, doing="loading")
         return _ChildSession(self, answer["session"], answer)
 

@@ -16,7 +16,7 @@ from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler import convert
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx import files
+from amp_compiler.onnx import files, inline_output
 from amp_compiler.onnx.inline_weights import skim
 from benchmarks.generate import transformer_model
 
@@ -91,8 +91,16 @@ def test_mangled_files_never_raise(tmp_path):
             pass
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["weights-streamed", "one-serialization"])
 @pytest.mark.parametrize("target", ["fp16", "bf16"])
-def test_a_skimmed_model_converts_to_the_same_bytes_in_one_file(tmp_path, target):
+def test_a_skimmed_model_converts_to_the_same_bytes_in_one_file(tmp_path, monkeypatch, target, streamed):
+    """Written as one file: each large weight streamed into the file when its turn comes (inline_output),
+    or the whole model serialized at once: the same bytes as converting the model read whole."""
+    monkeypatch.setattr(inline_output, "STREAM_MIN_BYTES", 4096 if streamed else 1 << 40)
+    spliced: list[int] = []
+    splice = inline_output._splice
+    monkeypatch.setattr(inline_output, "_splice", lambda skeleton, weights: spliced.append(len(weights)) or splice(
+        skeleton, weights))
     m = transformer_model(blocks=3, hidden=64, batch="B")
     path = _save(tmp_path, m)
     loaded = files.load_model_deferred(path, min_bytes=4096, check=False, skim_file_bytes=0)
@@ -104,6 +112,7 @@ def test_a_skimmed_model_converts_to_the_same_bytes_in_one_file(tmp_path, target
     expected = convert(m, target=target).model.SerializeToString()
     assert out.read_bytes() == expected and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx"]
     assert result.model.SerializeToString() == expected
+    assert (spliced[0] > 0) == streamed
 
 
 def test_a_large_model_file_is_skimmed_by_default(tmp_path, monkeypatch):

@@ -79,7 +79,7 @@ def load_pieces(
     """The distinct pieces of ``model`` to load instead of the whole (see the module doc), or None
     when the whole model should be loaded: it has at most ``span + overlap`` nodes, or a tensor at
     a border has no known type. ``base_dir``: where ``model``'s external data files are (their
-    bytes are read into the pieces)."""
+    bytes are read into the pieces); None: external data stays external (onnxruntime reads it)."""
     nodes = model.graph.node
     if len(nodes) <= span + overlap:
         return None
@@ -246,8 +246,8 @@ class _Wiring:
             if name in self.initializers:
                 tensor = graph.initializer.add()
                 tensor.CopyFrom(self.initializers[name])
-                if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                    external_data_helper.load_external_data_for_tensor(tensor, str(base_dir or "."))
+                if tensor.data_location == onnx.TensorProto.EXTERNAL and base_dir is not None:
+                    external_data_helper.load_external_data_for_tensor(tensor, str(base_dir))
                     del tensor.external_data[:]
                     tensor.data_location = onnx.TensorProto.DEFAULT
                 size += tensor.ByteSize()

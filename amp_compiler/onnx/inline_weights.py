@@ -16,17 +16,20 @@ framing that does not add up: the file is untrusted) gives None, and the file is
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from pathlib import Path
 
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
-_DIMS, _DATA_TYPE, _NAME, _RAW_DATA, _DOC_STRING, _EXTERNAL_DATA, _DATA_LOCATION, _METADATA = 1, 2, 8, 9, 12, 13, 14, 16
+_DIMS, _DATA_TYPE, TENSOR_NAME, RAW_DATA, _DOC_STRING, _EXTERNAL_DATA, _DATA_LOCATION, _METADATA = (
+    1, 2, 8, 9, 12, 13, 14, 16
+)
 #: TensorProto fields an initializer may have to be skimmed (anything else stays as it is).
-_PLAIN_TENSOR_FIELDS = frozenset({_DIMS, _DATA_TYPE, _NAME, _RAW_DATA, _DOC_STRING, _METADATA})
+_PLAIN_TENSOR_FIELDS = frozenset({_DIMS, _DATA_TYPE, TENSOR_NAME, RAW_DATA, _DOC_STRING, _METADATA})
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 
 
-class _Malformed(Exception):
+class Malformed(Exception):
     """The framing does not add up (the file is left to protobuf's parser, which names the fault)."""
 
 
@@ -34,7 +37,7 @@ def _varint(data: mmap.mmap | bytes, pos: int, end: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
         if pos >= end or shift > 63:
-            raise _Malformed
+            raise Malformed
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -43,7 +46,7 @@ def _varint(data: mmap.mmap | bytes, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -55,8 +58,9 @@ def _encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _fields(data: mmap.mmap | bytes, start: int, end: int):
-    """(field number, wire type, field start, payload start, payload end) of each field in data[start:end]."""
+def fields(data: mmap.mmap | bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, field start, payload start, payload end) of each field in data[start:end]
+    (raises :class:`Malformed` where the framing does not add up)."""
     pos = start
     while pos < end:
         field_start = pos
@@ -73,14 +77,14 @@ def _fields(data: mmap.mmap | bytes, start: int, end: int):
         elif wire == _FIXED32:
             payload, pos = pos, pos + 4
         else:  # groups: never in ONNX
-            raise _Malformed
+            raise Malformed
         if pos > end or field == 0:
-            raise _Malformed
+            raise Malformed
         yield field, wire, field_start, payload, pos
 
 
 def _bytes_field(field: int, payload: bytes) -> bytes:
-    return _encode_varint(field << 3 | _BYTES) + _encode_varint(len(payload)) + payload
+    return encode_varint(field << 3 | _BYTES) + encode_varint(len(payload)) + payload
 
 
 def _external_entry(key: str, value: str) -> bytes:
@@ -91,10 +95,10 @@ def _skim_tensor(data: mmap.mmap, start: int, end: int, location: str, min_bytes
     """The TensorProto in data[start:end] with its raw_data made an external reference (None: leave it)."""
     kept: list[bytes] = []
     raw: tuple[int, int] | None = None
-    for field, wire, field_start, payload, field_end in _fields(data, start, end):
+    for field, wire, field_start, payload, field_end in fields(data, start, end):
         if field not in _PLAIN_TENSOR_FIELDS:
             return None
-        if field == _RAW_DATA:
+        if field == RAW_DATA:
             if raw is not None or wire != _BYTES:
                 return None
             raw = (payload, field_end)
@@ -106,7 +110,7 @@ def _skim_tensor(data: mmap.mmap, start: int, end: int, location: str, min_bytes
     kept += [
         _external_entry("location", location), _external_entry("offset", str(offset)),
         _external_entry("length", str(length)),
-        _encode_varint(_DATA_LOCATION << 3 | _VARINT) + _encode_varint(_EXTERNAL),
+        encode_varint(_DATA_LOCATION << 3 | _VARINT) + encode_varint(_EXTERNAL),
     ]
     return b"".join(kept)
 
@@ -122,21 +126,21 @@ def skim(path: Path, min_bytes: int) -> bytes | None:
             return None
     try:
         return _skim(data, path.name, min_bytes)
-    except _Malformed:
+    except Malformed:
         return None
     finally:
         data.close()
 
 
 def _skim(data: mmap.mmap, location: str, min_bytes: int) -> bytes | None:
-    graphs = [f for f in _fields(data, 0, len(data)) if f[0] == _MODEL_GRAPH]
+    graphs = [f for f in fields(data, 0, len(data)) if f[0] == _MODEL_GRAPH]
     if len(graphs) != 1 or graphs[0][1] != _BYTES:
         return None
     _, _, graph_start, graph_payload, graph_end = graphs[0]
     parts: list[bytes] = []
     copied = graph_payload  # graph bytes before this position are already in parts
     skimmed = 0
-    for field, wire, field_start, payload, field_end in _fields(data, graph_payload, graph_end):
+    for field, wire, field_start, payload, field_end in fields(data, graph_payload, graph_end):
         if field != _GRAPH_INITIALIZER or wire != _BYTES or field_end - payload < min_bytes:
             continue
         tensor = _skim_tensor(data, payload, field_end, location, min_bytes)

@@ -62,7 +62,7 @@ class ModelFile:
         ``verify`` sees the complete temporary model before it is renamed into place."""
         if self.output is None:
             raise ValueError("this command writes no model")
-        if result.output is None or result.output.inline:
+        if result.output is None:
             self.output.write_model(result.model, verify)
             return [self.output.path]
         data_file = result.output.write(self.output, verify)
