@@ -18,7 +18,8 @@ from amp_compiler import convert
 from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx import files, inline_output
 from amp_compiler.onnx.inline_weights import skim
-from benchmarks.generate import transformer_model
+from amp_compiler.runner import InProcessRunner
+from benchmarks.generate import transformer_inputs, transformer_model
 
 
 def _save(tmp_path, m: onnx.ModelProto, name: str = "m.onnx"):
@@ -124,3 +125,17 @@ def test_a_large_model_file_is_skimmed_by_default(tmp_path, monkeypatch):
     assert reloaded.load().SerializeToString() == full.SerializeToString()  # read back as the file holds it
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(reloaded.model.graph.initializer[-1]),
                                   onnx.numpy_helper.to_array(full.graph.initializer[-1]))
+
+
+def test_fp8_reads_weights_left_in_the_file_first(tmp_path):
+    """--target fp8 needs every weight in memory (its choice runs the model): a skimmed file's are read in."""
+    m = transformer_model(blocks=2, hidden=64)
+    path = _save(tmp_path, m)
+    samples = [transformer_inputs(m, seed=k) for k in range(2)]
+    loaded = files.load_model_deferred(path, min_bytes=4096, check=False, skim_file_bytes=0)
+    assert loaded.inline
+    with InProcessRunner() as runner:
+        skimmed = convert(loaded, target="fp8", samples=samples, runner=runner)
+        whole = convert(m, target="fp8", samples=samples, runner=runner)
+    assert skimmed.output is None
+    assert skimmed.model.SerializeToString() == whole.model.SerializeToString()
