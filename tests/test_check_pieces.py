@@ -22,7 +22,7 @@ from amp_compiler import convert
 from amp_compiler.cli import main
 from amp_compiler.errors import OutputCheckError
 from amp_compiler.load_check import OutputLoadCheck, check_output_loads
-from amp_compiler.onnx.check_pieces import OVERLAP, SPAN, load_pieces
+from amp_compiler.onnx.check_pieces import _FAR, OVERLAP, SPAN, load_pieces
 from amp_compiler.runner import ChildRunner, InProcessRunner, RunBudget
 from benchmarks.generate import transformer_model
 
@@ -64,6 +64,7 @@ def test_every_stretch_of_overlap_plus_one_nodes_is_inside_one_piece():
     assert set().union(*covered) == set(order)
     for i in range(len(order) - OVERLAP):
         assert any(set(order[i:i + OVERLAP + 1]) <= names for names in covered), i
+    assert all(len(p.graph.node) < _FAR for p in pieces)  # offsets up to _FAR are told apart
     for piece in pieces:  # pieces are valid models: symbolic borders typed, constants with them
         onnx.checker.check_model(piece, full_check=True)
         _loads(piece)

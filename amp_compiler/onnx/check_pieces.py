@@ -6,13 +6,13 @@ every node of the graph (``Graph::GenerateNodeName``), so a 10,000-node FP16 gra
 and a 100,000-node one minutes. The load check (:mod:`amp_compiler.load_check`) therefore loads a
 large output in pieces:
 
-- The nodes, in the model's order (topological), are cut into runs of at least ``span`` nodes. The
-  cuts fall where the local structure repeats (the positions whose last few nodes have the smallest
-  structural hash), so that the repeated layers of a model give identical pieces.
-- Each piece also holds the ``overlap`` nodes before its run: every stretch of ``overlap + 1``
-  consecutive nodes lies wholly inside one piece, with the node before and after it when those
-  exist. onnxruntime's fusions match a few connected nodes, which exporters write next to each
-  other, so each fusion and each Cast it inserts is seen by some piece as it is in the whole model.
+- The nodes, in the model's order (topological), are cut into runs of ``SPAN`` to ``4 * SPAN``
+  nodes. The cuts fall where the local structure repeats (the positions whose last few nodes have
+  the smallest structural hash), so that the repeated layers of a model give identical pieces.
+- Each piece also holds the ``OVERLAP`` nodes before its run: every stretch of ``OVERLAP + 1``
+  consecutive nodes lies wholly inside one piece. onnxruntime's fusions match a few connected
+  nodes, which exporters write next to each other, so each fusion and each Cast it inserts is seen
+  by some piece as it is in the whole model.
 - A tensor a piece reads but does not make is a graph input of the piece (typed and shaped as the
   conversion inferred it); a tensor it makes that a later node or the graph's output reads is a graph
   output; initializers and the model's functions, opsets and IR version come along.
@@ -21,7 +21,7 @@ large output in pieces:
   (the values onnxruntime's optimizers read: shapes, axes, scalars); float weights of more than one
   element count by type and shape only (their values change no graph transformation).
 
-What that gives up: a fusion spanning more than ``overlap + 1`` consecutive nodes, or a failure that
+What that gives up: a fusion spanning more than ``OVERLAP + 1`` consecutive nodes, or a failure that
 needs the whole graph, is not seen. A piece never fails where the whole model loads: the caller
 confirms a piece's failure on the whole model before refusing it.
 """
@@ -42,8 +42,9 @@ from amp_compiler.onnx.walk import subgraphs
 #: Nodes per piece (at least), and the nodes each piece repeats before its own run.
 SPAN = 32
 OVERLAP = 48
-#: Longer than any piece: a tensor read this far from where it is made is a border of every piece.
-_FAR = 4 * SPAN + OVERLAP + 1
+#: Longer than any piece (a run and its overlap): a tensor read this far from where it is made is a
+#: border of every piece.
+_FAR = 5 * SPAN + OVERLAP + 1  # the last run may have up to SPAN // 2 nodes more
 #: Nodes whose structure the cut positions are chosen by.
 _WINDOW = 4
 #: A piece whose weights would pass protobuf's 2 GiB limit is not made (the whole model is loaded).
@@ -73,20 +74,19 @@ def value_types(model: ir.Model) -> dict[str, tuple[ir.TypeProtocol | None, ir.S
 
 @gc_paused
 def load_pieces(
-    model: onnx.ModelProto, types: TypeTable, *, base_dir: str | Path | None = None,
-    span: int = SPAN, overlap: int = OVERLAP,
+    model: onnx.ModelProto, types: TypeTable, *, base_dir: str | Path | None = None
 ) -> list[onnx.ModelProto] | None:
     """The distinct pieces of ``model`` to load instead of the whole (see the module doc), or None
-    when the whole model should be loaded: it has at most ``span + overlap`` nodes, or a tensor at
+    when the whole model should be loaded: it has at most ``SPAN + OVERLAP`` nodes, or a tensor at
     a border has no known type. ``base_dir``: where ``model``'s external data files are (their
     bytes are read into the pieces); None: external data stays external (onnxruntime reads it)."""
     nodes = model.graph.node
-    if len(nodes) <= span + overlap:
+    if len(nodes) <= SPAN + OVERLAP:
         return None
     wiring = _Wiring(model)
     pieces: list[onnx.ModelProto] = []
     seen: set[bytes] = set()
-    for lo, hi in _ranges(wiring.signatures, span, overlap):
+    for lo, hi in _ranges(wiring.signatures):
         key = wiring.key(lo, hi, types)
         if key is None:
             return None
@@ -100,19 +100,20 @@ def load_pieces(
     return pieces
 
 
-def _ranges(signatures: list[int], span: int, overlap: int) -> Iterator[tuple[int, int]]:
-    """(first, end) node positions of each piece: runs of at least ``span`` nodes cut at the positions
-    whose last few node signatures hash lowest, each run with the ``overlap`` nodes before it."""
+def _ranges(signatures: list[int]) -> Iterator[tuple[int, int]]:
+    """(first, end) node positions of each piece: runs of ``SPAN`` to ``4 * SPAN`` nodes (the last up to
+    ``SPAN // 2`` more) cut at the positions whose last few node signatures hash lowest, each run with
+    the ``OVERLAP`` nodes before it."""
     n = len(signatures)
     window = [hash(tuple(signatures[max(0, i - _WINDOW + 1): i + 1])) for i in range(n)]
-    wanted = max(1, n // (2 * span))  # at least one candidate cut per two pieces' worth of nodes
+    wanted = max(1, n // (2 * SPAN))  # at least one candidate cut per two pieces' worth of nodes
     threshold = sorted(window)[min(n - 1, wanted - 1)]
     start = 0
-    for i in range(span, n - span // 2):
-        if (window[i - 1] <= threshold and i - start >= span) or i - start >= 4 * span:
-            yield max(0, start - overlap), i
+    for i in range(SPAN, n - SPAN // 2):
+        if (window[i - 1] <= threshold and i - start >= SPAN) or i - start >= 4 * SPAN:
+            yield max(0, start - OVERLAP), i
             start = i
-    yield max(0, start - overlap), n
+    yield max(0, start - OVERLAP), n
 
 
 def _digest(data: bytes) -> bytes:
