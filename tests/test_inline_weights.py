@@ -71,6 +71,10 @@ def test_typed_data_fields_and_duplicate_graphs_are_left_to_protobuf(tmp_path):
     path = tmp_path / "twice.onnx"
     path.write_bytes(data + graph_field)  # protobuf merges two graph fields
     assert skim(path, 1024) is None
+    packed = onnx.TensorProto(name="q", data_type=onnx.TensorProto.INT4, dims=[8192], raw_data=bytes(4096))
+    graph = helper.make_graph([helper.make_node("Identity", ["q"], ["y"])], "g", [], [vi("y", onnx.TensorProto.INT4)],
+                              [packed])
+    assert skim(_save(tmp_path, helper.make_model(graph), "int4.onnx"), 1024) is None  # 4-bit: left as it is
 
 
 def test_mangled_files_never_raise(tmp_path):

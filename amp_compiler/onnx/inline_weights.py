@@ -19,6 +19,8 @@ import mmap
 from collections.abc import Iterator
 from pathlib import Path
 
+from amp_compiler.onnx.external_data import ELEMENT_BYTES
+
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
 _DIMS, _DATA_TYPE, TENSOR_NAME, RAW_DATA, _DOC_STRING, _EXTERNAL_DATA, _DATA_LOCATION, _METADATA = (
@@ -27,6 +29,7 @@ _DIMS, _DATA_TYPE, TENSOR_NAME, RAW_DATA, _DOC_STRING, _EXTERNAL_DATA, _DATA_LOC
 #: TensorProto fields an initializer may have to be skimmed (anything else stays as it is).
 _PLAIN_TENSOR_FIELDS = frozenset({_DIMS, _DATA_TYPE, TENSOR_NAME, RAW_DATA, _DOC_STRING, _METADATA})
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+
 
 
 class Malformed(Exception):
@@ -67,8 +70,8 @@ def fields(data: mmap.mmap | bytes, start: int, end: int) -> Iterator[tuple[int,
         tag, pos = _varint(data, pos, end)
         field, wire = tag >> 3, tag & 7
         if wire == _VARINT:
-            _, pos = _varint(data, pos, end)
             payload = pos
+            _, pos = _varint(data, pos, end)
         elif wire == _BYTES:
             length, pos = _varint(data, pos, end)
             payload, pos = pos, pos + length
@@ -95,6 +98,7 @@ def _skim_tensor(data: mmap.mmap, start: int, end: int, location: str, min_bytes
     """The TensorProto in data[start:end] with its raw_data made an external reference (None: leave it)."""
     kept: list[bytes] = []
     raw: tuple[int, int] | None = None
+    data_type = None
     for field, wire, field_start, payload, field_end in fields(data, start, end):
         if field not in _PLAIN_TENSOR_FIELDS:
             return None
@@ -102,10 +106,12 @@ def _skim_tensor(data: mmap.mmap, start: int, end: int, location: str, min_bytes
             if raw is not None or wire != _BYTES:
                 return None
             raw = (payload, field_end)
-        else:
-            kept.append(data[field_start:field_end])
-    if raw is None or raw[1] - raw[0] < min_bytes:
-        return None
+            continue
+        if field == _DATA_TYPE:
+            data_type = _varint(data, payload, field_end)[0] if wire == _VARINT else None
+        kept.append(data[field_start:field_end])
+    if raw is None or raw[1] - raw[0] < min_bytes or data_type not in ELEMENT_BYTES:
+        return None  # packed 4-bit types and strings stay: their length does not follow from a byte count
     offset, length = raw[0], raw[1] - raw[0]
     kept += [
         _external_entry("location", location), _external_entry("offset", str(offset)),
