@@ -222,10 +222,25 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join([*rows, "", conditions]))
     if args.results is not None:
         command = "python -m benchmarks.cold " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(args.results, "\n".join(
-            [f"## Cold processes\n\nCommand: `{command.strip()}`. {conditions}\n", *rows]
-        ))
+        write_section(args.results, section(command.strip(), conditions, rows))
     return 0
+
+
+#: What the table's cells are, for the results file.
+MEASURED = (
+    "Each cell is the median wall time of fresh processes, as a user runs them (one for `2.5gb`), and the "
+    "largest peak RSS among them: the largest process of the tree, the load check's onnxruntime child "
+    "included, also as a multiple of the input's bytes. \"no load check\" adds `--no-load-check`; "
+    "onnxconverter-common is `onnx.load`, `convert_float_to_float16(keep_io_types=True)`, `onnx.save` in a "
+    "process of its own (speed-up: its time over amp-compiler's); `cp` copies the input files (reading and "
+    "writing their bytes once: the physical floor); \"amp in-process\" is `convert(path).save(out)` in a "
+    "warm process, imports done (the figure `benchmarks.compare` reports)."
+)
+
+
+def section(command: str, conditions: str, rows: list[str]) -> str:
+    """The results file's section: the command, the machine, what is measured, the table."""
+    return "\n".join([f"## Cold processes\n\nCommand: `{command}`. {conditions}\n\n{MEASURED}\n", *rows])
 
 
 def _conditions(load_before: float, load_after: float) -> str:
@@ -244,7 +259,7 @@ def write_section(path: Path, text: str) -> None:
     block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
     if SECTION_BEGIN in old and SECTION_END in old:
         head, rest = old.split(SECTION_BEGIN, 1)
-        path.write_text(head + block + rest.split(SECTION_END, 1)[1].lstrip("\n"))
+        path.write_text(head + block + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n"))
     elif "\n## " in old:
         head, rest = old.split("\n## ", 1)
         path.write_text(head + "\n" + block + "\n## " + rest)
