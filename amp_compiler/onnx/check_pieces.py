@@ -134,36 +134,26 @@ class _Wiring:
         self.described = {v.name: v for v in graph.value_info}
         self.outputs: list[list[str]] = []
         self.reads: list[list[str]] = []
-        producer: dict[str, tuple[int, int]] = {}  # tensor -> (node position, output index)
-        last_use: dict[str, int] = {}
-        for i, node in enumerate(self.nodes):
-            names = list(node.input)
-            if node.attribute and any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute):
-                names.extend(sorted(_outer_names(node)))
-            outputs = list(node.output)
-            self.reads.append(names)
-            self.outputs.append(outputs)
-            for name in names:
-                last_use[name] = i
-            for k, name in enumerate(outputs):
-                producer[name] = (i, k)
-        last_use.pop("", None)
-        producer.pop("", None)
-        self.producer, self.last_use = producer, last_use
-        constants: dict[str, tuple] = {}
-        interned: dict[tuple, int] = {}
-        self.signatures: list[int] = []  # interned, offsets capped at _FAR: the node inside any piece
         self.sources: list[list[tuple]] = []  # where each input comes from (a node: how far back)
-        self.sinks: list[list[tuple]] = []  # how far ahead each output is last read
         self.heads: list[tuple] = []  # op, domain, attributes
         self.reach: list[int] = []  # how far back the node's furthest node input was made
-        self.ahead: list[int] = []  # how far ahead its furthest output is read (_FAR: a graph output)
-        for i, node in enumerate(self.nodes):
+        producer: dict[str, tuple[int, int]] = {}  # tensor -> (node position, output index)
+        last_use: dict[str, int] = {}
+        constants: dict[str, tuple] = {}
+        for i, node in enumerate(self.nodes):  # the one pass over the protos
+            names = list(node.input)
+            attributes = node.attribute
+            attrs = b""
+            if attributes:
+                if any(a.type in _GRAPH_ATTRIBUTES for a in attributes):
+                    names.extend(sorted(_outer_names(node)))
+                attrs = _digest(b"".join(a.SerializeToString() for a in attributes))
             sources: list[tuple] = []
             reach = 0
-            for name in self.reads[i]:
+            for name in names:
+                last_use[name] = i
                 made = producer.get(name)
-                if made is not None and made[0] < i:
+                if made is not None:  # made by an earlier node (the order is topological)
                     back = i - made[0]
                     reach = max(reach, back)
                     sources.append((back, made[1]))
@@ -175,22 +165,34 @@ class _Wiring:
                     sources.append(constants[name])
                 else:
                     sources.append((name,))
+            outputs = list(node.output)
+            for k, name in enumerate(outputs):
+                producer[name] = (i, k)
+            self.reads.append(names)
+            self.outputs.append(outputs)
+            self.sources.append(sources)
+            self.heads.append((node.op_type, node.domain, attrs))
+            self.reach.append(reach)
+        last_use.pop("", None)
+        producer.pop("", None)
+        self.producer, self.last_use = producer, last_use
+        interned: dict[tuple, int] = {}
+        self.signatures: list[int] = []  # interned, offsets capped at _FAR: the node inside any piece
+        self.sinks: list[list[tuple]] = []  # how far ahead each output is last read
+        self.ahead: list[int] = []  # how far ahead its furthest output is read (_FAR: a graph output)
+        outputs_of_graph, described = self.graph_outputs, self.described
+        for i, outputs in enumerate(self.outputs):
             sinks = [
-                (last_use.get(name, i) - i, name in self.graph_outputs,
-                 self.described[name].type.SerializeToString() if name in self.described else b"")
-                for name in self.outputs[i]
+                (last_use.get(name, i) - i, name in outputs_of_graph,
+                 described[name].type.SerializeToString() if name in described else b"")
+                for name in outputs
             ]
-            attrs = _digest(b"".join(a.SerializeToString() for a in node.attribute)) if node.attribute else b""
-            head = (node.op_type, node.domain, attrs)
             capped = (
-                tuple((min(s[0], _FAR), s[1]) if len(s) == 2 else s for s in sources),
+                tuple((min(s[0], _FAR), s[1]) if len(s) == 2 else s for s in self.sources[i]),
                 tuple((min(s[0], _FAR), *s[1:]) for s in sinks),
             )
-            self.signatures.append(interned.setdefault((head, *capped), len(interned)))
-            self.heads.append(head)
-            self.sources.append(sources)
+            self.signatures.append(interned.setdefault((self.heads[i], *capped), len(interned)))
             self.sinks.append(sinks)
-            self.reach.append(reach)
             self.ahead.append(max((_FAR if s[1] else s[0] for s in sinks), default=0))
 
     def _borders(self, lo: int, hi: int) -> tuple[list[str], list[str]]:
