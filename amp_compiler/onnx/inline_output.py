@@ -19,6 +19,7 @@ import onnx_ir as ir
 from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.inline_weights import RAW_DATA, TENSOR_NAME, encode_varint, fields
 from amp_compiler.passes import ConvertedConstant
+from amp_compiler.passes.lower import raw_bytes
 
 #: Weights of the main graph of at least this many bytes are streamed.
 STREAM_MIN_BYTES = 1 << 20
@@ -46,7 +47,9 @@ def _streamable(tensor: object) -> bool:
     )
 
 
-def inline_chunks(model: ir.Model, to_proto: Callable[[ir.Model], onnx.ModelProto]) -> Iterator[bytes]:
+def inline_chunks(
+    model: ir.Model, to_proto: Callable[[ir.Model], onnx.ModelProto]
+) -> Iterator[bytes | memoryview]:
     """The bytes of ``to_proto(model)`` serialized, in chunks, each large weight read or converted
     when its chunk is asked for; weights left on disk that are not streamed are read into the model
     first (as :meth:`~amp_compiler.onnx.output.DeferredOutput.materialize` reads them)."""
@@ -73,7 +76,7 @@ def inline_chunks(model: ir.Model, to_proto: Callable[[ir.Model], onnx.ModelProt
     return _splice(skeleton, streamed)
 
 
-def _splice(skeleton: bytes, streamed: dict[str, ir.TensorProtocol]) -> Iterator[bytes]:
+def _splice(skeleton: bytes, streamed: dict[str, ir.TensorProtocol]) -> Iterator[bytes | memoryview]:
     graph = next((f for f in fields(skeleton, 0, len(skeleton)) if f[0] == _MODEL_GRAPH), None)
     if graph is None or not streamed:
         yield skeleton
@@ -105,9 +108,9 @@ def _splice(skeleton: bytes, streamed: dict[str, ir.TensorProtocol]) -> Iterator
             skeleton[at:start], _header(_GRAPH_INITIALIZER, tensor_size), skeleton[payload:raw_start],
             _header(RAW_DATA, tensor.nbytes),
         ))
-        data = tensor.tobytes()
-        if len(data) != tensor.nbytes:
-            raise RuntimeError(f"tensor {tensor.name!r} gave {len(data)} bytes, not {tensor.nbytes}")
+        data = raw_bytes(tensor.numpy())
+        if data.nbytes != tensor.nbytes:
+            raise RuntimeError(f"tensor {tensor.name!r} gave {data.nbytes} bytes, not {tensor.nbytes}")
         yield data
         del data
         yield skeleton[raw_end:end]

@@ -75,7 +75,9 @@ class OutputPath:
         as it was and no temporary file behind."""
         self.write_chunks([data], verify)
 
-    def write_chunks(self, chunks: Iterable[bytes], verify: Verify | None = None, *, limit: int | None = None) -> None:
+    def write_chunks(
+        self, chunks: Iterable[bytes | memoryview], verify: Verify | None = None, *, limit: int | None = None
+    ) -> None:
         """:meth:`write_bytes` of the concatenated ``chunks``, each written as it comes; ``limit``: the
         most bytes the file may hold (a model over protobuf's 2 GiB cannot be read back: refused)."""
         out, folder = self.path, self.folder
