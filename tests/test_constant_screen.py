@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from amp_compiler.passes.constants import ConstantRangePass, range_stats
+from amp_compiler.passes.constants import ConstantRangePass, _norm_at_least, range_stats
 from amp_compiler.targets import Target
 
 _EDGES = [0.0, -0.0, 1.0, 65504.0, -65504.0, 65505.0, 65519.0, 65520.0, 1e6, np.inf, -np.inf, np.nan,
@@ -59,3 +59,11 @@ def test_trained_weights_with_a_few_flushed_values_pass_without_a_closer_look():
     p = ConstantRangePass(Target.FP16)
     assert p._representable(w) and p._screen([7], [w.tobytes()]) == [7]
     assert p._verdict(ir.Value(name="w"), range_stats(w, Target.FP16)) is None
+
+
+def test_the_norm_bound_is_below_the_norm_and_near_it():
+    rng = np.random.default_rng(2)
+    for arr in (rng.standard_normal(3_000_001).astype(np.float32), np.full(2_500_000, 3e-4, np.float32),
+                np.array([1.0, -2.0], np.float32)):
+        exact = float(np.sqrt(np.sum(arr.astype(np.float64) ** 2)))
+        assert 0.9 * exact <= _norm_at_least(arr) <= exact
