@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -30,7 +32,8 @@ from amp_compiler.fp8 import (
     weights_in_memory,
 )
 from amp_compiler.gc_pause import gc_paused
-from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors
+from amp_compiler.onnx.check_pieces import value_types
+from amp_compiler.onnx.deferred import DeferredModel, defer_ir_tensors, with_small_weights
 from amp_compiler.onnx.files import load_model_deferred
 from amp_compiler.onnx.foreign_ops import foreign_ops
 from amp_compiler.onnx.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
@@ -106,7 +109,8 @@ def convert(
         samples = require_samples(samples)
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
-    proto, locations, checked, origin = _read(model)
+    source = _read(model, all_weights=fp8)
+    proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])
     if fp8:
         proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
@@ -141,7 +145,10 @@ def convert(
         ranges=ranges,
         placement=opts.placement,
         reached=reached_magnitudes(bounds) or None,
-        elements=placement_elements(proto, unshaped, shapes) if mincut and (shapes or unshaped) else None,
+        elements=(
+            placement_elements(with_small_weights(source), unshaped, shapes)
+            if mincut and (shapes or unshaped) else None
+        ),
     )
     plan = plan_precisions(graph, settings)
     unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
@@ -167,27 +174,26 @@ def convert(
         raise UntypedTensorsError(untyped_message(untyped))
     inserted = sum(d.rule == Rule.LOWERING_CAST.value for d in decisions)
     kept = sum(d.op_type == "Cast" and d.rule != Rule.LOWERING_CAST.value for d in decisions)
-    output = _DeferredOutput(ir_model, proto) if locations else None
+    types = value_types(ir_model)  # before the output drops the types the input did not describe
+    output = _DeferredOutput(ir_model, proto, source.inline) if locations else None
     return ConversionResult(
         None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
-        input_shapes=shapes, warnings=warnings,
+        input_shapes=shapes, warnings=warnings, value_types=types,
     )
 
 
-def _read(
-    model: onnx.ModelProto | str | os.PathLike | DeferredModel,
-) -> tuple[onnx.ModelProto, dict, bool, str]:
-    """(the ModelProto, where its deferred weights are, whether it was checked, its origin for
-    messages): a path is read with its large weights left on disk, unchecked (the conversion checks
-    it while it builds the IR); sparse tensors are made dense (onnx_ir cannot read them)."""
+def _read(model: onnx.ModelProto | str | os.PathLike | DeferredModel, *, all_weights: bool = False) -> DeferredModel:
+    """The model as a :class:`DeferredModel` (``files`` starting with its origin for messages): a
+    path is read with its large weights left on disk, unchecked (the conversion checks it while it
+    builds the IR); sparse tensors are made dense (onnx_ir cannot read them). ``all_weights``:
+    weights left inside the model file are read into it."""
     deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
     if isinstance(deferred, DeferredModel):
-        origin = str(deferred.files[0])
-        return densify(deferred.model, origin), deferred.locations, deferred.checked, origin
+        if all_weights and deferred.inline:
+            deferred.load()
+        return dataclasses.replace(deferred, model=densify(deferred.model, str(deferred.files[0])))
     if not isinstance(deferred, onnx.ModelProto):
         raise TypeError(f"expected an onnx.ModelProto or a path, got {type(deferred).__name__}")
-    return densify(deferred), {}, False, "model"
-
-
+    return DeferredModel(densify(deferred), [Path("model")], {}, checked=False)

@@ -12,6 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.decisions import NodeDecision
+from amp_compiler.onnx.check_pieces import TypeTable
 from amp_compiler.onnx.save import OutputPath, Verify, check_output_path
 from amp_compiler.options import ConvertOptions
 
@@ -20,6 +21,7 @@ class DeferredOutput(Protocol):
     """A conversion's IR whose unconverted weights are still on disk, and how to make its ModelProto."""
 
     ir_model: ir.Model
+    inline: bool  # written as one file, its weights inside it (from a model that held them so)
 
     def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto: ...
 
@@ -57,6 +59,10 @@ class ConversionResult:
     # What the user should know: tensors that provably overflow the target above some magnitude of a
     # graph input whose range is not known (state it, and they stay FP32).
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # The type and shape the conversion inferred for every tensor of the main graph (the output
+    # describes only what the input described): the load check types the borders of its pieces
+    # with them (amp_compiler.onnx.check_pieces).
+    value_types: TypeTable = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def decisions_by_rule(self) -> dict[str, int]:
         counts: dict[str, int] = {}

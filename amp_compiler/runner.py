@@ -82,12 +82,19 @@ class Session(abc.ABC):
 class Runner(abc.ABC):
     """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
 
+    onnxruntime_version = ""  # the version of the onnxruntime that loads the models, once known
+
     @abc.abstractmethod
-    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None,
+    ) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
         on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
         to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
-        basic graph optimisations only (:func:`runner_child.session_options`)."""
+        basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
+        thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
+        external data of a ModelProto lies (onnxruntime reads it from there)."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -123,12 +130,17 @@ class InProcessRunner(Runner):
     """Sessions in this process, with no time or memory limit: for models the caller trusts only
     (a hostile model can hang or crash the process). The test suite's own checks use it."""
 
-    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None,
+    ) -> Session:
         ort = runtime.onnxruntime("run the model")
         _check_provider(provider)
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+        folder = os.path.abspath(data_folder) if data_folder is not None else None
+        options = runner_child.session_options(ort, basic=basic, threads=threads, data_folder=folder)
         try:
-            session = ort.InferenceSession(source, runner_child.session_options(ort, basic=basic), providers=[provider])
+            session = ort.InferenceSession(source, options, providers=[provider])
         except Exception as exc:
             error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
             raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
@@ -174,13 +186,18 @@ class ChildRunner(Runner):
 
     # --- the public side
 
-    def load(self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False) -> Session:
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None,
+    ) -> Session:
         _check_provider(provider)
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
-        header["provider"], header["basic"] = provider, basic
+        header["provider"], header["basic"], header["threads"] = provider, basic, threads
+        if data_folder is not None:
+            header["data_folder"] = os.path.abspath(data_folder)
         answer, _ = self._request(header, raw=payload, doing="loading")
         return _ChildSession(self, answer["session"], answer)
 

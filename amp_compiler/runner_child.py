@@ -8,7 +8,8 @@ child that a hostile model took over cannot make its parent run code.
 
 Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
 
-    {"op": "load", "bytes": N, "provider": E, "basic": B} + N bytes of ModelProto
+    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T, "data_folder": F}
+                                        + N bytes of ModelProto (its external data in F)
                                         -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
@@ -47,7 +48,7 @@ def session_facts(session: Any) -> dict[str, list[str]]:
     }
 
 
-def session_options(ort: Any, *, threads: int = 0, basic: bool = False) -> Any:
+def session_options(ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None) -> Any:
     """onnxruntime session options for every session amp-compiler makes: its log silenced (level 4,
     fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations,
     or with ``basic`` only onnxruntime's basic ones (constant folding, redundant node removal). Models
@@ -62,6 +63,8 @@ def session_options(ort: Any, *, threads: int = 0, basic: bool = False) -> Any:
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+    if data_folder is not None:  # a model given as bytes reads its external data from there
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
     return opts
 
 
@@ -177,7 +180,10 @@ def _serve(limit: int) -> None:
                 provider = request.get("provider", PROVIDERS[0])
                 if provider not in PROVIDERS:
                     raise ValueError(f"unknown execution provider {provider!r}")
-                options = session_options(ort, basic=bool(request.get("basic", False)))
+                options = session_options(
+                    ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
+                    data_folder=request.get("data_folder"),
+                )
                 session = ort.InferenceSession(source, options, providers=[provider])
                 del source
                 next_id += 1

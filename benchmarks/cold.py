@@ -1,22 +1,24 @@
 """What a user waits for: a cold ``amp-compiler convert`` process per conversion, and its peak memory.
 
-    python -m benchmarks.cold [--real] [--runs 3] [--models demo,10k,100k,bert-base,gpt2]
+    python -m benchmarks.cold [--runs 3] [--models demo,10k,100k,bert-base,gpt2,2.5gb] [--results FILE]
 
 Each conversion is a fresh process, as a user runs it: Python's start-up, the imports, reading the
 file, converting, writing the output, and (for amp-compiler) the output load check that ``convert``
 runs by default in a child process (bytecode compiled once, by a first run that is not measured,
-as an installed package's is). A row is the median wall time over ``--runs`` processes and the
+as an installed package's is). A cell is the median wall time over ``--runs`` processes and the
 largest peak RSS among them (``ru_maxrss`` from ``os.wait4``: the largest process of the tree, the
-load check's child included). Side by side, in its own cold process per run:
-``onnxconverter-common``'s ``float16.convert_float_to_float16(onnx.load(path), keep_io_types=True)``
-then ``onnx.save``. A second column gives amp-compiler without the load check
-(``--no-load-check``), and the in-process time of the conversion alone (``amp_compiler.convert``
-and ``save`` in a warm process, imports done: the figure ``benchmarks.compare`` reports).
+load check's child included), also as a multiple of the input's size. Side by side, in its own cold
+process per run: ``onnxconverter-common``'s ``float16.convert_float_to_float16(onnx.load(path),
+keep_io_types=True)`` then ``onnx.save``; ``cp`` of the input files (the physical floor: reading
+and writing the bytes once). Second columns: amp-compiler without the load check
+(``--no-load-check``), and the in-process time of the conversion alone (``amp_compiler.convert`` and
+``save`` in a warm process, imports done: the figure ``benchmarks.compare`` reports).
 
-Models: ``models/demo.onnx``; generated transformer graphs of 10,000 and 100,000 nodes
-(``benchmarks/generate.py``, written to a temporary folder, seconds); with ``--real``, BERT-base
-and GPT-2 at full size with their weights inside the file (``models/catalog.py``: a torch export
-of a few minutes the first time, then read from ``AMP_MODELS_CACHE``).
+Models (default: all but ``2.5gb``): ``models/demo.onnx``; generated transformer graphs of 10,000 and
+100,000 nodes (``benchmarks/generate.py``, written to a temporary folder, seconds); BERT-base and
+GPT-2 at full size with their weights inside the file (``models/catalog.py``: a torch export of a few
+minutes the first time, then read from ``AMP_MODELS_CACHE``); ``2.5gb``: a generated model of 2.5 GB
+of weights in an external data file (one run per tool).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = {"10k": 10_000, "100k": 100_000}
 REAL = {"bert-base": "bert-base", "gpt2": "gpt2"}
-DEFAULT_MODELS = ("demo", "10k", "100k")
+LARGE = {"2.5gb": 2.5e9}  # weights in an external data file
+DEFAULT_MODELS = ("demo", "10k", "100k", "bert-base", "gpt2")
 SECTION_BEGIN = "<!-- cold-processes:begin (python -m benchmarks.cold --results) -->"
 SECTION_END = "<!-- cold-processes:end -->"
 
@@ -98,35 +101,48 @@ def _cli() -> list[str]:
 
 def tools(src: Path, out: Path) -> dict[str, list[str]]:
     """The command line of each column, converting ``src`` to ``out``."""
+    files = [str(f) for f in _input_files(src)]
     return {
         "amp-compiler": [*_cli(), str(src), "-o", str(out)],
         "amp (no load check)": [*_cli(), "--no-load-check", str(src), "-o", str(out)],
         "onnxconverter-common": [sys.executable, "-c", _ONNXCONVERTER, str(src), str(out)],
+        "cp": ["cp", *files, str(out.parent)],
         "amp in-process": [sys.executable, "-c", _IN_PROCESS, str(src), str(out)],
     }
 
 
+def _input_files(src: Path) -> list[Path]:
+    """The model file and its external data file, if it has one beside it."""
+    data = src.with_name(src.name + ".data")
+    return [src, data] if data.exists() else [src]
+
+
 def model_path(name: str, folder: Path) -> Path:
-    """The input file of a benchmark model (generated or built on first use)."""
+    """The input file of a benchmark model, generated or built on first use in a child process (this
+    process stays small: each measured process starts as a copy of it, which counts in its peak RSS)."""
     if name == "demo":
         return ROOT / "models" / "demo.onnx"
     if name in GENERATED:
         path = folder / f"generated-{name}.onnx"
-        if not path.exists():
-            import onnx
-
-            from benchmarks.generate import transformer_model
-
-            onnx.save(transformer_model(GENERATED[name]), path)
-        return path
-    if name in REAL:
-        from models import catalog
-
-        entry = next(e for e in catalog.entries(None) if e.name == REAL[name])
-        catalog.load(entry)
-        cached = sorted(catalog.CACHE_DIR.glob(f"{entry.name}.*.onnx"), key=lambda p: p.stat().st_mtime)
-        return cached[-1]
-    raise ValueError(f"unknown model {name!r} (demo, {', '.join(GENERATED)}, {', '.join(REAL)})")
+        code = f"import onnx; from benchmarks.generate import transformer_model as t; onnx.save(t({GENERATED[name]}), {str(path)!r})"
+    elif name in LARGE:
+        path = folder / name / "model.onnx"
+        code = f"from benchmarks.generate import large_model as m; m({str(path)!r}, {LARGE[name]!r})"
+        path.parent.mkdir(exist_ok=True)
+    elif name in REAL:
+        code = (
+            "from models import catalog\n"
+            f"entry = next(e for e in catalog.entries(None) if e.name == {REAL[name]!r})\n"
+            "catalog.load(entry)\n"
+            "print(sorted(catalog.CACHE_DIR.glob(f'{entry.name}.*.onnx'), key=lambda p: p.stat().st_mtime)[-1])"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+        return Path(proc.stdout.strip().splitlines()[-1])
+    else:
+        raise ValueError(f"unknown model {name!r} (demo, {', '.join([*GENERATED, *REAL, *LARGE])})")
+    if not path.exists():
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    return path
 
 
 def _mb(n: int) -> str:
@@ -135,8 +151,8 @@ def _mb(n: int) -> str:
 
 def measure(names: list[str], runs: int, timeout_s: float, log=print) -> list[str]:
     """The Markdown table of cold conversions (one row per model)."""
-    header = ("| model | file | amp-compiler s | peak RSS | no load check s | peak RSS | "
-              "onnxconverter-common s | peak RSS | speed-up | amp in-process s |")
+    header = ("| model | input | amp-compiler | peak RSS (x input) | no load check | peak RSS (x input) | "
+              "onnxconverter-common | peak RSS | speed-up | cp | amp in-process |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     with tempfile.TemporaryDirectory(prefix="amp-cold-") as tmp:
         folder = Path(tmp)
@@ -144,15 +160,21 @@ def measure(names: list[str], runs: int, timeout_s: float, log=print) -> list[st
             _spawn(argv, timeout_s)  # not measured: fills the bytecode cache
         for name in names:
             src = model_path(name, folder)
-            cells = {}
-            for tool, argv in tools(src, folder / "out.onnx").items():
+            size = sum(f.stat().st_size for f in _input_files(src))
+            out_dir = folder / "out"
+            out_dir.mkdir(exist_ok=True)
+            cells: dict[str, tuple[float, int] | None] = {}
+            for tool, argv in tools(src, out_dir / "out.onnx").items():
                 samples = []
-                for _ in range(runs):
+                for _ in range(1 if name in LARGE else runs):
                     try:
                         samples.append(_spawn(argv, timeout_s))
                     except (TimeoutError, RuntimeError) as exc:
                         log(f"  {name} / {tool}: {exc}")
                         break
+                    finally:
+                        for f in out_dir.iterdir():
+                            f.unlink()
                 if not samples:
                     cells[tool] = None
                     continue
@@ -163,33 +185,71 @@ def measure(names: list[str], runs: int, timeout_s: float, log=print) -> list[st
                 cells[tool] = (secs, max(s.peak_rss for s in samples))
                 log(f"  {name} / {tool}: {secs:.2f} s, {_mb(cells[tool][1])}")
 
-            t = {tool: "failed" if c is None else f"{c[0]:.2f}" for tool, c in cells.items()}
-            m = {tool: "" if c is None else _mb(c[1]) for tool, c in cells.items()}
-            ratio = ""
-            if cells["amp-compiler"] and cells["onnxconverter-common"]:
-                ratio = f"{cells['onnxconverter-common'][0] / cells['amp-compiler'][0]:.1f}x"
-            rows.append(f"| {name} | {_mb(src.stat().st_size)} | {t['amp-compiler']} | {m['amp-compiler']} | "
-                        f"{t['amp (no load check)']} | {m['amp (no load check)']} | {t['onnxconverter-common']} | "
-                        f"{m['onnxconverter-common']} | {ratio} | {t['amp in-process']} |")
+            rows.append(_row(name, size, cells))
     return rows
+
+
+def _row(name: str, size: int, cells: dict[str, tuple[float, int] | None]) -> str:
+    def t(tool: str) -> str:
+        c = cells[tool]
+        return "failed" if c is None else f"{c[0]:.2f} s"
+
+    def m(tool: str, ratio: bool = False) -> str:
+        c = cells[tool]
+        return "" if c is None else _mb(c[1]) + (f" ({c[1] / size:.2f}x)" if ratio else "")
+
+    amp, peer = cells["amp-compiler"], cells["onnxconverter-common"]
+    speedup = f"{peer[0] / amp[0]:.1f}x" if amp and peer else ""
+    return (f"| {name} | {_mb(size)} | {t('amp-compiler')} | {m('amp-compiler', True)} | "
+            f"{t('amp (no load check)')} | {m('amp (no load check)', True)} | "
+            f"{t('onnxconverter-common')} | {m('onnxconverter-common')} | {speedup} | {t('cp')} | "
+            f"{t('amp in-process')} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="cold processes per (tool, model); the median is reported")
-    ap.add_argument("--real", action="store_true", help="add BERT-base and GPT-2 at full size (weights inside the file)")
-    ap.add_argument("--models", default=None, help="comma-separated subset of demo,10k,100k,bert-base,gpt2")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated, of demo,10k,100k,bert-base,gpt2,2.5gb (default: all but 2.5gb)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per process")
     ap.add_argument("--results", type=Path, default=None,
                     help="also write the table into this file's cold-process section (benchmarks/RESULTS.md)")
     args = ap.parse_args(argv)
-    names = args.models.split(",") if args.models else [*DEFAULT_MODELS, *(REAL if args.real else ())]
+    names = args.models.split(",") if args.models else list(DEFAULT_MODELS)
+    load_before = os.getloadavg()[0]
     rows = measure(names, args.runs, args.timeout, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print("\n".join(rows))
+    conditions = _conditions(load_before, os.getloadavg()[0])
+    print("\n".join([*rows, "", conditions]))
     if args.results is not None:
         command = "python -m benchmarks.cold " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_section(args.results, "\n".join([f"## Cold processes\n\nCommand: `{command.strip()}`.\n", *rows]))
+        write_section(args.results, section(command.strip(), conditions, rows))
     return 0
+
+
+#: What the table's cells are, for the results file.
+MEASURED = (
+    "Each cell is the median wall time of fresh processes, as a user runs them (one for `2.5gb`), and the "
+    "largest peak RSS among them: the largest process of the tree, the load check's onnxruntime child "
+    "included, also as a multiple of the input's bytes. \"no load check\" adds `--no-load-check`; "
+    "onnxconverter-common is `onnx.load`, `convert_float_to_float16(keep_io_types=True)`, `onnx.save` in a "
+    "process of its own (speed-up: its time over amp-compiler's); `cp` copies the input files (reading and "
+    "writing their bytes once: the physical floor); \"amp in-process\" is `convert(path).save(out)` in a "
+    "warm process, imports done (the figure `benchmarks.compare` reports)."
+)
+
+
+def section(command: str, conditions: str, rows: list[str]) -> str:
+    """The results file's section: the command, the machine, what is measured, the table."""
+    return "\n".join([f"## Cold processes\n\nCommand: `{command}`. {conditions}\n\n{MEASURED}\n", *rows])
+
+
+def _conditions(load_before: float, load_after: float) -> str:
+    """The machine and its load (other work on it moves the numbers), and what was measured."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return (
+        f"Machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {load_after:.1f} after; "
+        f"python {sys.version.split()[0]}, amp-compiler commit {commit.stdout.strip() or 'unknown'}."
+    )
 
 
 def write_section(path: Path, text: str) -> None:
@@ -199,7 +259,7 @@ def write_section(path: Path, text: str) -> None:
     block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
     if SECTION_BEGIN in old and SECTION_END in old:
         head, rest = old.split(SECTION_BEGIN, 1)
-        path.write_text(head + block + rest.split(SECTION_END, 1)[1].lstrip("\n"))
+        path.write_text(head + block + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n"))
     elif "\n## " in old:
         head, rest = old.split("\n## ", 1)
         path.write_text(head + "\n" + block + "\n## " + rest)

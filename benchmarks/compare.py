@@ -39,6 +39,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -641,16 +642,11 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "would bring `cupy-cuda12x` and `onnxruntime-gpu`). It runs on the CPU onnxruntime and the CPU torch.",
     ]
     text = "\n".join(lines) + "\n"
-    # The cold-process section (benchmarks.cold) and the deployment graphs' (benchmarks.deployment_facts)
-    # are written by their own benchmarks: kept as they are.
-    from benchmarks import cold, deployment_facts
-
+    # Sections other benchmarks write (the cold processes', the deployment graphs', FP8's, the accuracy
+    # comparison's) sit between <!-- name:begin ... --> and <!-- name:end --> markers: kept as they are.
     old = path.read_text() if path.exists() else ""
-    for begin, end_marker in ((cold.SECTION_BEGIN, cold.SECTION_END),
-                              (deployment_facts.SECTION_BEGIN, deployment_facts.SECTION_END)):
-        if begin in old and end_marker in old:
-            start, end = old.index(begin), old.index(end_marker) + len(end_marker)
-            text += "\n" + old[start:end] + "\n"
+    for section in re.finditer(r"<!-- ([\w-]+):begin.*?-->.*?<!-- \1:end -->", old, re.DOTALL):
+        text += "\n" + section.group(0) + "\n"
     path.write_text(text)
     return text
 

@@ -93,6 +93,25 @@ def mask_paths(graph: PrecisionGraph, plan: PrecisionPlan) -> dict[int, float]:
     return floor
 
 
+#: Values per FP32 dot product in :func:`_norm_at_least` (a sum of this many positive terms in FP32
+#: rounds down by at most this many ulps: 6%).
+_NORM_CHUNK = 1 << 20
+
+
+def _norm_at_least(flat: np.ndarray) -> float:
+    """A lower bound of the L2 norm of an FP32 vector: FP32 dot products of chunks (fast, no copy)
+    summed in FP64, each taken as 90% of itself (a sum of n positive FP32 terms rounds down by at most
+    n ulps, 6% for a chunk)."""
+    total = 0.0
+    for start in range(0, flat.size, _NORM_CHUNK):
+        chunk = flat[start:start + _NORM_CHUNK]
+        total += 0.9 * float(np.dot(chunk, chunk))
+    return math.sqrt(total)
+
+
+#: The bits of an FP32 value but its sign.
+_MAGNITUDE = np.uint32(0x7FFFFFFF)
+
 #: Bytes of FP32 constants screened together (one numpy call per group: per tensor, numpy's own
 #: overhead dominates for small ones; one group for all would copy every weight at once).
 SCREEN_BYTES = 64 * 2**20
@@ -255,13 +274,28 @@ class ConstantRangePass(AnalysisPass):
         return found + self._screen(keys, chunks) if keys else found
 
     def _screen(self, keys: list[int], chunks: list[bytes]) -> list[int]:
-        """The keys whose chunk (FP32 bytes) holds no value beyond the target's range and none that flushes."""
+        """The keys whose chunk (FP32 bytes) :meth:`_representable` would pass, screened over all
+        chunks at once: every value within the target's range, and any that flushes harmless."""
         sizes = np.fromiter((len(c) // 4 for c in chunks), np.int64, len(chunks))
-        flat = np.abs(np.frombuffer(chunks[0] if len(chunks) == 1 else b"".join(chunks), dtype="<f4"))
+        magnitudes = np.frombuffer(chunks[0] if len(chunks) == 1 else b"".join(chunks), dtype="<u4") & _MAGNITUDE
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        plain = np.maximum.reduceat(flat, starts) <= self._limits[0]  # NaN: False
-        plain &= ~np.logical_or.reduceat((flat < self._limits[1]) & (flat != 0), starts)
+        top = np.maximum.reduceat(magnitudes, starts)
+        plain = top <= self._bit_limits[0]  # NaN and inf: above
+        open_question = plain & ~self._flushes_harmless(top.view("<f4"), sizes)
+        if open_question.any():
+            np.subtract(magnitudes, 1, out=magnitudes)  # zeros wrap around to the largest
+            plain &= ~open_question | (np.minimum.reduceat(magnitudes, starts) >= self._bit_limits[1] - 1)
         return [key for key, ok in zip(keys, plain.tolist(), strict=True) if ok]
+
+    def _flushes_harmless(self, absmax: np.ndarray, size: np.ndarray, norm: np.ndarray | None = None) -> np.ndarray:
+        """Whether whatever flushes to zero in a tensor of this largest |x|, this many values and this
+        L2 norm (at least ``absmax``) is too small for :meth:`_verdict` to pin it, whatever its
+        values: each flushed value is below the smallest subnormal and there are at most ``size`` of
+        them, so their norm is below ``sqrt(size)`` smallest subnormals (half of it is allowed)."""
+        limit = self.significant * absmax.astype(np.float64)
+        norm = limit / self.significant if norm is None else np.maximum(norm, absmax)
+        smallest = float(self._limits[1])
+        return (smallest < limit) & (np.sqrt(size) * smallest <= 0.5 * self.significant * norm)
 
     def _representable(self, arr: np.ndarray) -> bool:
         """A quick exact screen (a few passes over the data, none of them a conversion of the whole
@@ -270,6 +304,13 @@ class ConstantRangePass(AnalysisPass):
         small to matter by :meth:`_verdict`'s two tests. False means "look closer", never "bad"."""
         if arr.dtype != np.float32 or arr.size == 0:
             return False
+        flat = arr.reshape(-1)
+        top, bottom = flat.max(), flat.min()  # passes over the data, no copy
+        if not (top <= self._limits[0] and -bottom <= self._limits[0]):  # NaN compares False
+            return False
+        norm = _norm_at_least(flat)
+        if self._flushes_harmless(np.array([max(top, -bottom)]), np.array([flat.size]), np.array([norm]))[0]:
+            return True
         absval = np.abs(arr)
         absmax = absval.max()
         if not absmax <= self._limits[0]:  # NaN compares False: look closer
@@ -292,6 +333,12 @@ class ConstantRangePass(AnalysisPass):
     @functools.cached_property
     def _limits(self) -> tuple[np.float32, np.float32]:
         return np.float32(self.target.max), np.float32(self.target.smallest_subnormal)
+
+    @functools.cached_property
+    def _bit_limits(self) -> tuple[np.uint32, np.uint32]:
+        """:attr:`_limits` as FP32 bit patterns (both positive)."""
+        high, low = np.array(self._limits, dtype="<f4").view("<u4")
+        return high, low
 
     def _verdict(self, value: ir.Value, s: RangeStats) -> tuple[Rule, str] | None:
         name = self.target.value.upper()

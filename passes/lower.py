@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
@@ -53,6 +54,15 @@ def _attribute_types(node: ir.Node) -> dict[str, ir.AttributeType]:
         return {}
     # onnx's stubs type AttrType without __int__; it is an int enum.
     return {name: ir.AttributeType(int(a.type)) for name, a in schema.attributes.items()}  # type: ignore[call-overload]
+
+
+def raw_bytes(array: np.ndarray) -> memoryview:
+    """An array's values as ONNX stores them in ``raw_data`` (little-endian), from its own buffer
+    where it can (no copy into a bytes object)."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype.byteorder == ">":
+        flat = flat.byteswap()
+    return flat.view(np.uint8).data
 
 
 class ConvertedConstant(ir.LazyTensor):
@@ -120,6 +130,13 @@ class ConvertedConstant(ir.LazyTensor):
             data, self._bytes = self._bytes, None
             return data
         return self.numpy().tobytes()
+
+    def tofile(self, file: BinaryIO) -> None:
+        """Write the converted bytes to ``file`` (the array's own buffer: no copy into a bytes object)."""
+        if self._bytes is not None:
+            file.write(self.tobytes())
+            return
+        file.write(raw_bytes(self.numpy()))
 
     def _evaluate(self) -> ir.Tensor:
         return ir.Tensor(self.numpy(), name=self.name)

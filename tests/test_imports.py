@@ -26,7 +26,8 @@ try:
     code = main(sys.argv[1:])
 except SystemExit as exc:  # --help
     code = exc.code
-print(json.dumps({"code": code, "modules": sorted({m.split('.')[0] for m in sys.modules})}))
+from amp_compiler.cli.deferred_imports import is_deferred  # stand-ins for modules never imported
+print(json.dumps({"code": code, "modules": sorted({m.split('.')[0] for m in sys.modules if not is_deferred(m)})}))
 """
 
 
@@ -77,3 +78,33 @@ def test_comparison_formats_match_the_renderer() -> None:
     from amp_compiler.report.comparison import FORMATS
 
     assert CLI_FORMATS == FORMATS
+
+
+def _run(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_a_plain_convert_never_imports_sympy(standard_model, tmp_path) -> None:
+    """onnx_ir imports sympy at its import; the command line defers it (amp_compiler.cli.deferred_imports)."""
+    out = tmp_path / "out.onnx"
+    code = (
+        "import sys\nfrom amp_compiler.cli import main\n"
+        f"assert main(['convert', '-q', {str(standard_model)!r}, '-o', {str(out)!r}]) == 0\n"
+        "from amp_compiler.cli.deferred_imports import is_deferred\n"
+        "print(is_deferred('sympy'), is_deferred('onnx_ir._symbolic_shapes'), 'sympy.core' in sys.modules)"
+    )
+    assert _run(code) == "True True False"
+    assert out.exists()
+
+
+def test_a_deferred_module_is_the_real_one_once_used() -> None:
+    code = (
+        "import sys\nfrom amp_compiler.cli.deferred_imports import defer, is_deferred\ndefer()\n"
+        "import onnx_ir as ir\nimport sympy\nassert is_deferred('sympy')\n"
+        "d = ir.SymbolicDim('N') * 2\n"  # onnx_ir's dim arithmetic: parses with sympy
+        "from sympy import Symbol\nimport sympy.core\n"
+        "print(is_deferred('sympy'), sympy.Symbol is Symbol, str(d), sys.modules['sympy'].Symbol is Symbol)"
+    )
+    assert _run(code) == "False True 2*N True"

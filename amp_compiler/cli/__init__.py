@@ -16,6 +16,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     """Run ``amp-compiler`` with ``argv`` (default: the process's arguments); returns the exit status."""
     try:
+        from amp_compiler.cli.deferred_imports import defer
+
+        defer()  # before onnx_ir imports sympy, which a conversion never uses
         from amp_compiler.cli.app import main as run
     except KeyboardInterrupt:
         print("amp-compiler: interrupted", file=sys.stderr)

@@ -50,7 +50,7 @@ class ConvertCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from amp_compiler.convert import convert
-        from amp_compiler.load_check import check_output_loads
+        from amp_compiler.load_check import OutputLoadCheck
 
         files = self.files.open()  # the output path is checked before the work, not after it
         start = time.perf_counter()
@@ -75,12 +75,11 @@ class ConvertCommand(Command):
             if analysis:
                 self.report.write(analysis.report, files.source)
 
-            def load_check(tmp: Path) -> None:
-                warning = check_output_loads(tmp, files.source, self.running.budget, runner)
-                if warning:
-                    warnings.append(warning)
-
-            output_files = files.save(result, load_check if load_checked else None)
+            check = OutputLoadCheck(files.source, self.running.budget, runner) if load_checked and runner else None
+            if check is not None:
+                check.start(result)  # the pieces of an in-memory output load while it is written
+            output_files = files.save(result, check)
+            warnings.extend(check.warnings if check is not None else ())
         if not args.quiet:
             print(summary_line(result, files.files, output_files, time.perf_counter() - start))
             if analysis and analysis.refinement:

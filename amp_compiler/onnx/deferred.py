@@ -36,6 +36,9 @@ class DeferredModel:
     files: list[Path]
     locations: dict[str, Path]
     checked: bool = True  # validated as check_model_valid validates (files.load_model_deferred(check=True))
+    # The deferred weights lie in the model file itself (skimmed: amp_compiler.onnx.inline_weights),
+    # and the converted model is written as one file too.
+    inline: bool = False
 
     @property
     def deferred(self) -> bool:
@@ -46,9 +49,27 @@ class DeferredModel:
         """Read the deferred tensors into ``model`` (all weights in memory, as ``files.load_model`` does)."""
         if self.locations:
             origin = str(self.files[0])
-            read_external(plan_external_reads(self.model, self.files[0].parent, origin)[0], origin)
-            self.locations = {}
+            pending = plan_external_reads(self.model, self.files[0].parent, origin)[0]
+            read_external(pending, origin)
+            if self.inline:  # the tensors as the file holds them (no data_location field)
+                for entry in pending:
+                    entry.tensor.ClearField("data_location")
+            self.locations, self.inline = {}, False
         return self.model
+
+
+def with_small_weights(deferred: DeferredModel, limit: int = 2**20) -> onnx.ModelProto:
+    """A copy of the deferred model with its deferred tensors of at most ``limit`` bytes read in, for
+    tools that read the values of constants (onnxruntime's symbolic shape inference reads a
+    constant-folded embedding as readily as a Reshape's shape); larger ones stay on disk."""
+    if not deferred.locations:
+        return deferred.model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(deferred.model)
+    origin = str(deferred.files[0])
+    pending = plan_external_reads(copy, deferred.files[0].parent, origin)[0]
+    read_external([entry for entry in pending if entry.length <= limit], origin)
+    return copy
 
 
 _COPY_CHUNK = 64 * 2**20  # tofile copies a tensor in pieces of this many bytes

@@ -20,7 +20,8 @@ from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.text import quote
 from amp_compiler.onnx.walk import tagged_tensors
 
-_ELEMENT_BYTES: dict[int, int] = {
+#: Bytes per element of the element types of whole bytes (onnx's TensorProto.DataType numbers).
+ELEMENT_BYTES: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT8: 1,
     onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4,
     onnx.TensorProto.INT64: 8, onnx.TensorProto.BOOL: 1, onnx.TensorProto.FLOAT16: 2,
@@ -90,7 +91,7 @@ def _resolve_location(location: str, base: Path, where: str) -> Path:
 
 
 def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
-    size = _ELEMENT_BYTES.get(tensor.data_type)
+    size = ELEMENT_BYTES.get(tensor.data_type)
     if size is None:  # strings, 4-bit types: no fixed byte count to check here
         return None
     count = 1

@@ -24,6 +24,7 @@ from amp_compiler.onnx.external_data import (
     plan_external_reads,
     read_external,
 )
+from amp_compiler.onnx.inline_weights import skim as skim_weights
 from amp_compiler.onnx.text import first_line
 from amp_compiler.onnx.validate import check_model_valid
 
@@ -51,7 +52,8 @@ DEFER_MIN_BYTES = 64 * 1024
 
 
 def load_model_deferred(
-    path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTES, *, check: bool = True
+    path: str | os.PathLike, min_bytes: int = DEFER_MIN_BYTES, *, check: bool = True,
+    skim_file_bytes: int | None = None,
 ) -> DeferredModel:
     """Load and validate a model file, leaving its large external-data initializers on disk.
 
@@ -61,9 +63,14 @@ def load_model_deferred(
     reads them, one at a time, when needed). A model without external data is loaded whole.
     ``check=False`` leaves the model checks to the caller (``DeferredModel.checked`` is False):
     :func:`amp_compiler.convert.convert` does them while it builds the IR.
+
+    A model file of ``skim_file_bytes`` or more (default ``SKIM_MIN_FILE_BYTES``) with its weights
+    inside it has them left in the file the same way (:mod:`amp_compiler.onnx.inline_weights`:
+    ``DeferredModel.inline``), and its conversion is written as one file.
     """
     p = Path(path)
-    model, may_refer_to_files = _parse_model_file(p)
+    skim_file_bytes = SKIM_MIN_FILE_BYTES if skim_file_bytes is None else skim_file_bytes
+    model, may_refer_to_files = _parse_model_file(p, skim=(min_bytes, skim_file_bytes))
     pending, sizes = plan_external_reads(model, p.parent, str(p)) if may_refer_to_files else ([], {})
     read_external([entry for entry in pending if not (entry.initializer and entry.length >= min_bytes)], str(p))
     locations = {
@@ -73,14 +80,24 @@ def load_model_deferred(
     }
     if check:
         check_model_valid(model, origin=str(p), deferred=bool(locations))
-    return DeferredModel(model, [p, *sizes], locations, checked=check)
+    itself = Path(os.path.realpath(p))  # skimmed weights lie in the model file itself
+    files = [p, *(f for f in sizes if f != itself)]
+    inline = bool(locations) and all(f == itself for f in locations.values())
+    return DeferredModel(model, files, locations, checked=check, inline=inline)
 
 
-def _parse_model_file(p: Path) -> tuple[onnx.ModelProto, bool]:
+#: Model files of at least this size have their large weights skimmed (left in the file, unparsed).
+SKIM_MIN_FILE_BYTES = 16 * 2**20
+
+
+def _parse_model_file(p: Path, skim: tuple[int, int] | None = None) -> tuple[onnx.ModelProto, bool]:
     """The parsed model, and whether it may refer to external data files. Every external tensor
     names its "location": a file without the word has none, and its external-data walk is skipped
-    (a tensor marked external without a location is then refused by the model checks)."""
-    data = _read_model_bytes(p)
+    (a tensor marked external without a location is then refused by the model checks).
+    ``skim``: (weight bytes, file bytes): a file of at least that many bytes is parsed with its
+    initializers of that many bytes or more described as external data in the file itself
+    (:mod:`amp_compiler.onnx.inline_weights`)."""
+    data = _read_model_bytes(p, skim)
     if _looks_like_pytorch(data):
         raise ModelLoadError(
             f"{p}: not ONNX: looks like a PyTorch checkpoint; export it with torch.onnx.export or use amp_compiler.fx"
@@ -116,7 +133,7 @@ def _looks_like_pytorch(data: bytes) -> bool:
     return len(data) > 2 and data[0] == 0x80 and 2 <= data[1] <= 5
 
 
-def _read_model_bytes(p: Path) -> bytes:
+def _read_model_bytes(p: Path, skim: tuple[int, int] | None = None) -> bytes:
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -136,6 +153,9 @@ def _read_model_bytes(p: Path) -> bytes:
             "(onnx.save_model(model, path, save_as_external_data=True))"
         )
     try:
+        skimmed = skim_weights(p, skim[0]) if skim is not None and st.st_size >= skim[1] else None
+        if skimmed is not None:
+            return skimmed
         with open(p, "rb") as f:
             return f.read()
     except OSError as exc:

@@ -13,6 +13,8 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.onnx.deferred import DeferredTensor
+from amp_compiler.onnx.files import PROTOBUF_LIMIT
+from amp_compiler.onnx.inline_output import inline_chunks
 from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.onnx.save import OutputPath, Verify
 from amp_compiler.onnx.walk import iter_proto_graphs
@@ -68,6 +70,7 @@ class DeferredOutput:
 
     ir_model: ir.Model
     original: onnx.ModelProto  # the input (weights deferred): its IR version and value_info names
+    inline: bool = False  # the input held its weights in the model file: the output holds them too
 
     def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto:
         """:func:`output_proto` of ``model`` (by default the conversion's IR), weights left as they are."""
@@ -90,6 +93,9 @@ class DeferredOutput:
 
     def write(self, output: OutputPath, verify: Verify | None = None) -> Path | None:
         """Write the conversion to ``output``, its large weights in ``<output>.data`` (one at a time;
-        ``verify`` as :meth:`OutputPath.write_ir_model` has it). Returns that data file, or None
-        when no weight needed one."""
+        ``verify`` as :meth:`OutputPath.write_ir_model` has it); an ``inline`` one as one file.
+        Returns the data file, or None when no weight needed one."""
+        if self.inline:  # one file, its large weights streamed into it (inline_output.py)
+            output.write_chunks(inline_chunks(self.ir_model, self.to_proto), verify, limit=PROTOBUF_LIMIT)
+            return None
         return output.write_ir_model(self.ir_model, self.to_proto, verify=verify)

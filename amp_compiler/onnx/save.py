@@ -73,6 +73,13 @@ class OutputPath:
         """Write ``data`` to the output file: a temporary file, seen complete by ``verify`` (which may
         raise to refuse it), then renamed over the output, so a failure at any point leaves the output
         as it was and no temporary file behind."""
+        self.write_chunks([data], verify)
+
+    def write_chunks(
+        self, chunks: Iterable[bytes | memoryview], verify: Verify | None = None, *, limit: int | None = None
+    ) -> None:
+        """:meth:`write_bytes` of the concatenated ``chunks``, each written as it comes; ``limit``: the
+        most bytes the file may hold (a model over protobuf's 2 GiB cannot be read back: refused)."""
         out, folder = self.path, self.folder
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=folder)
@@ -80,7 +87,10 @@ class OutputPath:
             raise OutputError(f"{out}: the output folder {folder} is not writable: {exc.strerror or exc}") from None
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    f.write(chunk)
+                    if limit is not None and f.tell() > limit:
+                        raise OutputError(f"{out}: cannot write the converted model: over protobuf's 2 GiB limit")
                 f.flush()
                 os.fsync(f.fileno())
             if verify is not None:
