@@ -59,7 +59,8 @@ def anchor(path: Path) -> dict[str, dict]:
     return {r["model"]: r for r in results if r.get("protocol") == "benchmarks.fp8_modelopt"}
 
 
-def _pct(v: float | None, digits: int = 2) -> str:
+def pct(v: float | None, digits: int = 2) -> str:
+    """A share as a percentage, "-" when there is none."""
     return "-" if v is None else f"{v:.{digits}%}"
 
 
@@ -71,8 +72,8 @@ def _failure(error: str) -> str:
 
 def row(ours: dict, budget: float, theirs: dict | None) -> str:
     cells = [
-        ours["model"], f"{budget:g}", _pct(ours["max_error_of_range"]), _pct(ours["rel_l2"]), f"{ours['cosine']:.4f}",
-        _pct(ours["top1"], 1), _pct(ours["fp8_flop_share"], 0), "/".join(map(str, ours["gemms"])),
+        ours["model"], f"{budget:g}", pct(ours["max_error_of_range"]), pct(ours["rel_l2"]), f"{ours['cosine']:.4f}",
+        pct(ours["top1"], 1), pct(ours["fp8_flop_share"], 0), "/".join(map(str, ours["gemms"])),
         str(ours["qdq"]), str(ours["casts"]), f"{ours['size'] / ours['size_fp32']:.2f}x",
     ]
     if theirs is None or theirs.get("error"):
@@ -80,8 +81,8 @@ def row(ours: dict, budget: float, theirs: dict | None) -> str:
     else:
         share = theirs["fp8_flop_share"]
         cells += [
-            _pct(theirs["worst"]["max_error_of_range"]), _pct(theirs["worst"]["rel_l2"]),
-            f"{theirs['worst']['cosine']:.4f}", _pct(theirs["top1_agreement"], 1), _pct(share, 0),
+            pct(theirs["worst"]["max_error_of_range"]), pct(theirs["worst"]["rel_l2"]),
+            f"{theirs['worst']['cosine']:.4f}", pct(theirs["top1_agreement"], 1), pct(share, 0),
             str(theirs["qdq"]), str(theirs["casts"]), f"{theirs['size'] / theirs['size_fp32']:.2f}x",
             f"{ours['fp8_flop_share'] / share:.2f}x" if share else "-",
         ]

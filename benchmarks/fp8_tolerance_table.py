@@ -23,7 +23,7 @@ from amp_compiler.refine import refine
 from amp_compiler.runner import InProcessRunner
 from amp_compiler.targets import Target
 from benchmarks import fp8_protocol as protocol
-from benchmarks.fp8_table import anchor
+from benchmarks.fp8_table import anchor, pct
 
 DEFAULT_MODELS = "bert-base-small,gpt2-small,vit-base-small,resnet50-small,ppocr-cls,magika"
 HEADER = (
@@ -45,21 +45,17 @@ def measure(name: str, tolerance: float) -> dict:
             "fp8_flop_share": share, "rounds": r.rounds, "runs": r.model_runs, "seconds": seconds}
 
 
-def _pct(v: float | None, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}%}"
-
-
 def row(ours: dict, tolerance: float, theirs: dict | None) -> str:
-    calibration = _pct(ours["calibration"]) + ("" if ours["met"] else " (not met)")
+    calibration = pct(ours["calibration"]) + ("" if ours["met"] else " (not met)")
     cells = [
-        ours["model"], f"{tolerance:g}", calibration, _pct(ours["rel_l2"]), _pct(ours["max_error_of_range"]),
-        _pct(ours["top1"], 1), _pct(ours["fp8_flop_share"], 0), str(ours["rounds"]), str(ours["runs"]),
+        ours["model"], f"{tolerance:g}", calibration, pct(ours["rel_l2"]), pct(ours["max_error_of_range"]),
+        pct(ours["top1"], 1), pct(ours["fp8_flop_share"], 0), str(ours["rounds"]), str(ours["runs"]),
         f"{ours['seconds']:.0f}",
     ]
     if theirs is None or theirs.get("error"):
         cells += ["-", "-"]
     else:
-        cells += [_pct(theirs["worst"]["rel_l2"]), _pct(theirs["fp8_flop_share"], 0)]
+        cells += [pct(theirs["worst"]["rel_l2"]), pct(theirs["fp8_flop_share"], 0)]
     return "| " + " | ".join(cells) + " |"
 
 

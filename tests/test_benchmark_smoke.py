@@ -94,3 +94,21 @@ def test_fp8_table_row_runs_and_counts_a_graph_output_gemm_as_fp8(tmp_path):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[6] == "100%" and cells[7] == "13/0/0"  # the LM head (graph output 'logits') included
     assert cells[11:] == ["-"] * 9
+
+
+def test_fp8_tolerance_table_rows_meet_their_tolerances(tmp_path):
+    """Two rows of the FP8 --tolerance table (no ModelOpt needed): each met on the calibration
+    batches, the FP8 share no smaller at the larger tolerance."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fp8_tolerance_table", "--models", "mlp-softmax", "--tolerances",
+         "0.02,0.1", "--anchor", str(tmp_path / "none.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
+            if line.startswith("| mlp-softmax |")]
+    assert [r[1] for r in rows] == ["0.02", "0.1"]
+    assert all("not met" not in r[2] for r in rows)
+    shares = [float(r[6].rstrip("%")) for r in rows]
+    assert shares[0] <= shares[1] and shares[1] > 0
+    assert rows[0][10:] == ["-", "-"]
