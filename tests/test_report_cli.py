@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -80,6 +81,26 @@ def test_convert_with_calibration_tolerance_and_report(ffn, tmp_path, capsys):
     onnx.checker.check_model(onnx.load(out), full_check=True)
     html = rep.read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and "<svg" in html
+
+
+def test_convert_tolerance_line_says_what_it_kept_and_what_could_be(tmp_path, capsys):
+    entry = catalog.get("decomposed-activations")
+    path, out, data = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "cal"
+    onnx.save(catalog.load(entry), path)
+    data.mkdir()
+    for k in range(2):
+        np.savez(data / f"{k}.npz", **entry.make_inputs(np.random.default_rng(k)))
+    # half of plain FP16's error here: units are measured and chosen
+    code, stdout, err = _run(["convert", path, "-o", out, "--calibration-data", data, "--tolerance", "5e-4",
+                              "--no-load-check"], capsys)
+    assert code == 0, err
+    line = next(x for x in stdout.splitlines() if x.startswith("--tolerance 0.0005: met"))
+    match = re.search(r"pinned to FP32, ([\d.]+)% of their Tensor Core FLOPs kept fp16 or lower "
+                      r"\(at most ([\d.]+)% could be\)$", line)
+    assert match, line
+    share, ceiling = map(float, match.groups())
+    # the classifier Gemm, a few FLOPs, is pinned: the share rounds down, it does not claim 100%
+    assert 99.0 <= share <= ceiling < 100.0
 
 
 def test_report_csv_single_file_calibration(ffn, tmp_path, capsys):
