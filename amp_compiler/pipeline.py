@@ -1,7 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> tolerance pins -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
-                (--tolerance)     (ONNX frontends)   (ONNX frontends)
+    classify -> tolerance choices -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
+                (--tolerance)        (ONNX frontends)   (ONNX frontends)
              -> constant ranges -> static ranges -> calibration ranges -> paint -> min-cut placement
                                    (input ranges)    (with ranges)
                 (placement="mincut")

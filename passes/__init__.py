@@ -3,8 +3,8 @@
 Analysis passes (:class:`AnalysisPass`, in :mod:`amp_compiler.passes.base`) read a
 :class:`~amp_compiler.graph.PrecisionGraph` and write a :class:`~amp_compiler.plan.PrecisionPlan`
 (they never edit the model), and check their guarantees in ``ensures``; :mod:`amp_compiler.pipeline`
-puts them in order: ``ClassifyPass`` (policy roles), ``TolerancePinPass`` (the nodes ``--tolerance``
-chose stay FP32, without spreading), ``KernelCoveragePass`` (ops without a
+puts them in order: ``ClassifyPass`` (policy roles), ``TolerancePinPass`` (``--tolerance``'s choice: the
+nodes it pinned stay FP32 without spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a
 low-precision kernel on the target provider stay FP32), ``RuntimeHazardPass`` (op patterns
 onnxruntime crashes on with a Cast inside stay FP32), ``SignalPathPass`` (the linear path
 from a raw input into a Log stays FP32), ``QuantizedIslandPass`` (values quantized again and
