@@ -36,6 +36,7 @@ import onnx.helper as oh
 from amp_compiler.costs import estimate, iter_nodes
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_view
 from amp_compiler.runner import Runner
+from amp_compiler.tensor_error import OutputErrors
 
 _STEPS = 1000  # knapsack resolution: budget^2 in this many units
 GROW_TRIES = 8  # end-to-end runs spent trying GEMMs the prediction left out
@@ -90,19 +91,12 @@ class EndToEnd:
 
     def error(self, on: frozenset[int]) -> float:
         """Worst relative L2 over the float outputs with the candidates ``on`` in FP8, on the samples."""
-        err2 = np.zeros(len(self.floats))
-        ref2 = np.zeros(len(self.floats))
+        found = OutputErrors(len(self.floats))
         for sample, ref in zip(self.samples, self.reference, strict=True):
-            got = self._run(sample, on)
             self.runs += 1
-            for j, (r, g) in enumerate(zip(ref, got, strict=True)):
-                both = np.isfinite(r)
-                if not np.all(np.isfinite(g[both])):
-                    return math.inf
-                err2[j] += float(np.sum((g[both] - r[both]) ** 2))
-                ref2[j] += float(np.sum(r[both] ** 2))
-        rel = [math.sqrt(e / r) if r > 0 else (0.0 if e == 0 else math.inf) for e, r in zip(err2, ref2, strict=True)]
-        return max(rel, default=0.0)
+            if not found.add(ref, self._run(sample, on)):
+                return math.inf
+        return found.worst()
 
     def close(self) -> None:
         self.session.close()

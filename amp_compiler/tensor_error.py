@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -77,3 +78,42 @@ class ErrorStats:
         if span > 0:
             return self.max_abs / span
         return 0.0 if self.max_abs == 0 else math.inf
+
+
+class OutputErrors:
+    """A model's float outputs against their references, over samples: the relative L2 of each,
+    leaving out the positions where the reference is not finite; an output that is not finite where
+    its reference is has an infinite error. What the end-to-end probes of ``--tolerance`` and FP8
+    (:mod:`amp_compiler.tolerance_probe`, :mod:`amp_compiler.fp8_budget`) compare their runs by."""
+
+    def __init__(self, outputs: int):
+        self.err2 = [0.0] * outputs
+        self.ref2 = [0.0] * outputs
+
+    def add(self, reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> bool:
+        """One sample's outputs (float64); False when one is not finite where its reference is."""
+        finite_everywhere = True
+        for j, (r, g) in enumerate(zip(reference, got, strict=True)):
+            finite = np.isfinite(r)
+            if not np.all(np.isfinite(g[finite])):
+                self.err2[j] = math.inf
+                finite_everywhere = False
+                continue
+            self.err2[j] += float(np.sum((g[finite] - r[finite]) ** 2))
+            self.ref2[j] += float(np.sum(r[finite] ** 2))
+        return finite_everywhere
+
+    def relative(self) -> list[float]:
+        """Each output's relative L2 (0 when both sums are 0, infinite for an error on a zero reference)."""
+        out = []
+        for e, r in zip(self.err2, self.ref2, strict=True):
+            if not math.isfinite(e):
+                out.append(math.inf)
+            elif r > 0:
+                out.append(math.sqrt(e / r))
+            else:
+                out.append(0.0 if e == 0 else math.inf)
+        return out
+
+    def worst(self) -> float:
+        return max(self.relative(), default=0.0)

@@ -26,7 +26,6 @@ not finite where FP32 is. The probe never changes the models it is given.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
@@ -38,6 +37,7 @@ from amp_compiler.decisions import NodeDecision
 from amp_compiler.emulate import emulate_in_place, typed_model
 from amp_compiler.onnx.ir_walk import node_order
 from amp_compiler.runner import Runner
+from amp_compiler.tensor_error import OutputErrors
 
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
@@ -210,19 +210,11 @@ class SwitchProbe:
         others exact."""
         on = frozenset(on)
         switches = {switch_name(k): np.array(k in on) for k in range(self.n_groups)}
-        err2 = np.zeros(len(self.outputs))
-        ref2 = np.zeros(len(self.outputs))
+        found = OutputErrors(len(self.outputs))
         for sample, reference in zip(self.samples, self.reference, strict=True):
-            got = self._floats(self.session, sample, switches)
+            found.add(reference, self._floats(self.session, sample, switches))
             self.runs += 1
-            for j, (r, g) in enumerate(zip(reference, got, strict=True)):
-                finite = np.isfinite(r)
-                if not np.all(np.isfinite(g[finite])):
-                    err2[j] = math.inf
-                    continue
-                err2[j] += float(np.sum((g[finite] - r[finite]) ** 2))
-                ref2[j] += float(np.sum(r[finite] ** 2))
-        return {name: _relative(e, r) for name, e, r in zip(self.outputs, err2, ref2, strict=True)}
+        return dict(zip(self.outputs, found.relative(), strict=True))
 
     def error(self, on: Iterable[int]) -> float:
         """The worst of :meth:`errors`."""
@@ -231,10 +223,3 @@ class SwitchProbe:
     def close(self) -> None:
         self.session.close()
 
-
-def _relative(err2: float, ref2: float) -> float:
-    if not math.isfinite(err2):
-        return math.inf
-    if ref2 > 0:
-        return math.sqrt(err2 / ref2)
-    return 0.0 if err2 == 0 else math.inf

@@ -140,3 +140,14 @@ def test_the_fp32_reference_is_the_models_semantics_with_intermediates_exposed()
     samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(2)]
     (out,) = compare_models(fp32, convert(fp32).model, samples).outputs
     assert out.cosine > 0.9999 and out.error_of_range < 0.01, out
+
+
+def test_output_errors_leave_out_non_finite_references_and_flag_non_finite_outputs():
+    from amp_compiler.tensor_error import OutputErrors
+
+    found = OutputErrors(2)
+    ref = [np.array([3.0, np.inf, 4.0]), np.array([0.0, 0.0])]
+    assert found.add(ref, [np.array([3.0, np.nan, 4.5]), np.array([0.0, 0.0])])  # inf reference: left out
+    assert found.relative() == [pytest.approx(0.1), 0.0]  # 0.5 / |(3, 4)|; zero against zero
+    assert not found.add(ref, [np.array([np.inf, 1.0, 4.0]), np.array([0.0, 0.0])])
+    assert found.relative()[0] == np.inf and found.worst() == np.inf
