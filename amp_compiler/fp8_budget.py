@@ -35,6 +35,7 @@ import onnx.helper as oh
 
 from amp_compiler.costs import estimate, iter_nodes
 from amp_compiler.fp8_stats import Fp8Candidate, fp8_view
+from amp_compiler.knapsack import Option, choose
 from amp_compiler.runner import Runner
 from amp_compiler.tensor_error import OutputErrors
 
@@ -113,29 +114,10 @@ def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
 
 def choose_within_budget(errors: Sequence[float], flops: Sequence[int], budget: float) -> frozenset[int]:
     """The indices with the most total FLOPs whose quadrature sum of ``errors`` is within ``budget``
-    (see module doc); candidates with a non-finite error are never chosen."""
-    if budget <= 0:
-        return frozenset()
-    cap = _STEPS
-    weights = [math.ceil(e * e / (budget * budget) * cap) if math.isfinite(e) else cap + 1 for e in errors]
-    best = np.full(cap + 1, -1, dtype=np.int64)
-    best[0] = 0
-    take = np.zeros((len(errors), cap + 1), dtype=bool)
-    for i, (w, f) in enumerate(zip(weights, flops, strict=True)):
-        if w > cap:
-            continue
-        shifted = np.full(cap + 1, -1, dtype=np.int64)
-        shifted[w:] = np.where(best[: cap + 1 - w] >= 0, best[: cap + 1 - w] + f, -1)
-        better = shifted > best
-        take[i] = better
-        best = np.where(better, shifted, best)
-    c = int(np.argmax(best))
-    chosen = set()
-    for i in range(len(errors) - 1, -1, -1):
-        if take[i, c]:
-            chosen.add(i)
-            c -= weights[i]
-    return frozenset(chosen)
+    (see module doc): :func:`amp_compiler.knapsack.choose` with two options per GEMM; candidates with a
+    non-finite error are never chosen."""
+    picks = choose([[Option(0.0, 0), Option(e, f)] for e, f in zip(errors, flops, strict=True)], budget, steps=_STEPS)
+    return frozenset(k for k, pick in enumerate(picks) if pick)
 
 
 def choose_verified(

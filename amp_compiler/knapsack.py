@@ -33,14 +33,15 @@ class Option:
     value: int  # what choosing it is worth (e.g. Tensor Core FLOPs kept in low precision)
 
 
-def choose(items: Sequence[Sequence[Option]], budget: float) -> list[int]:
-    """The chosen option of each item (see module doc)."""
+def choose(items: Sequence[Sequence[Option]], budget: float, steps: int | None = None) -> list[int]:
+    """The chosen option of each item (see module doc). ``steps``: the resolution, ``budget^2`` in that
+    many units (default: 16 per item, 1,000 to 100,000)."""
     for options in items:
         if not options or options[0].error != 0:
             raise ValueError("option 0 of every item must exist and add no error")
     if not items or budget <= 0:
         return [0] * len(items)
-    steps = min(max(_MIN_STEPS, _STEPS_PER_ITEM * len(items)), _MAX_STEPS)
+    steps = steps or min(max(_MIN_STEPS, _STEPS_PER_ITEM * len(items)), _MAX_STEPS)
     best = np.full(steps + 1, -1, dtype=np.int64)  # best[c]: most value with rounded weight exactly c
     best[0] = 0
     picks = np.zeros((len(items), steps + 1), dtype=np.int16)
