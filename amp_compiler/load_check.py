@@ -4,12 +4,15 @@ A converted model can crash onnxruntime itself (a SIGSEGV in one of its graph op
 session creation): checked in this process, that would kill the tool; unchecked, it would kill
 whoever loads the output. :class:`OutputLoadCheck` loads the output in a
 :class:`~amp_compiler.runner.ChildRunner` (CPU provider, default optimisations: what people run
-first) before it is renamed into place. A model the CPU provider has no kernel for (BF16 MatMul, an
+first) before it is renamed into place. The sessions are only created, never run: one thread, and no
+weight prepacking (the kernels' copies of their weights in their own layout, made after every graph
+transformation: half of GPT-2's load time). A model the CPU provider has no kernel for (BF16 MatMul, an
 op meant for CUDA) passes: onnxruntime says so only once every graph optimizer ran.
 
 A large output is loaded in pieces (:mod:`amp_compiler.onnx.check_pieces`: onnxruntime's session
-creation grows with the square of an FP16 graph's size; each distinct piece is loaded once), and an
-output held in memory has its pieces loaded while it is written. When a piece fails, the whole
+creation grows with the square of an FP16 graph's size; each distinct piece is loaded once, its
+large weights stand-ins), made from the output's graph and loaded while its weights are converted
+and written. When a piece fails, the whole
 output is loaded to confirm it (a cut can make a piece fail where the whole model loads). When the
 output fails, the input model is loaded the same way, to tell whose fault it is:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,9 +44,7 @@ from amp_compiler.errors import (
     OutputCheckError,
     RunBudgetError,
 )
-from amp_compiler.onnx.check_pieces import TypeTable, load_pieces
-from amp_compiler.onnx.files import DEFER_MIN_BYTES
-from amp_compiler.onnx.inline_weights import skim
+from amp_compiler.onnx.check_pieces import TypeTable, load_pieces, write_stand_in
 from amp_compiler.runner import ChildRunner, RunBudget, Runner
 
 if TYPE_CHECKING:
@@ -59,17 +61,17 @@ class Failure:
 
 def check_output_loads(
     output: str | os.PathLike, input_model: str | os.PathLike, budget: RunBudget, runner: ChildRunner | None = None,
-    pieces: Sequence[onnx.ModelProto] | None = None, data_folder: Path | None = None,
+    pieces: Sequence[onnx.ModelProto] | None = None,
 ) -> str | None:
     """Raise :class:`OutputCheckError` when onnxruntime cannot load the converted model at ``output``
     (a file, its external data beside it) while it loads ``input_model`` (see the module doc).
     Returns None when the output loads, or a warning when neither does. ``runner``: a child already
     started (its import of onnxruntime overlapped the conversion), else one is started here.
-    ``pieces``: load these instead of the whole output (a failure is confirmed on the whole), their
-    external data in ``data_folder``."""
+    ``pieces``: load these (:func:`~amp_compiler.onnx.check_pieces.load_pieces`) instead of the whole
+    output (a failure is confirmed on the whole)."""
     first = runner or ChildRunner(budget)
     try:
-        failure = first_failure(pieces if pieces is not None else [Path(output)], first, data_folder)
+        failure = first_failure([Path(output)], first) if pieces is None else first_piece_failure(pieces, first)
     finally:
         if runner is None:
             first.close()
@@ -85,7 +87,7 @@ def first_failure(
     for model in models:
         try:
             folder = data_folder if isinstance(model, onnx.ModelProto) else None
-            runner.load(model, threads=1, data_folder=folder).close()  # only created: one thread is enough
+            runner.load(model, threads=1, data_folder=folder, prepack=False).close()
         except ModelUnsupportedError:  # no CPU kernel (BF16 MatMul): raised after every graph optimizer ran
             continue
         except RunBudgetError:
@@ -93,6 +95,14 @@ def first_failure(
         except ModelRunError as exc:
             return Failure(exc, f"onnxruntime {runner.onnxruntime_version}".strip())
     return None
+
+
+def first_piece_failure(pieces: Sequence[onnx.ModelProto], runner: Runner) -> Failure | None:
+    """:func:`first_failure` of the ``pieces`` of a model, their stand-in weights read from a file of
+    zeros made for them."""
+    with tempfile.TemporaryDirectory(prefix="amp-compiler-check-") as folder:
+        write_stand_in(pieces, folder)
+        return first_failure(pieces, runner, Path(folder))
 
 
 def judge(
@@ -108,7 +118,7 @@ def judge(
         return None
     try:
         with ChildRunner(budget) as second:  # a fresh child: the first one may have crashed
-            second.load(Path(input_model)).close()
+            second.load(Path(input_model), threads=1, prepack=False).close()
     except RunBudgetError:
         raise
     except ModelRunError as exc:
@@ -125,37 +135,37 @@ def judge(
 class OutputLoadCheck:
     """The load check of one conversion's output, as :meth:`ConversionResult.save`'s ``verify``.
 
-    :meth:`start` begins loading the pieces of an output held in memory in a thread (the child
-    process works while this process writes the file); the check itself (calling the object with
-    the written temporary file) waits for them, or loads the file's pieces (an output with external
-    data) or the whole file (a small one). ``warnings`` collects what the check could not judge."""
+    :meth:`start` makes the output's pieces from its graph (large weights stand-ins: nothing is read,
+    converted or copied) and loads them in a thread, so the child process works while this process
+    converts the weights and writes the file; the check itself (calling the object with the written
+    temporary file) waits for them, or loads the whole file (a small output, or one whose pieces
+    cannot be made). ``warnings`` collects what the check could not judge."""
 
     def __init__(self, input_model: str | os.PathLike, budget: RunBudget, runner: ChildRunner):
         self.input_model, self.budget, self.runner = input_model, budget, runner
         self.warnings: list[str] = []
-        self._types: TypeTable = {}
         self._thread: threading.Thread | None = None
         self._outcome: tuple[bool, Failure | None] = (False, None)  # (pieces were loaded, failure)
         self._error: BaseException | None = None
 
     def start(self, result: ConversionResult) -> None:
-        """Load the pieces of ``result``'s in-memory output in the background (an output with external
-        data has its pieces read from the written file)."""
-        self._types = result.value_types
-        if result.output is None and self._types:
-            self._thread = threading.Thread(target=self._background, args=(result.model,), daemon=True)
-            self._thread.start()
+        """Load the pieces of ``result``'s output in the background (see the class doc)."""
+        if not result.value_types:
+            return
+        skeleton = result.model if result.output is None else result.output.skeleton()
+        self._thread = threading.Thread(target=self._background, args=(skeleton, result.value_types), daemon=True)
+        self._thread.start()
 
-    def _background(self, model: onnx.ModelProto) -> None:  # runs in the thread
+    def _background(self, skeleton: onnx.ModelProto, types: TypeTable) -> None:  # runs in the thread
         try:
-            pieces = load_pieces(model, self._types)
-            self._outcome = (pieces is not None, first_failure(pieces, self.runner) if pieces else None)
+            pieces = load_pieces(skeleton, types)
+            if pieces:
+                self._outcome = (True, first_piece_failure(pieces, self.runner))
         except BaseException as exc:  # re-raised by the check, in the calling thread
             self._error = exc
 
     def __call__(self, tmp: Path) -> None:
         """Check the complete temporary output ``tmp`` (raises :class:`OutputCheckError` to refuse it)."""
-        pieces = None
         if self._thread is not None:
             self._thread.join()
             if self._error is not None:
@@ -164,11 +174,7 @@ class OutputLoadCheck:
             if loaded:
                 self._warn(judge(failure, tmp, self.input_model, self.budget, confirm=True))
                 return
-        elif self._types:  # an output with external data, or one file with its weights streamed into it
-            skimmed = skim(tmp, DEFER_MIN_BYTES)  # weights left in the file: onnxruntime reads each piece's
-            skeleton = onnx.load(tmp, load_external_data=False) if skimmed is None else onnx.load_from_string(skimmed)
-            pieces = load_pieces(skeleton, self._types)
-        self._warn(check_output_loads(tmp, self.input_model, self.budget, self.runner, pieces, tmp.parent))
+        self._warn(check_output_loads(tmp, self.input_model, self.budget, self.runner))
 
     def _warn(self, warning: str | None) -> None:
         if warning:

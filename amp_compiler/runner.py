@@ -87,14 +87,15 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
     ) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
         on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
         to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
         basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
         thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
-        external data of a ModelProto lies (onnxruntime reads it from there)."""
+        external data of a ModelProto lies (onnxruntime reads it from there); ``prepack``: False skips
+        the kernels' weight prepacking (a session only created, never run, need not pay for it)."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -132,13 +133,15 @@ class InProcessRunner(Runner):
 
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
     ) -> Session:
         ort = runtime.onnxruntime("run the model")
         _check_provider(provider)
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         folder = os.path.abspath(data_folder) if data_folder is not None else None
-        options = runner_child.session_options(ort, basic=basic, threads=threads, data_folder=folder)
+        options = runner_child.session_options(
+            ort, basic=basic, threads=threads, data_folder=folder, prepack=prepack
+        )
         try:
             session = ort.InferenceSession(source, options, providers=[provider])
         except Exception as exc:
@@ -188,14 +191,14 @@ class ChildRunner(Runner):
 
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
     ) -> Session:
         _check_provider(provider)
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
-        header["provider"], header["basic"], header["threads"] = provider, basic, threads
+        header.update(provider=provider, basic=basic, threads=threads, prepack=prepack)
         if data_folder is not None:
             header["data_folder"] = os.path.abspath(data_folder)
         answer, _ = self._request(header, raw=payload, doing="loading")

@@ -48,14 +48,18 @@ def session_facts(session: Any) -> dict[str, list[str]]:
     }
 
 
-def session_options(ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None) -> Any:
+def session_options(
+    ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None, prepack: bool = True
+) -> Any:
     """onnxruntime session options for every session amp-compiler makes: its log silenced (level 4,
     fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations,
     or with ``basic`` only onnxruntime's basic ones (constant folding, redundant node removal). Models
     with every intermediate tensor exposed run with ``basic``: onnxruntime 1.32's extended fusions
     change results when intermediates are graph outputs (a per-channel DequantizeLinear -> MatMul
     whose DQ output is exposed computes one column wrong), and the FP32 reference must be the model's
-    semantics."""
+    semantics. ``prepack``: False skips the kernels' weight prepacking (done once every graph
+    transformation ran, a copy of each MatMul weight in the kernel's own layout; half of GPT-2's
+    load time on the CPU provider)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     if basic:
@@ -63,6 +67,8 @@ def session_options(ort: Any, *, threads: int = 0, basic: bool = False, data_fol
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     if data_folder is not None:  # a model given as bytes reads its external data from there
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
     return opts
@@ -182,7 +188,7 @@ def _serve(limit: int) -> None:
                     raise ValueError(f"unknown execution provider {provider!r}")
                 options = session_options(
                     ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
-                    data_folder=request.get("data_folder"),
+                    data_folder=request.get("data_folder"), prepack=bool(request.get("prepack", True)),
                 )
                 session = ort.InferenceSession(source, options, providers=[provider])
                 del source

@@ -22,7 +22,15 @@ from amp_compiler import convert
 from amp_compiler.cli import main
 from amp_compiler.errors import OutputCheckError
 from amp_compiler.load_check import OutputLoadCheck, check_output_loads
-from amp_compiler.onnx.check_pieces import _FAR, OVERLAP, SPAN, load_pieces
+from amp_compiler.onnx.check_pieces import (
+    _FAR,
+    OVERLAP,
+    SPAN,
+    STAND_IN_FILE,
+    STAND_IN_MIN_BYTES,
+    load_pieces,
+    write_stand_in,
+)
 from amp_compiler.runner import ChildRunner, InProcessRunner, RunBudget
 from benchmarks.generate import transformer_model
 
@@ -81,10 +89,10 @@ def test_repeated_layers_are_loaded_once():
         _loads(piece)
 
 
-def _crashing(tmp_path: Path) -> Path:
+def _crashing(tmp_path: Path, width: int = 3) -> Path:
     """A long FP16 chain with, in its middle, the pattern onnxruntime 1.32 crashes on: a batch-moving
     Transpose of a graph input into a MatMul by a 2-D weight (its CPU provider, which has no FP16
-    MatMul, puts a Cast between them)."""
+    MatMul, puts a Cast between them); ``width``: the weight's columns (4096: a stand-in in the pieces)."""
     head = [helper.make_node("Relu", [f"r{i}"], [f"r{i + 1}"], name=f"relu{i}") for i in range(150)]
     middle = [
         helper.make_node("Transpose", ["z"], ["t"], perm=[1, 0, 2], name="transpose"),
@@ -92,20 +100,24 @@ def _crashing(tmp_path: Path) -> Path:
         helper.make_node("Add", ["r150", "m"], ["s0"], name="join"),
     ]
     tail = [helper.make_node("Relu", [f"s{i}"], [f"s{i + 1}"], name=f"tail{i}") for i in range(150)]
-    m = model(head + middle + tail, [vi("r0", F16, [2, 5, 3]), vi("z", F16, [5, 2, 8])], [vi("s150", F16, [2, 5, 3])],
-              [tensor("w", weights((8, 3)).astype(np.float16))], opset=17, ir_version=8)
+    m = model(head + middle + tail, [vi("r0", F16, [2, 5, width]), vi("z", F16, [5, 2, 8])],
+              [vi("s150", F16, [2, 5, width])], [tensor("w", weights((8, width)).astype(np.float16))],
+              opset=17, ir_version=8)
     path = tmp_path / "crash.onnx"
     onnx.save(m, path)
     return path
 
 
-def test_the_crash_pattern_in_a_large_model_is_caught_by_its_pieces(tmp_path):
-    path = _crashing(tmp_path)
+@pytest.mark.parametrize("width", [3, 4096], ids=["small-weight", "stand-in-weight"])
+def test_the_crash_pattern_in_a_large_model_is_caught_by_its_pieces(tmp_path, width):
+    path = _crashing(tmp_path, width)
     m = onnx.load(path)
     types = convert(m, target="fp16", keep_io_types=False).value_types
     pieces = load_pieces(m, types)
     assert pieces is not None and len(pieces) > 2
     assert sum(1 for p in pieces if "proj" in _names(p)) == 1
+    stand_ins = [t.name for p in pieces for t in p.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert stand_ins == (["w"] if width == 4096 else [])
     good = tmp_path / "good.onnx"
     onnx.save(_chain(10), good)
     with ChildRunner(BUDGET) as runner, pytest.raises(OutputCheckError, match="crashes onnxruntime"):
@@ -121,11 +133,12 @@ def test_a_piece_that_fails_where_the_whole_model_loads_is_no_refusal(tmp_path):
         assert check_output_loads(fine, fine, BUDGET, runner, [crashing]) is None
 
 
-def test_an_output_with_external_data_is_checked_in_pieces_that_read_its_weights(tmp_path, monkeypatch):
-    """The pieces of a written output refer to its weights where they lie (onnxruntime reads them)."""
+def test_an_output_with_external_data_is_checked_in_pieces_made_before_its_weights(tmp_path, monkeypatch):
+    """The pieces of an output whose weights are still on disk are made from its graph: each large
+    weight a stand-in of its size (zeros from a sparse file), none read from the input or the output."""
     src = tmp_path / "in" / "m.onnx"
     src.parent.mkdir()
-    big = transformer_model(blocks=12, hidden=64, batch="B")
+    big = transformer_model(blocks=12, hidden=128, batch="B")  # FFN weights of 128 KiB in FP16, others 32
     onnx.save(big, src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
     result = convert(src)
     assert result.output is not None  # weights left on disk, written to <output>.data
@@ -144,8 +157,39 @@ def test_an_output_with_external_data_is_checked_in_pieces_that_read_its_weights
     assert check.warnings == [] and (tmp_path / "out.onnx.data").exists()
     pieces = made[0]
     assert pieces is not None and len(pieces) <= 4
-    external = [t for p in pieces for t in p.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    assert external and all({e.key: e.value for e in t.external_data}["location"] == "out.onnx.data" for t in external)
+    weights = [t for p in pieces for t in p.graph.initializer if len(t.dims) == 2]
+    sizes = [int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in weights]
+    assert {s >= STAND_IN_MIN_BYTES for s in sizes} == {True, False}
+    for t, size in zip(weights, sizes):
+        if size >= STAND_IN_MIN_BYTES:
+            assert {e.key: e.value for e in t.external_data} == {"location": STAND_IN_FILE, "offset": "0", "length": str(size)}
+        else:  # read into the output's graph
+            assert t.data_location == onnx.TensorProto.DEFAULT and len(t.raw_data) == size
+
+
+def test_stand_in_weights_are_only_large_float_weights(tmp_path):
+    """A piece keeps small tensors and non-float ones as they are (their values can matter to
+    onnxruntime's optimizers); it loads with the stand-in file beside it, which holds no bytes on disk."""
+    big = np.ones((128, 256), np.float16)  # 64 KiB
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h0"], name="mm")]
+    nodes += [helper.make_node("Gather", ["h0" if i == 0 else f"h{i}", "idx"], [f"h{i + 1}"], axis=1) for i in range(100)]
+    inits = [
+        tensor("w", big), tensor("idx", np.arange(256, dtype=np.int64)),
+    ]
+    m = model(nodes, [vi("x", F16, [2, 128])], [vi("h100", F16, [2, 256])], inits)
+    types = convert(m, keep_io_types=False).value_types
+    pieces = load_pieces(m, types)
+    assert pieces is not None
+    first = pieces[0]
+    stored = {t.name: t for t in first.graph.initializer}
+    assert stored["w"].data_location == onnx.TensorProto.EXTERNAL and not stored["w"].raw_data
+    assert stored["idx"].data_location == onnx.TensorProto.DEFAULT
+    write_stand_in(pieces, tmp_path)
+    blank = tmp_path / STAND_IN_FILE
+    assert blank.stat().st_size == big.nbytes and blank.stat().st_blocks == 0  # sparse
+    with InProcessRunner() as runner:
+        for piece in pieces:
+            runner.load(piece, data_folder=tmp_path).close()
 
 
 def _cli(argv) -> tuple[int, str]:

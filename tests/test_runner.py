@@ -58,6 +58,26 @@ def test_the_child_gives_what_this_process_gives():
         assert run_onnxruntime(m, feeds, runner=runner)[2].tolist() == [0, 2, 4, 6, 8]
 
 
+def test_sessions_without_weight_prepacking_run_the_same():
+    """The load check creates sessions with ``prepack=False``: onnxruntime is told to skip prepacking
+    (its config entry), in this process and in the child, and such a session still computes the model."""
+    import onnxruntime as ort
+
+    from amp_compiler import runner_child
+
+    assert runner_child.session_options(ort, prepack=False).get_session_config_entry("session.disable_prepacking") == "1"
+    with pytest.raises(Exception, match="disable_prepacking"):  # not set: onnxruntime's default
+        runner_child.session_options(ort).get_session_config_entry("session.disable_prepacking")
+    m = _mixed_model()
+    feeds = {"x": weights((2, 4), seed=1), "i": np.arange(5, dtype=np.int64)}
+    here = InProcessRunner().load(m, prepack=False).run(feeds)
+    with ChildRunner(SMALL) as runner:
+        there = runner.load(m, threads=1, prepack=False).run(feeds)
+    for a, b, c in zip(run_onnxruntime(m, feeds), here, there):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
 def test_a_model_that_runs_for_ever_is_stopped_at_the_time_budget():
     with ChildRunner(RunBudget(seconds=1, memory=1 << 30)) as runner:
         session = runner.load(loop_forever_model())

@@ -20,6 +20,10 @@ large output in pieces:
   types and shapes at their borders, the same values in their small and non-float initializers
   (the values onnxruntime's optimizers read: shapes, axes, scalars); float weights of more than one
   element count by type and shape only (their values change no graph transformation).
+- For the same reason a piece's large float weights (``STAND_IN_MIN_BYTES`` or more) are stand-ins:
+  external data of the right size, zeros read from one sparse file (:func:`write_stand_in`). The
+  pieces are therefore made from the output's graph alone, before its weights are converted or
+  written, and none of them copies or reads a weight.
 
 What that gives up: a fusion spanning more than ``OVERLAP + 1`` consecutive nodes, or a failure that
 needs the whole graph, is not seen. A piece never fails where the whole model loads: the caller
@@ -29,14 +33,15 @@ confirms a piece's failure on the whole model before refusing it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
-from onnx import external_data_helper
 
 from amp_compiler.gc_pause import gc_paused
+from amp_compiler.onnx.files import DEFER_MIN_BYTES
 from amp_compiler.onnx.walk import subgraphs
 
 #: Nodes per piece (at least), and the nodes each piece repeats before its own run.
@@ -49,6 +54,10 @@ _FAR = 5 * SPAN + OVERLAP + 1  # the last run may have up to SPAN // 2 nodes mor
 _WINDOW = 4
 #: A piece whose weights would pass protobuf's 2 GiB limit is not made (the whole model is loaded).
 _MAX_PIECE_BYTES = 1 << 30
+#: Float weights of this many bytes or more are stand-ins in the pieces (the size of the weights a
+#: conversion leaves on disk), read from this file in the pieces' data folder.
+STAND_IN_MIN_BYTES = DEFER_MIN_BYTES
+STAND_IN_FILE = "stand-in-weights.bin"
 
 #: name -> (type, shape) of every tensor of the main graph, as the conversion inferred them.
 TypeTable = Mapping[str, "tuple[ir.TypeProtocol | None, ir.Shape | None]"]
@@ -73,13 +82,13 @@ def value_types(model: ir.Model) -> dict[str, tuple[ir.TypeProtocol | None, ir.S
 
 
 @gc_paused
-def load_pieces(
-    model: onnx.ModelProto, types: TypeTable, *, base_dir: str | Path | None = None
-) -> list[onnx.ModelProto] | None:
-    """The distinct pieces of ``model`` to load instead of the whole (see the module doc), or None
-    when the whole model should be loaded: it has at most ``SPAN + OVERLAP`` nodes, or a tensor at
-    a border has no known type. ``base_dir``: where ``model``'s external data files are (their
-    bytes are read into the pieces); None: external data stays external (onnxruntime reads it)."""
+def load_pieces(model: onnx.ModelProto, types: TypeTable) -> list[onnx.ModelProto] | None:
+    """The distinct pieces of ``model`` to load instead of the whole (see the module doc), their
+    large weights stand-ins (load them with :func:`write_stand_in`'s file in their data folder), or
+    None when the whole model should be loaded: it has at most ``SPAN + OVERLAP`` nodes, a tensor at
+    a border has no known type, or a piece would need an initializer that is neither in ``model``
+    nor a stand-in (other external data). ``model``'s large float weights may be placeholders (a
+    type and shape, no data): their values are never read."""
     nodes = model.graph.node
     if len(nodes) <= SPAN + OVERLAP:
         return None
@@ -93,11 +102,22 @@ def load_pieces(
         if key in seen:
             continue
         seen.add(key)
-        piece = wiring.piece(lo, hi, types, base_dir)
+        piece = wiring.piece(lo, hi, types)
         if piece is None:
             return None
         pieces.append(piece)
     return pieces
+
+
+def write_stand_in(pieces: Sequence[onnx.ModelProto], folder: str | os.PathLike) -> None:
+    """Make the file of zeros in ``folder`` that the stand-in weights of ``pieces`` read (sparse: no
+    bytes are written)."""
+    size = max((
+        int(entry.value) for piece in pieces for tensor in piece.graph.initializer for entry in tensor.external_data
+        if entry.key == "length"
+    ), default=0)
+    with open(Path(folder) / STAND_IN_FILE, "wb") as f:
+        f.truncate(size)
 
 
 def _ranges(signatures: list[int]) -> Iterator[tuple[int, int]]:
@@ -237,8 +257,9 @@ class _Wiring:
             parts.append((self.heads[i], sources, sinks))
         return _digest(repr((parts, border)).encode())
 
-    def piece(self, lo: int, hi: int, types: TypeTable, base_dir: str | Path | None) -> onnx.ModelProto | None:
-        """The model of nodes lo..hi-1 (None when its weights would be too large for one ModelProto)."""
+    def piece(self, lo: int, hi: int, types: TypeTable) -> onnx.ModelProto | None:
+        """The model of nodes lo..hi-1, its large float weights stand-ins (None when it needs other
+        external data, or its weights would be too large for one ModelProto)."""
         inputs, outputs = self._borders(lo, hi)
         graph = onnx.GraphProto(name=self.model.graph.name)
         graph.node.extend(self.nodes[lo:hi])
@@ -247,12 +268,19 @@ class _Wiring:
         size = 0
         for name in dict.fromkeys(used):
             if name in self.initializers:
+                original = self.initializers[name]
                 tensor = graph.initializer.add()
-                tensor.CopyFrom(self.initializers[name])
-                if tensor.data_location == onnx.TensorProto.EXTERNAL and base_dir is not None:
-                    external_data_helper.load_external_data_for_tensor(tensor, str(base_dir))
-                    del tensor.external_data[:]
-                    tensor.data_location = onnx.TensorProto.DEFAULT
+                stand_in = _stand_in_bytes(original)
+                if stand_in:
+                    tensor.name, tensor.data_type = original.name, original.data_type
+                    tensor.dims.extend(original.dims)
+                    tensor.data_location = onnx.TensorProto.EXTERNAL
+                    for key, value in (("location", STAND_IN_FILE), ("offset", "0"), ("length", str(stand_in))):
+                        tensor.external_data.add(key=key, value=value)
+                elif original.data_location == onnx.TensorProto.EXTERNAL:
+                    return None
+                else:
+                    tensor.CopyFrom(original)
                 size += tensor.ByteSize()
                 if size > _MAX_PIECE_BYTES:
                     return None
@@ -270,15 +298,28 @@ class _Wiring:
         return out
 
 
-def _constant_signature(tensor: onnx.TensorProto, is_input: bool) -> tuple:
-    """What of an initializer can change a graph transformation: its type and shape, and its values
-    unless it is a float tensor of more than one element (a weight)."""
+def _elements(tensor: onnx.TensorProto) -> int:
     elements = 1
     for d in tensor.dims:
         elements *= d
-    weight = tensor.data_type in _FLOATS and elements > 1
+    return elements
+
+
+def _constant_signature(tensor: onnx.TensorProto, is_input: bool) -> tuple:
+    """What of an initializer can change a graph transformation: its type and shape, and its values
+    unless it is a float tensor of more than one element (a weight)."""
+    weight = tensor.data_type in _FLOATS and _elements(tensor) > 1
     values = b"" if weight else _digest(tensor.SerializeToString())
     return (tensor.data_type, tuple(tensor.dims), values, is_input)
+
+
+def _stand_in_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of ``tensor``'s stand-in, or 0 when it keeps its own data (not a float weight of
+    ``STAND_IN_MIN_BYTES`` or more)."""
+    if tensor.data_type not in _FLOATS:
+        return 0
+    size = _elements(tensor) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return size if size >= STAND_IN_MIN_BYTES else 0
 
 
 def _outer_names(node: onnx.NodeProto) -> set[str]:

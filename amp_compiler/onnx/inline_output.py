@@ -11,6 +11,7 @@ fields in field-number order, so the bytes are exactly those of the whole model 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import onnx
@@ -40,11 +41,8 @@ class _Placeholder(ir.LazyTensor):
         return b""
 
 
-def _streamable(tensor: object) -> bool:
-    return (
-        isinstance(tensor, (DeferredTensor, ConvertedConstant))
-        and tensor.dtype.bitwidth in _WHOLE_BYTES and tensor.size > 0 and tensor.nbytes >= STREAM_MIN_BYTES
-    )
+def _streamable(tensor: ir.TensorProtocol) -> bool:
+    return tensor.dtype.bitwidth in _WHOLE_BYTES and tensor.size > 0 and tensor.nbytes >= STREAM_MIN_BYTES
 
 
 def inline_chunks(
@@ -53,15 +51,31 @@ def inline_chunks(
     """The bytes of ``to_proto(model)`` serialized, in chunks, each large weight read or converted
     when its chunk is asked for; weights left on disk that are not streamed are read into the model
     first (as :meth:`~amp_compiler.onnx.output.DeferredOutput.materialize` reads them)."""
-    streamed: dict[str, ir.TensorProtocol] = {}
+    with placeholders(model, _streamable) as streamed:
+        skeleton = to_proto(model).SerializeToString()
+    return _splice(skeleton, streamed)
+
+
+@contextlib.contextmanager
+def placeholders(
+    model: ir.Model, wanted: Callable[[ir.TensorProtocol], bool]
+) -> Iterator[dict[str, ir.TensorProtocol]]:
+    """While inside, each named initializer of ``model``'s main graph that is still on disk or still
+    to convert (a DeferredTensor or a ConvertedConstant) and ``wanted`` is a placeholder (its type and
+    shape, no data); every other DeferredTensor is read into memory. Gives the replaced tensors by
+    name; ``model`` is as it was on exit."""
+    replaced: dict[str, ir.TensorProtocol] = {}
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is None:
                 continue
-            if graph is model.graph and tensor.name and _streamable(tensor):
-                streamed[tensor.name] = tensor
+            if (
+                graph is model.graph and tensor.name and isinstance(tensor, (DeferredTensor, ConvertedConstant))
+                and wanted(tensor)
+            ):
+                replaced[tensor.name] = tensor
                 value.const_value = _Placeholder(tensor)
             elif isinstance(tensor, DeferredTensor):
                 value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name, doc_string=tensor.doc_string)
@@ -69,11 +83,10 @@ def inline_chunks(
                 continue
             swapped.append((value, tensor))
     try:
-        skeleton = to_proto(model).SerializeToString()
+        yield replaced
     finally:
         for value, tensor in swapped:
             value.const_value = tensor
-    return _splice(skeleton, streamed)
 
 
 def _splice(skeleton: bytes, streamed: dict[str, ir.TensorProtocol]) -> Iterator[bytes | memoryview]:

@@ -12,9 +12,10 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from amp_compiler.onnx.check_pieces import STAND_IN_MIN_BYTES
 from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.files import PROTOBUF_LIMIT
-from amp_compiler.onnx.inline_output import inline_chunks
+from amp_compiler.onnx.inline_output import inline_chunks, placeholders
 from amp_compiler.onnx.ir_walk import iter_graphs
 from amp_compiler.onnx.save import OutputPath, Verify
 from amp_compiler.onnx.walk import iter_proto_graphs
@@ -64,6 +65,10 @@ def keep_value_info_of(original: onnx.ModelProto, out: onnx.ModelProto, describe
             g.value_info.extend(kept)
 
 
+def _stand_in(tensor: ir.TensorProtocol) -> bool:
+    return tensor.dtype.is_floating_point() and tensor.nbytes >= STAND_IN_MIN_BYTES
+
+
 @dataclasses.dataclass(eq=False)
 class DeferredOutput:
     """A conversion's IR whose unconverted weights are still on disk (DeferredTensor)."""
@@ -75,6 +80,14 @@ class DeferredOutput:
     def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto:
         """:func:`output_proto` of ``model`` (by default the conversion's IR), weights left as they are."""
         return output_proto(model or self.ir_model, self.original)
+
+    def skeleton(self) -> onnx.ModelProto:
+        """The output's ModelProto without its large weights' data: each weight of the main graph still
+        on disk or still to convert that is a float tensor of ``STAND_IN_MIN_BYTES`` or more is a
+        placeholder (its name, type and shape); other tensors on disk are read. What the load check
+        makes its pieces of (:mod:`amp_compiler.onnx.check_pieces`) before the output is written."""
+        with placeholders(self.ir_model, _stand_in):
+            return self.to_proto()
 
     def materialize(self) -> onnx.ModelProto:
         """The ModelProto with every weight read into it (as the in-memory path builds it)."""
