@@ -9,8 +9,10 @@ as an installed package's is). A cell is the median wall time over ``--runs`` pr
 largest peak RSS among them (``ru_maxrss`` from ``os.wait4``: the largest process of the tree, the
 load check's child included), also as a multiple of the input's size. Side by side, in its own cold
 process per run: ``onnxconverter-common``'s ``float16.convert_float_to_float16(onnx.load(path),
-keep_io_types=True)`` then ``onnx.save``; ``cp`` of the input files (the physical floor: reading
-and writing the bytes once). Second columns: amp-compiler without the load check
+keep_io_types=True)`` then ``onnx.save``; ``cp`` of the input files and ``sync`` of the copies (the
+physical floor: reading and writing the bytes once, as durably as amp-compiler's output, which is
+fsynced before it is renamed into place; without the sync, a copy that fits in the page cache's
+dirty budget "ends" before its bytes reach the disk). Second columns: amp-compiler without the load check
 (``--no-load-check``), and the in-process time of the conversion alone (``amp_compiler.convert`` and
 ``save`` in a warm process, imports done: the figure ``benchmarks.compare`` reports).
 
@@ -18,7 +20,7 @@ Models (default: all but ``2.5gb``): ``models/demo.onnx``; generated transformer
 100,000 nodes (``benchmarks/generate.py``, written to a temporary folder, seconds); BERT-base and
 GPT-2 at full size with their weights inside the file (``models/catalog.py``: a torch export of a few
 minutes the first time, then read from ``AMP_MODELS_CACHE``); ``2.5gb``: a generated model of 2.5 GB
-of weights in an external data file (one run per tool).
+of weights in an external data file.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def tools(src: Path, out: Path) -> dict[str, list[str]]:
         "amp-compiler": [*_cli(), str(src), "-o", str(out)],
         "amp (no load check)": [*_cli(), "--no-load-check", str(src), "-o", str(out)],
         "onnxconverter-common": [sys.executable, "-c", _ONNXCONVERTER, str(src), str(out)],
-        "cp": ["cp", *files, str(out.parent)],
+        # amp-compiler fsyncs its output before renaming it into place: the copy is made as durable
+        "cp": ["sh", "-c", 'cp "$@" && sync "$0"/*', str(out.parent), *files, str(out.parent)],
         "amp in-process": [sys.executable, "-c", _IN_PROCESS, str(src), str(out)],
     }
 
@@ -166,7 +169,7 @@ def measure(names: list[str], runs: int, timeout_s: float, log=print) -> list[st
             cells: dict[str, tuple[float, int] | None] = {}
             for tool, argv in tools(src, out_dir / "out.onnx").items():
                 samples = []
-                for _ in range(1 if name in LARGE else runs):
+                for _ in range(runs):
                     try:
                         samples.append(_spawn(argv, timeout_s))
                     except (TimeoutError, RuntimeError) as exc:
@@ -228,12 +231,13 @@ def main(argv: list[str] | None = None) -> int:
 
 #: What the table's cells are, for the results file.
 MEASURED = (
-    "Each cell is the median wall time of fresh processes, as a user runs them (one for `2.5gb`), and the "
+    "Each cell is the median wall time of fresh processes, as a user runs them, and the "
     "largest peak RSS among them: the largest process of the tree, the load check's onnxruntime child "
     "included, also as a multiple of the input's bytes. \"no load check\" adds `--no-load-check`; "
     "onnxconverter-common is `onnx.load`, `convert_float_to_float16(keep_io_types=True)`, `onnx.save` in a "
-    "process of its own (speed-up: its time over amp-compiler's); `cp` copies the input files (reading and "
-    "writing their bytes once: the physical floor); \"amp in-process\" is `convert(path).save(out)` in a "
+    "process of its own (speed-up: its time over amp-compiler's); `cp` copies the input files and syncs the "
+    "copies (reading and writing their bytes once, as durably as amp-compiler's fsynced output: the physical "
+    "floor); \"amp in-process\" is `convert(path).save(out)` in a "
     "warm process, imports done (the figure `benchmarks.compare` reports)."
 )
 
