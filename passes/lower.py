@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from amp_compiler.dtypes import FLOAT_TYPES, short_name
 from amp_compiler.graph import SlotKind
+from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.ir_walk import home_graph, is_constant, iter_graphs
 from amp_compiler.onnx.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.slots import Slot
@@ -132,9 +133,14 @@ class ConvertedConstant(ir.LazyTensor):
         return self.numpy().tobytes()
 
     def tofile(self, file: BinaryIO) -> None:
-        """Write the converted bytes to ``file`` (the array's own buffer: no copy into a bytes object)."""
+        """Write the converted bytes to ``file`` (the array's own buffer: no copy into a bytes object;
+        a plain conversion of a tensor still on disk a chunk at a time)."""
         if self._bytes is not None:
             file.write(self.tobytes())
+            return
+        source = self._source
+        if isinstance(source, DeferredTensor) and self._rewrite is None and source.dtype.bitwidth in (16, 32, 64):
+            source.tofile_as(file, numpy_dtype(self.dtype))
             return
         file.write(raw_bytes(self.numpy()))
 

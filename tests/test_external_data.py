@@ -7,11 +7,14 @@ The benchmark (``python -m benchmarks.compare --size full``) runs the same path 
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -240,3 +243,25 @@ def test_a_model_without_external_data_is_converted_in_memory_as_before(tmp_path
     assert result.model.SerializeToString() == convert(model).model.SerializeToString()
     assert result.save(tmp_path / "o.onnx") is None and not (tmp_path / "o.onnx.data").exists()
     assert onnx.load(tmp_path / "o.onnx").SerializeToString() == result.model.SerializeToString()
+
+
+@pytest.mark.parametrize("target", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+def test_a_weight_on_disk_is_written_converted_a_chunk_at_a_time(tmp_path, monkeypatch, target):
+    """DeferredTensor.tofile_as gives the bytes numpy's astype gives (out-of-range values infinite),
+    across chunk boundaries, and refuses a file that shrank since it was validated."""
+    monkeypatch.setattr("amp_compiler.onnx.deferred._COPY_CHUNK", 4096)  # 1,024 values a chunk
+    values = np.random.default_rng(3).standard_normal((37, 100)).astype(np.float32) * 100
+    values[0, :3] = [1e38, -1e38, np.nan]
+    data = tmp_path / "w.data"
+    data.write_bytes(b"\0" * 24 + values.tobytes())
+    external = ir.ExternalTensor(
+        "w.data", 24, values.nbytes, ir.DataType.FLOAT, shape=ir.Shape(values.shape), name="w", base_dir=tmp_path
+    )
+    tensor = DeferredTensor(external, data)
+    out = io.BytesIO()
+    tensor.tofile_as(out, np.dtype(target))
+    with np.errstate(over="ignore"):
+        assert out.getvalue() == values.astype(target).tobytes()
+    data.write_bytes(b"\0" * 24 + values.tobytes()[:-4])
+    with pytest.raises(ModelLoadError, match="shorter than declared"):
+        tensor.tofile_as(io.BytesIO(), np.dtype(target))

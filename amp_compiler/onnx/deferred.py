@@ -124,6 +124,30 @@ class DeferredTensor(ir.ExternalTensor):
                 file.write(chunk)
                 left -= len(chunk)
 
+    def tofile_as(self, file: BinaryIO, dtype: np.dtype) -> None:
+        """Write the tensor's values converted to ``dtype`` (little-endian, as ``raw_data`` holds them),
+        read and converted ``_COPY_CHUNK`` bytes at a time into two buffers reused for every chunk:
+        no copy of the whole tensor, in either type. Values beyond ``dtype``'s range become infinite,
+        as numpy's ``astype`` makes them."""
+        source = np.dtype(self.dtype.numpy()).newbyteorder("<")
+        target = np.dtype(dtype).newbyteorder("<")
+        per_chunk = max(1, _COPY_CHUNK // source.itemsize)
+        raw = bytearray(min(self.size, per_chunk) * source.itemsize)
+        out = np.empty(min(self.size, per_chunk), target)
+        with open(self._file, "rb") as f, np.errstate(over="ignore"):
+            f.seek(self.offset or 0)
+            left = self.size
+            while left > 0:
+                n = min(left, per_chunk)
+                view = memoryview(raw)[: n * source.itemsize]
+                if f.readinto(view) != len(view):  # the file shrank since it was validated
+                    raise ModelLoadError(
+                        f"{self._file}: external data of tensor {quote(self.name)} is shorter than declared"
+                    )
+                np.copyto(out[:n], np.frombuffer(raw, source, count=n), casting="unsafe")
+                file.write(out[:n].view(np.uint8).data)
+                left -= n
+
     def release(self) -> None:
         super().release()
 
