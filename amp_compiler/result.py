@@ -25,6 +25,10 @@ class DeferredOutput(Protocol):
 
     def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto: ...
 
+    def skeleton(self) -> onnx.ModelProto:
+        """The ModelProto with placeholders (type and shape, no data) for its large float weights."""
+        ...
+
     def materialize(self) -> onnx.ModelProto:
         """The ModelProto with every weight read into it."""
         ...
