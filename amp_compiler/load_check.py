@@ -12,9 +12,9 @@ op meant for CUDA) passes: onnxruntime says so only once every graph optimizer r
 A large output is loaded in pieces (:mod:`amp_compiler.onnx.check_pieces`: onnxruntime's session
 creation grows with the square of an FP16 graph's size; each distinct piece is loaded once, its
 large weights stand-ins), made from the output's graph and loaded while its weights are converted
-and written. When a piece fails, the whole
-output is loaded to confirm it (a cut can make a piece fail where the whole model loads). When the
-output fails, the input model is loaded the same way, to tell whose fault it is:
+and written. When a piece fails, the whole output is loaded to confirm it (a cut can make a piece
+fail where the whole model loads). When the output fails, the input model is loaded the same way,
+to tell whose fault it is:
 
 - the input loads: the conversion made a model onnxruntime cannot load: :class:`OutputCheckError`
   (nothing is written);

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -417,9 +416,3 @@ def default_runner(runner: Runner | None) -> tuple[Runner, bool]:
     """``runner``, or a new :class:`ChildRunner` with the default budget; and whether the caller made
     it (and must close it)."""
     return (runner, False) if runner is not None else (ChildRunner(), True)
-
-
-def check_loads(path: str | os.PathLike, runner: Runner) -> None:
-    """Raise unless onnxruntime loads the model file ``path`` (its external data beside it):
-    :class:`ModelCrashError` when it crashes, :class:`ModelRunError` when it refuses it."""
-    runner.load(Path(path)).close()

@@ -8,7 +8,7 @@ child that a hostile model took over cannot make its parent run code.
 
 Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
 
-    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T, "data_folder": F}
+    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T, "prepack": K, "data_folder": F}
                                         + N bytes of ModelProto (its external data in F)
                                         -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)

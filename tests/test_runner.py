@@ -25,7 +25,7 @@ from onnx_builders import (
 
 from amp_compiler.checks import run_onnxruntime
 from amp_compiler.errors import ModelCrashError, ModelRunError, OptionError, RunBudgetError
-from amp_compiler.runner import MIN_MEMORY, ChildRunner, InProcessRunner, RunBudget, check_loads
+from amp_compiler.runner import MIN_MEMORY, ChildRunner, InProcessRunner, RunBudget
 
 SMALL = RunBudget(seconds=30, memory=1 << 30)
 
@@ -116,14 +116,14 @@ def test_a_model_onnxruntime_refuses_is_its_message_and_the_child_goes_on():
         InProcessRunner().load(bad)
 
 
-def test_check_loads_takes_a_file_with_its_external_data(tmp_path):
+def test_a_model_file_loads_with_its_external_data(tmp_path):
     m = _mixed_model()
     onnx.save_model(m, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
     with ChildRunner(SMALL) as runner:
-        check_loads(tmp_path / "m.onnx", runner)
+        runner.load(tmp_path / "m.onnx").close()
         (tmp_path / "m.data").unlink()
         with pytest.raises(ModelRunError):
-            check_loads(tmp_path / "m.onnx", runner)
+            runner.load(tmp_path / "m.onnx").close()
 
 
 @pytest.mark.parametrize("seconds, memory, option", [(0, 1 << 30, "run_seconds"), (float("nan"), 1 << 30, "run_seconds"),
