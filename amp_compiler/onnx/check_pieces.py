@@ -313,13 +313,18 @@ def _constant_signature(tensor: onnx.TensorProto, is_input: bool) -> tuple:
     return (tensor.data_type, tuple(tensor.dims), values, is_input)
 
 
+def stands_in(data_type: int, nbytes: int) -> bool:
+    """Whether a tensor of this ONNX element type and size is a stand-in in the pieces: a float
+    weight of ``STAND_IN_MIN_BYTES`` or more."""
+    return data_type in _FLOATS and nbytes >= STAND_IN_MIN_BYTES
+
+
 def _stand_in_bytes(tensor: onnx.TensorProto) -> int:
-    """The bytes of ``tensor``'s stand-in, or 0 when it keeps its own data (not a float weight of
-    ``STAND_IN_MIN_BYTES`` or more)."""
+    """The bytes of ``tensor``'s stand-in, or 0 when it keeps its own data (:func:`stands_in`)."""
     if tensor.data_type not in _FLOATS:
         return 0
     size = _elements(tensor) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return size if size >= STAND_IN_MIN_BYTES else 0
+    return size if stands_in(tensor.data_type, size) else 0
 
 
 def _outer_names(node: onnx.NodeProto) -> set[str]:

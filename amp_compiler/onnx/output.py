@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from amp_compiler.onnx.check_pieces import STAND_IN_MIN_BYTES
+from amp_compiler.onnx.check_pieces import stands_in
 from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.files import PROTOBUF_LIMIT
 from amp_compiler.onnx.inline_output import inline_chunks, placeholders
@@ -66,7 +66,7 @@ def keep_value_info_of(original: onnx.ModelProto, out: onnx.ModelProto, describe
 
 
 def _stand_in(tensor: ir.TensorProtocol) -> bool:
-    return tensor.dtype.is_floating_point() and tensor.nbytes >= STAND_IN_MIN_BYTES
+    return stands_in(int(tensor.dtype), tensor.nbytes)
 
 
 @dataclasses.dataclass(eq=False)
@@ -83,9 +83,10 @@ class DeferredOutput:
 
     def skeleton(self) -> onnx.ModelProto:
         """The output's ModelProto without its large weights' data: each weight of the main graph still
-        on disk or still to convert that is a float tensor of ``STAND_IN_MIN_BYTES`` or more is a
-        placeholder (its name, type and shape); other tensors on disk are read. What the load check
-        makes its pieces of (:mod:`amp_compiler.onnx.check_pieces`) before the output is written."""
+        on disk or still to convert that the load check's pieces take a stand-in for
+        (:func:`~amp_compiler.onnx.check_pieces.stands_in`) is a placeholder (its name, type and shape);
+        other tensors on disk are read. What the load check makes its pieces of before the output is
+        written."""
         with placeholders(self.ir_model, _stand_in):
             return self.to_proto()
 
