@@ -94,9 +94,13 @@ class DeferredTensor(ir.ExternalTensor):
 
     def _read(self, f: BinaryIO, count: int) -> bytes:
         data = f.read(count)
-        if len(data) != count:  # the file shrank since it was validated
-            raise ModelLoadError(f"{self._file}: external data of tensor {quote(self.name)} is shorter than declared")
+        if len(data) != count:
+            raise self._shrank()
         return data
+
+    def _shrank(self) -> ModelLoadError:
+        """The error when the file shrank since it was validated."""
+        return ModelLoadError(f"{self._file}: external data of tensor {quote(self.name)} is shorter than declared")
 
     def tobytes(self) -> bytes:
         with open(self._file, "rb") as f:
@@ -140,10 +144,8 @@ class DeferredTensor(ir.ExternalTensor):
             while left > 0:
                 n = min(left, per_chunk)
                 view = memoryview(raw)[: n * source.itemsize]
-                if f.readinto(view) != len(view):  # the file shrank since it was validated
-                    raise ModelLoadError(
-                        f"{self._file}: external data of tensor {quote(self.name)} is shorter than declared"
-                    )
+                if f.readinto(view) != len(view):
+                    raise self._shrank()
                 np.copyto(out[:n], np.frombuffer(raw, source, count=n), casting="unsafe")
                 file.write(out[:n].view(np.uint8).data)
                 left -= n

@@ -13,7 +13,6 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.onnx.check_pieces import stands_in
-from amp_compiler.onnx.deferred import DeferredTensor
 from amp_compiler.onnx.files import PROTOBUF_LIMIT
 from amp_compiler.onnx.inline_output import inline_chunks, placeholders
 from amp_compiler.onnx.ir_walk import iter_graphs
@@ -92,18 +91,8 @@ class DeferredOutput:
 
     def materialize(self) -> onnx.ModelProto:
         """The ModelProto with every weight read into it (as the in-memory path builds it)."""
-        swapped: list[tuple[ir.Value, DeferredTensor]] = []
-        for g in self.ir_model.graphs():
-            for value in g.initializers.values():
-                tensor = value.const_value
-                if isinstance(tensor, DeferredTensor):
-                    swapped.append((value, tensor))
-                    value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name, doc_string=tensor.doc_string)
-        try:
+        with placeholders(self.ir_model, lambda tensor: False):  # no placeholder: every weight on disk read
             return self.to_proto()
-        finally:
-            for value, tensor in swapped:
-                value.const_value = tensor
 
     def write(self, output: OutputPath, verify: Verify | None = None) -> Path | None:
         """Write the conversion to ``output``, its large weights in ``<output>.data`` (one at a time;
