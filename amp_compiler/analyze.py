@@ -3,8 +3,8 @@
     samples (--calibration-data) -> ranges -> convert (or --tolerance refinement) -> node errors
     -> output accuracy (on the samples, or on random inputs) -> PrecisionReport
 
-Every run of the model goes through one :class:`~amp_compiler.runner.Runner` (default: a child
-process with the default :class:`~amp_compiler.runner.RunBudget`): a model that overruns it, or
+Every run of the model goes through one :class:`~amp_compiler.runtime.runner.Runner` (default: a child
+process with the default :class:`~amp_compiler.runtime.runner.RunBudget`): a model that overruns it, or
 crashes onnxruntime, stops the analysis with a user error. A model onnxruntime refuses (custom
 ops, missing kernels) gets its report without accuracy, and a warning; unless the caller fixed
 input shapes, which then are what the model does not run with.
@@ -18,10 +18,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from amp_compiler.calibrate import collect_ranges
-from amp_compiler.checks import compare
-from amp_compiler.convert import convert
-from amp_compiler.emulate import emulate
 from amp_compiler.errors import (
     ModelCrashError,
     ModelRefusedError,
@@ -30,14 +26,18 @@ from amp_compiler.errors import (
     OptionError,
     RunBudgetError,
 )
+from amp_compiler.onnx.convert import convert
+from amp_compiler.onnx.measure.calibrate import collect_ranges
+from amp_compiler.onnx.measure.checks import compare
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.tolerance.refine import Refinement, measure, refine
+from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
 from amp_compiler.policy import PolicyTable
-from amp_compiler.refine import Refinement, measure, refine
 from amp_compiler.report.build import build_report
 from amp_compiler.report.model import PrecisionReport
-from amp_compiler.result import ConversionResult
-from amp_compiler.runner import Runner, default_runner
-from amp_compiler.samples import load_samples, random_samples
+from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.runtime.samples import load_samples, random_samples
 from amp_compiler.targets import Target
 
 

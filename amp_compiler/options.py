@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from amp_compiler import schemas, targets
+from amp_compiler import targets
 from amp_compiler.errors import OptionError
-from amp_compiler.policy import PolicyTable
+from amp_compiler.policy import PolicyTable, schemas
 from amp_compiler.targets import Provider, Target
 
 
@@ -109,8 +110,6 @@ def check_fp8_options(opts: ConvertOptions) -> None:
         raise OptionError(f"expected fp16 or bf16, got {opts.fallback.value}", option="fallback")
     if not 0 <= opts.fp8_margin <= 16:
         raise OptionError(f"expected 0..16, got {opts.fp8_margin}", option="fp8_margin")
-    from amp_compiler.fp8_scales import Fp8Calibration, check_percentile
-
     Fp8Calibration.parse(opts.fp8_calibration)
     check_percentile(opts.fp8_percentile)
     for name in ("fp8_max_error", "fp8_max_subnormal", "fp8_budget"):
@@ -161,3 +160,24 @@ def parse_input_range(text: str) -> tuple[str, tuple[float, float]]:
             f"{text!r}: expected NAME:LO,HI (e.g. audio:-32768,32767)", option="input_ranges"
         ) from None
     return name, bounds
+
+
+class Fp8Calibration(enum.Enum):
+    """How an activation's amax is taken from the calibration samples."""
+
+    MAX = "max"  # the largest |x| observed (Transformer Engine's and ModelOpt's default)
+    PERCENTILE = "percentile"  # a percentile of |x|: outliers are clipped
+
+    @classmethod
+    def parse(cls, text: str) -> Fp8Calibration:
+        try:
+            return cls(text.lower())
+        except ValueError:
+            raise OptionError(f"unknown calibration {text!r}: expected max or percentile",
+                              option="fp8_calibration") from None
+
+
+def check_percentile(q: float) -> None:
+    """Raise :class:`OptionError` unless ``0 < q <= 100``."""
+    if not (math.isfinite(q) and 0 < q <= 100):
+        raise OptionError(f"expected a percentile in (0, 100], got {q}", option="fp8_percentile")

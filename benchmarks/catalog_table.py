@@ -5,7 +5,7 @@
 For each model and target: Tensor Core ops (the policy table's ``tensor_core`` entries) in low
 precision, Casts inserted, model size before/after, accuracy against FP32 on onnxruntime CPU (worst
 float output: cosine, max error as a share of the output's range; both targets through the exact
-FP32 emulation of their storage, amp_compiler.emulate), conversion time; and whether onnxconverter-common's FP16 model runs, with its accuracy.
+FP32 emulation of their storage, amp_compiler.onnx.measure.emulate), conversion time; and whether onnxconverter-common's FP16 model runs, with its accuracy.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import warnings
 import numpy as np
 
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
 from models import catalog
 

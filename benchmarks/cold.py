@@ -52,7 +52,7 @@ onnx.save(float16.convert_float_to_float16(model, keep_io_types=True), sys.argv[
 
 _IN_PROCESS = """
 import sys, time
-import amp_compiler.convert, amp_compiler.result
+import amp_compiler.onnx.convert, amp_compiler.onnx.write.result
 from amp_compiler import convert
 start = time.perf_counter()
 convert(sys.argv[1]).save(sys.argv[2])

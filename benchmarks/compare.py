@@ -20,9 +20,9 @@ Each (tool, model) runs in a fresh child process: load the file, convert, serial
 external data for the external-data model), ``repeats`` times; the time is the median, the memory the
 child's peak RSS (``VmHWM``). The parent then measures the last output: Cast nodes and the bytes they
 move (shapes from shape inference with the inputs' concrete shapes), the low-precision share of Tensor
-Core FLOPs (the policy table's ``tensor_core`` ops, FLOPs from ``amp_compiler.costs.estimate``), model size, whether
+Core FLOPs (the policy table's ``tensor_core`` ops, FLOPs from ``amp_compiler.onnx.costs.costs.estimate``), model size, whether
 onnxruntime (CPU) loads and runs it, and its accuracy against FP32 on onnxruntime with the converted
-model's FP16 storage emulated exactly (``amp_compiler.emulate``): worst cosine, worst max error as a
+model's FP16 storage emulated exactly (``amp_compiler.onnx.measure.emulate``): worst cosine, worst max error as a
 share of the output's range, NaN/Inf where FP32 is finite. A tool that fails or runs past its time
 limit is reported as such. Where onnxruntime has the CUDA provider (or with ``--latency-provider``),
 the FP32 model's and each output's latency at batch 1 and 8 and the nodes not placed on that provider
@@ -130,7 +130,7 @@ def _convert_once(tool: str, src: Path, out: Path, external: bool) -> None:
 
 def _import_tool(tool: str) -> None:
     if tool == "amp-compiler":
-        import amp_compiler.convert  # noqa: F401
+        import amp_compiler.onnx.convert  # noqa: F401
     elif tool == "onnxconverter-common":
         from onnxconverter_common import float16  # noqa: F401
     elif tool == "modelopt-autocast":
@@ -220,7 +220,7 @@ def _run_tool(tool: str, name: str, src: Path, out: Path, setting: Setting, exte
 
 def _cast_stats(model: onnx.ModelProto, shapes: dict | None) -> tuple[int, int, float | None]:
     """(Cast nodes, bytes they move, low-precision share of Tensor Core FLOPs)."""
-    from amp_compiler.costs import estimate, iter_nodes
+    from amp_compiler.onnx.costs.costs import estimate, iter_nodes
     from amp_compiler.policy import default_table
 
     table = default_table()
@@ -229,7 +229,7 @@ def _cast_stats(model: onnx.ModelProto, shapes: dict | None) -> tuple[int, int, 
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - no types: the share stays unknown
         inferred = model
-    from amp_compiler.onnx.walk import iter_proto_graphs
+    from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 
     types: dict[str, int] = {}
     for g in iter_proto_graphs(inferred.graph):
@@ -274,8 +274,8 @@ def _measure(run: Run, ref_model: onnx.ModelProto, ref_casts: tuple[int, int], s
              feeds: dict | None, reference: list | None, shapes: dict | None) -> None:
     import onnxruntime as ort
 
-    from amp_compiler.checks import compare, run_onnxruntime
-    from amp_compiler.emulate import emulate
+    from amp_compiler.onnx.measure.checks import compare, run_onnxruntime
+    from amp_compiler.onnx.measure.emulate import emulate
 
     run.size_ratio = _file_bytes(out) / _file_bytes(src)
     opts = ort.SessionOptions()
@@ -377,7 +377,7 @@ def _cases(setting: Setting, folder: Path, log) -> list[Case]:
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
-    from amp_compiler.onnx.walk import iter_model_tensors
+    from amp_compiler.onnx.load.proto_walk import iter_model_tensors
 
     return sum(len(t.raw_data) for t in iter_model_tensors(model))
 
@@ -396,7 +396,7 @@ def run_benchmark(setting: Setting, tools: tuple[str, ...], log=print, provider:
                   ) -> tuple[list[Case], list[Run], dict]:
     """Every tool on every case; with ``provider``, also the latency of the FP32 model and of each
     tool's output on it (a Run with tool "fp32" holds the reference's)."""
-    from amp_compiler.checks import run_onnxruntime
+    from amp_compiler.onnx.measure.checks import run_onnxruntime
     from benchmarks import latency
 
     unavailable = {}
@@ -561,7 +561,7 @@ def write_report(path: Path, setting_name: str, setting: Setting, cases: list[Ca
         "Tensor Core share is the share of the FLOPs of Tensor Core ops (MatMul, Gemm, Conv, ConvTranspose, "
         "Einsum, LSTM, GRU, RNN: the policy table's `tensor_core` entries) whose inputs are FP16. "
         "Accuracy is against FP32 on onnxruntime CPU, with the converted model's FP16 storage emulated exactly "
-        "(`amp_compiler.emulate`; onnxruntime's CPU FP16 path would hide overflow and rounding): the worst cosine "
+        "(`amp_compiler.onnx.measure.emulate`; onnxruntime's CPU FP16 path would hide overflow and rounding): the worst cosine "
         "and the worst max error as a share of the output's range over float outputs; NaN/Inf counts values that "
         "are finite in FP32 but not in the converted model.",
         "",

@@ -4,7 +4,7 @@
 
 Per model: the worst output cosine and max error of range, NaN/Inf values, the lowest argmax
 agreement, and the node where the relative L2 error grows most (op, precision, rule), with exact
-FP16/BF16 emulation on the CPU (:func:`amp_compiler.compare.compare_models`).
+FP16/BF16 emulation on the CPU (:func:`amp_compiler.onnx.compare.compare_models`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 
 from amp_compiler import convert
-from amp_compiler.compare import compare_models
+from amp_compiler.onnx.compare import compare_models
 from models import catalog
 
 

@@ -18,7 +18,7 @@ Per model, printed as one JSON object per line (and all of them in ``--json``):
   onnxruntime's schema for each (domain, since_version, type constraints);
 - ``amp``: today's ``amp-compiler convert`` (exit code, summary or error line), the decisions' rule
   and reason counts, Casts inserted and those feeding only Shape, and the output's accuracy vs FP32
-  (exact FP16 storage via amp_compiler.emulate);
+  (exact FP16 storage via amp_compiler.onnx.measure.emulate);
 - ``anchors``: per anchor graph, fused/MatMul nodes whose output is FP16, Casts, accuracy vs FP32
   (raw onnxruntime CPU, and emulated with the element types of onnxruntime's symbolic inference).
 """
@@ -39,8 +39,8 @@ import numpy as np
 import onnx
 import onnx.shape_inference
 
-from amp_compiler.checks import compare
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.measure.checks import compare
+from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy.table import default_table
 from models import catalog
 from models.deployment import SPECS, feeds_for, run_cpu
@@ -291,7 +291,7 @@ onnxruntime-genai's builder `-p fp16 -e cuda` (`-p int4 -e cuda` for the int4 mo
 output is, by onnxruntime's symbolic inference. Casts are every Cast of the graph (the model's own
 included); an anchor's row gives the bound the tests hold amp-compiler to: its Casts plus one per graph
 input or output it makes FP16 and amp-compiler keeps FP32. Accuracy: against the FP32 model on
-onnxruntime CPU with FP16 storage emulated exactly (`amp_compiler.emulate`), decoders on a decode step
+onnxruntime CPU with FP16 storage emulated exactly (`amp_compiler.onnx.measure.emulate`), decoders on a decode step
 (one new token after 7 cached ones, small; 120, full), worst float output. The convert time includes
 onnxruntime's symbolic shape inference (cast sizes of fused ops' outputs) and varies with the machine's
 load.

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.measure.emulate import emulate
 from benchmarks import fp8_protocol as protocol
 
 ANCHOR = Path(__file__).with_name("fp8_anchor.json")

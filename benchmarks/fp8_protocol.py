@@ -4,13 +4,13 @@
 - data: 8 calibration batches of each catalog entry's ``make_inputs`` (seeds 10000+i) and 8 held-out
   batches (seeds 20000+i);
 - runs: onnxruntime's CPU provider at its BASIC level (from EXTENDED on it deletes a Relu feeding a
-  float8 QuantizeLinear), the FP8 model through :func:`amp_compiler.emulate.emulate` (exact FP16/BF16
+  float8 QuantizeLinear), the FP8 model through :func:`amp_compiler.onnx.measure.emulate.emulate` (exact FP16/BF16
   storage; FP8 Q/DQ run as they are, exactly);
 - accuracy: per float output over all held-out batches, max |error| as a share of the FP32 range,
   relative L2 and cosine, the worst over outputs; top-1 agreement (argmax over the last axis of the
   first float output) for classifiers;
 - FP8 share: a Tensor Core op (the policy table's ``tensor_core``, fused ones included) is FP8 when one
-  of its inputs comes straight from a DequantizeLinear; FLOPs from :func:`amp_compiler.costs.estimate`
+  of its inputs comes straight from a DequantizeLinear; FLOPs from :func:`amp_compiler.onnx.costs.costs.estimate`
   on the FP32 model at the calibration batches' shapes, the same for every tool.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from amp_compiler.costs import estimate, iter_nodes
+from amp_compiler.onnx.costs.costs import estimate, iter_nodes
 from amp_compiler.policy import default_table
 from models import catalog
 from models.deployment import feeds_for

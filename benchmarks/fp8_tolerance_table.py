@@ -5,7 +5,7 @@ tolerance holds on held-out inputs, next to ModelOpt 0.47's single point.
 
 Same protocol as :mod:`benchmarks.fp8_table` (:mod:`benchmarks.fp8_protocol`: calibration and held-out
 batches, FLOPs counted the same way for both tools). Per model and tolerance: the refinement on the
-calibration batches (FP8 / FP16 / FP32 per Tensor Core unit, :mod:`amp_compiler.refine`), its worst
+calibration batches (FP8 / FP16 / FP32 per Tensor Core unit, :mod:`amp_compiler.onnx.tolerance.refine`), its worst
 output relative L2 there, then on the held-out batches (relative L2, max error of range, top-1 for
 classifiers), the share of Tensor Core FLOPs whose op reads FP8 inputs, conversions, model runs and
 seconds; ModelOpt's relative L2 and FP8 share on the same held-out batches (``fp8_anchor.json``).
@@ -17,10 +17,10 @@ import argparse
 import time
 from pathlib import Path
 
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.tolerance.refine import refine
 from amp_compiler.options import ConvertOptions
-from amp_compiler.refine import refine
-from amp_compiler.runner import InProcessRunner
+from amp_compiler.runtime.runner import InProcessRunner
 from amp_compiler.targets import Target
 from benchmarks import fp8_protocol as protocol
 from benchmarks.fp8_table import anchor, pct

@@ -6,7 +6,7 @@ change must leave every fingerprint as it was (run it before and after, diff the
     python -m benchmarks.hash_catalog --from-files > hashes.txt   # must print the same fingerprints
 
 ``--from-files`` converts each model from a file (written to a temporary folder) with its weights of
-1 KiB or more left in the file (skimmed: amp_compiler.onnx.inline_weights), the path large model
+1 KiB or more left in the file (skimmed: amp_compiler.onnx.load.inline_weights), the path large model
 files take: its fingerprints must be those of the in-memory conversions.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import onnx
 
 from amp_compiler import convert
-from amp_compiler.onnx.files import load_model_deferred
+from amp_compiler.onnx.load.files import load_model_deferred
 from benchmarks.generate import transformer_model
 from models import catalog
 

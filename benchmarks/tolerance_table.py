@@ -18,11 +18,11 @@ import time
 import numpy as np
 
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime
-from amp_compiler.costs import estimate
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.costs.costs import estimate
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.tolerance.refine import measure, refine
 from amp_compiler.policy import default_table
-from amp_compiler.refine import measure, refine
 from amp_compiler.targets import Target
 from models import catalog
 

@@ -17,7 +17,7 @@ import dataclasses
 
 import onnx
 
-from amp_compiler.onnx.symbolic_shapes import symbolic_infos
+from amp_compiler.onnx.load.symbolic_shapes import symbolic_infos
 
 FUSED_DOMAINS = ("com.microsoft",)
 DEFAULT_DOMAIN_FUSED = ("SimplifiedLayerNormalization",)

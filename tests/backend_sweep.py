@@ -188,8 +188,8 @@ class _Skip(Exception):
 
 
 def _has_float32(model: onnx.ModelProto) -> bool:
-    from amp_compiler.onnx.walk import iter_proto_graphs
-    from amp_compiler.schemas import is_onnx_domain
+    from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
+    from amp_compiler.policy.schemas import is_onnx_domain
 
     FLOAT = onnx.TensorProto.FLOAT
     for vi in model.graph.input:

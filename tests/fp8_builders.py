@@ -10,7 +10,7 @@ import onnx.numpy_helper as nh
 import onnxruntime as ort
 
 from amp_compiler import convert
-from amp_compiler.runner import InProcessRunner
+from amp_compiler.runtime.runner import InProcessRunner
 
 F32 = onnx.TensorProto.FLOAT
 

@@ -1600,9 +1600,9 @@ def check_case(case: FuzzCase, stats: list | None = None) -> str:
 
     ``stats``, if given, receives (worst error, tolerance, largest |FP32 value|) per float output:
     how tight the tolerance is."""
-    from amp_compiler import convert
-    from amp_compiler.checks import validate
     from amp_compiler.errors import AmpUserError
+    from amp_compiler import convert
+    from amp_compiler.onnx.measure.checks import validate
 
     optimize = True
     try:
@@ -1628,7 +1628,7 @@ def check_case(case: FuzzCase, stats: list | None = None) -> str:
     validate(converted)
     runnable = converted
     if case.target == "bf16":
-        from amp_compiler.emulate import emulate_bf16
+        from amp_compiler.onnx.measure.emulate import emulate_bf16
 
         runnable = emulate_bf16(converted)
     low_feeds = dict(feeds)

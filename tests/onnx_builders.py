@@ -166,7 +166,7 @@ def huge_constant_model(n: int = 40_000) -> onnx.ModelProto:
 def transpose_cast_matmul_model(source: int = TensorProto.INT32, target: int = F32) -> onnx.ModelProto:
     """s [5,2,8] -> Transpose(1,0,2) -> Cast(target) -> MatMul(2-D weight): onnxruntime 1.32's CPU
     provider crashes (SIGSEGV) creating a session of it (MatmulTransposeFusion; see
-    amp_compiler.plan.Rule.RUNTIME_TRANSPOSE_MATMUL)."""
+    amp_compiler.core.plan.Rule.RUNTIME_TRANSPOSE_MATMUL)."""
     nodes = [
         helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0, 2]),
         helper.make_node("Cast", ["t"], ["c"], to=target),

@@ -14,9 +14,9 @@ from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
 from amp_compiler import convert
-from amp_compiler.checks import run_onnxruntime
-from amp_compiler.compare import compare_models
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.compare import compare_models
+from amp_compiler.onnx.measure.checks import run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import PolicyTable
 from models import catalog
 
@@ -118,7 +118,7 @@ def test_data_movement_before_an_output_has_no_rounding_cost():
 def test_padding_in_calibration_data_does_not_pin_the_mask_path():
     """Calibration with padded sequences sees -3.4e38 after the mask's Mul, Add and in the Softmax's
     input; the mask rule turns that constant into -32768, so none of it is an overflow."""
-    from amp_compiler.calibrate import collect_ranges
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
 
     fp32 = catalog.load("attention-mask-padding")
     samples = _samples("attention-mask-padding")
@@ -135,7 +135,7 @@ def test_padding_in_calibration_data_does_not_pin_the_mask_path():
 
 def test_a_real_overflow_on_the_mask_path_still_counts():
     """Scores of 1e6 beside the mask overflow FP16 whatever the mask does: observed maxima count."""
-    from amp_compiler.calibrate import collect_ranges
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
 
     fp32 = catalog.load("attention-mask-padding")
     samples = [{**s, "x": s["x"] * 300} for s in _samples("attention-mask-padding")]
@@ -236,7 +236,7 @@ def test_fx_lstm_encoder_keeps_its_recurrence_fp32_in_bf16():
 
 # ------------------------------------------------------------------------------ --tolerance per FLOP
 def test_tolerance_pins_the_cheap_chains_and_keeps_every_convolution_fp16():
-    from amp_compiler.refine import measure, refine
+    from amp_compiler.onnx.tolerance.refine import measure, refine
     from amp_compiler.targets import Target
 
     fp32 = catalog.load("decomposed-activations")

@@ -10,13 +10,13 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi
 
-from amp_compiler import convert
 from amp_compiler.analyze import analyze
-from amp_compiler.calibrate import CalibrationDataError, collect_ranges, load_samples
-from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.convert import ConvertOptions
-from amp_compiler.emulate import emulate
-from amp_compiler.refine import refine
+from amp_compiler import convert
+from amp_compiler.onnx.convert import ConvertOptions
+from amp_compiler.onnx.measure.calibrate import CalibrationDataError, collect_ranges, load_samples
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.tolerance.refine import refine
 
 
 def _rng(seed=0):

@@ -18,7 +18,7 @@ from onnx import helper
 from onnx_builders import F32, model, vi
 
 from amp_compiler.cli import main
-from amp_compiler.samples import CalibrationDataError, load_samples
+from amp_compiler.runtime.samples import CalibrationDataError, load_samples
 
 
 @pytest.fixture

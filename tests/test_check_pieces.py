@@ -1,4 +1,4 @@
-"""The load check's pieces (amp_compiler.onnx.check_pieces) and the check on them (amp_compiler.load_check).
+"""The load check's pieces (amp_compiler.onnx.write.check_pieces) and the check on them (amp_compiler.onnx.write.load_check).
 
 A large output is loaded in overlapping pieces, each distinct piece once: every stretch of
 OVERLAP + 1 consecutive nodes is inside one piece, the pieces are valid models onnxruntime loads,
@@ -18,11 +18,10 @@ import pytest
 from onnx import helper
 from onnx_builders import F16, F32, model, tensor, vi, weights
 
-from amp_compiler import convert
 from amp_compiler.cli import main
 from amp_compiler.errors import OutputCheckError
-from amp_compiler.load_check import OutputLoadCheck, check_output_loads
-from amp_compiler.onnx.check_pieces import (
+from amp_compiler import convert
+from amp_compiler.onnx.write.check_pieces import (
     _FAR,
     OVERLAP,
     SPAN,
@@ -31,7 +30,8 @@ from amp_compiler.onnx.check_pieces import (
     load_pieces,
     write_stand_in,
 )
-from amp_compiler.runner import ChildRunner, InProcessRunner, RunBudget
+from amp_compiler.onnx.write.load_check import OutputLoadCheck, check_output_loads
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, RunBudget
 from benchmarks.generate import transformer_model
 
 BUDGET = RunBudget(seconds=60, memory=2 << 30)
@@ -149,7 +149,7 @@ def test_an_output_with_external_data_is_checked_in_pieces_made_before_its_weigh
         made.append(pieces)
         return pieces
 
-    monkeypatch.setattr("amp_compiler.load_check.load_pieces", spy)
+    monkeypatch.setattr("amp_compiler.onnx.write.load_check.load_pieces", spy)
     with ChildRunner(BUDGET) as runner:
         check = OutputLoadCheck(src, BUDGET, runner)
         check.start(result)
@@ -209,7 +209,7 @@ def test_the_cli_checks_a_large_output_in_pieces_while_it_writes_it(tmp_path, mo
         made.append(len(pieces or ()))
         return pieces
 
-    monkeypatch.setattr("amp_compiler.load_check.load_pieces", spy)
+    monkeypatch.setattr("amp_compiler.onnx.write.load_check.load_pieces", spy)
     assert _cli(["convert", src, "-o", out]) == (0, "")
     assert out.exists() and made and 0 < made[0] <= 4
 
@@ -219,7 +219,7 @@ def test_the_cli_refuses_a_large_output_that_crashes_onnxruntime(tmp_path, monke
     crashing = onnx.load(_crashing(tmp_path))
     src, out = tmp_path / "good.onnx", tmp_path / "o.onnx"
     onnx.save(_chain(10), src)
-    command = importlib.import_module("amp_compiler.convert")
+    command = importlib.import_module("amp_compiler.onnx.convert")
     real = command.convert
 
     def converted(*args, **kwargs):

@@ -19,19 +19,19 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-import amp_compiler.onnx.save as onnx_save
-from amp_compiler import runner as runner_module
+import amp_compiler.onnx.write.save as onnx_save
 from amp_compiler.cli import main
 from amp_compiler.cli.app import build_parser, error_text
 from amp_compiler.cli.convert import ConvertCommand
 from amp_compiler.cli.report import ReportCommand
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.deferred import DeferredModel
-from amp_compiler.onnx.files import DEFER_MIN_BYTES
-from amp_compiler.onnx.save import InputOverwriteError, check_output_path
+from amp_compiler.onnx.load.deferred import DeferredModel
+from amp_compiler.onnx.load.files import DEFER_MIN_BYTES
+from amp_compiler.onnx.write.save import InputOverwriteError, check_output_path
+from amp_compiler.runtime import runner as runner_module
 
 #: The conversion module, whose ``convert`` the command calls (the package attribute of that name is the function).
-conversion_module = importlib.import_module("amp_compiler.convert")
+conversion_module = importlib.import_module("amp_compiler.onnx.convert")
 
 _W = (160, 160)  # 100 KiB of FP32: over DEFER_MIN_BYTES, so a plain convert leaves it on disk
 
@@ -115,7 +115,7 @@ def test_report_or_calibration_data_choose_the_analysis_path(tmp_path, watched, 
 
 @pytest.mark.parametrize("command", ["convert", "convert --report", "report"])
 def test_input_shapes_are_checked_once_by_the_conversion(tmp_path, watched, monkeypatch, command):
-    convert_module = importlib.import_module("amp_compiler.convert")
+    convert_module = importlib.import_module("amp_compiler.onnx.convert")
     calls, real_bind = [], convert_module.bind_input_shapes
 
     def bind(model, shapes):
@@ -154,7 +154,7 @@ def test_the_output_path_is_checked_once(tmp_path, monkeypatch, external):
         extra.append(list(files))
         return real_extra(self, files)
 
-    result_module = importlib.import_module("amp_compiler.result")  # ConversionResult.save
+    result_module = importlib.import_module("amp_compiler.onnx.write.result")  # ConversionResult.save
     for module in (onnx_save, result_module):  # every caller of check_output_path (the CLI's, through onnx_save)
         monkeypatch.setattr(module, "check_output_path", check)
     monkeypatch.setattr(onnx_save.OutputPath, "with_external_data", with_external_data)

@@ -121,7 +121,7 @@ def test_library_log_records_and_invalid_names_make_one_line(tmp_path, small, mo
     code, _, err = _run(["convert", tmp_path / "bad.onnx", "-o", tmp_path / "o.onnx"])
     assert code == 2 and err.count("\n") == 1 and "\x1b" not in err and "invalid ONNX model" in err
     # A record logged while a command succeeds is one warning line (here: injected into the conversion).
-    convert_module = sys.modules["amp_compiler.convert"]
+    convert_module = sys.modules["amp_compiler.onnx.convert"]
     real = convert_module.densify
 
     def noisy(*args, **kwargs):
@@ -149,7 +149,7 @@ def test_a_model_onnxruntime_cannot_run_reports_without_onnxruntime_logs(tmp_pat
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_while_writing_unwinds_like_ctrl_c(tmp_path, small, monkeypatch, sig):
-    import amp_compiler.onnx.save as onnx_save
+    import amp_compiler.onnx.write.save as onnx_save
 
     def signalled(fd):
         os.kill(os.getpid(), sig)
@@ -192,8 +192,8 @@ def test_amp_compiler_fx_without_torch_is_one_clear_error():
 def test_without_onnxruntime_the_load_check_is_skipped_with_one_warning(tmp_path, small, monkeypatch, capsys):
     """The base install has no onnxruntime: convert still writes the model and says, in one line,
     that it was not checked (it starts no runner)."""
-    from amp_compiler import runner as runner_module
     from amp_compiler import runtime
+    from amp_compiler.runtime import runner as runner_module
 
     monkeypatch.setattr(runtime, "is_installed", lambda: False)
     monkeypatch.setattr(runner_module.ChildRunner, "__init__", lambda *a, **k: pytest.fail("no runner expected"))

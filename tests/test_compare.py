@@ -1,4 +1,4 @@
-"""`amp-compiler compare` and amp_compiler.compare: outputs, where the error grows, rules, any pair of models."""
+"""`amp-compiler compare` and amp_compiler.onnx.compare: outputs, where the error grows, rules, any pair of models."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from onnx import helper, numpy_helper
 from onnxconverter_common import float16
 
-from amp_compiler import convert
 from amp_compiler.cli import main
-from amp_compiler.compare import compare_models
 from amp_compiler.errors import ModelRunError
+from amp_compiler import convert
+from amp_compiler.onnx.compare import compare_models
 from amp_compiler.report.comparison import render_comparison
 from amp_compiler.targets import Provider
 from models import catalog
@@ -143,7 +143,7 @@ def test_the_fp32_reference_is_the_models_semantics_with_intermediates_exposed()
 
 
 def test_output_errors_leave_out_non_finite_references_and_flag_non_finite_outputs():
-    from amp_compiler.tensor_error import OutputErrors
+    from amp_compiler.core.tensor_error import OutputErrors
 
     found = OutputErrors(2)
     ref = [np.array([3.0, np.inf, 4.0]), np.array([0.0, 0.0])]

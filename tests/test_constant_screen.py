@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from amp_compiler.passes.constants import ConstantRangePass, _norm_at_least, range_stats
+from amp_compiler.passes.analysis.constants import ConstantRangePass, _norm_at_least, range_stats
 from amp_compiler.targets import Target
 
 _EDGES = [0.0, -0.0, 1.0, 65504.0, -65504.0, 65505.0, 65519.0, 65520.0, 1e6, np.inf, -np.inf, np.nan,

@@ -12,9 +12,9 @@ import onnx
 import pytest
 
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.emulate import emulate
-from amp_compiler.onnx.walk import iter_proto_graphs
+from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
 from models import catalog
 

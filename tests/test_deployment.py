@@ -8,7 +8,7 @@ and int4, and exported by torch.onnx with a KV cache), the FP16 conversion:
   schema for the others), apart from faults of the input model itself;
 - runs on onnxruntime's CPU provider, decoders on a decode step with a non-empty KV cache and on
   a prompt with an empty one, with graph inputs and outputs kept or made FP16;
-- matches FP32 with exact FP16 storage (amp_compiler.emulate) within the entry's tolerance;
+- matches FP32 with exact FP16 storage (amp_compiler.onnx.measure.emulate) within the entry's tolerance;
 - has at least as many fused and MatMul nodes in FP16 as the anchor, and at most the anchor's
   Casts plus one per graph input/output the anchor makes FP16 and we keep FP32 (plus, for the
   torch-exported decoder, the Casts its FP32 norms need: ``TorchDecoder.extra_casts``);
@@ -26,8 +26,8 @@ import onnx
 import pytest
 
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
 from models import anchors, catalog, deployment
 
 SMALL = catalog.entries("small", "deployment")

@@ -1,10 +1,10 @@
-"""The one dtype-name table (amp_compiler.dtypes) and the one union-find (amp_compiler.graph)."""
+"""The one dtype-name table (amp_compiler.dtypes) and the one union-find (amp_compiler.core.graph)."""
 
 import onnx.defs
 import onnx_ir as ir
 
+from amp_compiler.core.graph import UnionFind
 from amp_compiler.dtypes import FLOAT_TYPES, schema_type, short_name
-from amp_compiler.graph import UnionFind
 from amp_compiler.targets import Target
 
 

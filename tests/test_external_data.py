@@ -19,14 +19,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime, validate
 from amp_compiler.cli import main
-from amp_compiler.emulate import emulate
 from amp_compiler.errors import ModelLoadError, OutputError
-from amp_compiler.onnx.deferred import DeferredTensor
-from amp_compiler.onnx.files import DEFER_MIN_BYTES, load_model, load_model_deferred
-from amp_compiler.units import format_bytes
+from amp_compiler import convert
+from amp_compiler.onnx.load.deferred import DeferredTensor
+from amp_compiler.onnx.load.files import DEFER_MIN_BYTES, load_model, load_model_deferred
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.sizes import format_bytes
 from benchmarks.generate import transformer_inputs, transformer_model
 
 
@@ -183,7 +183,7 @@ def test_the_output_data_file_never_overwrites_the_inputs(tmp_path):
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
-    import amp_compiler.onnx.save as io  # the module that renames the written files into place
+    import amp_compiler.onnx.write.save as io  # the module that renames the written files into place
 
     path, _ = _saved(tmp_path / "model")
     result = convert(path)
@@ -249,7 +249,7 @@ def test_a_model_without_external_data_is_converted_in_memory_as_before(tmp_path
 def test_a_weight_on_disk_is_written_converted_a_chunk_at_a_time(tmp_path, monkeypatch, target):
     """DeferredTensor.tofile_as gives the bytes numpy's astype gives (out-of-range values infinite),
     across chunk boundaries, and refuses a file that shrank since it was validated."""
-    monkeypatch.setattr("amp_compiler.onnx.deferred._COPY_CHUNK", 4096)  # 1,024 values a chunk
+    monkeypatch.setattr("amp_compiler.onnx.load.deferred._COPY_CHUNK", 4096)  # 1,024 values a chunk
     values = np.random.default_rng(3).standard_normal((37, 100)).astype(np.float32) * 100
     values[0, :3] = [1e38, -1e38, np.nan]
     data = tmp_path / "w.data"

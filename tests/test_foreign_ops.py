@@ -13,10 +13,11 @@ import onnx
 import pytest
 from onnx import helper
 
-from amp_compiler import AmpUserError, convert
-from amp_compiler.checks import run_onnxruntime, validate
+from amp_compiler import AmpUserError
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx.foreign_ops import MOVED_DOMAIN, for_onnx_checker, foreign_ops
+from amp_compiler import convert
+from amp_compiler.onnx.load.foreign_ops import MOVED_DOMAIN, for_onnx_checker, foreign_ops
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 from tests.onnx_builders import F32, tensor, vi, weights
 
 

@@ -10,17 +10,18 @@ import onnx.helper as oh
 import onnx.numpy_helper as nh
 import pytest
 
-from amp_compiler import convert
-from amp_compiler.checks import compare, validate
 from amp_compiler.cli import main
-from amp_compiler.emulate import dequantize_fp8, emulate, quantize_fp8
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.fp8_budget import choose_within_budget, grow_within_budget
-from amp_compiler.fp8_scales import weight_scales
-from amp_compiler.fp8_stats import Fp8Input, fp8_view
-from amp_compiler.onnx.deferred import DeferredModel
-from amp_compiler.onnx.files import load_model_deferred
-from amp_compiler.plan import Rule
+from amp_compiler import convert
+from amp_compiler.onnx.fp8.budget import choose_within_budget, grow_within_budget
+from amp_compiler.onnx.fp8.scales import weight_scales
+from amp_compiler.onnx.fp8.stats import fp8_view
+from amp_compiler.onnx.load.deferred import DeferredModel
+from amp_compiler.onnx.load.files import load_model_deferred
+from amp_compiler.onnx.measure.checks import compare, validate
+from amp_compiler.onnx.measure.emulate import dequantize_fp8, emulate, quantize_fp8
+from amp_compiler.passes.onnx.qdq import Fp8Input
 from amp_compiler.targets import Target
 from models import catalog
 from tests.fp8_builders import conv_net, mlp, session, to_fp8
@@ -229,7 +230,7 @@ def test_external_data_model_converts_like_the_in_memory_one(tmp_path):
 
 
 def test_external_data_model_too_large_for_the_probes_is_refused(tmp_path, monkeypatch):
-    import amp_compiler.fp8 as fp8
+    import amp_compiler.onnx.fp8.steps as fp8
 
     model, samples = conv_net()
     monkeypatch.setattr(fp8, "_PROBE_LIMIT", 1024)

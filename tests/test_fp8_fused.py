@@ -9,11 +9,11 @@ import onnx
 import onnx.helper as oh
 import pytest
 
-from amp_compiler.calibrate import exposed_model
-from amp_compiler.checks import compare
-from amp_compiler.emulate import emulate
-from amp_compiler.fp8 import fp8_flop_share, raise_opset
-from amp_compiler.plan import Rule
+from amp_compiler.core.plan import Rule
+from amp_compiler.onnx.fp8.steps import fp8_flop_share, raise_opset
+from amp_compiler.onnx.measure.calibrate import exposed_model
+from amp_compiler.onnx.measure.checks import compare
+from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
 from models import catalog
 from models.deployment import feeds_for

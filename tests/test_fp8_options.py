@@ -10,13 +10,13 @@ import onnx
 import onnx.numpy_helper as nh
 import pytest
 
-from amp_compiler import convert
-from amp_compiler.checks import compare, validate
 from amp_compiler.cli import main
-from amp_compiler.emulate import emulate
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.fp8_scales import histogram_percentile, magnitude_histogram, scale_value
-from amp_compiler.plan import Rule
+from amp_compiler import convert
+from amp_compiler.onnx.fp8.scales import histogram_percentile, magnitude_histogram, scale_value
+from amp_compiler.onnx.measure.checks import compare, validate
+from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.targets import Target
 from models import catalog
 from tests.fp8_builders import conv_net, mlp, session, to_fp8

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from amp_compiler.costs import estimate
+from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.policy import default_table
 from tests.onnx_builders import F32, tensor, vi, weights
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from onnx import TensorProto, helper
 
 from amp_compiler import convert
-from amp_compiler.checks import run_onnxruntime, validate
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 
 CI_EXAMPLES = 600
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import amp_compiler.fx as ampfx
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.lower import CAST
+from amp_compiler.fx.graph.lower import CAST
 
 torch.manual_seed(0)
 

@@ -12,7 +12,7 @@ import torch
 from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 import amp_compiler.fx as ampfx
-from amp_compiler.units import format_bytes, parse_bytes
+from amp_compiler.sizes import format_bytes, parse_bytes
 
 
 def _mlp() -> torch.nn.Module:

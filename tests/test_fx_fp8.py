@@ -12,10 +12,10 @@ import torch
 from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 import amp_compiler.fx as ampfx
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.fp8_numerics import fp8_gemm, fp8_matmul, quantize
-from amp_compiler.fx.policy import default_policy
-from amp_compiler.plan import Rule
+from amp_compiler.fx.fp8.numerics import fp8_gemm, fp8_matmul, quantize
+from amp_compiler.fx.graph.policy import default_policy
 
 
 class MLP(torch.nn.Module):

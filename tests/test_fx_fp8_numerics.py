@@ -1,4 +1,4 @@
-"""FP8 arithmetic of the FX path (amp_compiler.fx.fp8_numerics): casts bit for bit against ml_dtypes,
+"""FP8 arithmetic of the FX path (amp_compiler.fx.fp8.numerics): casts bit for bit against ml_dtypes,
 scales, and the FP8 matrix product against its definition and torch._scaled_mm."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from amp_compiler.emulate import quantize_fp8
-from amp_compiler.fx.fp8_numerics import (
+from amp_compiler.fx.fp8.numerics import (
     Fp8Format,
     channel_scales,
     dequantize,
@@ -20,6 +19,7 @@ from amp_compiler.fx.fp8_numerics import (
     scale_for_amax,
     scaled_mm_2d,
 )
+from amp_compiler.onnx.measure.emulate import quantize_fp8
 from amp_compiler.targets import Target
 
 ML = {Fp8Format.E4M3: ml_dtypes.float8_e4m3fn, Fp8Format.E5M2: ml_dtypes.float8_e5m2}

@@ -12,15 +12,15 @@ from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 from test_fx_training import train
 
 import amp_compiler.fx as ampfx
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.fp8_numerics import Fp8Format, fp8_matmul, quantize
-from amp_compiler.fx.fp8_scaling import (
+from amp_compiler.fx.fp8.numerics import Fp8Format, fp8_matmul, quantize
+from amp_compiler.fx.fp8.scaling import (
     DelayedScaling,
     DelayedScalingState,
     ScaledTensor,
     fp8_train_gemm,
 )
-from amp_compiler.plan import Rule
 
 E4, E5 = Fp8Format.E4M3, Fp8Format.E5M2
 

@@ -12,7 +12,7 @@ import torch
 from fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
 
 import amp_compiler.fx as ampfx
-from amp_compiler.fx.policy import default_policy
+from amp_compiler.fx.graph.policy import default_policy
 from models.architectures import ARCHS, positional_module, reestimate_batchnorm, to_torch
 
 SMALL = ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"]

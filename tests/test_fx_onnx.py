@@ -14,9 +14,9 @@ import torch
 from fx_helpers import CNN
 
 import amp_compiler.fx as ampfx
-from amp_compiler import convert as convert_onnx
-from amp_compiler.checks import run_onnxruntime, validate
 from amp_compiler.dtypes import short_name
+from amp_compiler import convert as convert_onnx
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 from amp_compiler.policy import default_table
 
 
@@ -125,8 +125,8 @@ def test_catalog_models_export_like_the_onnx_path(name):
 def test_bf16_export_picks_an_opset_whose_schemas_take_bf16():
     """ONNX's Conv takes bf16 from opset 22: export_onnx exports there when no opset is asked for,
     refuses an explicit older one in one error, and leaves FP16 graphs at opset 18."""
-    from amp_compiler.emulate import emulate_bf16
     from amp_compiler.errors import OptionError
+    from amp_compiler.onnx.measure.emulate import emulate_bf16
 
     module, (x,) = _cnn()
     gm = ampfx.convert(module, (x,), target="bf16")

@@ -15,7 +15,7 @@ import tomllib
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from amp_compiler.fx.policy import default_policy, op_name, policy_name
+from amp_compiler.fx.graph.policy import default_policy, op_name, policy_name
 from amp_compiler.policy import Category
 
 ROOT = Path(__file__).resolve().parent.parent

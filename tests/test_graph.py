@@ -6,10 +6,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import F32, TEST_POLICY, model, tensor, vi, weights
 
-from amp_compiler.graph import SlotKind
-from amp_compiler.onnx.precision_graph import build_precision_graph
-from amp_compiler.onnx.slots import Slot
-from amp_compiler.schemas import is_onnx_domain
+from amp_compiler.core.graph import SlotKind
+from amp_compiler.onnx.graph.precision_graph import build_precision_graph
+from amp_compiler.onnx.ir.slots import Slot
+from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.targets import Target
 
 
@@ -196,7 +196,7 @@ def test_templated_nodes_build_the_graph_the_slow_path_builds(name, target, monk
     slow way gives the same graph, vertex for vertex."""
     import onnx.shape_inference
 
-    from amp_compiler.onnx import precision_graph as graph_module
+    from amp_compiler.onnx.graph import precision_graph as graph_module
     from amp_compiler.policy import default_table
     from models import catalog
 

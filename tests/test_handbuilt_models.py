@@ -20,8 +20,8 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from amp_compiler import convert
-from amp_compiler.emulate import emulate
-from amp_compiler.onnx.walk import iter_proto_graphs
+from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
+from amp_compiler.onnx.measure.emulate import emulate
 from models import catalog
 
 ENTRIES = catalog.entries(size="small", kind="rule")

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import F32, tensor, vi, weights
 
-from amp_compiler import convert
-from amp_compiler.checks import validate
 from amp_compiler.cli import main
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx import skeleton
-from amp_compiler.onnx.files import PROTOBUF_LIMIT, load_model
+from amp_compiler import convert
+from amp_compiler.onnx.load import skeleton
+from amp_compiler.onnx.load.files import PROTOBUF_LIMIT, load_model
+from amp_compiler.onnx.measure.checks import validate
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -35,7 +35,7 @@ from amp_compiler.onnx.files import PROTOBUF_LIMIT, load_model
 @pytest.fixture(autouse=True, params=["whole", "described"])
 def weights_described(request, monkeypatch):
     """Every case runs twice: with each model given whole to onnx's checker and shape inference, and
-    with every float weight described by type and shape only (amp_compiler.onnx.skeleton, which
+    with every float weight described by type and shape only (amp_compiler.onnx.load.skeleton, which
     large models take): the verdicts must not change."""
     if request.param == "described":
         monkeypatch.setattr(skeleton, "MIN_SAVED_BYTES", 0)
@@ -395,7 +395,7 @@ def test_deeply_nested_subgraphs_convert(tmp_path):
     converted = onnx.load(out)
     validate(converted)
     x = np.random.default_rng(0).uniform(-1, 1, (2, 2)).astype(np.float32)
-    from amp_compiler.checks import run_onnxruntime
+    from amp_compiler.onnx.measure.checks import run_onnxruntime
 
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
@@ -637,7 +637,7 @@ def model_file(tmp_path) -> Path:
 
 
 def test_output_folder_missing_is_reported_before_any_work(model_file, tmp_path, monkeypatch):
-    import amp_compiler.onnx.files as io  # the CLI loads through this module
+    import amp_compiler.onnx.load.files as io  # the CLI loads through this module
 
     for loader in ("load_model_deferred", "load_model_and_files", "load_model"):
         monkeypatch.setattr(io, loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
@@ -726,7 +726,7 @@ def test_a_model_protobuf_cannot_serialize_is_a_clear_output_error(tmp_path):
     """upb raises EncodeError (not ValueError) for a message of 2 GiB or more: still one clear line."""
     from google.protobuf.message import EncodeError
 
-    import amp_compiler.onnx.save as io
+    import amp_compiler.onnx.write.save as io
 
     class TooLarge:
         def SerializeToString(self):
@@ -758,7 +758,7 @@ def _big_external_model(tmp_path: Path, location: str) -> Path:
 
 
 def test_large_external_weights_convert_through_the_deferred_path(tmp_path):
-    from amp_compiler.onnx.files import DEFER_MIN_BYTES
+    from amp_compiler.onnx.load.files import DEFER_MIN_BYTES
 
     assert len(_BIG_BYTES) >= DEFER_MIN_BYTES
     p = _big_external_model(tmp_path, "w.bin")
@@ -795,7 +795,7 @@ def test_large_external_weights_missing_or_short(tmp_path, size):
 
 def test_external_data_that_shrinks_after_validation_is_a_clear_error(tmp_path):
     """Validated, then truncated before the conversion reads it (a file changed under us)."""
-    from amp_compiler.onnx.files import load_model_deferred
+    from amp_compiler.onnx.load.files import load_model_deferred
 
     p = _big_external_model(tmp_path, "w.bin")
     data = p.parent / "w.bin"

@@ -1,4 +1,4 @@
-"""Large weights inside a model file left in the file (amp_compiler.onnx.inline_weights): the model parses
+"""Large weights inside a model file left in the file (amp_compiler.onnx.load.inline_weights): the model parses
 as if they were external data in the file itself, converts to the same bytes as when it is read whole, and
 is written as one file; anything but the plain layout, and any framing that does not add up, is parsed
 as a whole. (``python -m benchmarks.hash_catalog --from-files`` checks the same on every catalog model.)
@@ -14,11 +14,12 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-from amp_compiler import convert
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx import files, inline_output
-from amp_compiler.onnx.inline_weights import skim
-from amp_compiler.runner import InProcessRunner
+from amp_compiler import convert
+from amp_compiler.onnx.load import files
+from amp_compiler.onnx.load.inline_weights import skim
+from amp_compiler.onnx.write import inline_output
+from amp_compiler.runtime.runner import InProcessRunner
 from benchmarks.generate import transformer_inputs, transformer_model
 
 

@@ -12,14 +12,14 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-from amp_compiler import convert
 from amp_compiler.analyze import analyze
 from amp_compiler.cli import main
-from amp_compiler.convert import ConvertOptions
-from amp_compiler.costs import bind_input_shapes, estimate
-from amp_compiler.dims import evaluate
 from amp_compiler.errors import OptionError
-from amp_compiler.runner import InProcessRunner
+from amp_compiler import convert
+from amp_compiler.onnx.convert import ConvertOptions
+from amp_compiler.onnx.costs.costs import bind_input_shapes, estimate
+from amp_compiler.onnx.costs.dims import evaluate
+from amp_compiler.runtime.runner import InProcessRunner
 
 
 def _pair() -> onnx.ModelProto:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from amp_compiler.knapsack import Option, _weight, choose
+from amp_compiler.core.knapsack import Option, _weight, choose
 
 
 def _brute_force(items, budget):

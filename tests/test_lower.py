@@ -7,7 +7,7 @@ from onnx import TensorProto, helper
 from onnx_builders import F16, F32, TEST_POLICY, model, tensor, vi, weights
 
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
 
 
 def _convert(m, **kw):
@@ -342,8 +342,8 @@ def test_large_weights_with_a_few_flushed_values_stay_low_precision():
 def test_constants_screened_and_converted_in_groups_give_the_same_model(monkeypatch, group_bytes):
     """FP32 weights are screened (constants pass) and converted (lowering) in groups of about
     SCREEN_BYTES: any grouping gives the same bytes as one group for all."""
-    from amp_compiler.passes import constants as constants_pass
-    from amp_compiler.passes import lower as lower_pass
+    from amp_compiler.passes.analysis import constants as constants_pass
+    from amp_compiler.passes.onnx import lower as lower_pass
     from models import catalog
 
     fp32 = catalog.load(catalog.entries("small", "architecture")[0])

@@ -11,13 +11,13 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
+from amp_compiler.core.plan import Role, Rule
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.onnx.precision_graph import build_precision_graph
-from amp_compiler.passes import MinCutPlacementPass
-from amp_compiler.passes.mincut import _output_penalties, _tensors, total_cast_bytes
-from amp_compiler.pipeline import AnalysisSettings, plan_precisions
-from amp_compiler.plan import Role, Rule
+from amp_compiler.onnx.graph.precision_graph import build_precision_graph
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.passes.analysis import MinCutPlacementPass
+from amp_compiler.passes.analysis.mincut import _output_penalties, _tensors, total_cast_bytes
+from amp_compiler.passes.analysis.pipeline import AnalysisSettings, plan_precisions
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider, Target
 from models import catalog

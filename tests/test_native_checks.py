@@ -1,4 +1,4 @@
-"""onnx's checker and shape inference in a child process (amp_compiler.onnx.native_checks), for large models.
+"""onnx's checker and shape inference in a child process (amp_compiler.onnx.load.native_checks), for large models.
 
 The child path is forced on small models by lowering ``CHILD_MIN_NODES``: it must give the same
 conversion, byte for byte, and the same errors as the in-process path.
@@ -14,9 +14,9 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-from amp_compiler import convert
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx import native_checks
+from amp_compiler import convert
+from amp_compiler.onnx.load import native_checks
 from benchmarks.generate import transformer_model
 from models import catalog
 

@@ -19,11 +19,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import amp_compiler.onnx.save as onnx_save  # the module that writes the output
-from amp_compiler import convert
-from amp_compiler.checks import run_onnxruntime, validate
+import amp_compiler.onnx.write.save as onnx_save  # the module that writes the output
 from amp_compiler.cli import main
-from amp_compiler.onnx.walk import iter_proto_graphs
+from amp_compiler import convert
+from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 
 vi = helper.make_tensor_value_info
 
@@ -251,7 +251,7 @@ def _untouched(dst: Path) -> None:
 def test_internal_error_during_conversion_leaves_output_untouched(paths, monkeypatch):
     import importlib
 
-    convert_module = importlib.import_module("amp_compiler.convert")  # the module, not the function
+    convert_module = importlib.import_module("amp_compiler.onnx.convert")  # the module, not the function
 
     def crash(*a, **k):
         raise RuntimeError("simulated bug in a pass")

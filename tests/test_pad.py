@@ -6,11 +6,11 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-from amp_compiler import convert
-from amp_compiler.checks import run_onnxruntime, validate
 from amp_compiler.cli import main
-from amp_compiler.costs import estimate
-from amp_compiler.emulate import emulate
+from amp_compiler import convert
+from amp_compiler.onnx.costs.costs import estimate
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
 
 
 def _model(opset=17):

@@ -4,8 +4,8 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import F32, TEST_POLICY, model, tensor, vi, weights
 
-from amp_compiler import convert
 from amp_compiler.errors import OptionError
+from amp_compiler import convert
 
 
 def _decide(m, **kw):

@@ -13,9 +13,11 @@ import pytest
 from onnx_builders import tensor, weights
 from onnx_ir.passes import PostconditionError, PreconditionError
 
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.core.plan import Role, Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.precision_graph import build_precision_graph
-from amp_compiler.passes import (
+from amp_compiler.onnx.graph.precision_graph import build_precision_graph
+from amp_compiler.passes.analysis import (
     CalibrationRangePass,
     ClassifyPass,
     ConstantRangePass,
@@ -23,10 +25,14 @@ from amp_compiler.passes import (
     MinCutPlacementPass,
     PaintPass,
 )
-from amp_compiler.pipeline import AnalysisSettings, analysis_passes, checks_enabled, plan_precisions, run_passes
-from amp_compiler.plan import Role, Rule
+from amp_compiler.passes.analysis.pipeline import (
+    AnalysisSettings,
+    analysis_passes,
+    checks_enabled,
+    plan_precisions,
+    run_passes,
+)
 from amp_compiler.policy import default_table
-from amp_compiler.report.model import TensorRange
 from amp_compiler.targets import Provider, Target
 
 # x -> Mul(x, 1e6) -> MatMul -> Relu -> Slice -> MatMul: a constant beyond FP16's range, a MatMul on each

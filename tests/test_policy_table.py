@@ -60,7 +60,7 @@ def test_every_tensor_core_op_says_whether_it_takes_fp8(entries):
 
 def test_tensor_core_ops_are_the_low_matrix_products(entries):
     """"Tensor Core op" is defined once, by the tables' ``tensor_core`` entries, all of them LOW."""
-    from amp_compiler.fx.policy import default_policy
+    from amp_compiler.fx.graph.policy import default_policy
     from amp_compiler.policy import default_table
 
     marked = {(e["domain"], e["op"]) for e in entries if e.get("tensor_core")}

@@ -9,11 +9,13 @@ import pytest
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-from amp_compiler import convert, providers
-from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.emulate import emulate
+from amp_compiler import convert
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.write.strongly_typed import undecided_values
+from amp_compiler.policy import kernels as providers
+from amp_compiler.policy.kernels import KernelCoverage, coverage_for, load_snapshot, probe_registry
 from amp_compiler.policy.make_kernel_snapshot import dump, merge_defs
-from amp_compiler.providers import KernelCoverage, coverage_for, load_snapshot, probe_registry, undecided_values
 from amp_compiler.targets import Provider
 
 DEMO = Path(__file__).resolve().parent.parent / "models" / "demo.onnx"
@@ -66,7 +68,7 @@ def test_snapshot_matches_known_kernels_of_onnxruntime_1_31():
 
 
 def test_snapshot_file_is_what_the_generator_writes():
-    text = (Path(providers.__file__).parent / "policy" / providers.SNAPSHOT).read_text("utf-8")
+    text = (Path(providers.__file__).parent / providers.SNAPSHOT).read_text("utf-8")
     assert dump(json.loads(text)) == text
 
 
@@ -217,9 +219,9 @@ def test_cpu_provider_reports_missing_kernels_without_pinning():
 def test_the_pass_accepts_a_given_coverage():
     import onnx_ir as ir
 
-    from amp_compiler.onnx.precision_graph import build_precision_graph
-    from amp_compiler.passes import ClassifyPass, KernelCoveragePass
-    from amp_compiler.plan import PrecisionPlan, Role
+    from amp_compiler.core.plan import PrecisionPlan, Role
+    from amp_compiler.onnx.graph.precision_graph import build_precision_graph
+    from amp_compiler.passes.analysis import ClassifyPass, KernelCoveragePass
     from amp_compiler.policy import default_table
     from amp_compiler.targets import Target
 

@@ -15,9 +15,9 @@ import pytest
 
 from amp_compiler.analyze import analyze
 from amp_compiler.cli import main
-from amp_compiler.convert import ConvertOptions
+from amp_compiler.onnx.convert import ConvertOptions
 from amp_compiler.report import PrecisionReport
-from amp_compiler.runner import InProcessRunner
+from amp_compiler.runtime.runner import InProcessRunner
 from models import catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -150,7 +150,7 @@ def test_every_node_of_every_catalog_model_is_in_the_report(entry):
     m = catalog.load(entry)
     # The catalog's own models: run in this process (the CLI tests cover the budgeted child).
     report = analyze(m, ConvertOptions(), model_name=entry.name, runner=InProcessRunner()).report
-    from amp_compiler.costs import iter_nodes
+    from amp_compiler.onnx.costs.costs import iter_nodes
 
     converted = [n for n in report.nodes if n.rule != "lowering.cast"]
     assert len(converted) == sum(1 for _ in iter_nodes(m)) - sum(

@@ -23,9 +23,9 @@ from onnx_builders import (
     weights,
 )
 
-from amp_compiler.checks import run_onnxruntime
 from amp_compiler.errors import ModelCrashError, ModelRunError, OptionError, RunBudgetError
-from amp_compiler.runner import MIN_MEMORY, ChildRunner, InProcessRunner, RunBudget
+from amp_compiler.onnx.measure.checks import run_onnxruntime
+from amp_compiler.runtime.runner import MIN_MEMORY, ChildRunner, InProcessRunner, RunBudget
 
 SMALL = RunBudget(seconds=30, memory=1 << 30)
 
@@ -63,7 +63,7 @@ def test_sessions_without_weight_prepacking_run_the_same():
     (its config entry), in this process and in the child, and such a session still computes the model."""
     import onnxruntime as ort
 
-    from amp_compiler import runner_child
+    from amp_compiler.runtime import child as runner_child
 
     assert runner_child.session_options(ort, prepack=False).get_session_config_entry("session.disable_prepacking") == "1"
     with pytest.raises(Exception, match="disable_prepacking"):  # not set: onnxruntime's default

@@ -15,12 +15,12 @@ import pytest
 from onnx import helper
 from onnx_builders import F16, F32, model, tensor, vi, weights
 
-from amp_compiler import convert
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import ModelCrashError
-from amp_compiler.passes import RuntimeHazardPass
-from amp_compiler.passes.hazards import moves_batch
-from amp_compiler.plan import Rule
-from amp_compiler.runner import ChildRunner, RunBudget
+from amp_compiler import convert
+from amp_compiler.passes.analysis import RuntimeHazardPass
+from amp_compiler.passes.analysis.hazards import moves_batch
+from amp_compiler.runtime.runner import ChildRunner, RunBudget
 from models import catalog
 
 RULE = Rule.RUNTIME_TRANSPOSE_MATMUL.value

@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime, validate
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
 from benchmarks.generate import (
     NODES_PER_BLOCK,
     block_weight_bytes,

@@ -15,12 +15,12 @@ import onnx_ir as ir
 import pytest
 from onnx import helper
 
-from amp_compiler import convert
 from amp_compiler.analyze import analyze
-from amp_compiler.checks import run_onnxruntime, validate
 from amp_compiler.cli import main
 from amp_compiler.errors import UntypedTensorsError
-from amp_compiler.onnx.schema_typing import type_from_schemas, untyped_values
+from amp_compiler import convert
+from amp_compiler.onnx.ir.schema_typing import type_from_schemas, untyped_values
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 from amp_compiler.options import ConvertOptions
 from tests.onnx_builders import F32, tensor, vi, weights
 

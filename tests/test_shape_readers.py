@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 
 from amp_compiler import convert
-from amp_compiler.checks import run_onnxruntime, validate
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 from amp_compiler.policy import default_table
 from tests.onnx_builders import F32, model, tensor, vi, weights
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import F32, tensor, vi, weights
 
 from amp_compiler import convert
-from amp_compiler.onnx import skeleton
+from amp_compiler.onnx.load import skeleton
 from models import catalog
 
 
@@ -82,7 +82,7 @@ def test_conversion_through_the_description_is_the_same(monkeypatch, entry):
         return calls[-1]
 
     monkeypatch.setattr(skeleton, "MIN_SAVED_BYTES", 0)
-    monkeypatch.setattr("amp_compiler.onnx.typing.weight_free", counted)
+    monkeypatch.setattr("amp_compiler.onnx.load.typed.weight_free", counted)
     assert convert(fp32).model.SerializeToString() == whole
     assert calls and calls[0] is not None  # the description was used
 

@@ -1,4 +1,4 @@
-"""Static ranges: interval bounds from the graph inputs' ranges (amp_compiler.onnx.intervals), the pass
+"""Static ranges: interval bounds from the graph inputs' ranges (amp_compiler.onnx.graph.intervals), the pass
 that keeps what provably overflows FP32, --input-range, and the warnings when no range is known."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from onnx import helper
 from onnx_builders import F32, model, tensor, vi, weights
 
-from amp_compiler import convert
 from amp_compiler.analyze import analyze
-from amp_compiler.checks import run_onnxruntime
 from amp_compiler.cli import main
-from amp_compiler.convert import ConvertOptions
-from amp_compiler.emulate import emulate
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.intervals import static_bounds
+from amp_compiler import convert
+from amp_compiler.onnx.convert import ConvertOptions
+from amp_compiler.onnx.graph.intervals import static_bounds
+from amp_compiler.onnx.measure.checks import run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
 from models import catalog
 
 INT16 = (-32768.0, 32767.0)

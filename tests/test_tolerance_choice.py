@@ -8,10 +8,10 @@ import math
 from onnx import helper
 from onnx_builders import model, tensor, vi, weights
 
-from amp_compiler.knapsack import Option
+from amp_compiler.core.knapsack import Option
+from amp_compiler.onnx.tolerance.choice import Choice, Level, decide, fill, search, unit_choices, value
+from amp_compiler.onnx.tolerance.units import Unit
 from amp_compiler.targets import Target
-from amp_compiler.tolerance_choice import Choice, Level, decide, fill, search, unit_choices, value
-from amp_compiler.tolerance_units import Unit
 
 
 def test_levels_are_worth_the_gemm_time_they_save_against_tf32():

@@ -10,16 +10,16 @@ import onnx.shape_inference
 import onnx_ir as ir
 import pytest
 
-from amp_compiler import convert
 from amp_compiler.cli import main
-from amp_compiler.emulate import emulate
-from amp_compiler.fp8 import fp8_opset, local_choice, raise_opset
+from amp_compiler import convert
+from amp_compiler.onnx.fp8.steps import fp8_opset, local_choice, raise_opset
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.tolerance.fp8 import add_fp8_switches
+from amp_compiler.onnx.tolerance.probe import build_probe, switch_name
+from amp_compiler.onnx.tolerance.refine import refine
 from amp_compiler.options import ConvertOptions
-from amp_compiler.refine import refine
-from amp_compiler.runner import InProcessRunner
+from amp_compiler.runtime.runner import InProcessRunner
 from amp_compiler.targets import Target
-from amp_compiler.tolerance_fp8 import add_fp8_switches
-from amp_compiler.tolerance_probe import build_probe, switch_name
 from models import catalog
 
 
@@ -35,7 +35,7 @@ def test_every_switch_on_is_the_fp8_model_bit_for_bit():
     plain = convert(fp32)  # the fallback conversion the probe is made of
     low = [d.index for d in plain.decisions if d.index is not None and d.precision == "fp16"]
     ir_model = ir.from_proto(onnx.shape_inference.infer_shapes(fp32))
-    from amp_compiler.calibrate import collect_ranges
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
 
     ranges = collect_ranges(fp32, samples, runner=runner)
     passed, _ = local_choice(ir_model, fp32, samples, ranges, ConvertOptions(target=Target.FP8), runner, {})

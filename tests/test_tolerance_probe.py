@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from amp_compiler import convert
-from amp_compiler.costs import estimate
-from amp_compiler.emulate import emulate
+from amp_compiler.onnx.costs.costs import estimate
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.tolerance.probe import SwitchProbe, build_probe, switch_name
+from amp_compiler.onnx.tolerance.units import partition
 from amp_compiler.policy import default_table
-from amp_compiler.runner import InProcessRunner
-from amp_compiler.tolerance_probe import SwitchProbe, build_probe, switch_name
-from amp_compiler.tolerance_units import partition
+from amp_compiler.runtime.runner import InProcessRunner
 from models import catalog
 
 

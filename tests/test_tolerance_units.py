@@ -6,7 +6,7 @@ from __future__ import annotations
 from onnx import helper
 from onnx_builders import model, tensor, vi, weights
 
-from amp_compiler.tolerance_units import partition
+from amp_compiler.onnx.tolerance.units import partition
 
 
 def _residual_block():

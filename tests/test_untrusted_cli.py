@@ -27,8 +27,8 @@ from onnx_builders import (
     weights,
 )
 
-from amp_compiler import convert
 from amp_compiler.cli import main
+from amp_compiler import convert
 
 
 def _run(argv) -> tuple[int, str, str]:
@@ -100,7 +100,7 @@ def _good(tmp_path: Path) -> Path:
 @pytest.fixture
 def crashing_output(monkeypatch):
     """The conversion gives a model that crashes onnxruntime 1.32 at session creation."""
-    command = importlib.import_module("amp_compiler.convert")  # the module the command's convert comes from
+    command = importlib.import_module("amp_compiler.onnx.convert")  # the module the command's convert comes from
     real = command.convert
 
     def crashing(*args, **kwargs):

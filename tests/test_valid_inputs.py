@@ -13,11 +13,11 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import F32, tensor, vi, weights
 
-from amp_compiler import convert
-from amp_compiler.checks import run_onnxruntime, validate
-from amp_compiler.emulate import emulate
 from amp_compiler.errors import ModelLoadError
-from amp_compiler.onnx.sparse import densify
+from amp_compiler import convert
+from amp_compiler.onnx.load.sparse import densify
+from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
+from amp_compiler.onnx.measure.emulate import emulate
 
 
 def _make(nodes, inputs, outputs, inits=(), sparse=(), value_info=(), opset=17) -> onnx.ModelProto:

@@ -4,7 +4,7 @@ On every CI-size catalog model: where its output loads and runs, ours is at leas
 FP32 (cosine, and max error within 10% and half an FP16 step: the largest error of one element moves
 by that much with where rounding happens to fall, and theirs may round an output ours keeps FP32), measured over four inputs with FP16 storage emulated exactly for both
 models; where its output does not run, ours does (and the catalog tests check it is accurate).
-Its models run in a child process (:class:`~amp_compiler.runner.ChildRunner`): on a batch-first RNN
+Its models run in a child process (:class:`~amp_compiler.runtime.runner.ChildRunner`): on a batch-first RNN
 its FP16 output crashes onnxruntime at session creation (runtime.ort-transpose-matmul).
 """
 
@@ -18,11 +18,11 @@ import warnings
 import numpy as np
 import pytest
 
-from amp_compiler import convert
-from amp_compiler.checks import compare, run_onnxruntime
-from amp_compiler.emulate import emulate
 from amp_compiler.errors import ModelCrashError
-from amp_compiler.runner import ChildRunner, InProcessRunner, RunBudget, Runner
+from amp_compiler import convert
+from amp_compiler.onnx.measure.checks import compare, run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, RunBudget, Runner
 from models import catalog
 
 float16 = pytest.importorskip("onnxconverter_common.float16")

@@ -26,10 +26,10 @@ class CompareCommand(Command):
         self.groups = [self.options, self.running]
 
     def run(self, args: argparse.Namespace) -> int:
-        from amp_compiler.compare import compare_models
-        from amp_compiler.onnx import files as onnx_files
+        from amp_compiler.onnx.compare import compare_models
+        from amp_compiler.onnx.load import files as onnx_files
         from amp_compiler.report.comparison import render_comparison
-        from amp_compiler.samples import load_samples
+        from amp_compiler.runtime.samples import load_samples
 
         o = self.options
         fp32 = onnx_files.load_model(o.fp32)

@@ -23,11 +23,11 @@ from amp_compiler.cli.args.model_file import ModelFileArgs
 from amp_compiler.cli.args.report import ReportFileArgs
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
-from amp_compiler.units import format_bytes
+from amp_compiler.sizes import format_bytes
 
 if TYPE_CHECKING:  # the conversion's modules are imported when it runs, not to build the parser
     from amp_compiler.analyze import Analysis
-    from amp_compiler.result import ConversionResult
+    from amp_compiler.onnx.write.result import ConversionResult
 
 
 class ConvertCommand(Command):
@@ -49,8 +49,8 @@ class ConvertCommand(Command):
         parser.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
     def run(self, args: argparse.Namespace) -> int:
-        from amp_compiler.convert import convert
-        from amp_compiler.load_check import OutputLoadCheck
+        from amp_compiler.onnx.convert import convert
+        from amp_compiler.onnx.write.load_check import OutputLoadCheck
 
         files = self.files.open()  # the output path is checked before the work, not after it
         start = time.perf_counter()
@@ -94,8 +94,8 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     input's that became unnecessary), the size (model file plus external data files, before and after),
     a warning counting the nodes left as they are for want of an element type, and the first overflow
     that depends on an input's scale, if any."""
-    from amp_compiler.fp8 import fp8_flop_share
-    from amp_compiler.plan import Rule
+    from amp_compiler.core.plan import Rule
+    from amp_compiler.onnx.fp8.steps import fp8_flop_share
     from amp_compiler.policy import default_table
     from amp_compiler.targets import Target
 

@@ -21,11 +21,12 @@ except ImportError:
     ) from None
 
 from amp_compiler.fx.backend import AmpBackend, CompiledModule, NoGraphWarning, backend, compile  # noqa: E402
-from amp_compiler.fx.convert import AmpInternalError, capture, convert, report, transform  # noqa: E402
+from amp_compiler.fx.convert import convert  # noqa: E402
 from amp_compiler.fx.export import export_onnx  # noqa: E402
-from amp_compiler.fx.fp8_scaling import DelayedScaling  # noqa: E402
-from amp_compiler.fx.policy import default_policy  # noqa: E402
-from amp_compiler.fx.report import FxReport  # noqa: E402
+from amp_compiler.fx.fp8.scaling import DelayedScaling  # noqa: E402
+from amp_compiler.fx.graph.pipeline import AmpInternalError, capture, report, transform  # noqa: E402
+from amp_compiler.fx.graph.policy import default_policy  # noqa: E402
+from amp_compiler.fx.graph.report import FxReport  # noqa: E402
 from amp_compiler.fx.scaler import LossScaler  # noqa: E402
 from amp_compiler.fx.training import TrainStep, prepare_training  # noqa: E402
 

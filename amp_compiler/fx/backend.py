@@ -29,10 +29,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.convert import transform
-from amp_compiler.fx.report import FxReport
-from amp_compiler.fx.rewrite import functionalize_inplace
-from amp_compiler.fx.views import is_float
+from amp_compiler.fx.graph.pipeline import transform
+from amp_compiler.fx.graph.report import FxReport
+from amp_compiler.fx.graph.rewrite import functionalize_inplace
+from amp_compiler.fx.graph.views import is_float
 from amp_compiler.targets import Target
 
 _STATE_MARKERS = ("._parameters[", "._buffers[")

@@ -1,8 +1,7 @@
-"""The FX pipeline: capture with torch.export, analyse with the shared passes, lower casts into the graph.
+"""amp_compiler.fx.convert: an ``nn.Module`` to a mixed-precision GraphModule for inference.
 
-    capture (torch.export, in-place ops made functional) -> precision graph -> analysis (classify,
-    constant ranges, paint, min-cut: amp_compiler.pipeline) -> lower (cast nodes, parameter storage)
-    -> fake-tensor check -> report
+FP16 and BF16 run the FX pipeline (:mod:`amp_compiler.fx.graph.pipeline`); FP8 first chooses its
+GEMMs from calibration samples (:mod:`amp_compiler.fx.fp8.inference`).
 """
 
 from __future__ import annotations
@@ -12,188 +11,14 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from amp_compiler import targets
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.flops import graph_flops
-from amp_compiler.fx.graph import FxPrecisionGraph, build_fx_precision_graph
-from amp_compiler.fx.lower import lower_plan, short
-from amp_compiler.fx.policy import AtenPolicy, default_policy
-from amp_compiler.fx.report import FxReport, node_decisions, state_bytes
-from amp_compiler.fx.rewrite import fold_batchnorm, functionalize_inplace
-from amp_compiler.graph import SlotKind
-from amp_compiler.passes import compile_patterns
-from amp_compiler.pipeline import AnalysisSettings, check_placement, plan_precisions
-from amp_compiler.targets import Provider, Target
+from amp_compiler.fx.graph.pipeline import capture_for_inference, transform
+from amp_compiler.fx.graph.policy import AtenPolicy
+from amp_compiler.targets import Target
 
-REPORT_KEY = "amp_compiler"
-
-
-class AmpInternalError(RuntimeError):
-    """The converted graph does not compute in the precisions the plan chose (a bug in amp-compiler)."""
-
-
-def capture(
-    model: torch.nn.Module,
-    example_inputs: tuple,
-    example_kwargs: dict | None = None,
-    *,
-    dynamic_shapes: Any = None,
-    strict: bool = False,
-) -> fx.GraphModule:
-    """The model as an ATen-level GraphModule (``torch.export``), with in-place ops made functional
-    where that is safe, in the mode ``model`` was captured in (``training``). Parameters are shared
-    with ``model``; ``model`` is not modified."""
-    if not isinstance(example_inputs, tuple):
-        example_inputs = (example_inputs,)
-    ep = torch.export.export(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
-    gm = ep.module()
-    # ExportedProgram.module() says "training" whatever the model's mode (and refuses train()/eval():
-    # the graph is fixed): the flags say the mode the graph was captured in.
-    for module in gm.modules():
-        module.training = model.training
-    functionalize_inplace(gm)
-    return gm
-
-
-def _fake_inputs(gm: fx.GraphModule) -> list:
-    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def transform(
-    gm: fx.GraphModule,
-    target: Target | str = Target.FP16,
-    *,
-    mode: str = "inference",
-    block_ops: Iterable[str] = (),
-    block_nodes: Iterable[str] = (),
-    policy: AtenPolicy | None = None,
-    constant_sources: dict | None = None,
-    unchecked_constants: Iterable[fx.Node] = (),
-    fake_inputs: list | None = None,
-    parameter_bytes_before: int | None = None,
-    notes: dict[str, str] | None = None,
-    placement: str = "mincut",
-) -> FxReport:
-    """Convert ``gm`` in place to mixed precision and return the report.
-
-    ``mode``: ``"inference"`` stores parameters in low precision where every use is low precision;
-    ``"training"`` and ``"compile"`` keep parameters as they are and cast them at use.
-    ``constant_sources``: nodes holding parameters/buffers (default: the float ``get_attr`` nodes).
-    ``notes``: node name -> a sentence appended to that node's reason (rewrites made before).
-    ``placement``: ``"mincut"`` re-decides painting's free choices to move the fewest cast bytes
-    (the ONNX path's default), ``"paint"`` keeps painting's answer.
-    """
-    target = Target.parse(target) if isinstance(target, str) else target
-    if target is Target.FP8:
-        raise OptionError(
-            "target fp8 chooses its FP8 layers from calibration samples: use convert(model, inputs, "
-            "target='fp8', calibration=[...]) for inference or prepare_training(..., target='fp8')",
-            option="target",
-        )
-    policy = policy or default_policy()
-    block_ops = frozenset(block_ops)
-    unknown = sorted(op for op in block_ops if policy.get(op) is None and not hasattr(torch.ops.aten, op))
-    if unknown:
-        raise OptionError(f"unknown ATen op(s): {', '.join(unknown)}", option="block_ops")
-    patterns = compile_patterns(block_nodes)
-    check_placement(placement)
-
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    output_names: list[str] = []  # as captured, before casts feed the outputs
-    fx.node.map_arg(gm.graph.output_node().args, lambda n: output_names.append(n.name))
-    bytes_before = state_bytes(gm) if parameter_bytes_before is None else parameter_bytes_before
-    sources = dict(constant_sources) if constant_sources is not None else None
-    fxg = build_fx_precision_graph(
-        gm,
-        target,
-        policy,
-        constant_sources=sources,
-        unchecked_constants=set(unchecked_constants),
-        table_lookups=(mode == "inference"),
-    )
-    # The ONNX path's analysis; no kernel coverage nor runtime hazards (they read ONNX ops).
-    settings = AnalysisSettings(
-        target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False, runtime_hazards=False,
-    )
-    plan = plan_precisions(fxg.graph, settings)
-    lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
-    fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
-    _check(gm, fxg, lowering, fake)
-    decisions = node_decisions(
-        gm, fxg, plan, lowering, order, training=(mode == "training"),
-        weight_placeholders={n for n in (sources or ()) if n.op == "placeholder"},
-    )
-    for d in decisions:
-        if notes and d.node in notes:
-            d.reason = f"{d.reason}; {notes[d.node]}"
-    warnings = [
-        f"{op.name}: {op.op_type} is not in the ATen policy table; it stays FP32"
-        for op in fxg.graph.unknown_ops
-        if op.domain == "aten" and op in fxg.graph.node_vertices
-    ]
-    report = FxReport(
-        target=target.value,
-        mode=mode,
-        decisions=decisions,
-        casts_inserted=len(lowering.casts),
-        stored_low={k: short(v.after) for k, v in lowering.stored.items()},
-        parameter_bytes_before=bytes_before,
-        parameter_bytes_after=state_bytes(gm),
-        warnings=warnings,
-        output_names=output_names,
-        flops=graph_flops(gm, policy),
-    )
-    gm.meta[REPORT_KEY] = report
-    return report
-
-
-class _FakeProp(FakeTensorProp):
-    """FakeTensorProp that also reads parameters and buffers as fake tensors, so in-place ops in the
-    graph (a BatchNorm's ``num_batches_tracked += 1``) never touch the real ones."""
-
-    def get_attr(self, target, args, kwargs):
-        value = super().get_attr(target, args, kwargs)
-        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
-            cache = self.__dict__.setdefault("_fakes", {})
-            if target not in cache:
-                cache[target] = self._mode.from_tensor(value)
-            return cache[target]
-        return value
-
-
-def refresh_meta(gm: fx.GraphModule, fake: list | None = None) -> bool:
-    """Re-run the graph on fake tensors (default: its placeholders' traced values), refreshing every
-    node's ``meta["val"]``; False when there are no fake inputs to run it on."""
-    fake = fake if fake is not None else _fake_inputs(gm)
-    if not fake or any(v is None for v in fake):
-        return False
-    mode = detect_fake_mode(fake)
-    if mode is None:
-        return False
-    _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
-    return True
-
-
-def _check(gm: fx.GraphModule, fxg: FxPrecisionGraph, lowering, fake: list) -> None:
-    """Re-run the graph on fake tensors (refreshing ``meta["val"]``) and check every tensor a node
-    produces has the dtype the plan gave it."""
-    if not refresh_meta(gm, fake):
-        return
-    wrong = []
-    for slot in fxg.slots:
-        if slot.kind is not SlotKind.NODE_OUT:
-            continue
-        want = lowering.slot_dtypes[slot]
-        val = slot.tensor.meta.get("val")
-        got = val.dtype if isinstance(val, torch.Tensor) else None
-        if got is not None and got != want:
-            wrong.append(f"{slot.tensor.name}: planned {short(want)}, computes {short(got)}")
-    if wrong:
-        raise AmpInternalError("converted graph differs from the plan: " + "; ".join(wrong[:10]))
+__all__ = ["convert"]
 
 
 def convert(
@@ -226,12 +51,12 @@ def convert(
     ``target="fp8"`` needs ``calibration``: samples of inputs (each a tuple like ``example_inputs``,
     or one tensor). Matrix products (linear, mm, addmm, bmm, matmul) whose statistics on them allow
     it take FP8 E4M3 inputs (``fp8_*``: the ONNX path's ``--fp8-*`` settings); everything else is
-    converted as for FP16 (:mod:`amp_compiler.fx.fp8`).
+    converted as for FP16 (:mod:`amp_compiler.fx.fp8.inference`).
     """
     target = Target.parse(target) if isinstance(target, str) else target
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     if target is Target.FP8:
-        from amp_compiler.fx.fp8 import convert_fp8, fp8_options
+        from amp_compiler.fx.fp8.inference import convert_fp8, fp8_options
 
         opts = fp8_options(fp8_margin, fp8_budget, fp8_max_error, fp8_max_subnormal)
         return convert_fp8(model, inputs, example_kwargs, calibration=calibration, opts=opts, block_ops=block_ops,
@@ -239,19 +64,7 @@ def convert(
                            placement=placement, policy=policy)
     if calibration is not None:
         raise OptionError("calibration samples are for target fp8 only", option="calibration")
-    gm = capture(model, example_inputs if isinstance(example_inputs, tuple) else (example_inputs,),
-                 example_kwargs, dynamic_shapes=dynamic_shapes)
-    before = state_bytes(gm)
-    folded = fold_batchnorm(gm) if fold_bn else []
-    notes = {f.conv: f"batch_norm {f.batch_norm!r} was folded into its weight and bias (in FP32)" for f in folded}
-    transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
-              parameter_bytes_before=before, notes=notes, placement=placement)
-    return gm
-
-
-def report(gm: fx.GraphModule) -> FxReport:
-    """The report :func:`convert` (or a training step, or the compile backend) attached to ``gm``."""
-    rep = getattr(gm, "meta", {}).get(REPORT_KEY)
-    if rep is None:
-        raise ValueError("this GraphModule was not converted by amp_compiler.fx")
-    return rep
+    captured = capture_for_inference(model, inputs, example_kwargs, dynamic_shapes=dynamic_shapes, fold_bn=fold_bn)
+    transform(captured.gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
+              parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement)
+    return captured.gm

@@ -8,7 +8,7 @@ accepted (when no opset was asked for) or refuses an explicit opset that is too 
 naming the ops. The result passes onnx's full checker.
 
 onnxruntime's CPU provider has almost no BF16 kernels (no BF16 Conv at any opset): run a BF16 export
-on the CUDA provider, or on a CPU through :func:`amp_compiler.emulate.emulate_bf16`.
+on the CUDA provider, or on a CPU through :func:`amp_compiler.onnx.measure.emulate.emulate_bf16`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import onnx.shape_inference
 import onnx_ir as ir
 import torch.fx as fx
 
-from amp_compiler import schemas
 from amp_compiler.dtypes import schema_type
 from amp_compiler.errors import OptionError
+from amp_compiler.policy import schemas
 
 DEFAULT_OPSET = 18
 LATEST_OPSET = onnx.defs.onnx_opset_version()

@@ -21,13 +21,13 @@ import torch
 import torch.fx as fx
 
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.convert import capture, transform
-from amp_compiler.fx.fp8_scaling import DelayedScaling, DelayedScalingState
-from amp_compiler.fx.fp8_training import rewrite_training, training_gemms, training_report
-from amp_compiler.fx.policy import AtenPolicy, default_policy, op_name, policy_name
-from amp_compiler.fx.report import FxReport
+from amp_compiler.fx.fp8.scaling import DelayedScaling, DelayedScalingState
+from amp_compiler.fx.fp8.training import rewrite_training, training_gemms, training_report
+from amp_compiler.fx.graph.pipeline import capture, transform
+from amp_compiler.fx.graph.policy import AtenPolicy, default_policy, op_name, policy_name
+from amp_compiler.fx.graph.report import FxReport
 from amp_compiler.fx.scaler import LossScaler
-from amp_compiler.passes import compile_patterns
+from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.targets import Target
 
 SCALE_BUFFER = "amp_loss_scale"
@@ -147,7 +147,7 @@ def prepare_training(
     (dynamic for FP16, none for BF16), ``"dynamic"``, a number (static scale), ``None``, or a
     :class:`LossScaler`. ``clip_grad_norm``: clip the unscaled gradients to this norm each step.
 
-    ``target="fp8"``: Transformer Engine's recipe (:mod:`amp_compiler.fx.fp8_training`): the GEMMs
+    ``target="fp8"``: Transformer Engine's recipe (:mod:`amp_compiler.fx.fp8.training`): the GEMMs
     of weights run in FP8 with delayed scaling (``fp8_recipe``, a :class:`DelayedScaling`: history
     length, margin, format), everything else as for FP16, with FP16's loss scaling.
     """

@@ -11,7 +11,7 @@ Runs on a machine without a GPU or CUDA (needs pip, gcc, readelf and nm):
    per missing library, with its soname, symbol versions and every symbol the provider imports
    (functions returning 0, i.e. success). Kernels are registered from static tables in the provider
    library, so its registry is the real one; nothing is ever run on a device.
-3. The registry is read in a child process (``amp_compiler.providers.probe_registry``) with the
+3. The registry is read in a child process (``amp_compiler.policy.kernels.probe_registry``) with the
    unpacked wheel first on ``PYTHONPATH`` and the stubs on ``LD_LIBRARY_PATH``; the CUDA provider's
    kernels are written out, one op per line. The internal ``com.ms.internal.nhwc`` domain (layout
    rewrites onnxruntime makes itself) is left out.
@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from amp_compiler.providers import OPEN_END, probe_registry, short_type
+from amp_compiler.policy.kernels import OPEN_END, probe_registry, short_type
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "ort_cuda_kernels.json"

@@ -16,7 +16,7 @@ from importlib import resources
 
 import tomllib
 
-from amp_compiler.schemas import canonical_domain
+from amp_compiler.policy.schemas import canonical_domain
 from amp_compiler.targets import Provider
 
 

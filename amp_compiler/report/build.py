@@ -6,11 +6,12 @@ from collections import Counter
 
 import onnx
 
-from amp_compiler.checks import OutputAccuracy as MeasuredAccuracy
-from amp_compiler.costs import estimate
-from amp_compiler.decisions import untyped_message
-from amp_compiler.onnx.walk import iter_proto_graphs
-from amp_compiler.plan import Rule
+from amp_compiler.core.decision import untyped_message
+from amp_compiler.core.plan import Rule
+from amp_compiler.onnx.costs.costs import estimate
+from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
+from amp_compiler.onnx.measure.checks import OutputAccuracy as MeasuredAccuracy
+from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import (
     NodeError,
@@ -20,7 +21,6 @@ from amp_compiler.report.model import (
     Summary,
     TensorRange,
 )
-from amp_compiler.result import ConversionResult
 
 CAST_RULE = Rule.LOWERING_CAST.value
 

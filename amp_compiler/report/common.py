@@ -9,8 +9,8 @@ import onnx_ir as ir
 
 from amp_compiler.dtypes import short_name
 from amp_compiler.report.model import NodeReport, OutputAccuracy, PrecisionReport
+from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
-from amp_compiler.units import format_bytes
 
 SORTS = ("cost", "error", "name", "graph")
 LOW_PRECISIONS = tuple(short_name(t.dtype) for t in Target)  # ("fp16", "bf16")
@@ -42,7 +42,7 @@ def human_count(n: int | float | None) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    """Bytes as every size the tool prints (:func:`amp_compiler.units.format_bytes`: '512 B',
+    """Bytes as every size the tool prints (:func:`amp_compiler.sizes.format_bytes`: '512 B',
     '12.3 kB', '820 kB', '1.20 GB'); None as '-'."""
     return "-" if n is None else format_bytes(n)
 

@@ -1,4 +1,4 @@
-"""A model comparison (:class:`amp_compiler.compare.Comparison`) as text: a terminal table or JSON.
+"""A model comparison (:class:`amp_compiler.onnx.compare.Comparison`) as text: a terminal table or JSON.
 
 The terminal text fits 80 columns: a header line saying what ran where and on which inputs, one row
 per output, then the nodes where the error grows most with the rule that decided each, the first
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from amp_compiler.compare import Comparison, NodeError
+from amp_compiler.onnx.compare import Comparison, NodeError
 from amp_compiler.report.common import cosine_str, pct, sci
 from amp_compiler.report.terminal import fit_middle, fit_op, fit_path, fit_rule
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.report.common import (
     cosine_str,
     filter_note,
@@ -31,7 +32,6 @@ from amp_compiler.report.common import (
 )
 from amp_compiler.report.html_plots import colour, e, graph_plot, ops_plot, share_plot
 from amp_compiler.report.model import NodeReport, PrecisionReport
-from amp_compiler.schemas import is_onnx_domain
 
 
 # ---------------------------------------------------------------------------------------------- cards

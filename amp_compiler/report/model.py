@@ -9,28 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from amp_compiler.core.measures import NodeError, TensorRange
+
 SCHEMA_VERSION = 1
-
-
-@dataclasses.dataclass
-class TensorRange:
-    """Observed values of one tensor over the calibration samples (FP32 model)."""
-
-    min: float
-    max: float
-    absmax: float
-    underflow_share: float  # share of non-zeros that would flush to zero in FP16 (< 2^-24)
-    subnormal_share: float  # share of non-zeros below FP16's smallest normal (6.1e-5)
-    count: int  # values seen
-
-
-@dataclasses.dataclass
-class NodeError:
-    """What this node's output differs from FP32 in the converted model, on the calibration data."""
-
-    rel_l2: float  # ||mixed - fp32|| / ||fp32|| of the node's first float output
-    max_abs: float
-    added: float  # rel_l2 minus the worst rel_l2 among its float inputs: the error this node adds
 
 
 @dataclasses.dataclass

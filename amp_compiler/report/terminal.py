@@ -10,6 +10,7 @@ import re
 import textwrap
 from collections.abc import Callable, Iterable
 
+from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.report.common import (
     HIGH_PRECISION,
     LOW_PRECISIONS,
@@ -26,7 +27,6 @@ from amp_compiler.report.common import (
     summary_parts,
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
-from amp_compiler.schemas import is_onnx_domain
 
 DEFAULT_WIDTH = 80
 ELLIPSIS = "…"

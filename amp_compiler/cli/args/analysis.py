@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # imported when the analysis runs, not to build the parser
     import onnx
 
     from amp_compiler.analyze import Analysis
-    from amp_compiler.runner import Runner
+    from amp_compiler.runtime.runner import Runner
 
 
 class AnalysisArgs(ArgGroup):

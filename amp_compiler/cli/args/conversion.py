@@ -20,7 +20,7 @@ class ConversionArgs(ArgGroup):
     ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``.
     Depends on nothing.
     The ``--input-shape`` values are checked against the model in one place, by the conversion
-    (:func:`amp_compiler.costs.bind_input_shapes`), for the plain and the analysis path alike."""
+    (:func:`amp_compiler.onnx.costs.costs.bind_input_shapes`), for the plain and the analysis path alike."""
 
     title = "conversion"
     flags = {
@@ -127,7 +127,7 @@ class ConversionArgs(ArgGroup):
         return self._options
 
     def parse(self, args: argparse.Namespace) -> None:
-        from amp_compiler.costs import parse_input_shape
+        from amp_compiler.onnx.costs.costs import parse_input_shape
         from amp_compiler.options import ConvertOptions, parse_input_range
 
         shapes: dict[str, tuple[int, ...]] = {}

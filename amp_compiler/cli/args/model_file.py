@@ -4,7 +4,7 @@ output written atomically.
 The output path is checked before any work (a bad one fails at once), against the input model file;
 the input's external data files are known only once the model is read, and the output path is then
 checked against those files alone. Writing does not check again: it goes through the checked
-:class:`~amp_compiler.onnx.save.OutputPath`.
+:class:`~amp_compiler.onnx.write.save.OutputPath`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # imported when a command runs, not to build the parser (--he
     import onnx
 
     from amp_compiler import ConversionResult
-    from amp_compiler.onnx.deferred import DeferredModel
-    from amp_compiler.onnx.save import OutputPath, Verify
+    from amp_compiler.onnx.load.deferred import DeferredModel
+    from amp_compiler.onnx.write.save import OutputPath, Verify
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ class ModelFile:
 
     def load(self) -> onnx.ModelProto:
         """The input model, checked, with every weight in memory."""
-        from amp_compiler.onnx import files as onnx_files  # through the module: tests intercept the loaders
+        from amp_compiler.onnx.load import files as onnx_files  # through the module: tests intercept the loaders
 
         model, files = onnx_files.load_model_and_files(self.source)
         self._read(files)
@@ -45,7 +45,7 @@ class ModelFile:
     def load_deferred(self, *, check: bool) -> DeferredModel:
         """The input model with its large external weights left on disk (validated, read when needed);
         ``check=False`` leaves the model checks to the conversion, which does them while it builds its IR."""
-        from amp_compiler.onnx import files as onnx_files
+        from amp_compiler.onnx.load import files as onnx_files
 
         loaded = onnx_files.load_model_deferred(self.source, check=check)
         self._read(loaded.files)
@@ -95,7 +95,7 @@ class ModelFileArgs(ArgGroup):
         """The model files, the output path checked (a refused one fails here, before any work)."""
         if self.output is None:
             return ModelFile(self.source)
-        from amp_compiler.onnx.save import InputOverwriteError, check_output_path
+        from amp_compiler.onnx.write.save import InputOverwriteError, check_output_path
 
         try:
             output = check_output_path(self.output, [self.source], force=self.force)

@@ -107,7 +107,7 @@ def format_for(path: Path) -> str:
 def write_text(path: Path, text: str, *sources: Path) -> None:
     """Write a report atomically (temporary file, then rename; the umask's permissions), never over
     the model files ``sources``."""
-    from amp_compiler.onnx.save import check_output_path
+    from amp_compiler.onnx.write.save import check_output_path
 
     try:
         output = check_output_path(path, list(sources))

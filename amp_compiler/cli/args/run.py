@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from amp_compiler.budget import DEFAULT_SECONDS, RunBudget, default_memory
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OptionError
-from amp_compiler.units import format_bytes, parse_bytes
+from amp_compiler.runtime.budget import DEFAULT_SECONDS, RunBudget, default_memory
+from amp_compiler.sizes import format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # the runner (numpy, onnx) is imported when a command starts one
-    from amp_compiler.runner import ChildRunner
+    from amp_compiler.runtime.runner import ChildRunner
 
 
 class RunArgs(ArgGroup):
     """``--max-run-seconds``, ``--max-run-memory`` and, for a command that writes a model,
     ``--no-load-check``. Every onnxruntime load and run of the user's model (calibration, accuracy,
     ``--tolerance``, the load check) happens in one child process with this budget
-    (:class:`~amp_compiler.runner.ChildRunner`). Depends on nothing."""
+    (:class:`~amp_compiler.runtime.runner.ChildRunner`). Depends on nothing."""
 
     title = "running the model (onnxruntime, in a child process)"
     flags = {"run_seconds": "--max-run-seconds", "run_memory": "--max-run-memory"}
@@ -59,6 +59,6 @@ class RunArgs(ArgGroup):
     def runner(self) -> ChildRunner:
         """A child process with the budget, started now (its import of onnxruntime overlaps the
         command's own work); close it (a context manager) when done."""
-        from amp_compiler.runner import ChildRunner
+        from amp_compiler.runtime.runner import ChildRunner
 
         return ChildRunner(self.budget)

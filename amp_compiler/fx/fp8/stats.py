@@ -1,0 +1,184 @@
+"""The FX path's per-layer FP8 choice: the ONNX path's statistics, measured by running the FP32 graph.
+
+The same three steps as :mod:`amp_compiler.onnx.fp8.steps` (see README, "--target fp8"), on the calibration
+samples, with a ``torch.fx.Interpreter`` over the FP32 graph instead of onnxruntime probes:
+
+1. scales: the amax of every activation operand (one run per sample);
+2. local statistics per candidate (one run per sample): relative L2 of its output with FP8 inputs
+   against FP16 inputs, and the share of nonzero scaled activation values below 2^-6; a candidate
+   goes on if both are within their limits (:func:`amp_compiler.onnx.fp8.stats.stats_allow`);
+3. end to end: each remaining candidate alone in FP8, the rest of the graph FP32, measured at the
+   model's float outputs (worst relative L2 against FP32); the set with the most FLOPs within the
+   budget (:func:`amp_compiler.onnx.fp8.budget.choose_verified`: the exact knapsack, then the whole set
+   measured and shrunk until it fits).
+
+Guarantees: every candidate gets a reason (statistics and, past step 2, end-to-end numbers); the
+chosen set's measured error is within the budget; the graph is not modified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from amp_compiler.fx.fp8.candidates import FALLBACK, Candidate, argument_values
+from amp_compiler.fx.fp8.numerics import Fp8Format
+from amp_compiler.onnx.fp8.budget import budget_reason, choose_verified
+from amp_compiler.onnx.fp8.stats import Fp8Stats, stats_allow, stats_sentence
+from amp_compiler.options import ConvertOptions
+
+Action = Callable[[Candidate, tuple, dict], Any]
+
+
+class _Probe(fx.Interpreter):
+    """Runs the graph; at a candidate, ``action(candidate, args, kwargs)`` gives the node's value."""
+
+    def __init__(self, gm: fx.GraphModule, candidates: Sequence[Candidate], action: Action):
+        super().__init__(gm)
+        self.by_node = {c.node: c for c in candidates}
+        self.action = action
+
+    def run_node(self, n: fx.Node) -> Any:
+        cand = self.by_node.get(n)
+        if cand is None:
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return self.action(cand, args, kwargs)
+
+
+def _run(gm: fx.GraphModule, candidates: Sequence[Candidate], action: Action, sample: tuple) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = _Probe(gm, candidates, action).run(*sample)
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _plain(cand: Candidate, args: tuple, kwargs: dict) -> Any:
+    return cast(Callable[..., Any], cand.node.target)(*args, **kwargs)
+
+
+def calibrate(gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Sequence[tuple], margin: int) -> None:
+    """Set every activation operand's scale from its amax over ``samples`` (FP32 values)."""
+    amax: dict[tuple[int, int], float] = {}
+
+    def record(cand: Candidate, args: tuple, kwargs: dict) -> Any:
+        values = argument_values(cand.node, args, kwargs)
+        for op in cand.activations:
+            key = (id(cand), op.position)
+            amax[key] = max(amax.get(key, 0.0), float(values[op.arg].detach().abs().max()))
+        return _plain(cand, args, kwargs)
+
+    for sample in samples:
+        _run(gm, candidates, record, sample)
+    for cand in candidates:
+        for op in cand.activations:
+            op.calibrate(amax.get((id(cand), op.position), 0.0), margin)
+
+
+def local_stats(gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Sequence[tuple]) -> list[Fp8Stats]:
+    """Per candidate (all calibrated), its :class:`Fp8Stats` over ``samples``."""
+    sums = {id(c): [0.0, 0.0, 0, 0] for c in candidates}  # err^2, ref^2, below 2^-6, nonzero
+    normal = Fp8Format.E4M3.smallest_normal
+
+    def measure(cand: Candidate, args: tuple, kwargs: dict) -> Any:
+        values = argument_values(cand.node, args, kwargs)
+        y8 = cand.fp8_output(values).double()
+        y16 = cand.fp16_output(args, kwargs).double()
+        s = sums[id(cand)]
+        s[0] += float(((y8 - y16) ** 2).sum())
+        s[1] += float((y16**2).sum())
+        for op in cand.activations:
+            scaled = (values[op.arg].to(FALLBACK).to(torch.float32) / op.scale).abs()
+            s[2] += int(((scaled < normal) & (scaled > 0)).sum())
+            s[3] += int((scaled > 0).sum())
+        return _plain(cand, args, kwargs)
+
+    for sample in samples:
+        _run(gm, candidates, measure, sample)
+    out = []
+    for cand in candidates:
+        err2, ref2, below, nonzero = sums[id(cand)]
+        rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
+        out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, below / nonzero if nonzero else 0.0))
+    return out
+
+
+class EndToEnd:
+    """The FP32 graph with a set of candidates in FP8: its outputs' worst relative L2 against FP32."""
+
+    def __init__(self, gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Sequence[tuple]):
+        self.gm, self.candidates, self.samples = gm, list(candidates), list(samples)
+        self.reference = [_run(gm, [], _plain, s) for s in self.samples]
+        self.runs = len(self.samples)
+
+    def error(self, on: frozenset[int]) -> float:
+        chosen = [self.candidates[k] for k in sorted(on)]
+
+        def fp8(cand: Candidate, args: tuple, kwargs: dict) -> Any:
+            return cand.fp8_output(argument_values(cand.node, args, kwargs))
+
+        err2: list[float] = []
+        ref2: list[float] = []
+        for sample, reference in zip(self.samples, self.reference, strict=True):
+            got = _run(self.gm, chosen, fp8, sample)
+            self.runs += 1
+            if not err2:
+                err2, ref2 = [0.0] * len(reference), [0.0] * len(reference)
+            for j, (r, g) in enumerate(zip(reference, got, strict=True)):
+                r, g = r.double(), g.double()
+                both = torch.isfinite(r)
+                if not bool(torch.isfinite(g[both]).all()):
+                    return math.inf
+                err2[j] += float(((g[both] - r[both]) ** 2).sum())
+                ref2[j] += float((r[both] ** 2).sum())
+        rel = [math.sqrt(e / r) if r > 0 else (0.0 if e == 0 else math.inf) for e, r in zip(err2, ref2, strict=True)]
+        return max(rel, default=0.0)
+
+
+@dataclasses.dataclass
+class Fp8Choice:
+    """The candidates, the chosen ones, why each is in FP8 or not, and the model runs it took."""
+
+    candidates: list[Candidate]
+    chosen: list[Candidate]
+    reasons: dict[fx.Node, str]
+    runs: int = 0
+    total_error: float = 0.0
+
+
+def _local_reason(cand: Candidate, stats: Fp8Stats, opts: ConvertOptions) -> tuple[bool, str, str]:
+    """(passes, the sentence, its statistics part) of a candidate's local choice."""
+    stat = stats_sentence(stats, opts.fp8_max_error, opts.fp8_max_subnormal)
+    scales = ", ".join(op.describe() for op in cand.operands)
+    if not stats_allow(stats, opts.fp8_max_error, opts.fp8_max_subnormal):
+        return False, f"kept FP16: FP8 E4M3 inputs would cost too much: {stat}", stat
+    return True, f"FP8 E4M3 inputs: {stat}; {scales}", f"{stat}; {scales}"
+
+
+def choose(
+    gm: fx.GraphModule, candidates: list[Candidate], samples: Sequence[tuple], opts: ConvertOptions
+) -> Fp8Choice:
+    """Calibrate, measure and choose (see module doc); ``gm`` is the FP32 graph."""
+    calibrate(gm, candidates, samples, opts.fp8_margin)
+    reasons: dict[fx.Node, str] = {}
+    passed: list[tuple[Candidate, str, str]] = []
+    for cand, stats in zip(candidates, local_stats(gm, candidates, samples), strict=True):
+        ok, why, statistics = _local_reason(cand, stats, opts)
+        reasons[cand.node] = why
+        if ok:
+            passed.append((cand, why, statistics))
+    runs = 2 * len(samples)
+    if not passed:
+        return Fp8Choice(candidates, [], reasons, runs)
+    e2e = EndToEnd(gm, [c for c, _, _ in passed], samples)
+    singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
+    flops = [max(c.flops, 1) for c, _, _ in passed]
+    chosen, total = choose_verified(e2e.error, singles, flops, opts.fp8_budget)
+    for k, (cand, local, statistics) in enumerate(passed):
+        reasons[cand.node] = budget_reason(local, statistics, singles[k], flops[k], opts.fp8_budget, total, k in chosen)
+    return Fp8Choice(candidates, [passed[k][0] for k in sorted(chosen)], reasons, runs + e2e.runs, total)

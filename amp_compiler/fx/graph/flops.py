@@ -1,0 +1,131 @@
+"""Estimated FLOPs of the nodes of an FX graph, by the ONNX path's definitions (:mod:`amp_compiler.onnx.costs.costs`).
+
+A multiply-add counts 2: matrix products ``2 * output elements * K`` (linear, mm, addmm, bmm,
+baddbmm, matmul, and the GEMM callables the caller names: the FP8 paths' own), convolutions
+``2 * output elements * C_in/groups * kernel``, transposed convolutions ``2 * input elements *
+C_out/groups * kernel``, einsum the product of all index sizes (times 2), scaled-dot-product
+attention its two matrix products; other numeric ops one per output element; data movement (the
+policy's PASS and NONFLOAT ops), casts, quantizers, placeholders, attributes and outputs none.
+Shapes are the traced ``meta["val"]`` (symbolic sizes count as their hint).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Collection
+
+import torch
+import torch.fx as fx
+
+from amp_compiler.fx.graph.arguments import schema_argument, tensor_arguments
+from amp_compiler.fx.graph.policy import AtenPolicy, op_name, policy_name
+from amp_compiler.policy import Category
+
+_MATMUL_LHS = {"linear": "input", "mm": "self", "addmm": "mat1", "bmm": "self", "baddbmm": "batch1",
+               "matmul": "self", "_addmm_activation": "mat1", "addbmm": "batch1"}
+_CONV = {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_tbc"}
+_CONV_T = {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+
+
+def _dim(d: object) -> int:
+    try:
+        return int(d)  # type: ignore[call-overload]
+    except (TypeError, ValueError, RuntimeError):
+        hint = getattr(getattr(d, "node", None), "hint", None)
+        return int(hint) if isinstance(hint, int) else 1
+
+
+def _shape(node: object) -> tuple[int, ...] | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return tuple(_dim(d) for d in val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _numel(node: object) -> int:
+    shape = _shape(node)
+    return math.prod(shape) if shape is not None else 0
+
+
+def _outputs_numel(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    floats = [v for v in vals if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return sum(math.prod(_dim(d) for d in v.shape) for v in floats)
+
+
+def _arg(node: fx.Node, name: str) -> object:
+    return schema_argument(node, name)[1]
+
+
+def _conv(node: fx.Node, transposed: bool) -> int:
+    w = _shape(_arg(node, "weight"))
+    if w is None:
+        return 0
+    kernel = math.prod(w[2:])
+    if transposed:  # weight [C_in, C_out/groups, k...]: every input element meets C_out/groups * kernel
+        return 2 * _numel(_arg(node, "input")) * w[1] * kernel
+    return 2 * _numel(node) * w[1] * kernel  # weight [C_out, C_in/groups, k...]
+
+
+def _einsum(node: fx.Node) -> int:
+    equation = _arg(node, "equation")
+    operands = _arg(node, "tensors")
+    if not isinstance(equation, str) or "..." in equation or not isinstance(operands, (list, tuple)):
+        return _numel(node)
+    sizes: dict[str, int] = {}
+    for term, op in zip(equation.split("->")[0].split(","), operands, strict=False):
+        shape = _shape(op) or ()
+        sizes.update(zip(term.strip(), shape, strict=False))
+    return 2 * math.prod(sizes.values()) if sizes else 0
+
+
+def _attention(node: fx.Node) -> int:
+    q, k, v = (_shape(_arg(node, n)) for n in ("query", "key", "value"))
+    if q is None or k is None or v is None:
+        return _numel(node)
+    heads = math.prod(q[:-2])
+    return 2 * heads * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+def _conv_forward(node: fx.Node) -> int:
+    return _conv(node, transposed=False)
+
+
+def _conv_transposed(node: fx.Node) -> int:
+    return _conv(node, transposed=True)
+
+
+_BY_OP: dict[str, Callable[[fx.Node], int]] = {
+    **dict.fromkeys(_CONV, _conv_forward), **dict.fromkeys(_CONV_T, _conv_transposed), "einsum": _einsum,
+}
+
+
+def node_flops(node: fx.Node, policy: AtenPolicy, gemms: Collection[Callable] = ()) -> int:
+    """The node's estimated FLOPs (see module doc); ``gemms``: callables that multiply their first
+    argument, [..., K], by a matrix (the FP8 GEMMs)."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return 0
+    if node.target in gemms:
+        return 2 * _numel(node) * ((_shape(node.args[0]) or (0,))[-1])
+    name = op_name(node.target)
+    if name is None:
+        return 0
+    key = policy_name(name)
+    if key in _MATMUL_LHS:
+        lhs = _shape(_arg(node, _MATMUL_LHS[key]))
+        return 2 * _numel(node) * (lhs[-1] if lhs else 0)
+    if key in _BY_OP:
+        return _BY_OP[key](node)
+    if "scaled_dot_product" in key:
+        return _attention(node)
+    entry = policy.get(key)
+    if entry is not None and entry.category in (Category.PASS, Category.NONFLOAT):
+        return 0
+    if entry is not None and entry.dtype_attr is not None:  # an explicit conversion
+        return 0
+    return _outputs_numel(node) if any(True for _ in tensor_arguments(node)) else 0
+
+
+def graph_flops(gm: fx.GraphModule, policy: AtenPolicy, gemms: Collection[Callable] = ()) -> dict[str, int]:
+    """FLOPs of every node, by node name (``gemms`` as for :func:`node_flops`)."""
+    return {n.name: node_flops(n, policy, gemms) for n in gm.graph.nodes}

@@ -1,0 +1,270 @@
+"""Compare a converted model with its FP32 original: the outputs, and where in the graph the error grows.
+
+    samples (or generated inputs) -> both models run with every main-graph float tensor exposed
+    -> per output: cosine, max error of range, NaN/Inf, argmax agreement
+    -> per tensor of the FP32 graph matched by name in the converted one: its error against FP32 and
+       how much it grew over the node's inputs -> the nodes where it grows most, with the rule that
+       decided each (when a default conversion of the FP32 model reproduces that node)
+
+On the CPU provider the converted model runs through :func:`amp_compiler.onnx.measure.emulate.emulate`, which rounds
+every FP16/BF16 tensor exactly as a GPU stores it (onnxruntime's CPU kernels would hide it); on the CUDA
+provider its real kernels run. The FP32 reference always runs on the CPU. Tensors are matched by name,
+so any pair works, other tools' conversions included (onnxconverter-common keeps tensor names and adds
+its Casts under new ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+import onnx_ir as ir
+
+from amp_compiler.core.tensor_error import ErrorStats
+from amp_compiler.dtypes import short_name
+from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
+from amp_compiler.onnx.convert import convert
+from amp_compiler.onnx.measure.calibrate import IntermediateRunner, random_samples
+from amp_compiler.onnx.measure.emulate import emulate, stored_values
+from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.targets import Provider, Target
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    name: str
+    cosine: float
+    max_abs_error: float
+    error_of_range: float  # max |error| / (max - min) of the FP32 output
+    nonfinite: int  # NaN/inf values where FP32 is finite
+    argmax_agreement: float | None  # share of positions whose argmax over the last axis agrees
+
+
+@dataclasses.dataclass
+class NodeError:
+    """The error of one node's output in the converted model, and how much of it the node added."""
+
+    position: int  # in the FP32 model's main graph
+    node: str
+    op_type: str
+    tensor: str
+    precision: str  # the tensor's type in the converted model ("fp16", "fp32", ...)
+    rel_l2: float
+    error_of_range: float
+    growth: float  # rel_l2 minus the largest rel_l2 among the node's float inputs
+    nonfinite: int
+    rule: str | None = None  # the rule that decided the node, when a default conversion reproduces it
+    reason: str | None = None
+
+
+@dataclasses.dataclass
+class Comparison:
+    fp32: str
+    converted: str
+    provider: str
+    emulated: bool  # the converted model ran through exact low-precision emulation
+    samples: int
+    generated_inputs: bool  # no data given: inputs were generated
+    outputs: list[OutputComparison]
+    growth: list[NodeError]  # the nodes where the error grows most, in graph order
+    first_nonfinite: NodeError | None  # the first node whose output has NaN/inf where FP32 has none
+    tensors_compared: int
+    decisions: str  # where the rules come from
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compare_models(
+    fp32: onnx.ModelProto,
+    converted: onnx.ModelProto,
+    samples: Sequence[dict[str, np.ndarray]] | None = None,
+    *,
+    provider: Provider = Provider.CPU,
+    top: int = 5,
+    names: tuple[str, str] = ("fp32", "converted"),
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    runner: Runner | None = None,
+) -> Comparison:
+    """Run both models on ``samples`` (default: one generated sample, ``input_shapes`` fixing dynamic
+    dims) and compare them (see the module docstring). ``top``: how many nodes of largest error growth
+    to name. ``runner``: where the models run (default: a child process with the default budget).
+    Raises :class:`ModelRunError` when onnxruntime cannot run either model."""
+    runner, owned = default_runner(runner)
+    try:
+        return _compare(fp32, converted, samples, provider, top, names, input_shapes, runner)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _compare(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]] | None,
+    provider: Provider, top: int, names: tuple[str, str], input_shapes: dict[str, tuple[int, ...]] | None,
+    runner: Runner,
+) -> Comparison:
+    generated = not samples
+    samples = list(samples) if samples else random_samples(fp32, input_shapes)
+    emulated = provider is Provider.CPU
+    reference = _runner(fp32, runner, Provider.CPU, names[0])
+    runnable = emulate(converted) if emulated else converted
+    try:
+        candidate = _runner(runnable, runner, provider, names[1])
+    except BaseException:
+        reference.close()
+        raise
+    try:
+        return _measure(fp32, converted, samples, reference, candidate, provider, top, names, generated)
+    finally:
+        reference.close()
+        candidate.close()
+
+
+def _measure(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    reference: IntermediateRunner, candidate: IntermediateRunner, provider: Provider, top: int,
+    names: tuple[str, str], generated: bool,
+) -> Comparison:
+    emulated = provider is Provider.CPU
+
+    outputs = [o.name for o in fp32.graph.output]
+    out_stats = {name: ErrorStats() for name in outputs}
+    agree: dict[str, list[int]] = {name: [0, 0] for name in outputs}
+    tensors: dict[str, ErrorStats] = {}
+    for sample in samples:
+        ref = _run(reference, sample, names[0])
+        got = stored_values(_run(candidate, sample, names[1]))
+        for name, value in ref.items():
+            if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
+                tensors.setdefault(name, ErrorStats()).add(value, got[name])
+        for name in outputs:
+            if name in ref and name in got and np.issubdtype(np.asarray(ref[name]).dtype, np.floating):
+                out_stats[name].add(ref[name], got[name])
+                _count_argmax(agree[name], ref[name], got[name])
+
+    warnings = []
+    if generated:
+        warnings.append("inputs were generated (floats ~ N(0, 1), integers 1): give data for real ones")
+    missing = [n for n in outputs if out_stats[n].count == 0]
+    if missing:
+        warnings.append(f"outputs not compared (not float, or absent from {names[1]}): {', '.join(missing)}")
+    errors = _node_errors(fp32, converted, tensors)
+    decisions = _attach_rules(fp32, converted, errors)
+    growth = sorted(sorted(errors, key=lambda e: -e.growth)[:top], key=lambda e: e.position)
+    first_bad = next((e for e in errors if e.nonfinite), None)
+    return Comparison(
+        fp32=names[0], converted=names[1], provider=provider.value, emulated=emulated,
+        samples=len(samples), generated_inputs=generated,
+        outputs=[_output(name, out_stats[name], agree[name]) for name in outputs if out_stats[name].count],
+        growth=[e for e in growth if e.growth > 0], first_nonfinite=first_bad,
+        tensors_compared=len(tensors), decisions=decisions, warnings=warnings,
+    )
+
+
+def _runner(model: onnx.ModelProto, runner: Runner, provider: Provider, name: str) -> IntermediateRunner:
+    try:
+        return IntermediateRunner(model, runner, provider)
+    except (OptionError, RunBudgetError):
+        raise
+    except ModelRunError as exc:  # onnxruntime refuses the model: a user-facing problem of that file
+        raise ModelRunError(f"{name}: {exc}") from None
+
+
+def _run(runner: IntermediateRunner, sample: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
+    try:
+        return runner.run(sample)
+    except RunBudgetError:
+        raise
+    except ModelRunError as exc:
+        raise ModelRunError(f"{name}: {exc}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _count_argmax(counts: list[int], ref: np.ndarray, got: np.ndarray) -> None:
+    r, g = np.asarray(ref), np.asarray(got)
+    if r.ndim == 0 or r.shape != g.shape or r.shape[-1] < 2:
+        return
+    same = np.argmax(r, axis=-1) == np.argmax(np.nan_to_num(g, nan=-np.inf), axis=-1)
+    counts[0] += int(np.count_nonzero(same))
+    counts[1] += same.size
+
+
+def _output(name: str, s: ErrorStats, agree: list[int]) -> OutputComparison:
+    return OutputComparison(
+        name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, agree[0] / agree[1] if agree[1] else None
+    )
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    return types
+
+
+def _node_errors(fp32: onnx.ModelProto, converted: onnx.ModelProto, tensors: dict[str, ErrorStats]) -> list[NodeError]:
+    """One entry per FP32 main-graph node whose first float output was compared, in graph order."""
+    types = _types(converted)
+    rel = {name: s.rel_l2 for name, s in tensors.items()}
+    out = []
+    for i, node in enumerate(fp32.graph.node):
+        tensor = next((o for o in node.output if o in tensors), None)
+        if tensor is None:
+            continue
+        s = tensors[tensor]
+        worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
+        dtype = types.get(tensor)
+        out.append(NodeError(
+            position=i, node=node.name, op_type=node.op_type, tensor=tensor,
+            precision=short_name(ir.DataType(dtype)) if dtype else "?",
+            rel_l2=s.rel_l2, error_of_range=s.error_of_range, growth=s.rel_l2 - worst_in, nonfinite=s.nonfinite,
+        ))
+    return out
+
+
+def _target_of(types: dict[str, int]) -> Target:
+    return Target.BF16 if onnx.TensorProto.BFLOAT16 in types.values() else Target.FP16
+
+
+def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: list[NodeError]) -> str:
+    """Give each node the rule a default conversion of ``fp32`` decides for it, where the converted
+    model's node of that name has the precision that conversion gives it; returns where the rules
+    came from, in a sentence."""
+    types = _types(converted)
+    target = _target_of(types)
+    try:
+        decided = convert(fp32, target=target).decisions
+    except Exception as exc:  # the FP32 model does not convert: the comparison stands without rules
+        return f"no rules: a default conversion of the FP32 model failed ({_first_line(exc)})"
+    by_name = {d.node: d for d in decided if d.node and d.index is not None}
+    nodes = [n for n in converted.graph.node if n.name in by_name]
+    def dtypes(node: onnx.NodeProto) -> list[str]:
+        return [short_name(ir.DataType(types[o])) if o in types else "?" for o in node.output]
+
+    same = {
+        n.name for n in nodes
+        if by_name[n.name].op_type == n.op_type and by_name[n.name].output_dtypes == dtypes(n)
+    }
+    for e in errors:
+        d = by_name.get(e.node)
+        if d is not None and e.node in same:
+            e.rule, e.reason = d.rule, d.reason
+    main = [n for n in fp32.graph.node if n.name]
+    if main and len(same) == len(main):
+        return f"rules: the converted model is what a default {target.value} conversion of the FP32 model makes"
+    return (
+        f"rules: {len(same)} of {len(main)} named nodes have the precision a default {target.value} conversion "
+        "of the FP32 model gives them (another tool or other options made the rest); rules are shown for those"
+    )

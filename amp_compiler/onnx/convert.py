@@ -1,0 +1,196 @@
+"""The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
+
+    load -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from
+    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, runtime
+    hazards, signal paths, quantized islands, constant, static and calibration ranges, paint,
+    min-cut: amp_compiler.passes.analysis.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding
+    (opt-in) -> per-node decisions (nodes left as they are for want of an element type: a warning,
+    or with ``strict`` an error), and warnings of overflows that depend on the scale of an input
+    whose range is not known
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from amp_compiler.core.decision import NodeDecision, untyped_message, untyped_nodes
+from amp_compiler.core.gc_pause import gc_paused
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.core.plan import Rule
+from amp_compiler.errors import UntypedTensorsError
+from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
+from amp_compiler.onnx.fp8.steps import (
+    fp8_decisions,
+    fp8_opset,
+    lower_fp8,
+    plan_fp8,
+    raise_opset,
+    require_samples,
+    weights_in_memory,
+)
+from amp_compiler.onnx.graph.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
+from amp_compiler.onnx.graph.precision_graph import build_precision_graph
+from amp_compiler.onnx.ir.walk import node_order
+from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, with_small_weights
+from amp_compiler.onnx.load.files import load_model_deferred
+from amp_compiler.onnx.load.foreign_ops import foreign_ops
+from amp_compiler.onnx.load.sparse import densify
+from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
+from amp_compiler.onnx.write.check_pieces import value_types
+from amp_compiler.onnx.write.decisions import node_decisions
+from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
+from amp_compiler.onnx.write.output import output_proto as _output_proto
+from amp_compiler.onnx.write.result import ConversionResult
+from amp_compiler.options import (
+    ConvertOptions,
+    check_block_ops,
+    check_fallback,
+    check_fp8_options,
+    resolve_options,
+)
+from amp_compiler.passes.analysis import compile_patterns
+from amp_compiler.passes.analysis.mincut import unshaped_tensors
+from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
+from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass
+from amp_compiler.policy import PolicyTable, default_table
+from amp_compiler.runtime.runner import Runner
+from amp_compiler.targets import Target
+
+__all__ = ["ConversionResult", "ConvertOptions", "NodeDecision", "convert"]
+
+
+@gc_paused
+def convert(
+    model: onnx.ModelProto | str | os.PathLike | DeferredModel,
+    options: ConvertOptions | None = None,
+    *,
+    policy: PolicyTable | None = None,
+    ranges: dict[str, TensorRange] | None = None,
+    samples: Sequence[dict[str, np.ndarray]] | None = None,
+    runner: Runner | None = None,
+    **overrides,
+) -> ConversionResult:
+    """Convert an FP32 ONNX model to mixed precision.
+
+    ``model`` is an ``onnx.ModelProto``, a path, or a :class:`~amp_compiler.onnx.load.deferred.DeferredModel`.
+    A model file with external data is read lazily: its large weights stay on disk and are read one
+    at a time when needed, and :meth:`ConversionResult.save` writes the result with external data.
+    ``options`` (or keyword overrides of its fields, e.g. ``target="bf16"``) choose the target,
+    provider and user overrides. ``ranges`` (from :func:`amp_compiler.onnx.measure.calibrate.collect_ranges`) adds
+    the calibration rules, and the graph inputs' observed ranges feed the static range analysis like
+    stated ones (``input_ranges``). Returns the converted model with the per-node decisions. The input model
+    is not modified.
+
+    ``target="fp8"`` needs ``samples`` (calibration inputs, e.g. from
+    :func:`amp_compiler.runtime.samples.load_samples`): MatMul/Gemm/Conv whose statistics on them allow it read
+    FP8 E4M3 inputs through Q/DQ, everything else follows the FP16 policy, or the BF16 one with
+    ``fallback="bf16"`` (:mod:`amp_compiler.onnx.fp8.steps`);
+    ``runner`` is where the samples run (default: a child process with the default budget).
+    """
+    # Options, checked before the model is read.
+    opts = resolve_options(options, overrides)
+    policy = policy or default_table()
+    check_block_ops(opts.block_ops, policy)
+    patterns = compile_patterns(opts.block_nodes)
+    check_placement(opts.placement)
+    check_fallback(opts)
+    fp8 = opts.target is Target.FP8
+    if fp8:
+        check_fp8_options(opts)
+        samples = require_samples(samples)
+
+    # Load, check the model and type its IR; weights of external-data models stay on disk.
+    source = _read(model, all_weights=fp8)
+    proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])
+    if fp8:
+        proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
+    shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
+    ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
+    if locations:
+        defer_ir_tensors(ir_model, locations)
+
+    # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
+    fp8_plan = None
+    if fp8:
+        in_memory = weights_in_memory(proto, origin) if locations else proto  # what the probes run
+        fp8_plan, ranges = plan_fp8(ir_model, in_memory, list(samples or ()), ranges, opts, runner)
+        del in_memory
+
+    # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound.
+    input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), ranges)
+    bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
+    target = opts.low_target
+
+    # Analysis: the precision graph, then the plan (amp_compiler.passes.analysis.pipeline). Cast sizes for placement
+    # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
+    graph = build_precision_graph(ir_model, target, policy, keep_io_types=opts.keep_io_types)
+    nodes = node_order(ir_model)
+    mincut = opts.placement == "mincut"
+    unshaped = unshaped_tensors(graph) if mincut else set()
+    if unshaped and not foreign_ops(proto).nodes:
+        unshaped = set()  # onnx's inference had its say: symbolic inference adds nothing worth its time
+    settings = AnalysisSettings(
+        target, opts.provider, opts.block_ops, patterns,
+        pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
+        kept={nodes[i]: why for i, why in opts.kept_nodes if i < len(nodes)},
+        ranges=ranges,
+        placement=opts.placement,
+        reached=reached_magnitudes(bounds) or None,
+        elements=(
+            placement_elements(with_small_weights(source), unshaped, shapes)
+            if mincut and (shapes or unshaped) else None
+        ),
+    )
+    plan = plan_precisions(graph, settings)
+    unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
+    warnings = overflow_warnings(ir_model, graph, plan, target, unranged)
+
+    # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
+    lower = LowerPlanPass(graph, plan)
+    lower(ir_model)
+    RemoveCancellingCastsPass()(ir_model)
+    pad = PadTensorCoresPass() if opts.pad_tensor_cores else None
+    if pad is not None:
+        pad(ir_model)
+    fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None
+
+    # Decisions, one per node of the output (positions of the input's nodes), and the result.
+    decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes)
+    if pad is not None:
+        pad.explain(decisions, node_order(ir_model))
+    if fp8_plan is not None and fp8_lowering is not None:
+        decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering, policy)
+    untyped = untyped_nodes(decisions)
+    if opts.strict and untyped:
+        raise UntypedTensorsError(untyped_message(untyped))
+    inserted = sum(d.rule == Rule.LOWERING_CAST.value for d in decisions)
+    kept = sum(d.op_type == "Cast" and d.rule != Rule.LOWERING_CAST.value for d in decisions)
+    types = value_types(ir_model)  # before the output drops the types the input did not describe
+    output = _DeferredOutput(ir_model, proto, source.inline) if locations else None
+    return ConversionResult(
+        None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
+        len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
+        casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
+        input_shapes=shapes, warnings=warnings, value_types=types,
+    )
+
+
+def _read(model: onnx.ModelProto | str | os.PathLike | DeferredModel, *, all_weights: bool = False) -> DeferredModel:
+    """The model as a :class:`DeferredModel` (``files`` starting with its origin for messages): a
+    path is read with its large weights left on disk, unchecked (the conversion checks it while it
+    builds the IR); sparse tensors are made dense (onnx_ir cannot read them). ``all_weights``:
+    weights left inside the model file are read into it."""
+    deferred = load_model_deferred(model, check=False) if isinstance(model, (str, os.PathLike)) else model
+    if isinstance(deferred, DeferredModel):
+        if all_weights and deferred.inline:
+            deferred.load()
+        return dataclasses.replace(deferred, model=densify(deferred.model, str(deferred.files[0])))
+    if not isinstance(deferred, onnx.ModelProto):
+        raise TypeError(f"expected an onnx.ModelProto or a path, got {type(deferred).__name__}")
+    return DeferredModel(densify(deferred), [Path("model")], {}, checked=False)

@@ -1,0 +1,195 @@
+"""Calibration: observed value ranges of every tensor, from runs of the FP32 model on sample inputs.
+
+Samples come from ``--calibration-data`` (:mod:`amp_compiler.runtime.samples` reads them safely and checks
+them against the model's inputs before anything runs). Statistics are streamed: each run's tensors
+are folded into running min/max/counts and dropped, so memory holds one run's activations.
+
+:func:`run_intermediates` runs a model with every float tensor of its main graph exposed as an
+output; the ``--tolerance`` refinement uses it to compare converted and FP32 tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.dtypes import FLOAT_TYPES
+from amp_compiler.errors import OptionError
+from amp_compiler.policy.kernels import ORT_NAMES
+from amp_compiler.runtime import child as runner_child
+from amp_compiler.runtime.runner import Runner, default_runner
+
+# Where samples come from (defined in amp_compiler.runtime.samples; also importable from here).
+from amp_compiler.runtime.samples import (  # noqa: F401
+    CalibrationDataError,
+    load_samples,
+    model_inputs,
+    random_samples,
+    sample_files,
+)
+from amp_compiler.targets import Provider
+
+FP16_SMALLEST_SUBNORMAL = 2.0**-24
+FP16_SMALLEST_NORMAL = 2.0**-14
+
+
+# onnxruntime's Python binding cannot return bfloat16 outputs ("No corresponding Numpy type"): an
+# emulated BF16 model's rounded copies are exposed in FP32 instead (amp_compiler.onnx.measure.emulate).
+_EXPOSED_TYPES = FLOAT_TYPES - {onnx.TensorProto.BFLOAT16}
+
+
+def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of ``model`` whose main-graph float tensors (but bfloat16 ones, which onnxruntime cannot
+    return) are all graph outputs, and their names. Tensors onnx's shape inference leaves untyped
+    (downstream of onnxruntime's contrib ops) take the type their ops' schemas imply."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    existing = {o.name for o in inferred.graph.output}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info
+             if vi.type.HasField("tensor_type")}
+    untyped = [name for node in inferred.graph.node for name in node.output
+               if name and name not in existing and name not in types]
+    if untyped:
+        types.update(_schema_types(inferred, set(untyped)))
+    extra = []
+    for node in inferred.graph.node:
+        for name in node.output:
+            if name and name not in existing and types.get(name) in _EXPOSED_TYPES:
+                extra.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+                existing.add(name)
+    inferred.graph.output.extend(extra)
+    return inferred, [o.name for o in inferred.graph.output]
+
+
+def _schema_types(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """Element types of the main-graph tensors ``names`` from the ops' schemas (onnx_ir over the model,
+    :func:`amp_compiler.onnx.ir.schema_typing.type_from_schemas`)."""
+    import onnx_ir as ir
+
+    from amp_compiler.onnx.ir.schema_typing import type_from_schemas
+
+    typed = ir.from_proto(model)
+    type_from_schemas(typed)
+    return {v.name: int(v.dtype) for node in typed.graph for v in node.outputs
+            if v.name in names and v.dtype is not None}
+
+
+class IntermediateRunner:
+    """Runs a model on onnxruntime with every main-graph float tensor exposed, through ``runner``
+    (:mod:`amp_compiler.runtime.runner`: a child process with a budget, or this process for trusted models),
+    on the CPU provider or (``provider=Provider.CUDA``) on the CUDA provider, whose real FP16/BF16
+    kernels then run; a provider onnxruntime does not start is an :class:`OptionError`."""
+
+    def __init__(self, model: onnx.ModelProto, runner: Runner, provider: Provider = Provider.CPU):
+        name = ORT_NAMES[provider]
+        if name not in runner_child.PROVIDERS:
+            raise OptionError(f"models run on the cpu or cuda execution provider, not {provider.value}",
+                              option="provider")
+        exposed, self.names = exposed_model(model)
+        self.session = runner.load(exposed, provider=name, basic=True)  # see runner_child.session_options
+        if self.session.providers[:1] != [name]:
+            self.session.close()
+            raise OptionError(
+                f"onnxruntime here did not start the {provider.value} execution provider "
+                f"(it started: {', '.join(self.session.providers)})", option="provider",
+            )
+        self.feeds = dict(zip(self.session.input_names, self.session.input_types, strict=True))
+        self.runs = 0
+
+    def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.runs += 1
+        feeds = {k: _as_input(v, self.feeds[k]) for k, v in sample.items() if k in self.feeds}
+        return dict(zip(self.names, self.session.run(feeds), strict=True))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
+    """A float sample array in the float type the session's input takes (an FP16 input of a model
+    converted without keeping its I/O types); anything else as it is."""
+    if ort_type == "tensor(float16)" and np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float16)
+    return array
+
+
+@dataclasses.dataclass
+class _Acc:
+    min: float = np.inf
+    max: float = -np.inf
+    absmax: float = 0.0
+    nonzero: int = 0
+    flushed: int = 0
+    subnormal: int = 0
+    count: int = 0
+
+    def add(self, a: np.ndarray) -> None:
+        a = np.asarray(a, dtype=np.float64).ravel()
+        finite = a[np.isfinite(a)]
+        if a.size == 0:
+            return
+        self.count += a.size
+        if finite.size:
+            self.min = min(self.min, float(finite.min()))
+            self.max = max(self.max, float(finite.max()))
+        absval = np.abs(a)
+        self.absmax = max(self.absmax, float(np.max(absval)))
+        nz = absval[absval > 0]
+        self.nonzero += nz.size
+        self.flushed += int(np.count_nonzero(nz < FP16_SMALLEST_SUBNORMAL / 2))
+        self.subnormal += int(np.count_nonzero(nz < FP16_SMALLEST_NORMAL))
+
+    def range(self) -> TensorRange:
+        return TensorRange(
+            min=self.min if self.count else 0.0,
+            max=self.max if self.count else 0.0,
+            absmax=self.absmax,
+            underflow_share=self.flushed / self.nonzero if self.nonzero else 0.0,
+            subnormal_share=self.subnormal / self.nonzero if self.nonzero else 0.0,
+            count=self.count,
+        )
+
+
+def _progress(items: list, label: str) -> Iterator:
+    """Yield items, drawing a progress bar on stderr when it is a terminal."""
+    tty = sys.stderr.isatty()
+    n = len(items)
+    for i, item in enumerate(items, 1):
+        yield item
+        if tty:
+            filled = int(30 * i / n)
+            sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (30 - filled)}] {i}/{n}")
+            sys.stderr.flush()
+    if tty and n:
+        sys.stderr.write("\n")
+
+
+def collect_ranges(
+    model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], *, runner: Runner | None = None
+) -> dict[str, TensorRange]:
+    """Observed range of every main-graph float tensor of the FP32 model over the samples.
+    ``runner``: where the model runs (default: a child process with the default budget)."""
+    runner, owned = default_runner(runner)
+    try:
+        return _collect(IntermediateRunner(model, runner), samples)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _collect(intermediates: IntermediateRunner, samples: Iterable[dict[str, np.ndarray]]) -> dict[str, TensorRange]:
+    accs: dict[str, _Acc] = {}
+    for sample in _progress(list(samples), "calibrating"):
+        for name, value in intermediates.run(sample).items():
+            if np.issubdtype(np.asarray(value).dtype, np.floating):
+                accs.setdefault(name, _Acc()).add(value)
+        for name, value in sample.items():
+            if np.issubdtype(value.dtype, np.floating):
+                accs.setdefault(name, _Acc()).add(value)
+    intermediates.close()
+    return {name: acc.range() for name, acc in accs.items()}

@@ -1,0 +1,173 @@
+"""Emulate low-precision storage on a CPU, exactly.
+
+onnxruntime's CPU provider has almost no BF16 kernels, and for FP16 it runs most ops (MatMul, Conv on
+x86) in FP32 between Casts that its optimizer then partly removes, so an FP16 tensor that overflows
+or underflows on a GPU may never be rounded on a CPU. :func:`emulate` rewrites a model whose tensors
+are FP16 or BF16 into an FP32 model that rounds every such tensor to its type (a ``Cast(low) ->
+Cast(float)`` round trip after each producer). Each op then computes in FP32 on rounded inputs and
+its output is rounded: what a GPU does with low-precision storage and FP32 accumulation, overflow to
+inf and flush to zero included. Low-precision constants widen to FP32 exactly, so the numbers seen
+are the ones the converted model holds. Tests check accuracy this way on CPU-only machines.
+
+Graph inputs and outputs that were FP16/BF16 become FP32 (feed FP32 arrays; they are rounded on
+entry). Tensor types come from onnx's shape inference, and for the ops it does not define
+(onnxruntime's contrib ops) from their schemas (:mod:`amp_compiler.onnx.ir.schema_typing`), so their
+low-precision outputs are rounded too; their kernels run in FP32 on rounded inputs. A tensor whose
+type neither gives is not rounded (none is, in the catalog's models).
+
+FP8 (E4M3) Q/DQ graphs run as they are: onnxruntime's CPU QuantizeLinear/DequantizeLinear with
+float8e4m3fn is exact, and :func:`quantize_fp8`/:func:`dequantize_fp8` compute the same values in
+numpy (bit for bit: ``tests/test_fp8_exactness.py``). Run such graphs at onnxruntime's BASIC
+optimization level: from EXTENDED on, its ReluQuantTransformer deletes a Relu that feeds a float8
+QuantizeLinear (emulated graphs are safe: a rounding Cast sits between the two).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx.shape_inference
+import onnx_ir as ir
+
+from amp_compiler.onnx.ir.schema_typing import type_from_schemas
+from amp_compiler.onnx.ir.walk import iter_graphs
+
+# The rounded copy of a tensor ``X`` is named ``X__f32emu<n>`` (see rounded_origin).
+ROUNDED_TAG = "__f32emu"
+_F32 = ir.DataType.FLOAT
+_LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+_LOW_INTS = frozenset(int(t) for t in _LOW)
+
+
+FP8_MAX = 448.0  # float8e4m3fn's largest finite value (amp_compiler.targets.Target.FP8.max)
+
+
+def quantize_fp8(x: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
+    """What QuantizeLinear to float8e4m3fn with ``saturate=1`` computes (onnxruntime, and TensorRT's
+    explicit quantization): ``x / scale`` in float32 (a division, not a multiplication by 1/scale),
+    clipped to +-448, rounded to nearest even, ties to even also among subnormals; NaN stays NaN, the
+    sign of zero is kept. ``scale`` broadcasts against ``x`` (per-axis scales: reshape first)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scaled = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
+    return np.clip(scaled, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+
+
+def dequantize_fp8(q: np.ndarray, scale: np.ndarray | float, dtype: type = np.float16) -> np.ndarray:
+    """What DequantizeLinear of float8e4m3fn computes: ``q * scale`` in float32, rounded once to
+    ``dtype`` (the scale's type: FP16 in amp-compiler's FP8 graphs)."""
+    return (np.asarray(q).astype(np.float32) * np.asarray(scale, dtype=np.float32)).astype(dtype)
+
+
+def _widen_tensor(t: ir.TensorProtocol, name: str | None) -> ir.TensorProtocol:
+    return ir.tensor(t.numpy().astype(np.float32), name=name)
+
+
+def _round_trip(
+    graph: ir.Graph, value: ir.Value, low_type: ir.DataType, after: ir.Node | None, tag: int
+) -> ir.Value | None:
+    """Make ``value``'s users read it rounded to ``low_type``; the rounded copy (None: nothing reads it)."""
+    users = list(value.uses())
+    outputs = [i for i, v in enumerate(graph.outputs) if v is value]
+    if not users and not outputs:
+        return None
+    low = ir.Value(name=f"{value.name}__lowemu{tag}", type=ir.TensorType(low_type), shape=value.shape)
+    back = ir.Value(name=f"{value.name}{ROUNDED_TAG}{tag}", type=ir.TensorType(_F32), shape=value.shape)
+    to_low = ir.Node("", "Cast", [value], [ir.AttrInt64("to", int(low_type))], outputs=[low])
+    to_f32 = ir.Node("", "Cast", [low], [ir.AttrInt64("to", int(_F32))], outputs=[back])
+    if after is not None:
+        graph.insert_after(after, [to_low, to_f32])
+    elif len(graph) > 0:
+        graph.insert_before(next(iter(graph)), [to_low, to_f32])
+    else:
+        graph.extend([to_low, to_f32])
+    for user, index in users:
+        user.replace_input_with(index, back)
+    for i in outputs:
+        # Keep the output name: the rounded value takes it.
+        name = value.name
+        value.name = f"{name}__unrounded{tag}"
+        back.name = name
+        graph.outputs[i] = back
+    return back
+
+
+def rounded_origin(name: str) -> str | None:
+    """For the rounded copy of a tensor that :func:`emulate` made, the original tensor's name (what
+    its users read in the emulated model, as the low-precision model stores it); else None."""
+    stem, tag, number = name.rpartition(ROUNDED_TAG)
+    return stem if tag and number.isdigit() else None
+
+
+def stored_values(values: dict) -> dict:
+    """Tensors of a run of an emulated model (by name) with each rounded copy standing for its original:
+    the values the low-precision model stores, by the names of the model before emulation."""
+    out = dict(values)
+    for name, value in values.items():
+        origin = rounded_origin(name)
+        if origin is not None:
+            out[origin] = value
+    return out
+
+
+def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
+    """An FP32 model that computes what ``model`` computes with FP16/BF16 storage (see module doc)."""
+    m = typed_model(model)
+    emulate_in_place(m)
+    out = ir.to_proto(m)
+    out.ir_version = model.ir_version
+    return out
+
+
+def typed_model(model: onnx.ModelProto) -> ir.Model:
+    """``model`` in the IR with every tensor's element type that shape inference or the ops' schemas
+    give (contrib ops' outputs, and what follows them, included): what :func:`emulate_in_place` reads."""
+    m = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    type_from_schemas(m)
+    return m
+
+
+def emulate_in_place(m: ir.Model) -> dict[ir.Value, ir.Value]:
+    """Rewrite a typed model (:func:`typed_model`) as :func:`emulate` does; returns each rounded copy
+    with the value it rounds. Nodes stay the same objects (rounding Casts are added after them), so a
+    caller can find them again."""
+    rounded: dict[ir.Value, ir.Value] = {}
+    tag = 0
+    for graph in list(iter_graphs(m.graph)):
+        for init in list(graph.initializers.values()):
+            if init.dtype in _LOW and init.const_value is not None:
+                init.const_value = _widen_tensor(init.const_value, init.name)
+                init.type = ir.TensorType(_F32)
+        for value in list(graph.inputs):
+            if value.dtype in _LOW:
+                low_type = value.dtype
+                value.type = ir.TensorType(_F32)
+                tag += 1
+                _keep(rounded, _round_trip(graph, value, low_type, None, tag), value)
+        for node in list(graph):
+            for name, attr in list(node.attributes.items()):
+                if attr.type == ir.AttributeType.TENSOR and attr.value.dtype in _LOW:
+                    node.attributes[name] = ir.AttrTensor(name, _widen_tensor(attr.value, attr.value.name))
+                elif name in ("to", "dtype") and attr.type == ir.AttributeType.INT and attr.value in _LOW_INTS:
+                    node.attributes[name] = ir.AttrInt64(name, int(_F32))
+            for out in node.outputs:
+                if out.dtype in _LOW:
+                    low_type = out.dtype
+                    out.type = ir.TensorType(_F32)
+                    if node.op_type != "Constant":
+                        tag += 1
+                        _keep(rounded, _round_trip(graph, out, low_type, node, tag), out)
+        for value in graph.outputs:
+            if value.dtype in _LOW:
+                value.type = ir.TensorType(_F32)
+    return rounded
+
+
+def _keep(rounded: dict[ir.Value, ir.Value], copy: ir.Value | None, original: ir.Value) -> None:
+    if copy is not None:
+        rounded[copy] = original
+
+
+def emulate_bf16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """:func:`emulate` for BF16 models (kept for its name: it is the same rewrite)."""
+    return emulate(model)

@@ -1,0 +1,188 @@
+"""The choice ``--tolerance`` makes per unit: its precision levels, measured on the probe, and the
+set of levels with the most Tensor Core throughput whose error fits the tolerance.
+
+A unit (:mod:`amp_compiler.onnx.tolerance.units`) can be
+
+- ``fp32``: every node of it in FP32 (pinned);
+- ``low-root`` (a Tensor Core unit with followers): its Tensor Core op low, the cheap ops it feeds
+  FP32: their roundings (a decomposed BatchNorm and HardSwish round five times after a convolution)
+  go, the Tensor Core FLOPs stay;
+- ``low``: everything low (FP16 or BF16);
+- ``fp8-root`` / ``fp8`` (``--target fp8``, an FP8 candidate's unit): as the two before, with the
+  Tensor Core op reading FP8 E4M3 inputs through Q/DQ.
+
+Each level's error is measured alone on the probe (:mod:`amp_compiler.onnx.tolerance.probe`: only the
+unit's groups on); its value is the GEMM time it saves against FP32 on an H100
+(:data:`amp_compiler.targets.GEMM_RATE`: TF32 is half FP16's rate, FP8 twice it), so FP32 is avoided
+first and FP8 taken where it also fits. :func:`search` runs the knapsack (:mod:`amp_compiler.core.knapsack`)
+for budgets around the tolerance, keeps the best choice the probe finds within it, then moves single
+units up one level while the probe still finds the whole within it.
+
+Guarantees: :func:`search` returns a choice the probe measured within the tolerance (every unit FP32
+when none is); :func:`decide` gives every node of every unit exactly one of pinned, kept low (and
+FP8 for the Tensor Core op of an FP8 level), each with a reason carrying the measured numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Sequence
+
+import onnx
+
+from amp_compiler.core.knapsack import Option, choose
+from amp_compiler.onnx.tolerance.units import Unit
+from amp_compiler.targets import GEMM_RATE, Target
+
+_SEARCH_STEPS = 8  # budgets tried on the probe (each: one probe run per sample)
+_FILL_TRIES = 16  # single-unit upgrades tried on the probe after the search (the same)
+
+
+class Level(enum.Enum):
+    FP32 = "fp32"
+    LOW_ROOT = "low-root"
+    LOW = "low"
+    FP8_ROOT = "fp8-root"
+    FP8 = "fp8"
+
+    @property
+    def fp8(self) -> bool:
+        return self in (Level.FP8_ROOT, Level.FP8)
+
+    @property
+    def followers_low(self) -> bool:
+        return self in (Level.LOW, Level.FP8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    level: Level
+    option: Option  # its error alone at the outputs, and its value
+    groups: frozenset[int]  # the probe's groups it switches on
+
+
+def value(flops: int, target: Target) -> int:
+    """The GEMM time ``flops`` save in ``target`` against FP32 (TF32 on Tensor Cores), in units of
+    half an FP16 FLOP: 2 per FLOP in FP16/BF16, 3 in FP8."""
+    return round(2 * flops * (1 / GEMM_RATE["fp32"] - 1 / GEMM_RATE[target.value]))
+
+
+def unit_choices(
+    error_alone: Callable[[frozenset[int]], float], unit: Unit, groups: Sequence[int], fp8_group: int | None,
+    low: Target,
+) -> list[Choice]:
+    """A unit's levels (see module doc), FP32 first. ``groups``: its probe groups, the root's first
+    (a Tensor Core unit with followers has two); ``fp8_group``: its root's FP8 switch, if it has one;
+    ``error_alone``: the error the groups switched on alone add at the outputs."""
+    flops, root = unit.tensor_core_flops, frozenset(groups[:1])
+    found = [Choice(Level.FP32, Option(0.0, 0), frozenset())]
+    levels = [(Level.LOW, low, frozenset(groups))]
+    if len(groups) > 1:
+        levels.insert(0, (Level.LOW_ROOT, low, root))
+    if fp8_group is not None:
+        levels += [(Level.FP8_ROOT, Target.FP8, root | {fp8_group})] if len(groups) > 1 else []
+        levels += [(Level.FP8, Target.FP8, frozenset(groups) | {fp8_group})]
+    for level, target, on in levels:
+        worth = value(flops, target) + (1 if level.followers_low else 0)  # ties: fewer pins
+        found.append(Choice(level, Option(error_alone(on), max(worth, 1)), on))
+    return found
+
+
+def search(
+    error: Callable[[frozenset[int]], float], items: Sequence[Sequence[Choice]], tolerance: float, first: float,
+    above: float,
+) -> tuple[list[int], float]:
+    """The level picked per unit, and the budget that picked it: the knapsack's choice for the largest
+    budget below ``above`` whose groups ``error`` (the probe) finds within ``tolerance`` (a geometric
+    search from ``first``: the prediction is not exact, in either direction), then :func:`fill`."""
+    options = [[c.option for c in item] for item in items]
+    best, best_value, best_budget = [0] * len(items), -1, 0.0
+    below, budget = 0.0, min(first, above * 0.99)
+    for _ in range(_SEARCH_STEPS):
+        picks = choose(options, budget)
+        if error(_on(items, picks)) <= tolerance:
+            worth = sum(item[k].option.value for item, k in zip(items, picks, strict=True))
+            if worth > best_value:
+                best, best_value, best_budget = picks, worth, budget
+            below = budget
+        else:
+            above = budget
+        budget = math.sqrt(below * above) if below > 0 else above / 2
+    return fill(error, items, best, tolerance), best_budget
+
+
+def fill(error: Callable[[frozenset[int]], float], items: Sequence[Sequence[Choice]], picks: list[int],
+         tolerance: float) -> list[int]:
+    """``picks`` with units moved up one level at a time (most value per predicted error first), each
+    kept when ``error`` still finds the whole within ``tolerance``: the knapsack's choices jump as
+    the budget grows, and what lies between two of them is often still within it."""
+    picks = list(picks)
+    ups = []
+    for i, item in enumerate(items):
+        for k in range(picks[i] + 1, len(item)):
+            gain = item[k].option.value - item[picks[i]].option.value
+            cost = item[k].option.error ** 2 - item[picks[i]].option.error ** 2
+            if gain > 0 and math.isfinite(cost):
+                ups.append((gain / max(cost, 1e-300), i, k))
+    for _, i, k in sorted(ups, reverse=True)[:_FILL_TRIES]:
+        if k <= picks[i]:  # levels are worth more the later they come
+            continue
+        trial = picks[:i] + [k] + picks[i + 1:]
+        if error(_on(items, trial)) <= tolerance:
+            picks = trial
+    return picks
+
+
+def _on(items: Sequence[Sequence[Choice]], picks: Sequence[int]) -> frozenset[int]:
+    return frozenset().union(*(item[k].groups for item, k in zip(items, picks, strict=True)))
+
+
+@dataclasses.dataclass
+class Decided:
+    """What the conversion must do: nodes pinned to FP32, kept low, and Tensor Core ops in FP8, each
+    ``(position, why)``."""
+
+    pinned: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    kept: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    fp8: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+
+def decide(graph: onnx.GraphProto, units: Sequence[Unit], items: Sequence[Sequence[Choice]], picks: Sequence[int],
+           tolerance: float, low: Target) -> Decided:
+    """The nodes of each unit as its picked level has them (see module doc), with reasons."""
+    out = Decided()
+    tol = f"--tolerance {tolerance:g}"
+    for unit, item, pick in zip(units, items, picks, strict=True):
+        root = graph.node[unit.root]
+        name = f"{root.op_type} '{root.name}'" if root.name else root.op_type
+        whole = f"{name} and the {len(unit.nodes) - 1} op(s) it feeds" if len(unit.nodes) > 1 else name
+        by_level = {c.level: c.option.error for c in item}
+        effect = f"in {low.value} alone {whole} move(s) the outputs by {by_level[Level.LOW]:.2e} (relative L2)"
+        cost = (f"{unit.tensor_core_flops:.3g} Tensor Core FLOPs" if unit.tensor_core_flops
+                else "no Tensor Core FLOPs")
+        chosen = item[pick]
+        if chosen.level is Level.FP32:
+            out.pinned += [(i, f"pinned by {tol}: {effect}, too much for {cost}") for i in unit.nodes]
+            continue
+        if chosen.level.fp8:
+            fp8 = f"{chosen.option.error:.2e} with FP8 E4M3 inputs" + ("" if chosen.level.followers_low else
+                                                                       " and the ops it feeds in FP32")
+            out.fp8.append((unit.root, f"FP8 by {tol}: {effect}; {fp8}, within the budget for {cost}"))
+            why = f"kept by {tol} for its FP8 GEMM {name}"
+        elif chosen.level is Level.LOW_ROOT:
+            why = (f"kept by {tol}: {effect}; with the ops it feeds in FP32, {chosen.option.error:.2e}, "
+                   f"within the budget for {cost}")
+        else:
+            why = f"kept by {tol}: {effect}, within the budget for {cost}"
+        out.kept.append((unit.root, why))
+        followers = unit.nodes[1:]
+        if chosen.level.followers_low:
+            out.kept += [(i, why) for i in followers]
+        else:
+            out.pinned += [(i, f"pinned by {tol} after {name}: {effect}; with them in FP32 it moves them by "
+                            f"{chosen.option.error:.2e}, enough to keep its {cost} low") for i in followers]
+    out.pinned.sort()
+    out.kept.sort()
+    return out

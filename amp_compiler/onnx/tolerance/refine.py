@@ -1,0 +1,263 @@
+"""Error-driven refinement (``--tolerance``): keep in low precision the units worth the most Tensor
+Core throughput whose errors together fit the tolerance, and pin the rest to FP32.
+
+    convert -> measure (every float output within tolerance? done: one conversion)
+            -> units (amp_compiler.onnx.tolerance.units): each Tensor Core op with the cheap ops it feeds
+            -> the switched probe (amp_compiler.onnx.tolerance.probe; FP8 switches: amp_compiler.onnx.tolerance.fp8)
+            -> each unit's levels measured alone, the best set within the tolerance chosen and
+               checked on the probe (amp_compiler.onnx.tolerance.choice, amp_compiler.core.knapsack)
+            -> one conversion with that choice fixed, measured
+
+Ranking by an estimate of each node's effect (its *added* error) kept too little in FP16: on deep
+CNNs every convolution adds a little, and what reaches the outputs differs by orders of magnitude
+between them. The probe measures what reaches the outputs, unit by unit, in one loaded session.
+
+With ``--target fp8`` the units come from the fallback (FP16/BF16) conversion of the model at the FP8
+opset, and a unit whose Tensor Core op is an FP8 candidate may also take FP8: the plain conversion
+is not tried first (its FP8 choice follows ``fp8_budget``, not the tolerance).
+
+Guarantees: the result is the conversion with the recorded choice; ``met`` is true only when its
+measured worst output error (exact FP16/BF16 storage emulated, FP8 Q/DQ as onnxruntime computes it,
+against FP32, on the samples) is within the tolerance. When the conversion misses what the probe
+measured, the choice is made again below that budget (at most three times). Model runs: about two
+to four per unit and sample in the probe's session, plus one per conversion; conversions: usually 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+import onnx_ir as ir
+
+from amp_compiler.core.measures import NodeError, TensorRange
+from amp_compiler.core.plan import Rule
+from amp_compiler.core.tensor_error import ErrorStats
+from amp_compiler.errors import OptionError
+from amp_compiler.onnx.convert import convert
+from amp_compiler.onnx.costs.costs import estimate
+from amp_compiler.onnx.fp8.steps import fp8_opset, local_choice, raise_opset
+from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
+from amp_compiler.onnx.measure.emulate import emulate, stored_values
+from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, search, unit_choices
+from amp_compiler.onnx.tolerance.fp8 import add_fp8_switches
+from amp_compiler.onnx.tolerance.probe import SwitchProbe, build_probe
+from amp_compiler.onnx.tolerance.units import Unit, partition
+from amp_compiler.onnx.write.result import ConversionResult
+from amp_compiler.options import ConvertOptions
+from amp_compiler.passes.onnx.qdq import Fp8Candidate
+from amp_compiler.policy import PolicyTable, default_table
+from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.targets import Target
+
+# Decisions that pinning cannot change.
+_NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))
+_CONVERSION_RETRIES = 3  # conversions after the first pinned one, when the real model misses
+
+
+@dataclasses.dataclass
+class Refinement:
+    result: ConversionResult
+    rounds: int  # conversions made (the last one is the result)
+    model_runs: int  # runs of a converted model or of the probe (once per sample each)
+    fp32_runs: int
+    pinned: list[tuple[int, str]]
+    node_errors: dict[int, NodeError]  # by position in the main graph, from the last conversion
+    output_errors: dict[str, float]  # relative L2 of each float graph output, last conversion
+    history: list[tuple[int, float]]  # (nodes pinned, worst output error) per conversion
+    met: bool
+    units: int = 0  # units the probe measured (0: the plain conversion met the tolerance)
+    low_flops_share: float = 1.0  # share of the units' Tensor Core FLOPs kept in low precision (FP8 included)
+    fp8_flops_share: float = 0.0  # ... in FP8 (--target fp8)
+    # Share of the units' Tensor Core FLOPs in units that can be low at all: whose cheapest
+    # low-precision option alone keeps the outputs within the tolerance (no choice keeps more low).
+    ceiling: float = 1.0
+    fp32: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)  # the FP32 model it refers to
+
+
+def measure(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    target: Target, fp32_runner: IntermediateRunner | None = None, *, runner: Runner | None = None,
+) -> tuple[dict[int, NodeError], dict[str, float], int]:
+    """Per main-graph node of ``fp32``: the error of its output in ``converted``; per float output:
+    its relative L2 error. Also returns the number of converted-model runs. ``runner``: where the
+    models run (default: a child process with the default budget)."""
+    runner, owned = default_runner(runner)
+    try:
+        return _measure(fp32, converted, samples, fp32_runner or IntermediateRunner(fp32, runner), runner)
+    finally:
+        if owned:
+            runner.close()
+
+
+def _measure(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    fp32_runner: IntermediateRunner, runner: Runner,
+) -> tuple[dict[int, NodeError], dict[str, float], int]:
+    runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
+    intermediates = IntermediateRunner(runnable, runner)
+    accs: dict[str, ErrorStats] = {}
+    for sample in samples:
+        ref = fp32_runner.run(sample)
+        got = stored_values(intermediates.run(sample))
+        for name, value in ref.items():
+            if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
+                accs.setdefault(name, ErrorStats()).add(value, got[name])
+        del ref, got
+    intermediates.close()
+    rel = {name: acc.rel_l2 for name, acc in accs.items()}
+    errors: dict[int, NodeError] = {}
+    for i, node in enumerate(fp32.graph.node):
+        out = next((o for o in node.output if o in accs), None)
+        if out is None:
+            continue
+        worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
+        errors[i] = NodeError(rel_l2=rel[out], max_abs=accs[out].max_abs, added=rel[out] - worst_in)
+    outputs = {o.name: rel[o.name] for o in fp32.graph.output if o.name in rel}
+    return errors, outputs, intermediates.runs
+
+
+def refine(
+    fp32: onnx.ModelProto,
+    samples: list[dict[str, np.ndarray]],
+    tolerance: float,
+    options: ConvertOptions | None = None,
+    *,
+    ranges: dict[str, TensorRange] | None = None,
+    policy: PolicyTable | None = None,
+    runner: Runner | None = None,
+) -> Refinement:
+    """Convert ``fp32`` so every float output is within ``tolerance`` of FP32 (see module doc).
+    ``runner``: where the models run (default: a child process with the default budget)."""
+    if not samples:
+        raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
+    opts = options or ConvertOptions()
+    if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
+        fp32 = raise_opset(fp32, fp8_opset(opts.low_target))
+    runner, owned = default_runner(runner)
+    try:
+        return _Refiner(fp32, samples, tolerance, opts, ranges, policy, runner).run()
+    finally:
+        if owned:
+            runner.close()
+
+
+class _Refiner:
+    def __init__(self, fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tolerance: float,
+                 opts: ConvertOptions, ranges: dict[str, TensorRange] | None, policy: PolicyTable | None,
+                 runner: Runner):
+        self.fp32, self.samples, self.tolerance, self.opts = fp32, samples, tolerance, opts
+        self.policy, self.runner = policy, runner
+        self.fp8 = opts.target is Target.FP8
+        if self.fp8 and ranges is None:
+            ranges = collect_ranges(fp32, samples, runner=runner)  # once, not per conversion
+        self.ranges = ranges
+        self.fp32_runner = IntermediateRunner(fp32, runner)
+        self.history: list[tuple[int, float]] = []
+        self.runs = 0
+
+    def convert(self, decided: Decided | None = None):
+        """A conversion with ``decided`` fixed, and its measurement: (result, node errors, output errors)."""
+        decided = decided or Decided()
+        opts = dataclasses.replace(self.opts, pinned_nodes=tuple(decided.pinned), kept_nodes=tuple(decided.kept))
+        if self.fp8:
+            opts = dataclasses.replace(opts, fp8_nodes=tuple(decided.fp8))
+        result = convert(self.fp32, opts, policy=self.policy, ranges=self.ranges,
+                         samples=self.samples if self.fp8 else None, runner=self.runner if self.fp8 else None)
+        errors, outputs, n = _measure(self.fp32, result.model, self.samples, self.fp32_runner, self.runner)
+        self.runs += n
+        self.history.append((len(decided.pinned), max(outputs.values(), default=0.0)))
+        return result, errors, outputs
+
+    def done(self, result, errors, outputs, pinned, **shares: float) -> Refinement:
+        met = max(outputs.values(), default=0.0) <= self.tolerance
+        return Refinement(result, len(self.history), self.runs, self.fp32_runner.runs, pinned, errors, outputs,
+                          self.history, met, fp32=self.fp32, **shares)  # type: ignore[arg-type]
+
+    def run(self) -> Refinement:
+        low = self.opts.low_target
+        if self.fp8:  # the units and the probe come from the fallback conversion
+            plain = convert(self.fp32, dataclasses.replace(self.opts, target=low, fallback=None),
+                            policy=self.policy, ranges=self.ranges)
+        else:
+            plain, errors, outputs = self.convert()
+            if max(outputs.values(), default=0.0) <= self.tolerance:
+                return self.done(plain, errors, outputs, [])
+        units = self.units(plain)
+        # Switch groups: a Tensor Core unit's root, and its followers; a cheap unit whole; FP8 switches.
+        groups: list[tuple[int, ...]] = []
+        parts: list[tuple[int, ...]] = []  # per unit: its groups, the root's first
+        for unit in units:
+            whole = not unit.tensor_core_flops or len(unit.nodes) == 1
+            split = (unit.nodes,) if whole else (unit.nodes[:1], unit.nodes[1:])
+            parts.append(tuple(range(len(groups), len(groups) + len(split))))
+            groups += split
+        candidates = self.fp8_candidates(units) if self.fp8 else {}
+        fp8_group = {root: len(groups) + k for k, root in enumerate(sorted(candidates))}
+        probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, tagged=candidates)
+        if candidates:
+            probe_model = add_fp8_switches(probe_model, candidates, fp8_group)
+        probe = SwitchProbe(self.fp32, probe_model, len(groups) + len(fp8_group), self.samples, self.runner)
+        try:
+            items = [unit_choices(self.alone(probe), unit, part, fp8_group.get(unit.root), low)
+                     for unit, part in zip(units, parts, strict=True)]
+            room = math.sqrt(max(self.tolerance ** 2 - probe.base ** 2, 0.0))
+            above = math.sqrt(sum(max(c.option.error ** 2 for c in item) for item in items))  # every unit fits
+            for _ in range(_CONVERSION_RETRIES + 1):
+                picks, budget = search(probe.error, items, self.tolerance, room, above)
+                decided = decide(self.fp32.graph, units, items, picks, self.tolerance, low)
+                result, errors, outputs = self.convert(decided)
+                if max(outputs.values(), default=0.0) <= self.tolerance or not any(picks):
+                    break
+                above = budget  # the conversion differs from what the probe measured: search below
+        finally:
+            self.runs += probe.runs
+            probe.close()
+        shares = _shares(units, items, picks, room)
+        return self.done(result, errors, outputs, decided.pinned, units=len(units), **shares)
+
+    @staticmethod
+    def alone(probe: SwitchProbe):
+        """What groups switched on alone add at the outputs, beyond what no group controls (squares
+        add: see :mod:`amp_compiler.core.knapsack`)."""
+        def error(on: frozenset[int]) -> float:
+            e = probe.error(on)
+            return math.sqrt(max(e * e - probe.base ** 2, 0.0)) if math.isfinite(e) else math.inf
+        return error
+
+    def units(self, result: ConversionResult) -> list[Unit]:
+        """The units of the conversion's low-precision nodes (main graph)."""
+        table = self.policy or default_table()
+        nodes = list(self.fp32.graph.node)
+        low_name = self.opts.low_target.value
+        low = {d.index for d in result.decisions
+               if d.index is not None and d.index < len(nodes) and d.precision == low_name
+               and d.rule not in _NOT_COMPUTE}
+        shapes = {k: v.shape for k, v in self.samples[0].items()}
+        flops = [c.flops for c in estimate(self.fp32, shapes, table).nodes[: len(nodes)]]
+        tensor_core = [table.is_tensor_core(n.domain, n.op_type) for n in nodes]
+        return partition(self.fp32.graph, low, tensor_core, flops)
+
+    def fp8_candidates(self, units: list[Unit]) -> dict[int, Fp8Candidate]:
+        """The units' Tensor Core roots whose local statistics allow FP8 inputs, by position."""
+        ir_model = ir.from_proto(onnx.shape_inference.infer_shapes(self.fp32))
+        passed, _ = local_choice(ir_model, self.fp32, self.samples, dict(self.ranges or {}), self.opts,
+                                 self.runner, {})
+        position = {id(node): i for i, node in enumerate(ir_model.graph)}
+        roots = {u.root for u in units if u.tensor_core_flops}
+        return {position[id(c.node)]: c for c in passed if position.get(id(c.node)) in roots}
+
+
+def _shares(units: list[Unit], items: list[list[Choice]], picks: list[int], room: float) -> dict[str, float]:
+    """The shares of the units' Tensor Core FLOPs in low precision, in FP8, and in units that could be
+    low at all (whose cheapest low level alone fits)."""
+    total = sum(u.tensor_core_flops for u in units) or 1
+    levels = [item[k].level for item, k in zip(items, picks, strict=True)]
+    low = sum(u.tensor_core_flops for u, level in zip(units, levels, strict=True) if level is not Level.FP32)
+    fp8 = sum(u.tensor_core_flops for u, level in zip(units, levels, strict=True) if level.fp8)
+    can = sum(u.tensor_core_flops for u, item in zip(units, items, strict=True)
+              if min(c.option.error for c in item[1:]) <= room)
+    return {"low_flops_share": low / total, "fp8_flops_share": fp8 / total, "ceiling": can / total}

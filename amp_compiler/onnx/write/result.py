@@ -1,0 +1,110 @@
+"""What a conversion returns: the converted model, one decision per node, and how to save it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import onnx
+import onnx_ir as ir
+
+from amp_compiler.core.decision import NodeDecision
+from amp_compiler.onnx.write.check_pieces import TypeTable
+from amp_compiler.onnx.write.save import OutputPath, Verify, check_output_path
+from amp_compiler.options import ConvertOptions
+
+
+class DeferredOutput(Protocol):
+    """A conversion's IR whose unconverted weights are still on disk, and how to make its ModelProto."""
+
+    ir_model: ir.Model
+    inline: bool  # written as one file, its weights inside it (from a model that held them so)
+
+    def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto: ...
+
+    def skeleton(self) -> onnx.ModelProto:
+        """The ModelProto with placeholders (type and shape, no data) for its large float weights."""
+        ...
+
+    def materialize(self) -> onnx.ModelProto:
+        """The ModelProto with every weight read into it."""
+        ...
+
+    def write(self, output: OutputPath, verify: Verify | None = None) -> Path | None:
+        """Write to ``output``, the large weights in ``<output>.data``; returns that file, or None."""
+        ...
+
+
+@dataclasses.dataclass
+class ConversionResult:
+    """The converted model, one :class:`NodeDecision` per node of it, and what the conversion changed."""
+
+    model: onnx.ModelProto
+    decisions: list[NodeDecision]
+    casts_inserted: int  # Casts the conversion inserted (in the output)
+    constants_converted: int
+    options: ConvertOptions
+    cast_bytes_painting: int | None = None  # bytes Casts would move as painted (shapes as inferred)
+    cast_bytes: int | None = None  # bytes the placed Casts move
+
+    # Set when the input kept its large weights on disk (a path or a DeferredModel with external
+    # data): the converted IR, written by save() with its weights in a data file; ``model`` builds
+    # the ModelProto, with every weight inside it, only when it is asked for.
+    output: DeferredOutput | None = dataclasses.field(default=None, repr=False, compare=False)
+    casts_removed: int = 0  # Casts of the input model that the conversion made unnecessary
+    # Nodes left as they are because an element type of theirs is unknown ("name (op)"): a warning.
+    untyped_nodes: tuple[str, ...] = ()
+    # The graph input shapes the options' input_shapes fix, checked against the model, named dims
+    # shared by other inputs filled in (amp_compiler.onnx.costs.costs.bind_input_shapes); empty without them.
+    input_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    # What the user should know: tensors that provably overflow the target above some magnitude of a
+    # graph input whose range is not known (state it, and they stay FP32).
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    # The type and shape the conversion inferred for every tensor of the main graph (the output
+    # describes only what the input described): the load check types the borders of its pieces
+    # with them (amp_compiler.onnx.write.check_pieces).
+    value_types: TypeTable = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def decisions_by_rule(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            counts[d.rule] = counts.get(d.rule, 0) + 1
+        return counts
+
+    def save(
+        self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False,
+        verify: Verify | None = None,
+    ) -> Path | None:
+        """Write the converted model to ``path``, refusing to overwrite ``input_files`` (the input
+        model, then its external data; ``force`` allows the model file itself). ``verify`` is called
+        with the complete temporary model file before it is renamed into place, and may raise to
+        refuse it (e.g. :func:`amp_compiler.onnx.write.load_check.check_output_loads`).
+
+        A model converted from one with external data is written the same way: its initializers of
+        1 KiB or more go to ``<path>.data`` beside it, one tensor at a time (weights never all in
+        memory, and no 2 GiB protobuf limit). Returns that data file, or None for a single file.
+        """
+        output = check_output_path(path, input_files, force=force)
+        if self.output is not None:
+            return self.output.write(output, verify)
+        output.write_model(self.model, verify)
+        return None
+
+
+def _result_model(self: ConversionResult) -> onnx.ModelProto | None:
+    model = self.__dict__.get("_model")
+    if model is None and self.output is not None:
+        model = self.__dict__["_model"] = self.output.materialize()
+    return model
+
+
+def _set_result_model(self: ConversionResult, model: onnx.ModelProto | None) -> None:
+    self.__dict__["_model"] = model
+
+
+# ``model`` is a field (positional first argument, in repr and ==) read through a property, so that
+# a deferred conversion builds its ModelProto only when asked.
+ConversionResult.model = property(_result_model, _set_result_model, doc="The converted ModelProto.")  # type: ignore[assignment]

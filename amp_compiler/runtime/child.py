@@ -1,0 +1,217 @@
+"""The child process that runs a model in onnxruntime for :mod:`amp_compiler.runtime.runner`, and their protocol.
+
+The child limits its own address space (``RLIMIT_AS``) before it imports numpy or onnxruntime,
+asks the kernel to kill it when its parent dies, then answers requests on stdin until stdin closes.
+Every message, both ways, is one JSON header line followed by the raw bytes of the arrays the
+header lists (dtype, shape, byte count; strings travel in the header): nothing is pickled, so a
+child that a hostile model took over cannot make its parent run code.
+
+Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
+
+    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T, "prepack": K, "data_folder": F}
+                                        + N bytes of ModelProto (its external data in F)
+                                        -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
+    {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
+    {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
+    {"op": "close", "session": S}                          -> {"ok": true}
+
+The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
+the same in the child and in-process (:func:`session_options`): onnxruntime's own log silenced
+(its errors reach the caller as exceptions), default graph optimisations, the CPU provider unless
+a load names another of :data:`PROVIDERS` (``providers`` in the answer says which ones started).
+
+This file must import nothing from amp_compiler (nor numpy at the top): the child runs it as a script.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, BinaryIO
+
+#: The execution providers a load may ask for.
+PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
+
+#: Kinds of numpy arrays that travel as raw bytes; object (string) arrays travel in the header.
+RAW_KINDS = frozenset("biufc")
+#: onnxruntime's words for an allocation that failed (the arena under RLIMIT_AS, or the system).
+MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Cannot allocate memory")
+
+
+def session_facts(session: Any) -> dict[str, list[str]]:
+    """A session's input names and types (``tensor(float16)``), output names and started providers."""
+    return {
+        "inputs": [i.name for i in session.get_inputs()],
+        "input_types": [i.type for i in session.get_inputs()],
+        "outputs": [o.name for o in session.get_outputs()],
+        "providers": list(session.get_providers()),
+    }
+
+
+def session_options(
+    ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None, prepack: bool = True
+) -> Any:
+    """onnxruntime session options for every session amp-compiler makes: its log silenced (level 4,
+    fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations,
+    or with ``basic`` only onnxruntime's basic ones (constant folding, redundant node removal). Models
+    with every intermediate tensor exposed run with ``basic``: onnxruntime 1.32's extended fusions
+    change results when intermediates are graph outputs (a per-channel DequantizeLinear -> MatMul
+    whose DQ output is exposed computes one column wrong), and the FP32 reference must be the model's
+    semantics. ``prepack``: False skips the kernels' weight prepacking (done once every graph
+    transformation ran, a copy of each MatMul weight in the kernel's own layout; half of GPT-2's
+    load time on the CPU provider)."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    if basic:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    if data_folder is not None:  # a model given as bytes reads its external data from there
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
+    return opts
+
+
+def run_options(ort: Any) -> Any:
+    """Run options with onnxruntime's log silenced, as :func:`session_options`."""
+    opts = ort.RunOptions()
+    opts.log_severity_level = 4
+    return opts
+
+
+def array_header(arrays: list[Any]) -> list[dict]:
+    """The header entries describing ``arrays`` (numpy arrays), in order."""
+    out = []
+    for a in arrays:
+        if a.dtype.kind in RAW_KINDS:
+            out.append({"dtype": a.dtype.str, "shape": list(a.shape), "nbytes": int(a.nbytes)})
+        else:  # strings (onnxruntime gives object arrays of str)
+            out.append({"strings": [str(s) for s in a.ravel().tolist()], "shape": list(a.shape)})
+    return out
+
+
+def write_message(stream: BinaryIO, header: dict, arrays: list[Any] = ()) -> None:  # type: ignore[assignment]
+    """One message: ``header`` (with ``arrays`` described under "arrays") as a JSON line, then the bytes."""
+    if arrays:
+        header = {**header, "arrays": array_header(list(arrays))}
+    stream.write(json.dumps(header).encode() + b"\n")
+    for a in arrays:
+        if a.dtype.kind in RAW_KINDS and a.nbytes:
+            stream.write(memoryview(a if a.flags.c_contiguous else a.copy()).cast("B"))
+    stream.flush()
+
+
+def error_kind(exc: BaseException) -> str:
+    """``memory`` for an allocation failure, ``unsupported`` for an op the provider has no kernel
+    for (onnxruntime's NOT_IMPLEMENTED: raised once every graph optimizer ran), else ``error``."""
+    if isinstance(exc, MemoryError):
+        return "memory"
+    text = str(exc)
+    if any(w in text for w in MEMORY_WORDS):
+        return "memory"
+    return "unsupported" if type(exc).__name__ == "NotImplemented" or "NOT_IMPLEMENTED" in text else "error"
+
+
+def first_line(exc: BaseException, limit: int = 400) -> str:
+    """The first non-empty line of an exception's text (its type's name when it has none)."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return type(exc).__name__
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not k:
+            raise EOFError("the parent closed the pipe")
+        got += k
+    return buf
+
+
+def _read_arrays(np: Any, stream: BinaryIO, entries: list[dict]) -> list[Any]:
+    out = []
+    for e in entries:
+        if "strings" in e:
+            out.append(np.array(e["strings"], dtype=object).reshape(e["shape"]))
+        else:
+            out.append(np.frombuffer(_read_exact(stream, e["nbytes"]), dtype=np.dtype(e["dtype"])).reshape(e["shape"]))
+    return out
+
+
+def _limit_memory(limit: int) -> None:
+    import resource
+
+    if limit > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _die_with_parent() -> None:
+    """Linux: be killed when the parent dies (a parent killed by SIGKILL closes no pipe in time
+    for a long onnxruntime call to notice)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _serve(limit: int) -> None:
+    _limit_memory(limit)
+    _die_with_parent()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    import numpy as np
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)  # load-time warnings too
+    write_message(stdout, {"ready": True, "onnxruntime": ort.__version__})
+    sessions: dict[int, Any] = {}
+    next_id = 0
+    while True:
+        line = stdin.readline()
+        if not line:
+            return
+        request = json.loads(line)
+        op = request["op"]
+        try:
+            if op == "load":
+                source = request["path"] if "path" in request else bytes(_read_exact(stdin, request["bytes"]))
+                provider = request.get("provider", PROVIDERS[0])
+                if provider not in PROVIDERS:
+                    raise ValueError(f"unknown execution provider {provider!r}")
+                options = session_options(
+                    ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
+                    data_folder=request.get("data_folder"), prepack=bool(request.get("prepack", True)),
+                )
+                session = ort.InferenceSession(source, options, providers=[provider])
+                del source
+                next_id += 1
+                sessions[next_id] = session
+                write_message(stdout, {"ok": True, "session": next_id, **session_facts(session)})
+            elif op == "run":
+                arrays = _read_arrays(np, stdin, request.get("arrays", []))
+                feeds = dict(zip(request["names"], arrays, strict=True))
+                outputs = sessions[request["session"]].run(None, feeds, run_options(ort))
+                del feeds, arrays
+                write_message(stdout, {"ok": True}, [np.asarray(o) for o in outputs])
+                del outputs
+            elif op == "close":
+                sessions.pop(request["session"], None)
+                write_message(stdout, {"ok": True})
+            else:
+                write_message(stdout, {"ok": False, "kind": "error", "message": f"unknown request {op!r}"})
+        except EOFError:
+            return
+        except Exception as exc:  # onnxruntime refused the model or failed running it; MemoryError too
+            write_message(stdout, {"ok": False, "kind": error_kind(exc), "message": first_line(exc)})
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[-1]))  # python -c BOOT this_file MEMORY

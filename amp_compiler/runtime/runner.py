@@ -1,0 +1,419 @@
+"""Running a model in onnxruntime: the one place amp-compiler does it, in a child process with a
+time and memory budget (or, for trusted models only, in this process).
+
+A model is untrusted input: a few hundred bytes can loop for ever (a Loop with a huge trip count),
+allocate tens of GB (ConstantOfShape), or crash onnxruntime itself. :class:`ChildRunner` runs every
+session in one child process (:mod:`amp_compiler.runtime.child`) whose address space is limited
+(``RLIMIT_AS``, set by the child before it imports onnxruntime) and whose every load and run must
+answer within ``RunBudget.seconds``; an overrun is a :class:`~amp_compiler.errors.RunBudgetError`,
+a crash a :class:`~amp_compiler.errors.ModelCrashError`, onnxruntime's refusal a
+:class:`~amp_compiler.errors.ModelRunError`: never a hung or dead tool. :class:`InProcessRunner`
+runs sessions here, without limits, for models the caller trusts (the test suite's own).
+
+    with ChildRunner(RunBudget(seconds=60)) as runner:
+        session = runner.load(model)           # an onnx.ModelProto, or a model file's path
+        outputs = session.run({"x": x})        # graph outputs, in order
+
+The calibration, the ``--tolerance`` refinement, the report's accuracy and the CLI's load check
+of a converted model all run through a :class:`Runner`; public functions that take one default to
+a :class:`ChildRunner` with the default budget.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+
+from amp_compiler import runtime
+from amp_compiler.errors import (
+    ModelCrashError,
+    ModelRefusedError,
+    ModelRunError,
+    ModelUnsupportedError,
+    RunBudgetError,
+)
+from amp_compiler.runtime import child as runner_child
+from amp_compiler.runtime.budget import DEFAULT_SECONDS, MIN_MEMORY, RunBudget, default_memory  # noqa: F401 - re-exported
+from amp_compiler.sizes import format_bytes
+
+#: onnxruntime's CPU execution provider, where models run unless a load asks for another.
+CPU = runner_child.PROVIDERS[0]
+
+#: How long the child may take to start (import onnxruntime), whatever the budget.
+_START_SECONDS = 60.0
+
+
+class Session(abc.ABC):
+    """One loaded model: its inputs' names and onnxruntime types (``tensor(float16)``), its outputs'
+    names, and the execution providers onnxruntime started for it (the first one runs most ops)."""
+
+    input_names: list[str]
+    input_types: list[str]
+    output_names: list[str]
+    providers: list[str]
+
+    def _set_facts(self, facts: Mapping[str, list[str]]) -> None:
+        self.input_names, self.input_types = list(facts["inputs"]), list(facts["input_types"])
+        self.output_names, self.providers = list(facts["outputs"]), list(facts["providers"])
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The graph outputs, in order, for ``feeds`` (entries that are not inputs of the model are ignored)."""
+        return self._run({k: np.asarray(v) for k, v in feeds.items() if k in self.input_names})
+
+    @abc.abstractmethod
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
+
+    def close(self) -> None:  # noqa: B027 - nothing to free by default
+        """Free the session."""
+
+
+class Runner(abc.ABC):
+    """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
+
+    onnxruntime_version = ""  # the version of the onnxruntime that loads the models, once known
+
+    @abc.abstractmethod
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
+    ) -> Session:
+        """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
+        on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
+        to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
+        basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
+        thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
+        external data of a ModelProto lies (onnxruntime reads it from there); ``prepack``: False skips
+        the kernels' weight prepacking (a session only created, never run, need not pay for it)."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to free by default
+        """Free every session (a child process is stopped)."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close()
+
+
+def _check_provider(provider: str) -> None:
+    if provider not in runner_child.PROVIDERS:
+        raise ValueError(f"unknown execution provider {provider!r}")
+
+
+# ----------------------------------------------------------------------------- in this process
+
+
+class _LocalSession(Session):
+    def __init__(self, session: Any, run_options: Any):
+        self._session, self._options = session, run_options
+        self._set_facts(runner_child.session_facts(session))
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            return self._session.run(None, feeds, self._options)
+        except Exception as exc:  # onnxruntime's own exception types
+            raise ModelRunError(f"onnxruntime could not run the model: {runner_child.first_line(exc)}") from exc
+
+
+class InProcessRunner(Runner):
+    """Sessions in this process, with no time or memory limit: for models the caller trusts only
+    (a hostile model can hang or crash the process). The test suite's own checks use it."""
+
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
+    ) -> Session:
+        ort = runtime.onnxruntime("run the model")
+        _check_provider(provider)
+        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+        folder = os.path.abspath(data_folder) if data_folder is not None else None
+        options = runner_child.session_options(
+            ort, basic=basic, threads=threads, data_folder=folder, prepack=prepack
+        )
+        try:
+            session = ort.InferenceSession(source, options, providers=[provider])
+        except Exception as exc:
+            error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
+            raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
+        return _LocalSession(session, runner_child.run_options(ort))
+
+
+# ----------------------------------------------------------------------------- in a child process
+
+
+class _ChildSession(Session):
+    def __init__(self, runner: ChildRunner, sid: int, facts: Mapping[str, list[str]]):
+        self._runner, self._sid = runner, sid
+        self._set_facts(facts)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        names = list(feeds)
+        return self._runner._request(
+            {"op": "run", "session": self._sid, "names": names}, [feeds[n] for n in names], doing="running"
+        )[1]
+
+    def close(self) -> None:
+        if self._runner._alive():
+            self._runner._request({"op": "close", "session": self._sid}, doing="closing")
+
+
+class ChildRunner(Runner):
+    """Sessions in one child process with a :class:`RunBudget` (started at once, so that importing
+    onnxruntime overlaps the caller's own work). Every load and run must answer within
+    ``budget.seconds`` (else the child is killed); the child's address space is ``budget.memory``."""
+
+    def __init__(self, budget: RunBudget | None = None):
+        runtime.require("run the model")
+        self.budget = budget or RunBudget()
+        env = dict(os.environ, MALLOC_ARENA_MAX="2")  # each thread's malloc arena reserves 64 MB of address space
+        self._proc = subprocess.Popen(
+            child_command(self.budget.memory), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, bufsize=0, env=env,
+        )
+        self._pending = bytearray()
+        self._ready = False
+        self.onnxruntime_version = ""  # known once the child answered
+        self._failed: ModelRunError | None = None
+
+    # --- the public side
+
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
+    ) -> Session:
+        _check_provider(provider)
+        if isinstance(model, onnx.ModelProto):
+            header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
+        else:
+            header, payload = {"op": "load", "path": os.path.abspath(model)}, []
+        header.update(provider=provider, basic=basic, threads=threads, prepack=prepack)
+        if data_folder is not None:
+            header["data_folder"] = os.path.abspath(data_folder)
+        answer, _ = self._request(header, raw=payload, doing="loading")
+        return _ChildSession(self, answer["session"], answer)
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is not None:  # an error or a signal: stop the child at once
+            self._kill()
+        self.close()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()  # type: ignore[union-attr]
+                self._proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                stream.close()
+
+    # --- the protocol
+
+    def _alive(self) -> bool:
+        return self._failed is None and self._proc.poll() is None
+
+    def _request(
+        self, header: dict, arrays: list[np.ndarray] = (), *, raw: list[bytes] = (), doing: str  # type: ignore[assignment]
+    ) -> tuple[dict, list[np.ndarray]]:
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self._wait_ready()
+            deadline = time.monotonic() + self.budget.seconds
+            arrays = [np.ascontiguousarray(a) for a in arrays]
+            message = dict(header)
+            if arrays:
+                message["arrays"] = runner_child.array_header(arrays)
+            self._write(json.dumps(message).encode() + b"\n", deadline)
+            for chunk in raw:
+                self._write(chunk, deadline)
+            for a in arrays:
+                if a.dtype.kind in runner_child.RAW_KINDS and a.nbytes:
+                    self._write(a.data.cast("B"), deadline)
+            answer = self._read_header(deadline)
+            if not answer.get("ok"):
+                message_text = str(answer.get("message", ""))
+                if answer.get("kind") == "memory":
+                    raise RunBudgetError(
+                        f"{doing} the model in onnxruntime needed more than its memory budget of "
+                        f"{format_bytes(self.budget.memory)} ({message_text})",
+                        option="run_memory",
+                    )
+                error: type[ModelRunError] = ModelRunError
+                if answer.get("kind") == "unsupported":
+                    error = ModelUnsupportedError
+                elif doing == "loading":
+                    error = ModelRefusedError
+                verb = {"loading": "load", "running": "run"}.get(doing, doing)
+                raise error(f"onnxruntime could not {verb} the model: {message_text}")
+            return answer, self._read_arrays(answer.get("arrays", []), deadline)
+        except _Timeout:
+            self._kill()
+            self._failed = RunBudgetError(
+                f"{doing} the model in onnxruntime took longer than its time budget of "
+                f"{self.budget.seconds:g} s; stopped",
+                option="run_seconds",
+            )
+            raise self._failed from None
+        except _Ended:
+            self._failed = self._ended(doing)
+            raise self._failed from None
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        try:
+            hello = self._read_header(time.monotonic() + max(_START_SECONDS, self.budget.seconds))
+        except _Ended:
+            code = self._proc.wait()
+            if code > 0 and self.budget.memory < 2**30:
+                raise RunBudgetError(
+                    f"onnxruntime cannot start within a memory budget of {format_bytes(self.budget.memory)}",
+                    option="run_memory",
+                ) from None
+            raise RuntimeError(f"the onnxruntime child process did not start ({_status(code)})") from None
+        self.onnxruntime_version = str(hello.get("onnxruntime", ""))
+        self._ready = True
+
+    def _ended(self, doing: str) -> ModelRunError:
+        code = self._proc.wait()
+        if code < 0:
+            name = _signal_name(-code)
+            hint = " (the system's out-of-memory killer?)" if -code == signal.SIGKILL else ""
+            return ModelCrashError(f"onnxruntime crashed ({name}{hint}) {doing} the model", how=name)
+        return ModelCrashError(f"onnxruntime's process ended ({_status(code)}) {doing} the model", how=_status(code))
+
+    def _kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
+    def _wait_for(self, fd: int, event: int, deadline: float) -> None:
+        poller = select.poll()
+        poller.register(fd, event)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not poller.poll(remaining * 1000):
+            raise _Timeout
+
+    def _write(self, data: bytes | memoryview, deadline: float) -> None:
+        stream = self._proc.stdin
+        assert stream is not None  # a pipe
+        view = memoryview(data).cast("B")
+        while len(view):
+            self._wait_for(stream.fileno(), select.POLLOUT, deadline)
+            try:
+                k = stream.write(view)
+            except (BrokenPipeError, ConnectionResetError):
+                raise _Ended from None
+            view = view[k or 0:]
+
+    def _fill(self, deadline: float) -> None:
+        stream = self._proc.stdout
+        assert stream is not None  # a pipe
+        self._wait_for(stream.fileno(), select.POLLIN, deadline)
+        chunk = stream.read(1 << 20)
+        if not chunk:
+            raise _Ended
+        self._pending += chunk
+
+    def _read_header(self, deadline: float) -> dict:
+        while b"\n" not in self._pending:
+            if len(self._pending) > 1 << 26:  # a header is small, even with string outputs
+                raise _Ended
+            self._fill(deadline)
+        line, _, rest = bytes(self._pending).partition(b"\n")
+        self._pending = bytearray(rest)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise _Ended from None
+        if not isinstance(answer, dict):
+            raise _Ended
+        return answer
+
+    def _read_exact(self, n: int, deadline: float) -> bytearray:
+        buf = bytearray(n)
+        got = min(n, len(self._pending))
+        buf[:got] = self._pending[:got]
+        del self._pending[:got]
+        stream = self._proc.stdout
+        assert stream is not None  # a pipe
+        view = memoryview(buf)
+        while got < n:
+            self._wait_for(stream.fileno(), select.POLLIN, deadline)
+            k = os.readv(stream.fileno(), [view[got:]])
+            if not k:
+                raise _Ended
+            got += k
+        return buf
+
+    def _read_arrays(self, entries: list, deadline: float) -> list[np.ndarray]:
+        """The answer's arrays, each entry checked (a numeric dtype, a shape that holds its bytes, all
+        together no more than the child could have held) before anything is allocated."""
+        out: list[np.ndarray] = []
+        total = 0
+        for e in entries:
+            shape = tuple(int(d) for d in e["shape"])
+            if any(d < 0 for d in shape):
+                raise _Ended
+            if "strings" in e:
+                strings = e["strings"]
+                if len(strings) != math.prod(shape):
+                    raise _Ended
+                out.append(np.array(strings, dtype=object).reshape(shape))
+                continue
+            dtype = np.dtype(str(e["dtype"]))
+            nbytes = int(e["nbytes"])
+            total += nbytes
+            if dtype.kind not in runner_child.RAW_KINDS or nbytes != math.prod(shape) * dtype.itemsize:
+                raise _Ended
+            if total > self.budget.memory:
+                raise _Ended
+            out.append(np.frombuffer(self._read_exact(nbytes, deadline), dtype=dtype).reshape(shape))
+        return out
+
+
+class _Timeout(Exception):
+    """The child did not answer within the budget."""
+
+
+class _Ended(Exception):
+    """The child's pipe closed, or it answered something that is not the protocol."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _status(code: int) -> str:
+    return f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
+
+
+def child_command(memory: int) -> list[str]:
+    """The child's command line: :mod:`amp_compiler.runtime.child` run as a script, nothing put on
+    its sys.path (as :func:`amp_compiler.onnx.load.native_checks.child_command` does)."""
+    boot = "import runpy, sys; sys.path.pop(0); runpy.run_path(sys.argv[1], run_name='__main__')"
+    return [sys.executable, "-c", boot, runner_child.__file__, str(memory)]
+
+
+def default_runner(runner: Runner | None) -> tuple[Runner, bool]:
+    """``runner``, or a new :class:`ChildRunner` with the default budget; and whether the caller made
+    it (and must close it)."""
+    return (runner, False) if runner is not None else (ChildRunner(), True)

@@ -1,0 +1,201 @@
+"""Sample inputs for a model: calibration data read safely from ``.npz`` files, or random inputs.
+
+Calibration data is untrusted input, like the model: ``--calibration-data`` is an ``.npz`` keyed by
+graph input name (one sample) or a folder of them (one sample each, in name order). A file is
+opened without blocking and refused unless it is a regular, non-empty file (a FIFO would hang a
+plain ``open``). Every array's size is known before its data is read: the zip's declared sizes
+first (a zip bomb is refused before anything is decompressed), then each ``.npy`` header's shape
+and dtype, checked against the model's input (name, dtype, rank, fixed dims) and against a byte
+budget for all the samples together; only then are exactly that many bytes read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import zipfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+
+from amp_compiler.errors import AmpUserError
+from amp_compiler.sizes import format_bytes
+
+#: The most bytes all calibration samples together may hold (they are kept in memory).
+MAX_SAMPLE_BYTES = 4 * 2**30
+#: Kinds of arrays a model input can take: bool, signed and unsigned integers, floats.
+_KINDS = frozenset("biuf")
+
+
+class CalibrationDataError(AmpUserError):
+    """Calibration data that is missing, unreadable or does not match the model's inputs."""
+
+
+def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that must be fed (initializers listed as inputs are optional)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _shape_text(dims: list[int | None] | tuple[int, ...]) -> str:
+    return "x".join("?" if d is None else str(d) for d in dims) or "scalar"
+
+
+def _check_array(
+    name: str, dtype: np.dtype, shape: tuple[int, ...], model: onnx.ModelProto, origin: str
+) -> None:
+    """One array of a sample against the model's input of that name (before its data is read)."""
+    inputs = {i.name: i for i in model_inputs(model)}
+    if name not in inputs:
+        if name in {i.name for i in model.graph.input}:
+            return  # an initializer listed as an input: feeding it is allowed
+        raise CalibrationDataError(f"{origin}: {name!r} is not an input of the model (inputs: {', '.join(inputs)})")
+    tt = inputs[name].type.tensor_type
+    expected = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    if dtype != expected:
+        raise CalibrationDataError(f"{origin}: input {name!r} is {dtype}, the model expects {expected}")
+    if tt.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+        if len(dims) != len(shape) or any(d is not None and d != a for d, a in zip(dims, shape, strict=True)):
+            raise CalibrationDataError(
+                f"{origin}: input {name!r} has shape {_shape_text(shape)}, the model expects {_shape_text(dims)}"
+            )
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refused unless a regular non-empty file (never blocks on a FIFO:
+    O_NONBLOCK, then fstat on the open descriptor, so nothing can change between check and open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CalibrationDataError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        os.close(fd)
+        what = "is empty" if stat.S_ISREG(st.st_mode) else "is not a regular file (a pipe, device or socket)"
+        raise CalibrationDataError(f"{path}: {what}, not an .npz file")
+    return os.fdopen(fd, "rb")
+
+
+def _read_header(member: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(member)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(member)
+    raise ValueError(f".npy format version {version[0]}.{version[1]} (1.0 or 2.0 expected)")
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, model: onnx.ModelProto, origin: str, budget: int):
+    """One ``.npy`` member: (its key, the array), its header checked before ``budget`` bytes at most are read."""
+    key = info.filename.removesuffix(".npy")
+    if info.is_dir() or not info.filename.endswith(".npy"):
+        raise CalibrationDataError(f"{origin}: holds {info.filename!r}, which is not an .npy array")
+    with zf.open(info) as member:
+        try:
+            shape, fortran, dtype = _read_header(member)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise CalibrationDataError(f"{origin}: {key!r} is not a readable .npy array ({exc})") from None
+        if dtype.hasobject or dtype.kind not in _KINDS:
+            raise CalibrationDataError(f"{origin}: {key!r} holds {dtype}, not numbers")
+        _check_array(key, dtype, shape, model, origin)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > budget:
+            raise CalibrationDataError(
+                f"{origin}: {key!r} has shape {_shape_text(shape)} ({format_bytes(nbytes)}), more than the "
+                f"{format_bytes(budget)} left of what calibration data may take"
+            )
+        data = member.read(nbytes)
+    if len(data) != nbytes:
+        raise CalibrationDataError(f"{origin}: {key!r} is truncated ({len(data)} of {nbytes} bytes)")
+    return key, np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def read_npz(path: Path, model: onnx.ModelProto, budget: int) -> tuple[dict[str, np.ndarray], int]:
+    """The arrays of one ``.npz`` file, each checked against ``model`` before its data is read, and
+    the bytes they hold (at most ``budget``)."""
+    origin = str(path)
+    out: dict[str, np.ndarray] = {}
+    used = 0
+    with _open_regular(path) as f:
+        try:
+            with zipfile.ZipFile(f) as zf:
+                members = zf.infolist()
+                if not members:
+                    raise CalibrationDataError(f"{origin}: holds no arrays")
+                declared = sum(m.file_size for m in members)
+                if declared > budget + 4096 * len(members):  # data plus .npy headers
+                    raise CalibrationDataError(
+                        f"{origin}: its arrays take {format_bytes(declared)} uncompressed, more than the "
+                        f"{format_bytes(budget)} left of what calibration data may take"
+                    )
+                for info in members:
+                    key, array = _read_member(zf, info, model, origin, budget - used)
+                    if key in out:
+                        raise CalibrationDataError(f"{origin}: holds the array {key!r} twice")
+                    out[key] = array
+                    used += array.nbytes
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError) as exc:
+            raise CalibrationDataError(f"{origin}: not a readable .npz file ({exc})") from None
+    missing = [i.name for i in model_inputs(model) if i.name not in out]
+    if missing:
+        raise CalibrationDataError(f"{origin}: no array for the model input {missing[0]!r}")
+    return out, used
+
+
+def sample_files(path: str | Path) -> list[Path]:
+    """The .npz files of a calibration path (a file or a folder of files)."""
+    p = Path(path)
+    if not p.exists():
+        raise CalibrationDataError(f"{p}: no such file or folder")
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix == ".npz" and f.is_file())
+        if not files:
+            raise CalibrationDataError(f"{p}: the folder holds no .npz files")
+        return files
+    if p.suffix != ".npz":
+        raise CalibrationDataError(f"{p}: calibration data must be an .npz file or a folder of them")
+    return [p]
+
+
+def load_samples(
+    path: str | Path, model: onnx.ModelProto, *, max_bytes: int = MAX_SAMPLE_BYTES
+) -> list[dict[str, np.ndarray]]:
+    """All samples of a calibration path, each checked against the model's inputs before its data
+    is read; together they hold at most ``max_bytes``."""
+    samples = []
+    left = max_bytes
+    for f in sample_files(path):
+        sample, used = read_npz(f, model, left)
+        left -= used
+        samples.append(sample)
+    return samples
+
+
+def random_samples(
+    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, n: int = 1, seed: int = 0
+) -> list[dict[str, np.ndarray]]:
+    """Inputs for a model when no data is given: floats ~ N(0, 1), integers 1, booleans True.
+
+    Dynamic dims take ``input_shapes`` (bound: :func:`amp_compiler.onnx.costs.costs.bind_input_shapes`) or 1.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        sample = {}
+        for info in model_inputs(model):
+            tt = info.type.tensor_type
+            shape = (input_shapes or {}).get(info.name) or tuple(
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim
+            )
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            if np.issubdtype(dtype, np.floating):
+                sample[info.name] = rng.standard_normal(shape).astype(dtype)
+            else:
+                sample[info.name] = np.ones(shape, dtype)
+        out.append(sample)
+    return out

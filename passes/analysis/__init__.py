@@ -1,0 +1,42 @@
+"""Analysis passes: a :class:`~amp_compiler.core.graph.PrecisionGraph` in, a
+:class:`~amp_compiler.core.plan.PrecisionPlan` out, the model never edited.
+
+In pipeline order (:func:`~amp_compiler.passes.analysis.pipeline.analysis_passes`): ``ClassifyPass``
+(policy roles), ``TolerancePinPass`` (``--tolerance``'s choice: the nodes it pinned stay FP32 without
+spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a low-precision kernel on the
+target provider stay FP32), ``RuntimeHazardPass`` (op patterns onnxruntime crashes on with a Cast
+inside stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays FP32),
+``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
+``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
+the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
+``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
+"""
+
+from amp_compiler.passes.analysis.base import AnalysisPass
+from amp_compiler.passes.analysis.calibration import CalibrationRangePass
+from amp_compiler.passes.analysis.classify import ClassifyPass, compile_patterns
+from amp_compiler.passes.analysis.constants import ConstantRangePass
+from amp_compiler.passes.analysis.coverage import KernelCoveragePass
+from amp_compiler.passes.analysis.hazards import RuntimeHazardPass
+from amp_compiler.passes.analysis.mincut import MinCutPlacementPass
+from amp_compiler.passes.analysis.paint import PaintPass
+from amp_compiler.passes.analysis.pins import TolerancePinPass
+from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
+from amp_compiler.passes.analysis.signal import SignalPathPass
+from amp_compiler.passes.analysis.static_ranges import StaticRangePass
+
+__all__ = [
+    "AnalysisPass",
+    "CalibrationRangePass",
+    "ClassifyPass",
+    "ConstantRangePass",
+    "KernelCoveragePass",
+    "MinCutPlacementPass",
+    "PaintPass",
+    "QuantizedIslandPass",
+    "RuntimeHazardPass",
+    "SignalPathPass",
+    "StaticRangePass",
+    "TolerancePinPass",
+    "compile_patterns",
+]

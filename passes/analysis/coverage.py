@@ -1,0 +1,160 @@
+"""Kernel coverage: keep in FP32 what the target provider has no low-precision kernel for.
+
+Runs after classification. For the CUDA provider, a free vertex (ALLOW, INFER or CLEAR) whose node
+has no kernel taking the target type at the model's opset is pinned to FP32 (rule
+``provider.no-kernel``): in low precision onnxruntime would place the node on the CPU, with copies
+to and from the GPU around it. In FP32 it keeps its CUDA kernel, or, for an op without any CUDA
+kernel, runs on the CPU without the Casts onnxruntime would add there.
+
+The pinned vertex gets the role FIXED (its dtype cannot change on this provider), not DENY: DENY
+marks a numeric hazard, which painting spreads forward through the FOLLOW ops downstream (an Add fed
+by Exp stays FP32). A missing kernel is no hazard to the values, so the neighbours stay free and
+painting and cast placement decide them as usual (PP-OCR's classifier at opset 11, whose 18 Clip-11
+have no FP16 CUDA kernel: 437 FP16 nodes and 38 Casts with FIXED, 248 and 54 with DENY).
+
+A node's kernel is looked up as onnxruntime does (:mod:`amp_compiler.policy.kernels`): domain, op, the
+schema version at the model's opset, and the type constraints. The vertex's slots must take the
+target type; the node's other inputs and outputs may keep their type or take the target type too
+(their own vertices are decided on their own).
+
+The CPU provider is not pinned, only noted: for a node without an FP16 kernel onnxruntime inserts
+Casts around it and runs the FP32 kernel, on the same device, so nothing moves between devices (and
+pinning would keep most of a model FP32, the CPU provider having FP16 kernels for few ops). Its
+BF16 coverage is smaller still: a BF16 model needs a GPU provider (``emulate_bf16`` runs it
+anywhere). TensorRT has no kernel registry: it builds its engine from the graph, taking each
+tensor's type from the model, so every decision is already in the graph and nothing is pinned.
+
+Guarantees (checked by ``ensures``): only free, not yet denied vertices change, to FIXED with the rule
+``provider.no-kernel`` (none on the CPU provider); each pinned vertex names the op, its version, the
+provider and where the coverage came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx_ir as ir
+
+from amp_compiler.core.graph import PrecisionGraph, SlotKind
+from amp_compiler.core.plan import PrecisionPlan, Role, Rule
+from amp_compiler.dtypes import schema_type
+from amp_compiler.onnx.ir.slots import shape_codes
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require, require_roles
+from amp_compiler.policy import schemas
+from amp_compiler.policy.kernels import SHORT_NAMES, KernelCoverage, coverage_for, short_type
+from amp_compiler.targets import Provider
+
+_FLOAT_NAMES = {"float", "float16", "bfloat16", "double"}
+_NODE_IN, _NODE_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT
+
+
+_FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+
+
+@dataclasses.dataclass
+class KernelCoveragePass(AnalysisPass):
+    provider: Provider = Provider.CUDA
+    # The coverage to use; None: :func:`amp_compiler.policy.kernels.coverage_for` the provider.
+    coverage: KernelCoverage | None = None
+    # per node shape (op, the vertex's slots, the other slots' types): why it has no kernel, or None
+    _by_shape: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+        require(isinstance(graph.model, ir.Model), self, "kernels are looked up for the ops of an ONNX model")
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        pins = frozenset() if self.provider is Provider.CPU else frozenset({Rule.PROVIDER_NO_KERNEL})
+        ensure_only_pinned(self, graph, plan, before, _FREE, Role.FIXED, pins)
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        self._by_shape.clear()
+        coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
+        if coverage is None:
+            return
+        pin = self.provider is not Provider.CPU
+        target = short_type(graph.target.type_str)
+        opsets = graph.model.opset_imports
+        for vertex in graph.vertices:
+            if plan.roles.get(vertex.id) not in _FREE:
+                continue
+            missing = self._missing(vertex, coverage, target, opsets)
+            if missing is None:
+                continue
+            if pin:
+                plan.set_role(vertex.id, Role.FIXED, Rule.PROVIDER_NO_KERNEL, f"FP32: {missing} ({coverage.source})")
+            else:
+                # "no FP16 kernel for Conv-11 on the CPU provider (onnxruntime adds Casts around it)"
+                consequence = (
+                    "onnxruntime adds Casts around it" if graph.target.value == "fp16"
+                    else f"a {graph.target.value} model does not load there"
+                )
+                note = f"{missing} ({consequence})"
+                plan.notes[vertex.id] = f"{plan.notes[vertex.id]}; {note}" if vertex.id in plan.notes else note
+
+    def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> str | None:
+        """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ..."), or None."""
+        by_node: dict[int, tuple[ir.Node, set[tuple[bool, int]]]] = {}
+        for kind, owner, index in vertex.slots:
+            if kind is _NODE_IN or kind is _NODE_OUT:
+                entry = by_node.get(id(owner))
+                if entry is None:
+                    entry = by_node[id(owner)] = (owner, set())
+                entry[1].add((kind is _NODE_IN, index))
+        provider = SHORT_NAMES[coverage.provider]
+        for node, mine in by_node.values():
+            # What the answer depends on, cheaply: the op, which slots are the vertex's, the other
+            # slots' types. Most nodes of a model repeat a few of these.
+            shape_key = (
+                node.domain, node.op_type, frozenset(mine), shape_codes(node.inputs), shape_codes(node.outputs)
+            )
+            if shape_key in self._by_shape:
+                found = self._by_shape[shape_key]
+            else:
+                found = self._by_shape[shape_key] = self._node_missing(node, mine, coverage, target, opsets, provider)
+            if found is not None:
+                return found
+        return None
+
+    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets, provider: str) -> str | None:
+        domain = node.domain or ""
+        opset = opsets.get("" if domain == "ai.onnx" else domain)
+        if opset is None and schemas.is_onnx_domain(domain):
+            opset = opsets.get("ai.onnx")
+        sig = schemas.lookup(domain, node.op_type, opset if opset is not None else 1)
+        if sig is None:
+            return None
+        requirements = tuple(_requirements(node, sig, mine, target))
+        op = f"{node.op_type}-{sig.since_version}"
+        if not coverage.has_op(domain, node.op_type):
+            return f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
+        if not coverage.supports(domain, node.op_type, sig.since_version, requirements):
+            return f"no {target_label(target)} kernel for {op} on the {provider} provider"
+        return None
+
+
+def target_label(type_name: str) -> str:
+    return {"float16": "FP16", "bfloat16": "BF16"}.get(type_name, type_name)
+
+
+def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool, int]], target: str):
+    """(type parameter, candidate types) per present input and output of ``node``."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for is_input, values in ((True, node.inputs), (False, node.outputs)):
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            key = sig.type_key(is_input, i)
+            param = key[0] if isinstance(key, tuple) else key  # If/Loop/Scan: ("V", index)
+            if param not in sig.allowed:
+                continue  # no formal here, or a fixed type ("tensor(float)"): not a type parameter
+            if (is_input, i) in mine:
+                out.append((param, (target,)))
+                continue
+            dtype = value.dtype if isinstance(value.type, ir.TensorType) else None
+            if dtype is None:
+                continue  # unknown (or not a tensor): no requirement
+            current = short_type(schema_type(dtype))
+            out.append((param, (current, target) if current in _FLOAT_NAMES else (current,)))
+    return out
+

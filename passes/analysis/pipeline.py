@@ -1,0 +1,130 @@
+"""The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
+
+    classify -> tolerance choices -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
+                (--tolerance)        (ONNX frontends)   (ONNX frontends)
+             -> constant ranges -> static ranges -> calibration ranges -> paint -> min-cut placement
+                                   (input ranges)    (with ranges)
+                (placement="mincut")
+
+Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
+conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
+is written once. :func:`run_passes` runs them on a new plan; with ``check`` each pass's ``requires``
+runs before it and its ``ensures`` after it (:mod:`amp_compiler.passes.analysis.base`), which turn the
+guarantees the passes document into checks. The checks cost about as much as the passes, so they
+are off for users and on where ``AMP_COMPILER_CHECK_PASSES=1`` is set (the test suite sets it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Hashable, Mapping, Sequence
+
+from amp_compiler.core.graph import PrecisionGraph
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.core.plan import PrecisionPlan
+from amp_compiler.errors import OptionError
+from amp_compiler.passes.analysis import (
+    AnalysisPass,
+    CalibrationRangePass,
+    ClassifyPass,
+    ConstantRangePass,
+    KernelCoveragePass,
+    MinCutPlacementPass,
+    PaintPass,
+    QuantizedIslandPass,
+    RuntimeHazardPass,
+    SignalPathPass,
+    StaticRangePass,
+    TolerancePinPass,
+)
+from amp_compiler.targets import Provider, Target
+
+CHECK_ENV = "AMP_COMPILER_CHECK_PASSES"
+# "mincut": re-decide painting's free choices to move the fewest cast bytes; "paint": painting only.
+PLACEMENTS = ("mincut", "paint")
+
+
+def check_placement(placement: str) -> None:
+    """Raise :class:`OptionError` unless ``placement`` is one of :data:`PLACEMENTS`."""
+    if placement not in PLACEMENTS:
+        raise OptionError(f"unknown placement {placement!r}: expected mincut or paint", option="placement")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisSettings:
+    """What the analysis passes need beyond the graph.
+
+    ``block_nodes``: compiled patterns (:func:`~amp_compiler.passes.compile_patterns`). ``pinned``/``kept``:
+    ops the ``--tolerance`` refinement keeps FP32 / low precision, with why. ``ranges``: calibration ranges by
+    tensor name. ``elements``: element counts by tensor name for the cast costs, where the model's
+    dims are dynamic. ``kernel_coverage``: whether ops without a low-precision kernel on the
+    provider stay FP32 (ONNX models: the lookup reads ONNX schemas). ``runtime_hazards``: whether
+    op patterns onnxruntime crashes on once a Cast sits inside them stay FP32 (ONNX models).
+    """
+
+    target: Target
+    provider: Provider = Provider.CUDA
+    block_ops: frozenset[str] = frozenset()
+    block_nodes: tuple[re.Pattern, ...] = ()
+    pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
+    kept: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
+    ranges: Mapping[str, TensorRange] | None = None
+    placement: str = "mincut"
+    reached: Mapping[str, float] | None = None
+    elements: Mapping[str, int] | None = None
+    kernel_coverage: bool = True
+    runtime_hazards: bool = True
+
+
+def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
+    """The analysis passes for ``settings``, in the order they run."""
+    check_placement(settings.placement)
+    passes: list[AnalysisPass] = [
+        ClassifyPass(settings.provider, settings.block_ops, settings.block_nodes)
+    ]
+    if settings.pinned or settings.kept:
+        passes.append(TolerancePinPass(settings.pinned, settings.kept))
+    if settings.kernel_coverage:
+        passes.append(KernelCoveragePass(settings.provider))  # right after classification
+    if settings.runtime_hazards:
+        passes.append(RuntimeHazardPass())
+    passes.append(SignalPathPass())
+    passes.append(QuantizedIslandPass())
+    passes.append(ConstantRangePass(settings.target))
+    if settings.reached:
+        passes.append(StaticRangePass(settings.reached, settings.target))
+    if settings.ranges:
+        passes.append(CalibrationRangePass(settings.ranges, settings.target))
+    passes.append(PaintPass())
+    if settings.placement == "mincut":
+        passes.append(MinCutPlacementPass(settings.elements))
+    return passes
+
+
+def checks_enabled() -> bool:
+    """Whether :func:`run_passes` checks every pass by default (``AMP_COMPILER_CHECK_PASSES=1``)."""
+    return os.environ.get(CHECK_ENV, "") not in ("", "0")
+
+
+def run_passes(graph: PrecisionGraph, passes: Sequence[AnalysisPass], *, check: bool | None = None) -> PrecisionPlan:
+    """Run ``passes`` in order on a new plan and return it. ``check`` (default:
+    :func:`checks_enabled`): run each pass's ``requires`` before it and its ``ensures`` after it,
+    which raise ``PreconditionError``/``PostconditionError`` (from ``onnx_ir.passes``)."""
+    check = checks_enabled() if check is None else check
+    plan = PrecisionPlan()
+    for analysis in passes:
+        if check:
+            analysis.requires(graph, plan)
+            before = plan.snapshot()
+            analysis.call(graph, plan)
+            analysis.ensures(graph, plan, before)
+        else:
+            analysis.call(graph, plan)
+    return plan
+
+
+def plan_precisions(graph: PrecisionGraph, settings: AnalysisSettings, *, check: bool | None = None) -> PrecisionPlan:
+    """The plan for ``graph``: :func:`run_passes` over :func:`analysis_passes`."""
+    return run_passes(graph, analysis_passes(settings), check=check)

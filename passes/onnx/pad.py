@@ -1,0 +1,230 @@
+"""Tensor Core padding (opt-in): pad low-precision MatMul/Gemm/Conv weights to multiples of 8, exactly.
+
+FP16/BF16 Tensor Core kernels want the GEMM dims in multiples of 8 (``amp_compiler.onnx.costs.costs`` reports
+them per node). Where the *output* dim of a constant weight is not, it is padded with zeros and a
+Slice drops the extra outputs again:
+
+- MatMul ``A @ W`` (W constant, rank >= 2): N, W's last axis, gets zero columns; Slice the last axis.
+- Gemm (B constant): N gets zero columns of B (rows with ``transB``), a constant bias C with an N
+  axis gets zeros; Slice axis 1.
+- Conv / ConvTranspose (``group == 1``, constant weight): C_out gets zero filters and the bias
+  zeros; Slice axis 1 (channels).
+
+Each kept output is computed from the same weights as before (an output column depends on its own
+weight column only), so the values are those of the unpadded op up to the kernel's summation order;
+the extra outputs are exact zeros that the Slice drops. The reduction dim (K, C_in) is left alone:
+padding it needs a zero-padded copy of the activation at run time, and a node is only padded when its
+reduction dim already is a multiple of 8 (otherwise padding N alone would not make it eligible).
+Grouped convolutions are left alone: padding each group would interleave zero filters, which a Slice
+cannot drop.
+
+Runs on the lowered model (only nodes whose data input is FP16/BF16 are padded). Guarantees: graph
+inputs, outputs and their names are unchanged (the Slice's output takes the original name); weights
+shared with another user are copied, not changed in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import NamedTuple
+
+import numpy as np
+import onnx_ir as ir
+
+from amp_compiler.core.plan import Rule
+from amp_compiler.dtypes import short_name
+from amp_compiler.onnx.ir.constants import constant_array
+from amp_compiler.onnx.ir.walk import is_constant, iter_graphs
+from amp_compiler.passes.onnx.lower import _Names
+from amp_compiler.policy.schemas import is_onnx_domain
+
+LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+@dataclasses.dataclass
+class Padding:
+    node: ir.Node
+    dim: str  # "N" or "C_out"
+    before: int
+    after: int
+    slice: ir.Node
+    renamed: tuple[str | None, str | None]  # (the padded output's new name, the name the Slice's output took over)
+
+
+class _PadPlan(NamedTuple):
+    """Where to pad a node: the weight's padded axis, the bias's kind (None: no bias to pad), the
+    output axis the Slice cuts, the dim's name and its size."""
+
+    w_axis: int
+    bias_axis: str | None
+    out_axis: int
+    dim: str
+    n: int
+
+
+def _int_attr(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return attr.as_int() if attr is not None else default
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class PadTensorCoresPass(ir.passes.InPlacePass):
+    def __init__(self, multiple: int = 8):
+        super().__init__()
+        self.multiple = multiple
+        self.paddings: list[Padding] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        names = _Names(model)
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+        for graph in list(iter_graphs(model.graph)):
+            for node in list(graph):
+                plan = self._plan(node)
+                if plan is not None:
+                    self._apply(graph, node, plan, names, opset)
+        return ir.passes.PassResult(model, bool(self.paddings))
+
+    # -- what to pad -----------------------------------------------------------------------------
+    def _plan(self, node: ir.Node) -> _PadPlan | None:
+        """Where to pad the node, or None when it is not padded."""
+        if not is_onnx_domain(node.domain) or node.op_type not in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
+            return None
+        if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[0].dtype not in LOW:
+            return None
+        weight = node.inputs[1]
+        if weight is None or not is_constant(weight) or weight.dtype not in LOW:
+            return None
+        shape = weight.shape
+        if shape is None or not shape.is_static() or len(shape) < 2:
+            return None
+        dims = list(shape.numpy())
+        op = node.op_type
+        bias_axis = None
+        if op == "MatMul":
+            k, n, w_axis, out_axis, dim = dims[-2], dims[-1], len(dims) - 1, -1, "N"
+            if len(node.inputs) > 2:
+                return None
+        elif op == "Gemm":
+            trans = _int_attr(node, "transB", 0)
+            k, n = (dims[1], dims[0]) if trans else (dims[0], dims[1])
+            w_axis, out_axis, dim, bias_axis = (0 if trans else 1), 1, "N", "gemm"
+        else:
+            if _int_attr(node, "group", 1) != 1:
+                return None
+            w_axis = 0 if op == "Conv" else 1
+            n, k = dims[w_axis], dims[1 - w_axis]
+            out_axis, dim, bias_axis = 1, "C_out", "conv"
+        if n % self.multiple == 0 or k % self.multiple != 0:
+            return None  # aligned already, or the reduction dim keeps it ineligible anyway
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and not self._bias_paddable(bias, bias_axis, n):
+            return None
+        return _PadPlan(w_axis, bias_axis, out_axis, dim, n)
+
+    @staticmethod
+    def _bias_paddable(bias: ir.Value, kind: str | None, n: int) -> bool:
+        if not is_constant(bias) or bias.shape is None or not bias.shape.is_static():
+            return False
+        dims = list(bias.shape.numpy())
+        if kind == "conv":
+            return dims == [n]
+        # Gemm's C broadcasts to (M, N): its last axis is N or 1 (or it is a scalar).
+        return len(dims) <= 2 and (not dims or dims[-1] in (1, n))
+
+    # -- how -------------------------------------------------------------------------------------
+    def _apply(self, graph: ir.Graph, node: ir.Node, plan: _PadPlan, names: _Names, opset: int) -> None:
+        w_axis, _, out_axis, dim, n = plan
+        padded = _round_up(n, self.multiple)
+        self._replace_constant(graph, node, 1, w_axis, padded, names)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and bias.shape is not None and len(bias.shape) and bias.shape[-1] == n:
+            self._replace_constant(graph, node, 2, len(bias.shape) - 1, padded, names)
+
+        y = node.outputs[0]
+        uses = list(y.uses())
+        original_name = y.name
+        y.name = names.fresh(f"{original_name}_pad{self.multiple}")
+        out = ir.Value(name=original_name, type=y.type, shape=y.shape)
+        if y.shape is not None and len(y.shape):
+            dims = list(y.shape)
+            dims[out_axis] = padded
+            y.shape = ir.Shape(dims)
+        inputs: list[ir.Value] = [y]
+        attrs: list[ir.Attr] = []
+        if opset >= 10:
+            for suffix, values in (("starts", [0]), ("ends", [n]), ("axes", [out_axis])):
+                const_name = names.fresh(f"{original_name}_unpad_{suffix}")
+                const = ir.Value(
+                    name=const_name,
+                    type=ir.TensorType(ir.DataType.INT64),
+                    shape=ir.Shape([1]),
+                    const_value=ir.tensor(np.array(values, dtype=np.int64), name=const_name),
+                )
+                graph.register_initializer(const)
+                inputs.append(const)
+        else:  # Slice-1 takes them as attributes
+            attrs = [ir.AttrInt64s("starts", [0]), ir.AttrInt64s("ends", [n]), ir.AttrInt64s("axes", [out_axis])]
+        name = names.fresh(f"{node.name or node.op_type}/unpad")
+        sl = ir.Node("", "Slice", inputs, attributes=attrs, outputs=[out], name=name)
+        graph.insert_after(node, sl)
+        for user, index in uses:
+            user.replace_input_with(index, out)
+        for i, value in enumerate(graph.outputs):
+            if value is y:
+                graph.outputs[i] = out
+        self.paddings.append(Padding(node, dim, n, padded, sl, (y.name, original_name)))
+
+    @staticmethod
+    def _replace_constant(graph: ir.Graph, node: ir.Node, index: int, axis: int, size: int, names: _Names) -> None:
+        old = node.inputs[index]
+        array = constant_array(old) if old is not None else None
+        assert old is not None and old.dtype is not None and array is not None, "planned for a constant"
+        extra = list(array.shape)
+        extra[axis] = size - array.shape[axis]
+        new_array = np.concatenate([array, np.zeros(extra, array.dtype)], axis=axis)
+        name = names.fresh(f"{old.name}_pad{size}")
+        new = ir.Value(
+            name=name,
+            type=ir.TensorType(old.dtype),
+            shape=ir.Shape(list(new_array.shape)),
+            const_value=ir.tensor(new_array, dtype=old.dtype, name=name),
+        )
+        graph.register_initializer(new)
+        node.replace_input_with(index, new)
+        if old.uses() or old.is_graph_output():
+            return
+        producer, home = old.producer(), old.graph
+        if producer is not None and producer.op_type == "Constant" and producer.graph is not None:
+            producer.graph.remove(producer, safe=True)
+        elif old.is_initializer() and home is not None and old.name is not None and old.name in home.initializers:
+            home.initializers.pop(old.name)
+
+    # -- decisions -------------------------------------------------------------------------------
+    def explain(self, decisions: list, nodes: list[ir.Node]) -> None:
+        """Describe the padding in the conversion's decisions (``decisions[i]`` is ``nodes[i]``'s)."""
+        by_node = {id(p.node): p for p in self.paddings}
+        by_slice = {id(p.slice): p for p in self.paddings}
+        renamed = {repr(new): repr(old) for new, old in (p.renamed for p in self.paddings)}
+        pattern = re.compile("|".join(re.escape(k) for k in renamed)) if renamed else None
+        for decision, node in zip(decisions, nodes, strict=False):
+            if pattern is not None and decision.rule == Rule.LOWERING_CAST.value:  # Casts read the Slice's output,
+                decision.reason = pattern.sub(lambda m: renamed[m.group(0)], decision.reason)  # which kept the name
+            p = by_node.get(id(node))
+            if p is not None:
+                decision.reason += (
+                    f"; weights padded with zeros for Tensor Cores: {p.dim} {p.before} -> {p.after} "
+                    f"({p.slice.name!r} drops the extra outputs)"
+                )
+            p = by_slice.get(id(node))
+            if p is not None:
+                dtype = node.outputs[0].dtype
+                decision.precision = short_name(dtype) if dtype is not None else "?"
+                decision.rule = Rule.PAD_SLICE.value
+                decision.reason = (
+                    f"Slice inserted: drops the {p.after - p.before} zero outputs that padding "
+                    f"{p.node.name or p.node.op_type!r}'s {p.dim} from {p.before} to {p.after} added"
+                )
