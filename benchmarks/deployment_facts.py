@@ -283,7 +283,7 @@ def side_by_side(spec, cache: Path) -> list[str]:
 LEGEND = """## Deployment graphs against their anchors
 
 Command: `python -m benchmarks.deployment_facts --table --size all --results benchmarks/RESULTS.md`
-(models from `models/deployment.py`; `tests/test_deployment.py` holds the small ones, and with `-m slow`
+(models from `models/deployment.py`; `tests/e2e/test_deployment.py` holds the small ones, and with `-m slow`
 the full ones, to the same bounds). Anchors: `ort-fp16` is onnxruntime's transformer optimizer's
 `convert_float_to_float16(keep_io_types=True)` (its `--float16` writes the same bytes), `genai-cuda`
 onnxruntime-genai's builder `-p fp16 -e cuda` (`-p int4 -e cuda` for the int4 model). Fused ops

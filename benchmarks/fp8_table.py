@@ -17,8 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from amp_compiler.core.plan import Rule
 from amp_compiler import convert
+from amp_compiler.core.plan import Rule
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import InProcessRunner
 from benchmarks import fp8_protocol as protocol

@@ -1,0 +1,251 @@
+"""The accuracy failures found on real trained models (models/patterns.py), each fixed by a rule:
+the decisions the rule makes, and the accuracy with the rule against the accuracy without it."""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from amp_compiler import convert
+from amp_compiler.onnx.compare import compare_models
+from amp_compiler.onnx.measure.checks import run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.policy import PolicyTable
+from models import catalog
+from tests.support.onnx_builders import F32, model, tensor, vi, weights
+
+
+def _samples(name: str, n: int = 2) -> list[dict[str, np.ndarray]]:
+    entry = catalog.get(name)
+    return [entry.make_inputs(np.random.default_rng(s)) for s in range(n)]
+
+
+@functools.cache
+def _table_without(key: str) -> PolicyTable:
+    """The shipped policy table with one key dropped from every entry (the rule it drives is off)."""
+    text = resources.files("amp_compiler.policy").joinpath("onnx_ops.toml").read_text("utf-8")
+    return PolicyTable.from_toml(re.sub(rf"\n{key} = [^\n]+", "", text))
+
+
+def _worst_error_of_range(fp32: onnx.ModelProto, converted: onnx.ModelProto, samples) -> float:
+    return max(o.error_of_range for o in compare_models(fp32, converted, samples).outputs)
+
+
+# ---------------------------------------------------------------------------------------- signal paths
+def test_cqt_front_end_stays_fp32_and_the_cnn_runs_fp16():
+    fp32 = catalog.load("cqt-log")
+    by_node = {d.node: d for d in convert(fp32).decisions}
+    for name in ("cqt_0", "downsample", "cqt_1", "octaves", "pairs", "square"):
+        assert (by_node[name].precision, by_node[name].rule) == ("fp32", "policy.high.signal-path"), name
+    assert "graph input 'audio'" in by_node["cqt_0"].reason and "68 dB" in by_node["cqt_0"].reason
+    assert by_node["conv1"].precision == by_node["conv2"].precision == "fp16"
+
+
+def test_cqt_front_end_in_fp32_is_what_keeps_the_notes_accurate():
+    fp32, samples = catalog.load("cqt-log"), _samples("cqt-log")
+    with_rule = _worst_error_of_range(fp32, convert(fp32).model, samples)
+    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("dynamic_range")).model, samples)
+    assert with_rule < 0.005 and without > 10 * with_rule, (with_rule, without)
+
+
+def _log_after(prefix: list, prefix_out: str, extra_inits=()) -> onnx.ModelProto:
+    nodes = prefix + [
+        helper.make_node("Mul", [prefix_out, prefix_out], ["p"], name="square"),
+        helper.make_node("Log", ["p"], ["y"], name="log"),
+    ]
+    inits = [tensor("W", weights((16, 16))), *extra_inits]
+    return model(nodes, [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])], inits)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "out", "pinned"),
+    [
+        ([helper.make_node("MatMul", ["x", "W"], ["h"], name="filter")], "h", True),
+        # a learned feature (an activation between the filter and the Log), not a raw signal
+        ([helper.make_node("MatMul", ["x", "W"], ["m"], name="filter"),
+          helper.make_node("Relu", ["m"], ["h"], name="relu")], "h", False),
+        # a product of two signals (attention), not a filter with constant weights
+        ([helper.make_node("MatMul", ["x", "x"], ["h"], name="filter")], "h", False),
+    ],
+    ids=["filter", "activation-between", "no-constant-weights"],
+)
+def test_signal_path_needs_a_raw_input_and_linear_ops(prefix, out, pinned):
+    m = _log_after(prefix, out) if prefix[0].input[1] == "W" else model(
+        prefix + [helper.make_node("Mul", [out, out], ["p"], name="square"),
+                  helper.make_node("Log", ["p"], ["y"], name="log")],
+        [vi("x", F32, [16, 16])], [vi("y", F32, [16, 16])], [],
+    )
+    rule = {d.node: d.rule for d in convert(m).decisions}["filter"]
+    assert (rule == "policy.high.signal-path") is pinned, rule
+
+
+# ------------------------------------------------------------------------------- FP32 graph outputs
+def _relative_error(name: str, **options) -> float:
+    fp32 = catalog.load(name)
+    feeds = catalog.get(name).make_inputs(np.random.default_rng(0))
+    ref = run_onnxruntime(fp32, feeds)[0]
+    got = run_onnxruntime(emulate(convert(fp32, **options).model), feeds)[0]
+    kept = ref > 1e-7
+    return float(np.max(np.abs(got - ref)[kept] / ref[kept]))
+
+
+def test_probabilities_output_computed_in_fp32_at_one_cast_more():
+    decision = {d.node: d for d in convert(catalog.load("gated-softmax-output")).decisions}["softmax"]
+    assert (decision.precision, decision.rule) == ("fp32", "placement.min-cut")
+    assert "FP32 graph output" in decision.reason
+    painted = {d.node: d for d in convert(catalog.load("gated-softmax-output"), placement="paint").decisions}
+    assert painted["softmax"].precision == "fp16"  # painting alone: between two low-precision ops
+    assert _relative_error("gated-softmax-output") < 0.02 < 0.1 < _relative_error("gated-softmax-output", placement="paint")
+
+
+def test_data_movement_before_an_output_has_no_rounding_cost():
+    """A PASS op rounds nothing: a Relu between a MatMul and the output stays low precision and the
+    Cast goes after it, as painting put it."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])], [tensor("W", weights((16, 16)))],
+    )
+    assert {d.node: d.precision for d in convert(m).decisions}["relu"] == "fp16"
+
+
+# ------------------------------------------------------------------------------ calibration and masks
+def test_padding_in_calibration_data_does_not_pin_the_mask_path():
+    """Calibration with padded sequences sees -3.4e38 after the mask's Mul, Add and in the Softmax's
+    input; the mask rule turns that constant into -32768, so none of it is an overflow."""
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
+
+    fp32 = catalog.load("attention-mask-padding")
+    samples = _samples("attention-mask-padding")
+    ranges = collect_ranges(fp32, samples)
+    assert ranges["add_mask_out"].min < -1e38  # what calibration observes
+    result = convert(fp32, ranges=ranges)
+    by_node = {d.node: d for d in result.decisions}
+    assert not [d.node for d in result.decisions if d.rule.startswith("calibration")]
+    assert by_node["mask_scale"].precision == by_node["softmax"].precision == "fp16"
+    assert "-32768" in by_node["mask_scale"].reason
+    comparison = compare_models(fp32, result.model, samples)
+    assert comparison.outputs[0].nonfinite == 0 and comparison.outputs[0].error_of_range < 0.01
+
+
+def test_a_real_overflow_on_the_mask_path_still_counts():
+    """Scores of 1e6 beside the mask overflow FP16 whatever the mask does: observed maxima count."""
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
+
+    fp32 = catalog.load("attention-mask-padding")
+    samples = [{**s, "x": s["x"] * 300} for s in _samples("attention-mask-padding")]
+    result = convert(fp32, ranges=collect_ranges(fp32, samples))
+    add = {d.node: d for d in result.decisions}["add_mask"]
+    assert add.rule == "calibration.overflow" and "e+38" not in add.reason  # the scores' maximum, not the mask
+
+
+# ------------------------------------------------------------------------------------- quantized models
+def test_quantized_islands_stay_fp32_with_reasons():
+    result = convert(catalog.load("quantized-encoder"))
+    by_node = {d.node: d for d in result.decisions}
+    assert by_node["attn_v_0"].rule == "quantized.requantize"  # its result is quantized for o_0
+    assert by_node["scores_0"].rule == "quantized.requantize"  # upstream of it, in the same island
+    assert "DynamicQuantizeLinear" in by_node["attn_v_0"].reason and "integer levels" in by_node["attn_v_0"].reason
+    assert by_node["q_0_quant_scales_mul"].rule == "quantized.scale"
+    assert by_node["q_0_quant"].precision == "none"  # MatMulInteger: never touched
+    assert result.casts_inserted == 0
+
+
+def test_quantized_islands_in_fp32_keep_the_probabilities_exact():
+    """Without the rule, FP16 in the islands flips int8 levels at the next quantizer."""
+    fp32, samples = catalog.load("quantized-encoder"), _samples("quantized-encoder", 4)
+    assert _worst_error_of_range(fp32, convert(fp32).model, samples) == 0.0
+    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("quantizes")).model, samples)
+    assert without > 1e-3
+
+
+def test_a_static_quantizer_keeps_only_what_it_reads_fp32():
+    """QuantizeLinear (a fixed scale) after a MatMul: the MatMul's result is what it reads."""
+    from tests.support.onnx_builders import tensor as t
+
+    m = model(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm0"), helper.make_node("MatMul", ["h", "W"], ["h2"], name="mm1"),
+         helper.make_node("QuantizeLinear", ["h2", "s", "z"], ["q"], name="quant"),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequant")],
+        [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])],
+        [t("W", weights((16, 16))), t("s", np.array(0.02, np.float32)), t("z", np.array(0, np.int8))], opset=19,
+    )
+    rules = {d.node: d.rule for d in convert(m).decisions}
+    assert rules["mm1"] == "quantized.requantize" and rules["mm0"] == "policy.low"
+
+
+# ------------------------------------------------------------------------------------ BF16 recurrences
+def test_onnx_lstm_stays_fp32_for_bf16_and_low_for_fp16():
+    """At opset 22 (the first where LSTM takes bf16) the policy keeps it FP32 for BF16."""
+    hidden = 8
+    m = model(
+        [helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="lstm", hidden_size=hidden)],
+        [vi("x", F32, [5, 2, 4])], [vi("y", F32, [5, 1, 2, hidden])],
+        [tensor("W", weights((1, 4 * hidden, 4))), tensor("R", weights((1, 4 * hidden, hidden)))], opset=22, ir_version=10,
+    )
+    bf16 = {d.node: d for d in convert(m, target="bf16").decisions}["lstm"]
+    assert (bf16.precision, bf16.rule) == ("fp32", "policy.high.bf16-recurrence")
+    assert "0.9988" in bf16.reason
+    fp16 = {d.node: d for d in convert(m, target="fp16").decisions}["lstm"]
+    assert (fp16.precision, fp16.rule) == ("fp16", "policy.low")
+
+
+def test_fx_lstm_encoder_keeps_its_recurrence_fp32_in_bf16():
+    """A 3-layer LSTM encoder with trained-like long memory (recurrent weights x2.5, forget bias +1):
+    in BF16 throughout (torch's own) its embeddings lose cosine; with the LSTM FP32 they do not."""
+    import copy
+
+    import torch
+
+    import amp_compiler.fx as ampfx
+
+    torch.manual_seed(0)
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(40, 128, 3, batch_first=True)
+            self.proj = torch.nn.Linear(128, 64)
+            with torch.no_grad():
+                for name, p in self.lstm.named_parameters():
+                    p.mul_(2.5 if "weight_hh" in name else 1.5 if "weight_ih" in name else 1.0)
+                    if "bias_hh" in name:
+                        p[128:256] += 1.0
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            return torch.nn.functional.normalize(self.proj(y[:, -1]), dim=-1)
+
+    encoder, x = Encoder().eval(), torch.randn(8, 120, 40)
+    with torch.no_grad():
+        ref = encoder(x)
+        everything_bf16 = copy.deepcopy(encoder).to(torch.bfloat16)(x.bfloat16()).float()
+        gm = ampfx.convert(encoder, (x,), target="bf16")
+        ours = gm(x).float()
+    assert float((ref * everything_bf16).sum(-1).min()) < 0.999
+    assert float((ref * ours).sum(-1).min()) > 0.9999
+    by_op = {d.op_type: d for d in ampfx.report(gm).decisions}
+    assert by_op["aten.lstm.input"].rule == "policy.high.bf16-recurrence"
+    assert by_op["aten.linear.default"].precision == "bf16"
+
+
+# ------------------------------------------------------------------------------ --tolerance per FLOP
+def test_tolerance_pins_the_cheap_chains_and_keeps_every_convolution_fp16():
+    from amp_compiler.onnx.tolerance.refine import measure, refine
+    from amp_compiler.targets import Target
+
+    fp32 = catalog.load("decomposed-activations")
+    samples = _samples("decomposed-activations")
+    _, plain, _ = measure(fp32, convert(fp32).model, samples, Target.FP16)
+    r = refine(fp32, samples, max(plain.values()) / 2)
+    assert r.met and r.rounds == 2
+    convs = [d for d in r.result.decisions if d.op_type == "Conv"]
+    assert len(convs) == 4 and all((d.precision, d.rule) == ("fp16", "tolerance.kept-low") for d in convs)
+    assert r.low_flops_share > 0.99  # the classifier's Gemm, a few FLOPs, may go
+    pinned_ops = {fp32.graph.node[i].op_type for i, _ in r.pinned}
+    assert pinned_ops & {"Mul", "Add", "Clip", "Div"} and "Conv" not in pinned_ops

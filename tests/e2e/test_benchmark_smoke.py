@@ -1,0 +1,115 @@
+"""The benchmark's smallest setting runs end to end and writes its report (numbers are not asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
+
+
+def test_benchmark_smallest_setting_writes_a_report(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", "--size", "smallest", "--out", str(out),
+         "--latency-provider", "CPUExecutionProvider"],  # the GPU latency code path, on the CPU
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("# Benchmark")
+    for heading in ("## Headline", "## Public architectures", "## Generated transformer graphs", "## Notes"):
+        assert heading in text
+    for tool in ("amp-compiler", "onnxconverter-common", "modelopt-autocast"):
+        assert f"| {tool} |" in text or f"- {tool} did not run" in text
+    amp_rows = [line for line in text.splitlines() if line.startswith("| amp-compiler | ") and " s (1.0x)" in line]
+    assert len(amp_rows) == 2  # one architecture, one generated graph: converted, measured
+    assert "Command: `python -m benchmarks.compare --size smallest" in text
+    latency = text.split("## Latency on CPUExecutionProvider", 1)[1].split("## Notes", 1)[0]
+    rows = [line for line in latency.splitlines() if line.startswith("| generated-1000 |")]
+    assert [r.split(" | ")[1] for r in rows][:2] == ["fp32", "amp-compiler"]
+    assert all(" ms" in r.split(" | ")[3] for r in rows)  # batch 8 runs: the generated batch is symbolic
+    assert all(r.rstrip(" |").split(" | ")[-1].startswith("0 of ") for r in rows)  # all on the provider
+
+
+def test_latency_at_each_batch_and_where_nodes_ran(tmp_path):
+    import numpy as np
+    import onnx
+
+    from benchmarks.generate import transformer_model
+    from benchmarks.latency import measure, nodes_elsewhere
+
+    dynamic, static = tmp_path / "dynamic.onnx", tmp_path / "static.onnx"
+    onnx.save(transformer_model(100, batch="batch"), dynamic)
+    onnx.save(transformer_model(100), static)
+    latencies, where = measure(dynamic, "CPUExecutionProvider", (1, 8), repeats=3)
+    assert [lat.batch for lat in latencies] == [1, 8]
+    assert all(lat.median_ms is not None and lat.median_ms > 0 for lat in latencies)
+    assert where.nodes > 0 and where.elsewhere == []
+    latencies, _ = measure(static, "CPUExecutionProvider", (1, 8), repeats=3)
+    assert latencies[0].median_ms is not None
+    assert latencies[1].median_ms is None and "fixed" in latencies[1].note
+    # A profile where one node fell back to the CPU: it is named, with its op and provider.
+    events = [
+        {"cat": "Node", "name": "mm_kernel_time", "args": {"provider": "CUDAExecutionProvider", "op_name": "MatMul"}},
+        {"cat": "Node", "name": "clip_kernel_time", "args": {"provider": "CPUExecutionProvider", "op_name": "Clip"}},
+        {"cat": "Session", "name": "model_run", "args": {}},
+    ]
+    assert nodes_elsewhere(events, "CUDAExecutionProvider") == (2, ["Clip clip (CPUExecutionProvider)"])
+    assert np.isfinite(latencies[0].median_ms)
+
+
+def test_cold_benchmark_times_whole_processes_and_writes_its_section(tmp_path):
+    """benchmarks.cold on the demo model: one row with every column filled, written into its own
+    section of a results file (in place of the old one; the rest of the file kept)."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark\n\nintro\n\n## Headline\n\ntable\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cold", "--runs", "1", "--models", "demo", "--results", str(results)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| demo |"))
+    assert "failed" not in row and row.count(" MB") + row.count(" kB") >= 4  # file and three peak RSS cells
+    text = results.read_text()
+    assert text.index("intro") < text.index("## Cold processes") < text.index("## Headline")
+    from benchmarks.cold import write_section
+
+    write_section(results, "## Cold processes\n\nnew")
+    text = results.read_text()
+    assert text.count("## Cold processes") == 1 and "new" in text and "| demo |" not in text and "table" in text
+
+
+def test_fp8_table_row_runs_and_counts_a_graph_output_gemm_as_fp8(tmp_path):
+    """One row of the FP8 table (no ModelOpt needed: an anchor file without the model gives dashes);
+    a GEMM that writes a graph output (renamed by the conversion, a Cast makes the output) counts."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fp8_table", "--models", "gpt2-small", "--anchor", str(tmp_path / "none.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| gpt2-small | 0.1 |")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[6] == "100%" and cells[7] == "13/0/0"  # the LM head (graph output 'logits') included
+    assert cells[11:] == ["-"] * 9
+
+
+def test_fp8_tolerance_table_rows_meet_their_tolerances(tmp_path):
+    """Two rows of the FP8 --tolerance table (no ModelOpt needed): each met on the calibration
+    batches, the FP8 share no smaller at the larger tolerance."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fp8_tolerance_table", "--models", "mlp-softmax", "--tolerances",
+         "0.02,0.1", "--anchor", str(tmp_path / "none.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
+            if line.startswith("| mlp-softmax |")]
+    assert [r[1] for r in rows] == ["0.02", "0.1"]
+    assert all("not met" not in r[2] for r in rows)
+    shares = [float(r[6].rstrip("%")) for r in rows]
+    assert shares[0] <= shares[1] and shares[1] > 0
+    assert rows[0][10:] == ["-", "-"]

@@ -1,0 +1,147 @@
+"""The command line with models that are hostile to run: one line, the right exit status, nothing written.
+
+Budgets (``--max-run-seconds``, ``--max-run-memory``) bound every onnxruntime run of the user's
+model (report, ``--calibration-data``, ``--tolerance``); ``convert`` loads its output in the child
+before renaming it into place (``--no-load-check`` skips that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from amp_compiler import convert
+from amp_compiler.cli import main
+from tests.support.onnx_builders import (
+    F32,
+    huge_constant_model,
+    loop_forever_model,
+    model,
+    tensor,
+    transpose_cast_matmul_model,
+    vi,
+    weights,
+)
+
+
+def _run(argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("amp-compiler: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def loop(tmp_path) -> Path:
+    path = tmp_path / "loop.onnx"
+    onnx.save(loop_forever_model(), path)
+    return path
+
+
+@pytest.fixture
+def huge(tmp_path) -> Path:
+    path = tmp_path / "huge.onnx"
+    onnx.save(huge_constant_model(40_000), path)
+    return path
+
+
+def test_report_of_a_model_that_never_ends_stops_at_the_time_budget(loop):
+    code, out, err = _run(["report", loop, "--max-run-seconds", "1"])
+    assert code == 2 and out == ""
+    line = _one_error_line(err)
+    assert "took longer than its time budget of 1 s" in line and line.endswith("(raise it with --max-run-seconds)")
+
+
+@pytest.mark.parametrize("extra", [["--report", "r.json"], ["--calibration-data", "x.npz"]])
+def test_convert_analysis_of_a_memory_bomb_stops_at_the_memory_budget(huge, tmp_path, extra):
+    np.savez(tmp_path / "x.npz", x=np.ones(1, np.float32))
+    extra = [tmp_path / e if e.endswith((".json", ".npz")) else e for e in extra]
+    out = tmp_path / "o.onnx"
+    code, _, err = _run(["convert", huge, "-o", out, "--max-run-memory", "1GiB", *extra])
+    assert code == 2
+    line = _one_error_line(err)
+    assert "memory budget of 1.07 GB" in line and line.endswith("(raise it with --max-run-memory)")
+    assert not out.exists() and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("value, needle", [("lots", "is not a size"), ("1M", "too little"), ("0", "too little")])
+def test_bad_memory_budgets_name_their_flag(huge, value, needle):
+    code, _, err = _run(["report", huge, "--max-run-memory", value])
+    assert code == 2 and _one_error_line(err).startswith("amp-compiler: error: --max-run-memory: ") and needle in err
+
+
+def test_a_plain_convert_runs_nothing_and_needs_no_budget(loop, tmp_path):
+    """Only the output's load check runs onnxruntime: a model that would run for ever converts."""
+    code, out, err = _run(["convert", loop, "-o", tmp_path / "o.onnx", "--max-run-seconds", "5"])
+    assert code == 0 and err == "" and "fp16 model written" in out
+
+
+def _good(tmp_path: Path) -> Path:
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])],
+              [tensor("w", weights((4, 4)))])
+    path = tmp_path / "good.onnx"
+    onnx.save(m, path)
+    return path
+
+
+@pytest.fixture
+def crashing_output(monkeypatch):
+    """The conversion gives a model that crashes onnxruntime 1.32 at session creation."""
+    command = importlib.import_module("amp_compiler.onnx.convert")  # the module the command's convert comes from
+    real = command.convert
+
+    def crashing(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.model = transpose_cast_matmul_model()
+        return result
+
+    monkeypatch.setattr(command, "convert", crashing)
+
+
+def test_an_output_that_crashes_onnxruntime_is_not_written(tmp_path, crashing_output):
+    out = tmp_path / "o.onnx"
+    code, stdout, err = _run(["convert", _good(tmp_path), "-o", out])
+    assert code == 1 and stdout == ""
+    line = _one_error_line(err)
+    assert "the converted model crashes onnxruntime" in line and "SIGSEGV while loading it" in line
+    assert line.endswith("not written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.onnx"]  # no output, no temporary file
+    code, _, err = _run(["convert", _good(tmp_path), "-o", out, "--no-load-check"])
+    assert code == 0 and err == "" and out.exists()
+
+
+def test_an_input_that_crashes_onnxruntime_too_is_converted_with_a_warning(tmp_path):
+    src, out = tmp_path / "crash.onnx", tmp_path / "o.onnx"
+    onnx.save(transpose_cast_matmul_model(), src)  # its own Cast (int32 -> float) stays
+    code, stdout, err = _run(["convert", src, "-o", out])
+    assert code == 0 and out.exists() and "model written" in stdout
+    assert err.strip().splitlines() == [
+        "amp-compiler: warning: the converted model was not checked: onnxruntime cannot load the input model "
+        "either (onnxruntime crashed (SIGSEGV) loading the model)"
+    ]
+
+
+def test_an_output_with_external_data_is_checked_with_its_data(tmp_path):
+    src = tmp_path / "in" / "m.onnx"
+    src.parent.mkdir()
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, ["B", 160])],
+              [vi("y", F32, ["B", 160])], [tensor("w", weights((160, 160)))])
+    onnx.save_model(m, src, save_as_external_data=True, location="w.bin", size_threshold=1024)
+    out = tmp_path / "o.onnx"
+    code, _, err = _run(["convert", src, "-o", out])
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "o.onnx", "o.onnx.data"]
+    assert convert(out).decisions  # and it reads back

@@ -1,0 +1,153 @@
+"""`amp-compiler compare` and amp_compiler.onnx.compare: outputs, where the error grows, rules, any pair of models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from onnxconverter_common import float16
+
+from amp_compiler import convert
+from amp_compiler.cli import main
+from amp_compiler.errors import ModelRunError
+from amp_compiler.onnx.compare import compare_models
+from amp_compiler.report.comparison import render_comparison
+from amp_compiler.targets import Provider
+from models import catalog
+
+
+def _samples(name: str, n: int = 2) -> list[dict[str, np.ndarray]]:
+    entry = catalog.get(name)
+    return [entry.make_inputs(np.random.default_rng(s)) for s in range(n)]
+
+
+def test_our_conversion_compares_close_with_rules():
+    fp32 = catalog.load("mlp-softmax")
+    c = compare_models(fp32, convert(fp32).model, _samples("mlp-softmax"))
+    assert not c.generated_inputs and c.samples == 2 and c.emulated
+    (out,) = c.outputs
+    assert out.name == "y" and out.cosine > 0.999 and out.nonfinite == 0
+    assert out.argmax_agreement is not None and out.argmax_agreement > 0.9
+    assert c.growth and all(e.rule for e in c.growth)  # a default conversion made it: every rule known
+    assert "is what a default fp16 conversion" in c.decisions
+    assert [e.position for e in c.growth] == sorted(e.position for e in c.growth)
+
+
+def test_other_tools_output_first_nonfinite_named():
+    """onnxconverter-common runs Exp in FP16: e^40 overflows, and compare names the Exp as the first
+    NaN/Inf; its precision differs from ours, so no rule is claimed for it."""
+    fp32 = catalog.load("exp-range")
+    occ = float16.convert_float_to_float16(fp32, keep_io_types=True)
+    c = compare_models(fp32, occ, _samples("exp-range"))
+    assert c.first_nonfinite is not None and c.first_nonfinite.node == "exp"
+    assert c.first_nonfinite.precision == "fp16" and c.first_nonfinite.rule is None
+    assert c.outputs[0].nonfinite > 0
+    ours = compare_models(fp32, convert(fp32).model, _samples("exp-range"))
+    assert ours.first_nonfinite is None and ours.outputs[0].nonfinite == 0
+
+
+def test_growth_names_the_node_that_adds_error():
+    """A converted model with one weight perturbed: the error starts growing at that MatMul."""
+    fp32 = catalog.load("mlp-softmax")
+    bad = convert(fp32).model
+    w = next(i for i in bad.graph.initializer if i.name == "W2")
+    arr = numpy_helper.to_array(w).copy()
+    arr.flat[0] += np.asarray(0.5, arr.dtype)
+    w.CopyFrom(numpy_helper.from_array(arr, "W2"))
+    c = compare_models(fp32, bad, _samples("mlp-softmax"), top=1)
+    assert [e.node for e in c.growth] == ["matmul2"]
+
+
+def test_generated_inputs_are_said(tmp_path):
+    fp32 = catalog.load("mlp-softmax")
+    c = compare_models(fp32, convert(fp32).model)
+    assert c.generated_inputs and any("generated" in w for w in c.warnings)
+    text = render_comparison(c)
+    assert "generated inputs" in text and all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_unrunnable_converted_model_is_a_user_error():
+    fp32 = catalog.load("mlp-softmax")
+    broken = convert(fp32).model
+    broken.graph.node[1].op_type = "NoSuchOp"
+    with pytest.raises(ModelRunError, match="converted: onnxruntime could not load the model"):
+        compare_models(fp32, broken)
+
+
+def test_cuda_without_onnxruntime_gpu_is_an_option_error():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    from amp_compiler.errors import OptionError
+
+    fp32 = catalog.load("mlp-softmax")
+    with pytest.raises(OptionError) as info:
+        compare_models(fp32, convert(fp32).model, provider=Provider.CUDA)
+    assert info.value.option == "provider"
+
+
+def _saved(tmp_path, name: str, model: onnx.ModelProto):
+    path = tmp_path / name
+    onnx.save(model, path)
+    return path
+
+
+def test_cli_json_and_terminal(tmp_path, capsys):
+    fp32 = catalog.load("mlp-softmax")
+    a = _saved(tmp_path, "fp32.onnx", fp32)
+    b = _saved(tmp_path, "fp16.onnx", convert(fp32).model)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, sample in enumerate(_samples("mlp-softmax", 3)):
+        np.savez(data / f"{i}.npz", **sample)
+    assert main(["compare", str(a), str(b), "--data", str(data), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema_version"] == 1 and out["samples"] == 3 and out["outputs"][0]["name"] == "y"
+    assert main(["compare", str(a), str(b), "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("fp16.onnx vs fp32.onnx: cpu") and "where the error grows most" in text
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    fp32 = catalog.load("mlp-softmax")
+    a = _saved(tmp_path, "fp32.onnx", fp32)
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    assert main(["compare", str(a), str(tmp_path / "junk.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "junk.onnx" in err
+    other = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["q"], ["y"])], "g",
+                          [helper.make_tensor_value_info("q", 1, [2])], [helper.make_tensor_value_info("y", 1, [2])]),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=8,
+    )
+    b = _saved(tmp_path, "other.onnx", other)
+    data = tmp_path / "x.npz"
+    np.savez(data, x=np.zeros((4, 16), np.float32))
+    assert main(["compare", str(a), str(b), "--data", str(data)]) == 2
+    assert capsys.readouterr().err.startswith("amp-compiler: error: other.onnx")
+
+
+def test_the_fp32_reference_is_the_models_semantics_with_intermediates_exposed():
+    """onnxruntime 1.32's extended fusions compute a per-channel DequantizeLinear -> MatMul wrongly
+    once the DQ output is a graph output (one column off by 30% of the range): the exposed reference
+    runs with basic optimisations, so a faithful conversion compares as one."""
+    entry = catalog.get("qdq")
+    fp32 = catalog.load(entry)
+    samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(2)]
+    (out,) = compare_models(fp32, convert(fp32).model, samples).outputs
+    assert out.cosine > 0.9999 and out.error_of_range < 0.01, out
+
+
+def test_output_errors_leave_out_non_finite_references_and_flag_non_finite_outputs():
+    from amp_compiler.core.tensor_error import OutputErrors
+
+    found = OutputErrors(2)
+    ref = [np.array([3.0, np.inf, 4.0]), np.array([0.0, 0.0])]
+    assert found.add(ref, [np.array([3.0, np.nan, 4.5]), np.array([0.0, 0.0])])  # inf reference: left out
+    assert found.relative() == [pytest.approx(0.1), 0.0]  # 0.5 / |(3, 4)|; zero against zero
+    assert not found.add(ref, [np.array([np.inf, 1.0, 4.0]), np.array([0.0, 0.0])])
+    assert found.relative()[0] == np.inf and found.worst() == np.inf

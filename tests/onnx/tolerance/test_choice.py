@@ -1,0 +1,91 @@
+"""--tolerance's choice per unit: the levels' values, the budget search, the fill step that upgrades
+units the probe still finds within the tolerance, and the nodes each picked level pins or keeps."""
+
+from __future__ import annotations
+
+import math
+
+from onnx import helper
+
+from amp_compiler.core.knapsack import Option
+from amp_compiler.onnx.tolerance.choice import Choice, Level, decide, fill, search, unit_choices, value
+from amp_compiler.onnx.tolerance.units import Unit
+from amp_compiler.targets import Target
+from tests.support.onnx_builders import model, tensor, vi, weights
+
+
+def test_levels_are_worth_the_gemm_time_they_save_against_tf32():
+    # FP32 runs as TF32 at half FP16's rate, FP8 at twice it: FP16 saves 1 s per FP16-second, FP8 1.5
+    assert value(1000, Target.FP16) == 2000 and value(1000, Target.BF16) == 2000
+    assert value(1000, Target.FP8) == 3000
+
+
+def test_a_tensor_core_unit_with_followers_has_every_level_cheaper_ones_first():
+    errors = {}
+
+    def alone(on):
+        errors[on] = 0.01 * len(on)
+        return errors[on]
+
+    unit = Unit((3, 4, 5), 1000)
+    got = unit_choices(alone, unit, (7, 8), 9, Target.FP16)
+    assert [c.level for c in got] == [Level.FP32, Level.LOW_ROOT, Level.LOW, Level.FP8_ROOT, Level.FP8]
+    assert [c.groups for c in got] == [frozenset(), {7}, {7, 8}, {7, 9}, {7, 8, 9}]
+    values = [c.option.value for c in got]
+    assert values == sorted(values) and values[2] == values[1] + 1  # followers low: one more, fewer pins
+    cheap = unit_choices(alone, Unit((6,), 0), (10,), None, Target.FP16)
+    assert [(c.level, c.option.value) for c in cheap] == [(Level.FP32, 0), (Level.LOW, 1)]
+
+
+def _items(errors):
+    return [[Choice(Level.FP32, Option(0.0, 0), frozenset()), Choice(Level.LOW, Option(e, v), frozenset({k}))]
+            for k, (e, v) in enumerate(errors)]
+
+
+def test_search_returns_the_best_choice_the_measurement_finds_within_the_tolerance():
+    items = _items([(0.6, 10), (0.8, 30), (0.5, 25)])
+
+    def measured(on):  # the prediction (quadrature) overestimates by 30%
+        return 0.7 * math.sqrt(sum(items[k][1].option.error ** 2 for k in on))
+
+    picks, budget = search(measured, items, 1.0, 1.0, 2.0)
+    assert measured(frozenset(k for k, p in enumerate(picks) if p)) <= 1.0
+    assert picks == [1, 1, 1]  # all three measure 0.87: more than the prediction (1.24) allows
+    assert budget > 1.0
+
+
+def test_fill_upgrades_a_unit_when_the_measured_whole_still_fits():
+    items = _items([(0.6, 10), (0.8, 30)])
+    seen = []
+
+    def measured(on):
+        seen.append(on)
+        return 0.9 if on == frozenset({0, 1}) else 0.5
+
+    assert fill(measured, items, [0, 1], 1.0) == [1, 1]  # predicted 1.0, measured 0.9
+    assert fill(lambda on: 1.1, items, [0, 1], 1.0) == [0, 1] and seen
+
+
+def _chain():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Add", ["h", "b"], ["h1"], name="bias"),
+             helper.make_node("Relu", ["h1"], ["y"], name="act")]
+    return model(nodes, [vi("x", shape=[4, 8])], [vi("y", shape=[4, 8])],
+                 [tensor("w", weights([8, 8], 1)), tensor("b", weights([8], 2))])
+
+
+def test_decide_gives_every_node_of_a_unit_one_place_with_the_measured_numbers():
+    graph = _chain().graph
+    unit = Unit((0, 1, 2), 512)
+    item = unit_choices(lambda on: 0.001 * len(on), unit, (0, 1), 2, Target.FP16)
+    by_level = {c.level: k for k, c in enumerate(item)}
+    for level, pinned, kept, fp8 in [
+        (Level.FP32, [0, 1, 2], [], []),
+        (Level.LOW_ROOT, [1, 2], [0], []),
+        (Level.LOW, [], [0, 1, 2], []),
+        (Level.FP8_ROOT, [1, 2], [0], [0]),
+        (Level.FP8, [], [0, 1, 2], [0]),
+    ]:
+        d = decide(graph, [unit], [item], [by_level[level]], 0.01, Target.FP16)
+        assert ([i for i, _ in d.pinned], [i for i, _ in d.kept], [i for i, _ in d.fp8]) == (pinned, kept, fp8)
+        assert all("--tolerance 0.01" in why and "MatMul 'mm'" in why for _, why in d.pinned + d.kept + d.fp8)

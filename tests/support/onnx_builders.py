@@ -1,0 +1,202 @@
+"""Small helpers to build ONNX test graphs by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_compiler.policy import PolicyTable
+
+F32 = TensorProto.FLOAT
+F16 = TensorProto.FLOAT16
+
+
+def tensor(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def vi(name: str, elem_type: int = F32, shape=None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def model(nodes, inputs, outputs, initializers=(), opset: int = 18, ir_version: int = 9, **kw) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), kw.pop("name", "g"), list(inputs), list(outputs), list(initializers))
+    imports = [helper.make_opsetid("", opset)] + kw.pop("extra_opsets", [])
+    m = helper.make_model(graph, opset_imports=imports, **kw)
+    m.ir_version = ir_version
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def weights(shape, seed: int = 0, scale: float = 0.3) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+TEST_POLICY = PolicyTable.from_toml(
+    """
+[[op]]
+op = "MatMul"
+category = "LOW"
+reason = "Tensor Core GEMM"
+[[op]]
+op = "Conv"
+category = "LOW"
+reason = "Tensor Core convolution"
+[[op]]
+op = "Add"
+category = "FOLLOW"
+reason = "elementwise"
+[[op]]
+op = "Mul"
+category = "FOLLOW"
+reason = "elementwise"
+[[op]]
+op = "Tanh"
+category = "FOLLOW"
+reason = "bounded"
+[[op]]
+op = "Softmax"
+category = "HIGH"
+sensitivity = "arithmetic"
+reason = "normalises exponentials"
+[op.fp32_inside]
+cuda = "test: accumulates in FP32"
+[[op]]
+op = "Exp"
+category = "HIGH"
+sensitivity = "range"
+reason = "overflows above 11.09"
+[[op]]
+op = "Log"
+category = "HIGH"
+sensitivity = "range"
+reason = "log of a flushed zero is -inf"
+[[op]]
+op = "Relu"
+category = "PASS"
+reason = "precision neutral"
+[[op]]
+op = "Reshape"
+category = "PASS"
+reason = "data movement"
+[[op]]
+op = "Gather"
+category = "PASS"
+reason = "data movement"
+[[op]]
+op = "Clip"
+category = "PASS"
+reason = "bounds"
+[[op]]
+op = "Where"
+category = "PASS"
+reason = "select"
+[[op]]
+op = "Identity"
+category = "PASS"
+reason = "data movement"
+[[op]]
+op = "If"
+category = "PASS"
+reason = "control flow"
+[[op]]
+op = "Loop"
+category = "PASS"
+reason = "control flow"
+[[op]]
+op = "Shape"
+category = "NONFLOAT"
+reason = "shapes are integers"
+[[op]]
+op = "Cast"
+category = "PASS"
+reason = "conversion"
+dtype_attr = "to"
+[[op]]
+op = "BatchNormalization"
+category = "FOLLOW"
+reason = "affine per channel"
+[[op]]
+op = "LayerNormalization"
+category = "HIGH"
+sensitivity = "arithmetic"
+reason = "mean and variance"
+[op.fp32_inside]
+cuda = "test: accumulates in FP32"
+"""
+)
+
+
+# ------------------------------------------------------------------ models that are hostile to run
+
+
+def loop_forever_model() -> onnx.ModelProto:
+    """x[1] -> Loop(2**62 iterations of y + 1) -> Unsqueeze -> MatMul: valid, and never ends."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["y_in", "one"], ["y_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("y_in", F32, [1])],
+        [vi("c_out", TensorProto.BOOL, []), vi("y_out", F32, [1])],
+        [tensor("one", np.ones(1, np.float32))],
+    )
+    nodes = [
+        helper.make_node("Loop", ["M", "cond", "x"], ["y"], body=body),
+        helper.make_node("Unsqueeze", ["y", "axes"], ["y2"]),
+        helper.make_node("MatMul", ["y2", "w"], ["z"]),
+    ]
+    inits = [
+        tensor("M", np.array(2**62, np.int64)), tensor("cond", np.array(True)),
+        tensor("w", np.ones((1, 1), np.float32)), tensor("axes", np.array([0], np.int64)),
+    ]
+    return model(nodes, [vi("x", F32, [1])], [vi("z", F32, [1, 1])], inits, opset=13, ir_version=8)
+
+
+def huge_constant_model(n: int = 40_000) -> onnx.ModelProto:
+    """x[1] * ReduceSum(ConstantOfShape([n, n])): under 200 bytes, and 4*n*n bytes to run (6.4 GB)."""
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["big"], value=tensor("v", np.ones(1, np.float32))),
+        helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+        helper.make_node("Mul", ["x", "s"], ["y"]),
+    ]
+    inits = [tensor("shape", np.array([n, n], np.int64))]
+    return model(nodes, [vi("x", F32, [1])], [vi("y", F32, [1])], inits, opset=13, ir_version=8)
+
+
+def transpose_cast_matmul_model(source: int = TensorProto.INT32, target: int = F32) -> onnx.ModelProto:
+    """s [5,2,8] -> Transpose(1,0,2) -> Cast(target) -> MatMul(2-D weight): onnxruntime 1.32's CPU
+    provider crashes (SIGSEGV) creating a session of it (MatmulTransposeFusion; see
+    amp_compiler.core.plan.Rule.RUNTIME_TRANSPOSE_MATMUL)."""
+    nodes = [
+        helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0, 2]),
+        helper.make_node("Cast", ["t"], ["c"], to=target),
+        helper.make_node("MatMul", ["c", "w"], ["o"]),
+    ]
+    w = tensor("w", weights((8, 3)).astype(helper.tensor_dtype_to_np_dtype(target)))
+    return model(nodes, [vi("s", source, [5, 2, 8])], [vi("o", target, [2, 5, 3])], [w], opset=17, ir_version=8)
+
+
+def ffn_overflow_model():
+    """A T5-style block whose FFN output reaches ~1e5 on ordinary inputs, RMS-normalised after."""
+    d, h = 64, 256
+    r = np.random.default_rng(1)
+    w_in = (r.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    w1 = (r.standard_normal((d, h)) * 3.0).astype(np.float32)  # hidden ~ 20
+    w2 = (r.standard_normal((h, d)) * 300.0).astype(np.float32)  # output ~ 1e5: beyond FP16
+    w3 = (r.standard_normal((d, d)) / math.sqrt(d)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["a"], name="proj_in"),
+        helper.make_node("MatMul", ["a", "w1"], ["hpre"], name="ffn_in"),
+        helper.make_node("Relu", ["hpre"], ["hid"], name="ffn_relu"),
+        helper.make_node("MatMul", ["hid", "w2"], ["y"], name="ffn_out"),
+        helper.make_node("Mul", ["y", "y"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1, name="mean_square"),
+        helper.make_node("Sqrt", ["ms"], ["rms"], name="rms"),
+        helper.make_node("Div", ["y", "rms"], ["normed"], name="normalise"),
+        helper.make_node("MatMul", ["normed", "w3"], ["out"], name="proj_out"),
+    ]
+    inits = [tensor("w_in", w_in), tensor("w1", w1), tensor("w2", w2), tensor("w3", w3),
+             tensor("axes", np.array([-1], np.int64))]
+    return model(nodes, [vi("x", F32, [8, d])], [vi("out", F32, [8, d])], inits)
