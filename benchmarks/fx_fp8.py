@@ -7,7 +7,7 @@ compared with FP32 on an input outside the samples (relative L2 of the worst out
 GEMMs chosen among the candidates, the FP8 share of FLOPs, parameter bytes, and the conversion's
 wall time. ``--training``: test_fx_training's CNN (60 steps) and transformer (200 steps) tasks in
 FP32, FP16 and FP8: the mean loss of the last 20 steps and the held-out loss. Numbers only, for
-README; the tests assert the bounds.
+benchmarks/RESULTS.md; the tests assert the bounds.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Paint: decide every vertex's precision from its role, by propagation (TensorFlow AMP's painting).
 
-Steps (TensorFlow's auto_mixed_precision painting, with the refinements README's "How decisions are
-made" describes):
+Steps (TensorFlow's auto_mixed_precision painting, with the refinements ARCHITECTURE.md's "How decisions
+are made" describes):
 1. ALLOW vertices start low precision.
 2. DENY spreads forward through INFER vertices, and through CLEAR vertices that lead to a DENY or
    INFER vertex, stopping at ALLOW vertices: an Add fed by Exp stays FP32.

@@ -1,6 +1,6 @@
 """The FX path's per-layer FP8 choice: the ONNX path's statistics, measured by running the FP32 graph.
 
-The same three steps as :mod:`amp_compiler.onnx.fp8.steps` (see README, "--target fp8"), on the calibration
+The same three steps as :mod:`amp_compiler.onnx.fp8.steps` (see docs/fp8.md), on the calibration
 samples, with a ``torch.fx.Interpreter`` over the FP32 graph instead of onnxruntime probes:
 
 1. scales: the amax of every activation operand (one run per sample);

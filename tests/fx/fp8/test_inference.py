@@ -183,7 +183,7 @@ def _catalog(name):
 @pytest.mark.parametrize("name", ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"])
 def test_catalog_models_in_fp8_stay_within_the_budget_of_fp32(name):
     """On an input outside the calibration samples each output's relative L2 error against FP32 is
-    within the default budget (10%); measured 0.2-5% (README). Matrix products are FP8 or say why
+    within the default budget (10%); measured 0.2-5% (benchmarks/RESULTS.md). Matrix products are FP8 or say why
     not, convolutions stay FP16 with the table's reason, parameters shrink at least as in FP16."""
     from tests.support.fx_helpers import cosine
 
