@@ -13,14 +13,10 @@ benchmarks/RESULTS.md; the tests assert the bounds.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 SMALL = ["resnet50-small", "mobilenetv2-small", "bert-base-small", "gpt2-small"]
 
@@ -31,16 +27,14 @@ def _rel(ref: tuple, out) -> float:
 
 
 def inference(names: list[str]) -> None:
-    from test_fx_models import build
-
     import amp_compiler.fx as ampfx
     from models.architectures import ARCHS, to_torch
 
     print("| model | FP16 rel L2 | FP8 rel L2 | FP8 GEMMs | FP8 FLOPs | params FP32 -> FP16 / FP8 | FP8 convert |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
-        module, inputs, ref = build(name)
         arch = next(a for a in ARCHS if a.name == name)
+        module, inputs, ref = arch.torch_example()
         cal = [tuple(to_torch(arch.make_inputs(np.random.default_rng(2000 + k))).values()) for k in range(4)]
         fp16 = ampfx.convert(module, inputs, target="fp16")
         start = time.perf_counter()

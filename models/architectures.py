@@ -401,6 +401,20 @@ class Arch:
         realistic_init(model, SEED)
         return _wrap(self.forward, model.eval())
 
+    def torch_example(self) -> tuple:
+        """(the eval-mode module taking positional inputs, example inputs as a tuple, its FP32 outputs
+        as a tuple), BatchNorm statistics re-estimated on the calibration batches as the ONNX build
+        does: what the FX path's tests and benchmarks convert."""
+        import torch
+
+        module = positional_module(self.torch_module(), list(self.inputs))
+        batches = [to_torch(self.make_inputs(np.random.default_rng(1000 + i))) for i in range(4)]
+        reestimate_batchnorm(module, batches)
+        inputs = tuple(to_torch(self.make_inputs(np.random.default_rng(0))).values())
+        with torch.no_grad():
+            ref = module(*inputs)
+        return module.eval(), inputs, ref if isinstance(ref, tuple) else (ref,)
+
     def build(self, cache: Path) -> onnx.ModelProto:
         path = Path(cache) / f"{self.name}.{self.key()}.onnx"
         return cached(path, self._export)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import amp_compiler.fx as ampfx
-from models.architectures import ARCHS, positional_module, reestimate_batchnorm, to_torch
+from models.architectures import ARCHS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -46,15 +45,9 @@ class CNN(torch.nn.Module):
 
 @functools.cache
 def build(name: str):
-    """(eval-mode module taking positional inputs, example inputs as a tuple, FP32 outputs)."""
-    arch = next(a for a in ARCHS if a.name == name)
-    module = positional_module(arch.torch_module(), list(arch.inputs))
-    batches = [to_torch(arch.make_inputs(np.random.default_rng(1000 + i))) for i in range(4)]
-    reestimate_batchnorm(module, batches)
-    inputs = tuple(to_torch(arch.make_inputs(np.random.default_rng(0))).values())
-    with torch.no_grad():
-        ref = module(*inputs)
-    return module.eval(), inputs, ref if isinstance(ref, tuple) else (ref,)
+    """(eval-mode module taking positional inputs, example inputs as a tuple, FP32 outputs) of the
+    catalog architecture ``name``, built once per test session."""
+    return next(a for a in ARCHS if a.name == name).torch_example()
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
