@@ -113,7 +113,7 @@ def convert(
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
-        defer_ir_tensors(ir_model, locations)
+        defer_ir_tensors(ir_model, locations, inline=source.inline)
 
     # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
     fp8_plan = None
