@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from amp_compiler.core.decision import allow_message
 from amp_compiler.errors import (
     ModelCrashError,
     ModelRefusedError,
@@ -121,6 +122,9 @@ def _analyze(
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
     warnings: list[str] = []
+    allowed = allow_message(result.decisions, result.allowed, options.low_target.value)
+    if allowed:
+        warnings.append(allowed)
     if result.warnings:
         warnings.append(
             "overflows that depend on an input's scale (--input-range NAME:LO,HI keeps them FP32): "
