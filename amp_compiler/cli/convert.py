@@ -63,7 +63,9 @@ class ConvertCommand(Command):
             )
         # onnxruntime's child process starts now: importing it overlaps the conversion.
         runner = self.running.runner() if explain or load_checked else None
-        with runner or contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if runner is not None:
+                stack.enter_context(runner)
             # Large external-data weights stay on disk (validated), read one at a time by the conversion.
             # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).
             loaded = files.load_deferred(check=explain)
@@ -75,6 +77,9 @@ class ConvertCommand(Command):
             if analysis:
                 self.report.write(analysis.report, files.source)
 
+            if runner is not None and not runner.alive:  # the accuracy run went over the budget or crashed it
+                runner = self.running.runner()
+                stack.enter_context(runner)
             check = OutputLoadCheck(files.source, self.running.budget, runner) if load_checked and runner else None
             if check is not None:
                 check.start(result)  # the pieces of an in-memory output load while it is written
