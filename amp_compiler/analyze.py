@@ -4,10 +4,15 @@
     -> output accuracy (on the samples, or on random inputs) -> PrecisionReport
 
 Every run of the model goes through one :class:`~amp_compiler.runtime.runner.Runner` (default: a child
-process with the default :class:`~amp_compiler.runtime.runner.RunBudget`): a model that overruns it, or
-crashes onnxruntime, stops the analysis with a user error. A model onnxruntime refuses (custom
-ops, missing kernels) gets its report without accuracy, and a warning; unless the caller fixed
-input shapes, which then are what the model does not run with.
+process with the default :class:`~amp_compiler.runtime.runner.RunBudget`). Runs the conversion
+needs (calibration, ``--tolerance``) stop the analysis with a user error when the model overruns
+the budget, crashes onnxruntime or is refused. The accuracy run only measures: whatever stops it
+(the budget, a crash, onnxruntime refusing the model or its inputs) leaves the report written with
+the accuracy not measured and the reason (``Summary.accuracy_not_measured``, and a warning). Two
+cases are the options' fault, one line each: input shapes the caller fixed that the model does not
+run with, and shapes whose random inputs would not fit in memory. Without data, the inputs are
+random at dims the model runs with (:mod:`amp_compiler.onnx.measure.generated_inputs`: 1 first,
+then typical sizes), and the report says which.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from amp_compiler.core.decision import allow_message
 from amp_compiler.errors import (
     ModelCrashError,
     ModelRefusedError,
@@ -30,6 +36,7 @@ from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import compare
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
 from amp_compiler.onnx.tolerance.refine import Refinement, measure, refine
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
@@ -37,7 +44,8 @@ from amp_compiler.policy import PolicyTable
 from amp_compiler.report.build import build_report
 from amp_compiler.report.model import PrecisionReport
 from amp_compiler.runtime.runner import Runner, default_runner
-from amp_compiler.runtime.samples import load_samples, random_samples
+from amp_compiler.runtime.samples import MAX_SAMPLE_BYTES, SampleSizeError, load_samples, sample_bytes
+from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
 
 
@@ -49,16 +57,16 @@ class Analysis:
 
 
 def _accuracy(
-    fp32: onnx.ModelProto, converted: onnx.ModelProto, target: Target, samples: list, runner: Runner
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list, runner: Runner,
+    refs: list[list[np.ndarray]] | None = None,
 ) -> list:
-    reference = runner.load(fp32)
+    """Each float output's accuracy on ``samples`` (``refs``: the FP32 outputs, when already run)."""
+    if refs is None:
+        reference = runner.load(fp32)
+        refs = [reference.run(sample) for sample in samples]
+        reference.close()
     mixed = runner.load(emulate(converted))  # exact FP16/BF16 storage, whatever the CPU kernels do
-    refs: list[list[np.ndarray]] = []
-    gots: list[list[np.ndarray]] = []
-    for sample in samples:
-        refs.append(reference.run(sample))
-        gots.append(mixed.run(sample))
-    reference.close()
+    gots = [mixed.run(sample) for sample in samples]
     mixed.close()
     out = []
     for k, info in enumerate(fp32.graph.output):
@@ -121,26 +129,22 @@ def _analyze(
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
     warnings: list[str] = []
+    allowed = allow_message(result.decisions, result.allowed, options.low_target.value)
+    if allowed:
+        warnings.append(allowed)
     if result.warnings:
         warnings.append(
             "overflows that depend on an input's scale (--input-range NAME:LO,HI keeps them FP32): "
             + "; ".join(result.warnings)
         )
-    try:
-        eval_samples = samples or random_samples(model, shapes)
-        accuracy = _accuracy(model, result.model, options.target, eval_samples, runner)
-        if not samples:
-            warnings.append("output accuracy measured on random inputs: pass --calibration-data for real ones")
-    except (RunBudgetError, ModelCrashError):
-        raise
-    except ModelRunError as exc:  # the model does not run here (custom ops, missing kernels, or the shapes)
-        if result.input_shapes and not samples and not isinstance(exc, (ModelRefusedError, ModelUnsupportedError)):
-            given = " ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in options.input_shapes)
-            raise OptionError(
-                f"{given}: the model does not run with these shapes ({exc})", option="input_shapes"
-            ) from None
-        accuracy = []
-        warnings.append(f"output accuracy not measured: {exc}")
+    accuracy, not_measured, generated = _measure_accuracy(model, result, samples, options, runner)
+    if not_measured:
+        warnings.append(f"output accuracy not measured: {not_measured}")
+    elif not samples:
+        used = f" (dynamic dims: {generated.describe()})" if generated is not None and generated.dims else ""
+        warnings.append(f"output accuracy measured on random inputs{used}: pass --calibration-data for real ones")
+    if generated is not None and generated.refused:  # costs at the sizes the model runs with, not 1
+        shapes = {k: v.shape for k, v in generated.samples[0].items()}
     report = build_report(
         model,
         result,
@@ -155,5 +159,40 @@ def _analyze(
         tolerance=tolerance,
         warnings=warnings,
         policy=policy,
+        accuracy_not_measured=not_measured,
+        generated_dims=generated.dims if generated is not None else None,
     )
     return Analysis(result, report, refinement)
+
+
+def _measure_accuracy(
+    model: onnx.ModelProto, result: ConversionResult, samples: list, options: ConvertOptions, runner: Runner,
+) -> tuple[list, str, Generated | None]:
+    """(each float output's accuracy, why it was not measured ("" when it was), how random inputs
+    were made (None: the samples were given)). See the module doc for what is an error instead."""
+    given = result.input_shapes
+    if given and not samples and sample_bytes(model, given) > MAX_SAMPLE_BYTES:
+        raise OptionError(
+            f"{_shapes_text(options)}: random inputs of these shapes take {format_bytes(sample_bytes(model, given))}, "
+            f"more than the {format_bytes(MAX_SAMPLE_BYTES)} generated or calibration inputs may take",
+            option="input_shapes",
+        )
+    generated = None
+    try:
+        if samples:
+            return _accuracy(model, result.model, samples, runner), "", None
+        generated = runnable_inputs(model, runner, given)
+        return _accuracy(model, result.model, generated.samples, runner, generated.outputs), "", generated
+    except ModelRunError as exc:
+        shapes_fault = not isinstance(exc, (ModelRefusedError, ModelUnsupportedError, RunBudgetError, ModelCrashError))
+        if given and not samples and shapes_fault and generated is None:
+            raise OptionError(
+                f"{_shapes_text(options)}: the model does not run with these shapes ({exc})", option="input_shapes"
+            ) from None
+        return [], str(exc), generated
+    except SampleSizeError as exc:  # the model's own dims
+        return [], str(exc), None
+
+
+def _shapes_text(options: ConvertOptions) -> str:
+    return " ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in options.input_shapes)

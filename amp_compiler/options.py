@@ -18,16 +18,24 @@ from amp_compiler.targets import Provider, Target
 class ConvertOptions:
     """What to convert to and what to leave alone.
 
+    ``keep_io_types``: True keeps every graph input and output in its type, False lets each take the
+    low-precision type, names (``("logits",)``) keep those and let the others take it.
     ``block_ops``: op types kept in FP32. ``block_nodes``: regular expressions searched in node
-    names; matching nodes are kept in FP32. A blocked node wins over the policy table; a dtype fixed
-    by the schema or the model wins over both.
+    names; matching nodes are kept in FP32. ``allow_ops``/``allow_nodes``: the same, for nodes forced
+    into low precision against the policy (rule ``user.allow``). Precedence, highest first: a dtype
+    fixed by the schema or the model > ``block_nodes`` > ``allow_nodes`` > ``block_ops`` >
+    ``allow_ops`` > the policy table; a forced node still stays FP32 where low precision cannot run
+    (no kernel on the provider) or cannot hold its values (constants or ranges beyond the target's)
+    (:mod:`amp_compiler.passes.analysis.classify`).
     """
 
     target: Target = Target.FP16
     provider: Provider = Provider.CUDA
-    keep_io_types: bool = True
+    keep_io_types: bool | tuple[str, ...] = True
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[str, ...] = ()
+    allow_ops: frozenset[str] = frozenset()
+    allow_nodes: tuple[str, ...] = ()
     # Nodes kept FP32 by the --tolerance refinement, and nodes it keeps in low precision (what it
     # measured them at): (position in node_order(), reason).
     pinned_nodes: tuple[tuple[int, str], ...] = ()
@@ -66,6 +74,10 @@ class ConvertOptions:
     # why), ...), instead of the choice by their statistics and fp8_budget; None: that choice.
     fp8_nodes: tuple[tuple[int, str], ...] | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.keep_io_types, bool):  # names, given as any iterable of them
+            object.__setattr__(self, "keep_io_types", keep_io_names(self.keep_io_types))
+
     @property
     def low_target(self) -> Target:
         """The target the FP16/BF16 pipeline converts to: ``target``, or for FP8 its fallback."""
@@ -91,9 +103,10 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
         values["fallback"] = Target.parse(values["fallback"], option="fallback")
     if isinstance(values.get("provider"), str):
         values["provider"] = Provider.parse(values["provider"])
-    if "block_ops" in values:
-        values["block_ops"] = frozenset(values["block_ops"])
-    for key in ("block_nodes", "pinned_nodes", "kept_nodes", "fp8_nodes"):
+    for key in ("block_ops", "allow_ops"):
+        if key in values:
+            values[key] = frozenset(values[key])
+    for key in ("block_nodes", "allow_nodes", "pinned_nodes", "kept_nodes", "fp8_nodes"):
         if key in values:
             values[key] = tuple(values[key])
     for key in ("input_shapes", "input_ranges"):
@@ -125,12 +138,47 @@ def check_fallback(opts: ConvertOptions) -> None:
                           option="fallback")
 
 
-def check_block_ops(ops: Iterable[str], policy: PolicyTable) -> None:
-    """Raise :class:`OptionError` for op types that neither the policy table nor the ONNX schemas know."""
+def keep_io_names(names: Iterable[str]) -> tuple[str, ...]:
+    """``keep_io_types`` given as names: a tuple of them (a bare string is refused: it would be read as
+    its letters)."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise OptionError(
+            f"expected True, False or a list of graph input/output names, got {names!r}", option="keep_io_types"
+        )
+    return tuple(names)
+
+
+def check_keep_io_types(keep: bool | tuple[str, ...], inputs: Iterable[str], outputs: Iterable[str]) -> None:
+    """Raise :class:`OptionError` for names ``keep_io_types`` gives that are no graph input or output
+    of the model (``inputs``, ``outputs``: the main graph's)."""
+    if isinstance(keep, bool):
+        return
+    inputs, outputs = list(inputs), list(outputs)
+    unknown = [name for name in keep if name not in inputs and name not in outputs]
+    if unknown:
+        raise OptionError(
+            f"{', '.join(unknown)}: not a graph input or output of the model "
+            f"(inputs: {', '.join(inputs) or 'none'}; outputs: {', '.join(outputs) or 'none'})",
+            option="keep_io_types",
+        )
+
+
+def check_block_ops(ops: Iterable[str], policy: PolicyTable, option: str = "block_ops") -> None:
+    """Raise :class:`OptionError` for op types that neither the policy table nor the ONNX schemas know
+    (``option``: the API keyword that gives them)."""
     known = policy.op_names()
     unknown = sorted(op for op in ops if op not in known and not schemas.lookup("", op, 100))
     if unknown:
-        raise OptionError(f"unknown op type(s): {', '.join(unknown)}", option="block_ops")
+        raise OptionError(f"unknown op type(s): {', '.join(unknown)}", option=option)
+
+
+def check_allow_ops(opts: ConvertOptions, policy: PolicyTable) -> None:
+    """Raise :class:`OptionError` for ``allow_ops`` that are unknown op types or blocked too."""
+    check_block_ops(opts.allow_ops, policy, option="allow_ops")
+    both = sorted(opts.allow_ops & opts.block_ops)
+    if both:
+        raise OptionError(f"{', '.join(both)}: blocked too; an op type is either blocked or allowed",
+                          option="allow_ops")
 
 
 def check_input_ranges(graph_inputs: Mapping[str, bool], ranges: Mapping[str, tuple[float, float]]) -> None:

@@ -63,7 +63,9 @@ class ConvertCommand(Command):
             )
         # onnxruntime's child process starts now: importing it overlaps the conversion.
         runner = self.running.runner() if explain or load_checked else None
-        with runner or contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if runner is not None:
+                stack.enter_context(runner)
             # Large external-data weights stay on disk (validated), read one at a time by the conversion.
             # A plain conversion checks the model itself, while it builds the IR (in parallel for large ones).
             loaded = files.load_deferred(check=explain)
@@ -75,6 +77,9 @@ class ConvertCommand(Command):
             if analysis:
                 self.report.write(analysis.report, files.source)
 
+            if runner is not None and not runner.alive:  # the accuracy run went over the budget or crashed it
+                runner = self.running.runner()
+                stack.enter_context(runner)
             check = OutputLoadCheck(files.source, self.running.budget, runner) if load_checked and runner else None
             if check is not None:
                 check.start(result)  # the pieces of an in-memory output load while it is written
@@ -92,8 +97,9 @@ class ConvertCommand(Command):
 def summary_line(result: ConversionResult, input_files: list[Path], output_files: list[Path], seconds: float) -> str:
     """One line: where the model went, its nodes by precision, Tensor Core ops, Casts (inserted, and the
     input's that became unnecessary), the size (model file plus external data files, before and after),
-    a warning counting the nodes left as they are for want of an element type, and the first overflow
-    that depends on an input's scale, if any."""
+    a warning counting the nodes left as they are for want of an element type, what ``--allow-op``/
+    ``--allow-node`` forced, and the first overflow that depends on an input's scale, if any."""
+    from amp_compiler.core.decision import allow_message
     from amp_compiler.core.plan import Rule
     from amp_compiler.onnx.fp8.steps import fp8_flop_share
     from amp_compiler.policy import default_table
@@ -108,6 +114,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     by_precision = Counter(d.precision for d in decisions if d.rule != Rule.LOWERING_CAST.value)
     size_in = sum(Path(f).stat().st_size for f in input_files)
     size_out = sum(Path(f).stat().st_size for f in output_files)
+    allowed = allow_message(decisions, result.allowed, result.options.low_target.value)
     return (
         f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
@@ -120,6 +127,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
             f" | WARNING: {len(result.untyped_nodes)} node(s) of unknown element type left as they are"
             " (--strict refuses them)" if result.untyped_nodes else ""
         )
+        + (f" | warning: {allowed}" if allowed else "")
         + overflow_note(result.warnings)
     )
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from amp_compiler.core.plan import Rule
 
-__all__ = ["NodeDecision", "untyped_message", "untyped_nodes"]
+__all__ = ["NodeDecision", "allow_message", "untyped_message", "untyped_nodes"]
 
 
 @dataclasses.dataclass(slots=True)  # no __dict__: a conversion makes one per node
@@ -51,3 +51,32 @@ def untyped_message(untyped: Sequence[str]) -> str:
         f"{len(untyped)} node(s) left as they are because the element type of a tensor of theirs is "
         f"unknown (neither shape inference nor an op schema gives it): {shown}"
     )
+
+
+def allow_message(decisions: Iterable[NodeDecision], allowed: Iterable[int], low: str) -> str | None:
+    """One line about the nodes ``--allow-op``/``--allow-node`` force into ``low`` precision (``allowed``:
+    their positions): how many went low whatever the policy says, and those that stayed FP32 all the same
+    (low precision cannot run them or hold their values) with their rule ids; None when there are none.
+    Nodes without float data are left out: nothing to force."""
+    picked = set(allowed)
+    mine = [d for d in decisions if d.index is not None and d.index in picked and d.precision != "none"]
+    if not mine:
+        return None
+    forced = [d for d in mine if d.rule == Rule.USER_ALLOW.value]
+    kept = [d for d in mine if d.rule != Rule.USER_ALLOW.value]
+
+    def shown(ds: Sequence[NodeDecision], rules: bool) -> str:
+        names = [_short(d.node or d.op_type) + (f": {d.rule}" if rules else "") for d in ds[:3]]
+        return ", ".join(names) + (", ..." if len(ds) > 3 else "")
+
+    text = f"--allow-op/--allow-node forced {len(forced)} node(s) into {low} whatever the policy says"
+    text += f" ({shown(forced, False)})" if forced else ""
+    if kept:
+        text += f"; {len(kept)} kept out of {low} all the same ({shown(kept, True)})"
+    return text
+
+
+def _short(name: str, limit: int = 40) -> str:
+    """A node name for a one-line message: quoted, control characters escaped, long ones shortened."""
+    text = repr(name)
+    return text if len(text) <= limit else f"{text[: limit - 4]}...{text[-1]}"

@@ -36,6 +36,7 @@ class Rule(enum.Enum):
     UNKNOWN_OP = "policy.unknown-op"
     USER_BLOCK_OP = "user.block-op"
     USER_BLOCK_NODE = "user.block-node"
+    USER_ALLOW = "user.allow"  # forced low by --allow-op/--allow-node, against the policy
     CONSTANT_OVERFLOW = "constant.overflow"
     CONSTANT_UNDERFLOW = "constant.underflow"
     CONSTANT_MASK = "constant.mask-lowest"

@@ -49,12 +49,14 @@ from amp_compiler.onnx.write.output import output_proto as _output_proto
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import (
     ConvertOptions,
+    check_allow_ops,
     check_block_ops,
     check_fallback,
     check_fp8_options,
+    check_keep_io_types,
     resolve_options,
 )
-from amp_compiler.passes.analysis import compile_patterns
+from amp_compiler.passes.analysis import UserChoices, compile_patterns
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass
@@ -97,7 +99,9 @@ def convert(
     opts = resolve_options(options, overrides)
     policy = policy or default_table()
     check_block_ops(opts.block_ops, policy)
+    check_allow_ops(opts, policy)
     patterns = compile_patterns(opts.block_nodes)
+    allow_patterns = compile_patterns(opts.allow_nodes, option="allow_nodes")
     check_placement(opts.placement)
     check_fallback(opts)
     fp8 = opts.target is Target.FP8
@@ -110,10 +114,11 @@ def convert(
     proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])
     if fp8:
         proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
+    check_keep_io_types(opts.keep_io_types, (i.name for i in proto.graph.input), (o.name for o in proto.graph.output))
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
-        defer_ir_tensors(ir_model, locations)
+        defer_ir_tensors(ir_model, locations, inline=source.inline)
 
     # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
     fp8_plan = None
@@ -136,7 +141,7 @@ def convert(
     if unshaped and not foreign_ops(proto).nodes:
         unshaped = set()  # onnx's inference had its say: symbolic inference adds nothing worth its time
     settings = AnalysisSettings(
-        target, opts.provider, opts.block_ops, patterns,
+        target, opts.provider, opts.block_ops, patterns, opts.allow_ops, allow_patterns,
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         kept={nodes[i]: why for i, why in opts.kept_nodes if i < len(nodes)},
         ranges=ranges,
@@ -148,6 +153,9 @@ def convert(
         ),
     )
     plan = plan_precisions(graph, settings)
+    user = UserChoices(opts.block_ops, patterns, opts.allow_ops, allow_patterns)
+    allowed = tuple(i for i, n in enumerate(nodes) if user.allows(n.op_type, n.name or "")) if (
+        opts.allow_ops or opts.allow_nodes) else ()
     unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
     warnings = overflow_warnings(ir_model, graph, plan, target, unranged)
 
@@ -177,7 +185,7 @@ def convert(
         None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
-        input_shapes=shapes, warnings=warnings, value_types=types,
+        input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
     )
 
 

@@ -47,9 +47,13 @@ def build_report(
     tolerance: float | None = None,
     warnings: list[str] | None = None,
     policy: PolicyTable | None = None,
+    accuracy_not_measured: str = "",
+    generated_dims: dict[str, int] | None = None,
 ) -> PrecisionReport:
     """One NodeReport per node of the converted model, with costs, casts, ranges and errors
-    (``policy``: the table the conversion used, which says which ops are Tensor Core ops)."""
+    (``policy``: the table the conversion used, which says which ops are Tensor Core ops).
+    ``accuracy_not_measured``: why there is no accuracy ("" when measured); ``generated_dims``: the
+    values the random inputs' dynamic dims took."""
     costs = estimate(result.model, input_shapes, policy)
     ranges = ranges or {}
     node_errors = node_errors or {}
@@ -120,6 +124,8 @@ def build_report(
         pinned_by_tolerance=pinned,
         tolerance=tolerance,
         untyped_nodes=len(result.untyped_nodes),
+        accuracy_not_measured=accuracy_not_measured,
+        generated_dims=dict(generated_dims or {}),
     )
     notes = list(warnings or [])
     if result.untyped_nodes:

@@ -260,6 +260,8 @@ def summary_parts(report: PrecisionReport) -> list[str]:
     if worst_cos is not None and worst_err is not None:
         parts.append(f"worst output cosine {cosine_str(worst_cos.cosine)}")
         parts.append(f"max abs error {sci(worst_err.max_abs_error)}")
+    elif s.accuracy_not_measured:
+        parts.append("output accuracy not measured")
     if s.calibration_samples:
         parts.append(f"{s.calibration_samples} calibration sample{'' if s.calibration_samples == 1 else 's'}")
     if s.model_runs:

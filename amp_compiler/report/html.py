@@ -82,7 +82,8 @@ def _cards(report: PrecisionReport) -> str:
     cards.append(_card("Model size", _sizes(s.size_before, s.size_after), change, "small"))
     worst_cos, worst_err, nonfinite = worst_accuracy(report)
     if worst_cos is None or worst_err is None:
-        cards.append(_card("Output accuracy", "-", "not measured"))
+        cards.append(_card("Output accuracy", "-", "not measured" + (
+            f": {e(s.accuracy_not_measured)}" if s.accuracy_not_measured else "")))
     else:
         sub = f"max abs error {sci(worst_err.max_abs_error)} ({e(worst_err.name)}), " \
               f"{sci(worst_err.error_of_range)} of its range; {len(s.accuracy)} output(s)"

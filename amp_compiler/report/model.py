@@ -65,6 +65,12 @@ class Summary:
     # Nodes left as they are because an element type of theirs is unknown (their FLOPs are not low
     # precision): a warning.
     untyped_nodes: int = 0
+    # Why the output accuracy was not measured ("" when it was): what stopped its run (the run budget,
+    # a crash, onnxruntime refusing the model or its inputs).
+    accuracy_not_measured: str = ""
+    # The values the dynamic dims of the random inputs took (empty with calibration data, or when no
+    # input dim is dynamic): amp_compiler.onnx.measure.generated_inputs.
+    generated_dims: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def low_flops_share(self) -> float:

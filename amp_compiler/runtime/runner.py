@@ -209,6 +209,12 @@ class ChildRunner(Runner):
             self._kill()
         self.close()
 
+    @property
+    def alive(self) -> bool:
+        """False once a load or run went over the time budget or crashed the child: every later
+        request raises that error again (start another runner to go on)."""
+        return self._alive()
+
     def close(self) -> None:
         if self._proc.poll() is None:
             try:

@@ -35,6 +35,10 @@ class CalibrationDataError(AmpUserError):
     """Calibration data that is missing, unreadable or does not match the model's inputs."""
 
 
+class SampleSizeError(AmpUserError):
+    """Generated inputs would hold more than samples may (their shapes were given too large)."""
+
+
 def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Graph inputs that must be fed (initializers listed as inputs are optional)."""
     inits = {i.name for i in model.graph.initializer}
@@ -176,23 +180,48 @@ def load_samples(
     return samples
 
 
+def input_shape(info: onnx.ValueInfoProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[int, ...]:
+    """The shape a generated input takes: ``input_shapes``' entry, else the model's dims with each
+    dynamic one taken as 1."""
+    given = (input_shapes or {}).get(info.name)
+    if given is not None:
+        return tuple(given)
+    dims = info.type.tensor_type.shape.dim
+    return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in dims)
+
+
+def sample_bytes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> int:
+    """The bytes one generated sample of ``model`` holds (shapes as :func:`input_shape` gives them)."""
+    total = 0
+    for info in model_inputs(model):
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)).itemsize
+        total += math.prod(input_shape(info, input_shapes)) * itemsize
+    return total
+
+
 def random_samples(
-    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, n: int = 1, seed: int = 0
+    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, n: int = 1, seed: int = 0,
+    *, max_bytes: int = MAX_SAMPLE_BYTES,
 ) -> list[dict[str, np.ndarray]]:
     """Inputs for a model when no data is given: floats ~ N(0, 1), integers 1, booleans True.
 
     Dynamic dims take ``input_shapes`` (bound: :func:`amp_compiler.onnx.costs.costs.bind_input_shapes`) or 1.
+    Samples that would hold more than ``max_bytes`` together are refused (:class:`SampleSizeError`)
+    before anything is allocated.
     """
+    total = sample_bytes(model, input_shapes) * n
+    if total > max_bytes:
+        raise SampleSizeError(
+            f"random inputs of these shapes take {format_bytes(total)}, more than the {format_bytes(max_bytes)} "
+            "generated or calibration inputs may take"
+        )
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         sample = {}
         for info in model_inputs(model):
-            tt = info.type.tensor_type
-            shape = (input_shapes or {}).get(info.name) or tuple(
-                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim
-            )
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            shape = input_shape(info, input_shapes)
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
             if np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.standard_normal(shape).astype(dtype)
             else:

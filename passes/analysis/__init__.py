@@ -14,7 +14,7 @@ the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPa
 
 from amp_compiler.passes.analysis.base import AnalysisPass
 from amp_compiler.passes.analysis.calibration import CalibrationRangePass
-from amp_compiler.passes.analysis.classify import ClassifyPass, compile_patterns
+from amp_compiler.passes.analysis.classify import ClassifyPass, UserChoices, compile_patterns
 from amp_compiler.passes.analysis.constants import ConstantRangePass
 from amp_compiler.passes.analysis.coverage import KernelCoveragePass
 from amp_compiler.passes.analysis.hazards import RuntimeHazardPass
@@ -38,5 +38,6 @@ __all__ = [
     "SignalPathPass",
     "StaticRangePass",
     "TolerancePinPass",
+    "UserChoices",
     "compile_patterns",
 ]

@@ -13,12 +13,13 @@ units stay low. The conversion it then makes must be the configuration it measur
   otherwise send a cheap op between two pinned nodes back to FP32 (PP-OCRv4's recogniser: 111 nodes
   the probe measured low went FP32, and the result landed at half its tolerance).
 
-User blocks come first (a blocked node is DENY already and keeps that rule), and the passes after
-this one still keep FP32 what ranges rule out (unrepresentable constants, observed overflow).
+User blocks come first (a blocked node is DENY already and keeps that rule), so do user allows (a
+node forced low keeps ``user.allow``; the refinement never offers one as a unit), and the passes
+after this one still keep FP32 what ranges rule out (unrepresentable constants, observed overflow).
 
-Guarantees (checked by ``ensures``): only free vertices of pinned or kept nodes change, to FIXED with
-``tolerance.pinned`` or to ALLOW with ``tolerance.kept-low``, with the refinement's reason; every
-free vertex of such a node changes.
+Guarantees (checked by ``ensures``): only free vertices of pinned or kept nodes change, to FIXED
+with ``tolerance.pinned`` or to ALLOW with ``tolerance.kept-low``, with the refinement's reason;
+every free vertex of such a node changes, except those the user forced low.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Hashable, Mapping
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require, require_roles
+from amp_compiler.passes.analysis.classify import user_allowed
 
 _FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
@@ -45,7 +47,7 @@ class TolerancePinPass(AnalysisPass):
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         for vertex in graph.vertices:
             choice = self._choice(vertex)
-            if choice is not None and plan.roles[vertex.id] in _FREE:
+            if choice is not None and plan.roles[vertex.id] in _FREE and not user_allowed(plan, vertex.id):
                 role, rule, why = choice
                 plan.set_role(vertex.id, role, rule, why)
 
@@ -61,7 +63,7 @@ class TolerancePinPass(AnalysisPass):
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
         def as_chosen(vertex: Vertex) -> bool:
             choice = self._choice(vertex)
-            if choice is None or before.roles[vertex.id] not in _FREE:
+            if choice is None or before.roles[vertex.id] not in _FREE or user_allowed(before, vertex.id):
                 return plan.roles[vertex.id] is before.roles[vertex.id] and (
                     plan.role_rules[vertex.id] == before.role_rules[vertex.id])
             role, rule, _ = choice

@@ -56,18 +56,21 @@ def check_placement(placement: str) -> None:
 class AnalysisSettings:
     """What the analysis passes need beyond the graph.
 
-    ``block_nodes``: compiled patterns (:func:`~amp_compiler.passes.compile_patterns`). ``pinned``/``kept``:
-    ops the ``--tolerance`` refinement keeps FP32 / low precision, with why. ``ranges``: calibration ranges by
-    tensor name. ``elements``: element counts by tensor name for the cast costs, where the model's
-    dims are dynamic. ``kernel_coverage``: whether ops without a low-precision kernel on the
-    provider stay FP32 (ONNX models: the lookup reads ONNX schemas). ``runtime_hazards``: whether
-    op patterns onnxruntime crashes on once a Cast sits inside them stay FP32 (ONNX models).
+    ``block_nodes``, ``allow_nodes``: compiled patterns (:func:`~amp_compiler.passes.compile_patterns`).
+    ``pinned``/``kept``: ops the ``--tolerance`` refinement keeps FP32 / low precision, with why.
+    ``ranges``: calibration ranges by tensor name. ``elements``: element counts by tensor name for
+    the cast costs, where the model's dims are dynamic. ``kernel_coverage``: whether ops without a
+    low-precision kernel on the provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
+    ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them stay
+    FP32 (ONNX models).
     """
 
     target: Target
     provider: Provider = Provider.CUDA
     block_ops: frozenset[str] = frozenset()
     block_nodes: tuple[re.Pattern, ...] = ()
+    allow_ops: frozenset[str] = frozenset()
+    allow_nodes: tuple[re.Pattern, ...] = ()
     pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     kept: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     ranges: Mapping[str, TensorRange] | None = None
@@ -82,7 +85,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     """The analysis passes for ``settings``, in the order they run."""
     check_placement(settings.placement)
     passes: list[AnalysisPass] = [
-        ClassifyPass(settings.provider, settings.block_ops, settings.block_nodes)
+        ClassifyPass(settings.provider, settings.block_ops, settings.block_nodes, settings.allow_ops,
+                     settings.allow_nodes)
     ]
     if settings.pinned or settings.kept:
         passes.append(TolerancePinPass(settings.pinned, settings.kept))

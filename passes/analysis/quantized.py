@@ -16,8 +16,9 @@ quantizer kept FP32 as much as without; only the whole island in FP32 leaves the
 - what a quantizer's float outputs (its scale) feed stays FP32 (rule ``quantized.scale``): scale
   products of 1e-5 and below are FP16 subnormals, and the int32 results they rescale exceed 65504.
 
-Guarantees (checked by ``ensures``): every free vertex so found is pinned to FP32 (DENY) with one of
-the two rules and the quantizer in its reason; nothing else changes.
+Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
+(``user.allow``), is pinned to FP32 (DENY) with one of the two rules and the quantizer in its
+reason; nothing else changes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import dataclasses
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.classify import user_allowed
 
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
@@ -70,13 +72,14 @@ class QuantizedIslandPass(AnalysisPass):
         ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, rules)
         found = quantization_neighbours(graph)
         ensure_all(
-            self, graph.vertices, lambda v: v.id not in found or plan.roles[v.id] not in _PINNABLE,
+            self, graph.vertices,
+            lambda v: v.id not in found or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
             "feeds a quantizer or reads its scale but was left free",
         )
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         for vid, (rule, q) in sorted(quantization_neighbours(graph).items()):
-            if plan.roles[vid] not in _PINNABLE:
+            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
                 continue
             if rule is Rule.QUANTIZED_REQUANTIZE:
                 why = (f"its result flows into {q.describe()}, which quantizes it: FP16 rounding before a "

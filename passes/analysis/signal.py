@@ -13,8 +13,9 @@ Guarantees (checked by ``ensures``): every free vertex on a path from a float gr
 input of a ``dynamic_range`` op (Log) whose vertices are all ``signal`` ops of the policy table
 (linear in their signal, or a magnitude/power of it; a LOW op only when it reads a constant, i.e.
 is a filter) is pinned to FP32 (DENY, rule ``policy.high.signal-path``) with the input and the op
-in its reason; nothing else changes. Paths that meet another op (an activation, a normalization,
-attention) are learned features, not a raw signal, and are left alone.
+in its reason, unless the user forced it low (``user.allow``); nothing else changes. Paths that
+meet another op (an activation, a normalization, attention) are learned features, not a raw
+signal, and are left alone.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import ml_dtypes
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.classify import user_allowed
 from amp_compiler.policy import Category
 
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
@@ -91,7 +93,8 @@ class SignalPathPass(AnalysisPass):
         ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, frozenset({Rule.SIGNAL_PATH}))
         paths = signal_paths(graph)
         ensure_all(
-            self, graph.vertices, lambda v: v.id not in paths or plan.roles[v.id] not in _PINNABLE,
+            self, graph.vertices,
+            lambda v: v.id not in paths or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
             "is on a raw signal path into a Log but was left free",
         )
 
@@ -99,7 +102,7 @@ class SignalPathPass(AnalysisPass):
         db = noise_floor_db(graph)
         name = graph.target.value.upper()
         for vid, (start, sink) in sorted(signal_paths(graph).items()):
-            if plan.roles[vid] not in _PINNABLE:
+            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
                 continue
             plan.set_role(
                 vid, Role.DENY, Rule.SIGNAL_PATH,

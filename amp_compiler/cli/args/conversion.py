@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # imported once the options are read back, not to build the p
 
 
 class ConversionArgs(ArgGroup):
-    """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--no-keep-io-types``,
+    """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--allow-op``, ``--allow-node``,
+    ``--keep-io-types``, ``--no-keep-io-types``,
     ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fallback``, ``--fp8-margin``,
     ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``.
     Depends on nothing.
@@ -28,7 +29,9 @@ class ConversionArgs(ArgGroup):
         "provider": "--provider",
         "block_ops": "--block-op",
         "block_nodes": "--block-node",
-        "keep_io_types": "--no-keep-io-types",
+        "allow_ops": "--allow-op",
+        "allow_nodes": "--allow-node",
+        "keep_io_types": "--keep-io-types",
         "input_shapes": "--input-shape",
         "pad_tensor_cores": "--pad-tensor-cores",
         "strict": "--strict",
@@ -63,6 +66,23 @@ class ConversionArgs(ArgGroup):
             help="keep nodes whose name matches this regular expression (re.search) in FP32 (repeatable)",
         )
         group.add_argument(
+            "--allow-op", action="append", default=[], metavar="OP",
+            help="force every node of this op type into the low-precision type against the policy, unless "
+            "its dtype is fixed, it has no kernel there, or its values do not fit (repeatable; a warning)",
+        )
+        group.add_argument(
+            "--allow-node", action="append", default=[], metavar="REGEX",
+            help="force nodes whose name matches this regular expression (re.search) into the low-precision "
+            "type, as --allow-op; --block-node beats it, it beats --block-op (repeatable)",
+        )
+        io = group.add_mutually_exclusive_group()
+        io.add_argument(
+            "--keep-io-types", dest="keep_io_names", nargs="*", action="extend", default=None, metavar="NAME",
+            help="keep these graph inputs and outputs in their type and let the others take the low-precision "
+            "type (e.g. --keep-io-types logits: FP16 KV-cache inputs and outputs, FP32 logits); without "
+            "names, keep them all (the default)",
+        )
+        io.add_argument(
             "--no-keep-io-types", dest="keep_io_types", action="store_false",
             help="let graph inputs and outputs take the low-precision type too",
         )
@@ -140,9 +160,11 @@ class ConversionArgs(ArgGroup):
         self._options = ConvertOptions(
             target=Target.parse(args.target),
             provider=Provider.parse(args.provider),
-            keep_io_types=args.keep_io_types,
+            keep_io_types=tuple(args.keep_io_names) if args.keep_io_names else args.keep_io_types,
             block_ops=frozenset(args.block_op),
             block_nodes=tuple(args.block_node),
+            allow_ops=frozenset(args.allow_op),
+            allow_nodes=tuple(args.allow_node),
             pad_tensor_cores=args.pad_tensor_cores,
             input_shapes=tuple(shapes.items()),
             strict=args.strict,

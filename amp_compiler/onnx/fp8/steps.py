@@ -61,7 +61,7 @@ def weights_in_memory(model: onnx.ModelProto, origin: str) -> onnx.ModelProto:
     probe can hold (protobuf's 2 GiB)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    pending, _ = plan_external_reads(out, Path(origin).parent, origin)
+    pending, _ = plan_external_reads(out, Path(origin).parent, origin, itself=Path(origin))
     total = out.ByteSize() + sum(read.length for read in pending)
     if total > _PROBE_LIMIT:
         raise OptionError(

@@ -17,7 +17,7 @@ Building the graph reads the model and never edits it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import onnx_ir as ir
@@ -45,6 +45,7 @@ from amp_compiler.onnx.ir.slots import (
     tensor_dtype,
 )
 from amp_compiler.onnx.ir.walk import is_constant, iter_graphs
+from amp_compiler.onnx.load.text import quote
 from amp_compiler.policy import OpPolicy, PolicyTable, schemas
 from amp_compiler.targets import Target
 
@@ -55,14 +56,15 @@ OnnxPrecisionGraph = PrecisionGraph[Slot, ir.Node]
 
 
 def build_precision_graph(
-    model: ir.Model, target: Target, policy: PolicyTable, keep_io_types: bool = True
+    model: ir.Model, target: Target, policy: PolicyTable, keep_io_types: bool | Collection[str] = True
 ) -> OnnxPrecisionGraph:
-    """Build the precision graph of ``model`` (which must carry inferred types)."""
+    """Build the precision graph of ``model`` (which must carry inferred types). ``keep_io_types``:
+    whether the main graph's inputs and outputs keep their types, or the names of those that do."""
     return _Builder(model, target, policy, keep_io_types).build()
 
 
 class _Builder:
-    def __init__(self, model: ir.Model, target: Target, policy: PolicyTable, keep_io: bool):
+    def __init__(self, model: ir.Model, target: Target, policy: PolicyTable, keep_io: bool | Collection[str]):
         self.model = model
         self.target = target
         self.policy = policy
@@ -296,8 +298,11 @@ class _Builder:
                 slot = self._graph_slot(kind, graph, i)
                 if slot is None:
                     continue
-                if is_main and self.keep_io:
+                if is_main and self.keep_io is True:
                     self.fixed[slot] = "graph inputs and outputs keep their dtype (keep_io_types)"
+                elif is_main and not isinstance(self.keep_io, bool) and values[i].name in self.keep_io:
+                    what = f"graph {'input' if is_input else 'output'} {quote(values[i].name or '')}"
+                    self.fixed[slot] = f"{what} keeps its dtype (keep_io_types names it)"
                 elif is_main and not is_input and (
                     is_constant(values[i]) or values[i].is_graph_input()
                 ):

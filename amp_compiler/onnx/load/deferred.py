@@ -27,9 +27,10 @@ class DeferredModel:
 
     ``model`` holds every other tensor; each deferred initializer keeps its ``external_data``
     reference, whose location was validated like
-    :func:`~amp_compiler.onnx.load.external_data.load_external_data`'s (inside the model's
-    folder, a regular file holding the bytes declared). ``locations`` maps each deferred tensor's
-    location to that validated file; ``files`` lists the model file, then its external data files.
+    :func:`~amp_compiler.onnx.load.external_data.load_external_data`'s
+    (:mod:`amp_compiler.onnx.load.locations`' rule, a regular file holding the bytes declared).
+    ``locations`` maps each deferred tensor's location to that validated file; ``files`` lists the
+    model file, then its external data files.
     """
 
     model: onnx.ModelProto
@@ -48,8 +49,8 @@ class DeferredModel:
     def load(self) -> onnx.ModelProto:
         """Read the deferred tensors into ``model`` (all weights in memory, as ``files.load_model`` does)."""
         if self.locations:
-            origin = str(self.files[0])
-            pending = plan_external_reads(self.model, self.files[0].parent, origin)[0]
+            origin, itself = str(self.files[0]), self.files[0]
+            pending = plan_external_reads(self.model, itself.parent, origin, itself=itself)[0]
             read_external(pending, origin)
             if self.inline:  # the tensors as the file holds them (no data_location field)
                 for entry in pending:
@@ -66,8 +67,8 @@ def with_small_weights(deferred: DeferredModel, limit: int = 2**20) -> onnx.Mode
         return deferred.model
     copy = onnx.ModelProto()
     copy.CopyFrom(deferred.model)
-    origin = str(deferred.files[0])
-    pending = plan_external_reads(copy, deferred.files[0].parent, origin)[0]
+    origin, itself = str(deferred.files[0]), deferred.files[0]
+    pending = plan_external_reads(copy, itself.parent, origin, itself=itself)[0]
     read_external([entry for entry in pending if entry.length <= limit], origin)
     return copy
 
@@ -82,15 +83,16 @@ class DeferredTensor(ir.ExternalTensor):
     memory-mapped or kept), so a pass that looks at every weight in turn holds one at a time.
     """
 
-    __slots__ = ("_file",)
+    __slots__ = ("_file", "_inline")
 
-    def __init__(self, tensor: ir.ExternalTensor, file: Path):
+    def __init__(self, tensor: ir.ExternalTensor, file: Path, *, inline: bool = False):
         super().__init__(
             tensor.location, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape,
             name=tensor.name, doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props),
             base_dir=file.parent,
         )
         self._file = file
+        self._inline = inline  # the bytes lie in the model file itself (skimmed), not in external data
 
     def _read(self, f: BinaryIO, count: int) -> bytes:
         data = f.read(count)
@@ -100,6 +102,8 @@ class DeferredTensor(ir.ExternalTensor):
 
     def _shrank(self) -> ModelLoadError:
         """The error when the file shrank since it was validated."""
+        if self._inline:
+            return ModelLoadError(f"{self._file}: the model file shrank while tensor {quote(self.name)} was read")
         return ModelLoadError(f"{self._file}: external data of tensor {quote(self.name)} is shorter than declared")
 
     def tobytes(self) -> bytes:
@@ -154,9 +158,10 @@ class DeferredTensor(ir.ExternalTensor):
         super().release()
 
 
-def defer_ir_tensors(model: ir.Model, locations: dict[str, Path]) -> int:
+def defer_ir_tensors(model: ir.Model, locations: dict[str, Path], *, inline: bool = False) -> int:
     """Bind the external initializers of an IR model built from a :class:`DeferredModel`'s proto to
-    their validated files (:class:`DeferredTensor`). Returns how many were bound."""
+    their validated files (:class:`DeferredTensor`). Returns how many were bound. ``inline``: they
+    lie in the model file itself (``DeferredModel.inline``)."""
     n = 0
     for graph in model.graphs():
         for name, value in graph.initializers.items():
@@ -165,6 +170,6 @@ def defer_ir_tensors(model: ir.Model, locations: dict[str, Path]) -> int:
                 file = locations.get(str(tensor.location))
                 if file is None:
                     raise ModelLoadError(f"tensor {quote(name)}: external data that was not validated")
-                value.const_value = DeferredTensor(tensor, file)
+                value.const_value = DeferredTensor(tensor, file, inline=inline)
                 n += 1
     return n

@@ -1,8 +1,9 @@
-"""External data: each tensor's location validated (inside the model's folder, a regular file holding
-the bytes declared) before any byte is read, then read into the model.
+"""External data: each tensor's location validated (where it may lead, a regular file holding the
+bytes declared) before any byte is read, then read into the model.
 
-A location is refused without opening anything when it is absolute, holds ``..`` or a NUL, or
-resolves (through symlinks) outside the model's folder. All locations are validated, and the files'
+Where a location may lead is :mod:`amp_compiler.onnx.load.locations`' rule (inside the model's folder,
+or the blobs of the Hugging Face cache entry it is a snapshot of; the model file itself wherever its
+path leads); a location it refuses is never opened. All locations are validated, and the files'
 sizes checked, before the first byte is read.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 import onnx
 
 from amp_compiler.errors import ModelLoadError
+from amp_compiler.onnx.load.locations import names_itself, resolve_location
 from amp_compiler.onnx.load.proto_walk import tagged_tensors
 from amp_compiler.onnx.load.text import quote
 
@@ -36,10 +38,11 @@ class ExternalRead(NamedTuple):
     """One external tensor, validated and ready to read."""
 
     tensor: onnx.TensorProto
-    file: Path  # the resolved file, inside the model's folder
+    file: Path  # the resolved file (amp_compiler.onnx.load.locations)
     offset: int
     length: int
     initializer: bool  # a dense initializer of the main graph or a subgraph (deferred loading may leave it on disk)
+    itself: bool = False  # the bytes lie in the model file itself (large weights left inside it)
 
 
 def external_fields(tensor: onnx.TensorProto, origin: str) -> tuple[str, int, int | None]:
@@ -63,33 +66,6 @@ def external_fields(tensor: onnx.TensorProto, origin: str) -> tuple[str, int, in
     return fields.get("location", ""), number("offset") or 0, number("length")
 
 
-def _resolve_location(location: str, base: Path, where: str) -> Path:
-    """The file an external data ``location`` names, refused (without touching it) unless it lies
-    inside ``base``."""
-    if not location:
-        raise ModelLoadError(f"{where}: stored as external data but names no location")
-    if "\x00" in location:
-        raise ModelLoadError(f"{where}: external data location {quote(location)} contains a NUL character")
-    posix, windows = PurePosixPath(location), PureWindowsPath(location)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or location.startswith(("/", "\\")):
-        raise ModelLoadError(
-            f"{where}: external data location {quote(location)} is an absolute path; refused "
-            "(external data must lie in the model's folder)"
-        )
-    if ".." in posix.parts or ".." in windows.parts:
-        raise ModelLoadError(
-            f"{where}: external data location {quote(location)} escapes the model's folder ('..'); refused"
-        )
-    root = Path(os.path.realpath(base))
-    target = Path(os.path.realpath(root / location))
-    if target != root and root not in target.parents:
-        raise ModelLoadError(
-            f"{where}: external data location {quote(location)} resolves (through a symlink) outside the "
-            "model's folder; refused"
-        )
-    return target
-
-
 def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
     size = ELEMENT_BYTES.get(tensor.data_type)
     if size is None:  # strings, 4-bit types: no fixed byte count to check here
@@ -100,23 +76,27 @@ def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
     return count * size
 
 
-def load_external_data(model: onnx.ModelProto, base: str | os.PathLike, origin: str = "model") -> list[Path]:
+def load_external_data(
+    model: onnx.ModelProto, base: str | os.PathLike, origin: str = "model", *, itself: Path | None = None
+) -> list[Path]:
     """Read every tensor's external data into the model, after validating its location.
 
     All locations are validated (and the files' sizes checked) before any byte is read. Returns the
-    files read. Raises :class:`ModelLoadError` for a location outside ``base``, a missing file, or a
-    file shorter than the tensor declares.
+    files read. Raises :class:`ModelLoadError` for a location the rule refuses
+    (:mod:`amp_compiler.onnx.load.locations`), a missing file, or a file shorter than the tensor
+    declares. ``itself``: the model file (its path as given), in the folder ``base``.
     """
-    pending, sizes = plan_external_reads(model, base, origin)
+    pending, sizes = plan_external_reads(model, base, origin, itself=itself)
     read_external(pending, origin)
     return list(sizes)
 
 
 def plan_external_reads(
-    model: onnx.ModelProto, base: str | os.PathLike, origin: str
+    model: onnx.ModelProto, base: str | os.PathLike, origin: str, *, itself: Path | None = None
 ) -> tuple[list[ExternalRead], dict[Path, int]]:
     """Validate every external tensor's location and size without reading a byte: one
-    :class:`ExternalRead` per tensor, and the size of each file."""
+    :class:`ExternalRead` per tensor, and the size of each file. ``itself``: the model file (its
+    path as given), in the folder ``base``: a location naming it is read wherever its path leads."""
     base = Path(base)
     pending: list[ExternalRead] = []
     sizes: dict[Path, int] = {}
@@ -125,16 +105,16 @@ def plan_external_reads(
             continue
         where = f"{origin}: tensor {quote(tensor.name)}"
         location, offset, length = external_fields(tensor, origin)
-        target = _resolve_location(location, base, where)
+        target = resolve_location(location, base, where, itself)
+        inside = names_itself(location, base, itself)
+        file = "the model file" if inside else f"its external data file {quote(location)}"
         if target not in sizes:
             try:
                 st = target.stat()
             except FileNotFoundError:
-                raise ModelLoadError(f"{where}: its external data file {quote(location)} is missing") from None
+                raise ModelLoadError(f"{where}: {file} is missing") from None
             except OSError as exc:
-                raise ModelLoadError(
-                    f"{where}: cannot read its external data file {quote(location)}: {exc.strerror or exc}"
-                ) from None
+                raise ModelLoadError(f"{where}: cannot read {file}: {exc.strerror or exc}") from None
             if not stat.S_ISREG(st.st_mode):
                 raise ModelLoadError(f"{where}: external data location {quote(location)} is not a regular file")
             sizes[target] = st.st_size
@@ -144,7 +124,7 @@ def plan_external_reads(
             length = expected if expected is not None else available
         if offset + length > sizes[target]:
             raise ModelLoadError(
-                f"{where}: its external data file {quote(location)} is shorter than declared "
+                f"{where}: {file} is shorter than declared "
                 f"({sizes[target]} bytes; the tensor needs bytes {offset} to {offset + length})"
             )
         if expected is not None and length != expected:
@@ -152,7 +132,7 @@ def plan_external_reads(
                 f"{where}: external data length {length} does not match its shape "
                 f"{list(tensor.dims)} ({expected} bytes)"
             )
-        pending.append(ExternalRead(tensor, target, offset, length, initializer and expected is not None))
+        pending.append(ExternalRead(tensor, target, offset, length, initializer and expected is not None, inside))
     return pending, sizes
 
 
@@ -160,21 +140,21 @@ def read_external(pending: Iterable[ExternalRead], origin: str) -> None:
     """Read validated external tensors (from :func:`plan_external_reads`) into the model."""
     handles: dict[Path, BinaryIO] = {}
     try:
-        for tensor, target, offset, length, _ in pending:
+        for tensor, target, offset, length, _, itself in pending:
             f = handles.get(target)
             if f is None:
                 f = handles[target] = open(target, "rb")
             f.seek(offset)
             data = f.read(length)
             if len(data) != length:  # the file shrank since it was checked
-                raise ModelLoadError(
-                    f"{origin}: tensor {quote(tensor.name)}: external data file is shorter than declared"
-                )
+                what = "the model file shrank while it was read" if itself else (
+                    "external data file is shorter than declared")
+                raise ModelLoadError(f"{origin}: tensor {quote(tensor.name)}: {what}")
             tensor.raw_data = data
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
     except OSError as exc:
-        raise ModelLoadError(f"{origin}: cannot read external data: {exc.strerror or exc}") from None
+        raise ModelLoadError(f"{origin}: cannot read its weights: {exc.strerror or exc}") from None
     finally:
         for f in handles.values():
             f.close()

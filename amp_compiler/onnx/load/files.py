@@ -41,7 +41,7 @@ def load_model_and_files(path: str | os.PathLike) -> tuple[onnx.ModelProto, list
     """Like :func:`load_model`, also returning every file read: the model, then its external data files."""
     p = Path(path)
     model, may_refer_to_files = _parse_model_file(p)
-    files = [p, *(load_external_data(model, p.parent, origin=str(p)) if may_refer_to_files else [])]
+    files = [p, *(load_external_data(model, p.parent, origin=str(p), itself=p) if may_refer_to_files else [])]
     check_model_valid(model, origin=str(p))
     return model, files
 
@@ -71,7 +71,7 @@ def load_model_deferred(
     p = Path(path)
     skim_file_bytes = SKIM_MIN_FILE_BYTES if skim_file_bytes is None else skim_file_bytes
     model, may_refer_to_files = _parse_model_file(p, skim=(min_bytes, skim_file_bytes))
-    pending, sizes = plan_external_reads(model, p.parent, str(p)) if may_refer_to_files else ([], {})
+    pending, sizes = plan_external_reads(model, p.parent, str(p), itself=p) if may_refer_to_files else ([], {})
     read_external([entry for entry in pending if not (entry.initializer and entry.length >= min_bytes)], str(p))
     locations = {
         external_fields(entry.tensor, str(p))[0]: entry.file

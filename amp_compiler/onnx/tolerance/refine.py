@@ -53,8 +53,8 @@ from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.targets import Target
 
-# Decisions that pinning cannot change.
-_NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST))
+# Decisions that pinning cannot change (nodes the user forced low with --allow-op/--allow-node included).
+_NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST, Rule.USER_ALLOW))
 _CONVERSION_RETRIES = 3  # conversions after the first pinned one, when the real model misses
 
 

@@ -63,6 +63,10 @@ class ConversionResult:
     # What the user should know: tensors that provably overflow the target above some magnitude of a
     # graph input whose range is not known (state it, and they stay FP32).
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # Positions (the input's node order) of the nodes the allow options (allow_ops, allow_nodes) force
+    # low, the block options' precedence applied: :func:`amp_compiler.core.decision.allow_message`
+    # says how many went low, and which stayed FP32 all the same and by which rule.
+    allowed: tuple[int, ...] = ()
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).
