@@ -43,7 +43,8 @@ def _warm_device(provider: str) -> Any:
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
     )
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"amp-gpu-warm-{os.getpid()}.onnx"
-    onnx.save(onnx.helper.make_model(graph), str(path))
+    # IR 10, opset 17: what onnxruntime 1.31 reads (onnx 1.23 would write IR 14 by default).
+    onnx.save(onnx.helper.make_model(graph, ir_version=10, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
     try:
         return make_session(path, "cuda")
     except Exception:  # noqa: BLE001 - each step then says what is wrong with the device
