@@ -62,9 +62,11 @@ def produce(variant: str, case: Case, provider: str, folder: Path) -> tuple[Path
 def _amp(target: str) -> Callable[[Case, str, Path], str]:
     def make(case: Case, provider: str, out: Path) -> str:
         from amp_compiler import convert
+        from amp_compiler.runtime.runner import InProcessRunner
 
         samples = [seeded_inputs(case.name, s) for s in CALIBRATION_SEEDS] if target == "fp8" else None
-        result = convert(case.path, target=target, provider=provider, samples=samples)
+        # The catalog's own models: the calibration runs in this (worker) process.
+        result = convert(case.path, target=target, provider=provider, samples=samples, runner=InProcessRunner())
         result.save(out)
         return f"provider {provider}" + (f", {len(samples)} calibration samples" if samples else "")
 

@@ -5,9 +5,9 @@
 
 Protocol on the original stdout, one JSON object per line: ``{"start": i}`` when step ``i`` begins,
 ``{"row": {...}}`` when it is measured. Everything else the libraries print goes to stderr (the
-parent's log). After a step that failed on the device the worker exits (status 3), so the next step
-starts in a fresh process with a clean device context (a failed conversion leaves the device alone:
-the worker goes on); a model whose FP32 file cannot be built fails all of its steps at once instead
+parent's log). After a step that failed on a GPU the worker exits (status 3), so the next step starts
+in a fresh process with a clean device context (a failed conversion, or a failure on the CPU
+provider, leaves no device context behind: the worker goes on); a model whose FP32 file cannot be built fails all of its steps at once instead
 of being built again for each.
 """
 
@@ -99,7 +99,7 @@ def main() -> int:
                 broken[step.model] = f"model: {type(exc).__name__}: {text[0][:300] if text else ''}"
                 row = Row.failed(step, "failed", broken[step.model])
         emit({"row": row.to_dict()})
-        touched_device = not row.error.startswith("conversion:")
+        touched_device = settings.provider != "cpu" and not row.error.startswith("conversion:")
         if row.status == "failed" and touched_device and step.model not in broken and i + 1 < len(steps):
             return RESTART
     del warm
