@@ -42,7 +42,9 @@ def plan(models: list[str], variants: list[str], parts: list[str], fx_models: li
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=(__import__("benchmarks.gpu").gpu.__doc__ or "").split("\n\n")[0])
+    import benchmarks.gpu as package
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=(package.__doc__ or "").split("\n\n")[0])
     parser.add_argument("--provider", choices=("cuda", "tensorrt", "cpu"), default="cuda")
     parser.add_argument("--models", type=_names, default=None, help="catalog names, comma-separated (default: all of the mode's)")
     parser.add_argument("--variants", type=_names, default=list(DEFAULT), help=f"comma-separated subset of {', '.join(DEFAULT)}")

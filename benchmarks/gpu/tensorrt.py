@@ -3,9 +3,10 @@
 :func:`build_engine` is the single place this repository builds a TensorRT engine: a **strongly
 typed** network (``NetworkDefinitionCreationFlag.STRONGLY_TYPED``: every tensor keeps the type the
 ONNX graph gives it, which is how an amp-compiler output for ``--provider tensorrt`` is meant to
-run), or with ``fp16=True`` the older weak typing (``BuilderFlag.FP16`` on an FP32 network: TensorRT
-picks FP16 kernels where it thinks fit), where the installed TensorRT still has that flag. Both are
-detected by feature, not by version: a TensorRT without one raises :class:`Unavailable` naming it.
+run; a TensorRT without that flag and without weak typing's builds nothing but strongly typed
+networks), or with ``fp16=True`` the older weak typing (``BuilderFlag.FP16`` on an FP32 network:
+TensorRT picks FP16 kernels where it thinks fit), where the installed TensorRT still has that flag.
+Both are detected by feature, not by version: a TensorRT without one raises :class:`Unavailable`.
 One optimization profile covers the batch sizes measured (min: the smallest, opt and max: the
 largest), other dimensions fixed to the inputs'.
 
@@ -53,10 +54,12 @@ def build_engine(onnx_path: Path, profile: dict[str, tuple[tuple[int, ...], tupl
     builder = trt.Builder(logger)
     flags = 0
     if not fp16:
-        strong = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-        if strong is None:
+        strong = getattr(getattr(trt, "NetworkDefinitionCreationFlag", None), "STRONGLY_TYPED", None)
+        if strong is not None:
+            flags |= 1 << int(strong)
+        elif has_fp16_flag(trt):  # weak typing is its default, and it has no other
             raise Unavailable("this TensorRT has no strongly typed networks (NetworkDefinitionCreationFlag.STRONGLY_TYPED)")
-        flags |= 1 << int(strong)
+        # else: without weak typing's flag, every network is strongly typed (TensorRT 11)
     elif not has_fp16_flag(trt):
         raise Unavailable("this TensorRT has no weak-typing FP16 flag (BuilderFlag.FP16): networks are strongly typed")
     network = builder.create_network(flags)
@@ -100,6 +103,7 @@ class Engine:
         mode = self.trt.TensorIOMode.INPUT
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == mode]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) != mode]
+        self._held: list[Any] = []  # the bound input tensors, alive while the engine reads them
 
     def _dtype(self, name: str) -> Any:
         t, trt = self.torch, self.trt

@@ -3,6 +3,7 @@ isolation, the report, resuming and re-rendering, and the TensorRT build's flags
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -88,7 +89,7 @@ def test_runner_turns_crashes_timeouts_and_failures_into_rows(tmp_path):
     script.write_text(_FAKE_WORKER)
     names = ["a", "crash", "b", "fail", "c", "hang", "d"]
     steps = [Step("onnx", "m", n) for n in names]
-    settings = quick("cpu", str(tmp_path)).__class__(**{**quick("cpu", str(tmp_path)).to_dict(), "step_timeout_s": 3.0})
+    settings = dataclasses.replace(quick("cpu", str(tmp_path)), step_timeout_s=3.0)
     rows = list(run_steps(steps, settings, log=tmp_path / "log", command=[sys.executable, str(script)]))
     assert [r.variant for r in rows] == names
     assert [r.status for r in rows] == ["ok", "crashed", "ok", "failed", "ok", "timeout", "ok"]
@@ -223,8 +224,16 @@ def test_build_engine_builds_strongly_typed_networks_and_weak_fp16_only_where_th
     trt = _FakeTensorRT(fp16_flag=True)
     build_engine(tmp_path / "m.onnx", shapes, fp16=True, trt=trt)
     assert trt.calls["network flags"] == 0 and trt.calls["config flags"] == ["fp16"]
+    only_strong = _FakeTensorRT(fp16_flag=False)
     with pytest.raises(Unavailable, match="no weak-typing FP16 flag"):
-        build_engine(tmp_path / "m.onnx", shapes, fp16=True, trt=_FakeTensorRT(fp16_flag=False))
+        build_engine(tmp_path / "m.onnx", shapes, fp16=True, trt=only_strong)
+    only_strong.NetworkDefinitionCreationFlag = types.SimpleNamespace()  # strongly typed without asking
+    build_engine(tmp_path / "m.onnx", shapes, trt=only_strong)
+    assert only_strong.calls["network flags"] == 0
+    weak_only = _FakeTensorRT(fp16_flag=True)
+    weak_only.NetworkDefinitionCreationFlag = types.SimpleNamespace()
+    with pytest.raises(Unavailable, match="no strongly typed networks"):
+        build_engine(tmp_path / "m.onnx", shapes, trt=weak_only)
 
 
 def test_engine_profile_is_read_from_the_onnx_file_even_where_no_cpu_kernel_runs_it(tmp_path):
