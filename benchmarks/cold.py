@@ -256,14 +256,15 @@ def _conditions(load_before: float, load_after: float) -> str:
     )
 
 
-def write_section(path: Path, text: str) -> None:
-    """Put ``text`` between this benchmark's markers in ``path``: in place of the section it has,
-    else after its first paragraphs (before the first ``## `` heading)."""
+def write_section(path: Path, text: str, begin: str = SECTION_BEGIN, end: str = SECTION_END) -> None:
+    """Put ``text`` between the markers ``begin`` and ``end`` (this benchmark's by default) in
+    ``path``: in place of the section it has, else after its first paragraphs (before the first
+    ``## `` heading)."""
     old = path.read_text() if path.exists() else ""
-    block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
-    if SECTION_BEGIN in old and SECTION_END in old:
-        head, rest = old.split(SECTION_BEGIN, 1)
-        path.write_text(head + block + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n"))
+    block = f"{begin}\n{text.rstrip()}\n{end}\n"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        path.write_text(head + block + "\n" + rest.split(end, 1)[1].lstrip("\n"))
     elif "\n## " in old:
         head, rest = old.split("\n## ", 1)
         path.write_text(head + "\n" + block + "\n## " + rest)

@@ -100,7 +100,7 @@ def modelopt_status() -> str | None:
     return None
 
 
-def _convert_once(tool: str, src: Path, out: Path, external: bool) -> None:
+def convert_once(tool: str, src: Path, out: Path, external: bool) -> None:
     """Load ``src``, convert it to FP16 with ``tool``, write the result to ``out``."""
     if tool == "amp-compiler":
         from amp_compiler import convert
@@ -162,7 +162,7 @@ def _worker(args: dict) -> dict:
         _import_tool(args["tool"])  # module imports are not conversion time
         for _ in range(args["repeats"]):
             start = time.perf_counter()
-            _convert_once(args["tool"], src, out, args["external"])
+            convert_once(args["tool"], src, out, args["external"])
             times.append(time.perf_counter() - start)
     return {"times": times, "peak_rss": _peak_rss()}
 

@@ -151,12 +151,7 @@ class FusedEncoder:
         return self.arch.make_inputs(rng)
 
     def _heads_hidden(self) -> tuple[int, int]:
-        import transformers
-
-        cfg = getattr(transformers, self.arch.config_class)(**self.arch.config)
-        heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "num_heads", None) or cfg.n_head
-        hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or cfg.n_embd
-        return int(heads), int(hidden)
+        return heads_hidden(self.arch)
 
     def _key(self) -> str:
         return _key(self.arch.key(), self.model_type, self.fusion)
@@ -251,6 +246,17 @@ class FusedEncoder:
         """The anchor graphs by name (the command line's ``--float16`` writes the same bytes as
         ``anchor_fp16``, checked on every entry with onnxruntime 1.32, so it is not listed)."""
         return {"ort-fp16": self.anchor_fp16}
+
+
+def heads_hidden(arch: Arch) -> tuple[int, int]:
+    """Attention heads and hidden size of ``arch``'s transformers config (the transformer optimizer's
+    ``--num_heads`` and ``--hidden_size``)."""
+    import transformers
+
+    cfg = getattr(transformers, arch.config_class)(**arch.config)
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "num_heads", None) or cfg.n_head
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or cfg.n_embd
+    return int(heads), int(hidden)
 
 
 def _run(cmd: list[str]) -> None:

@@ -113,3 +113,65 @@ def test_fp8_tolerance_table_rows_meet_their_tolerances(tmp_path):
     shares = [float(r[6].rstrip("%")) for r in rows]
     assert shares[0] <= shares[1] and shares[1] > 0
     assert rows[0][10:] == ["-", "-"]
+
+
+def test_gpu_benchmark_quick_on_the_cpu_writes_every_step_as_a_row(tmp_path):
+    """python -m benchmarks.gpu --provider cpu --quick on one reduced model: the GPU code path (I/O
+    binding, the profile's placement, accuracy next to the emulator's) on the CPU provider. Every
+    planned step is a row; variants that cannot run here (BF16 on onnxruntime's CPU provider, a tool
+    or TensorRT not installed) are rows that say why, and the run still succeeds."""
+    import importlib.util
+    import json
+
+    out = tmp_path / "out"
+    variants = ["fp32", "amp-fp16", "amp-bf16", "onnxconverter-common", "modelopt-autocast"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--provider", "cpu", "--quick", "--models", "gpt2-small",
+         "--variants", ",".join(variants), "--parts", "onnx,tensorrt", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "gpu.json").read_text())
+    assert doc["schema"] == 1 and doc["environment"]["provider"] == "cpu"
+    assert doc["environment"]["command"].startswith("python -m benchmarks.gpu --provider cpu --quick")
+    assert {"gpus", "cuda driver API", "versions", "runtime", "amp-compiler commit"} <= set(doc["environment"])
+    rows = doc["rows"]
+    engines = ["strong:" + v for v in variants] + ["fp16-flag:fp32"]
+    assert [(r["part"], r["variant"]) for r in rows] == [("onnx", v) for v in variants] + [("tensorrt", e) for e in engines]
+    assert all(r["status"] in ("ok", "failed", "unavailable", "skipped") for r in rows)
+    assert all(r["error"] for r in rows if r["status"] != "ok")
+    by = {r["variant"]: r for r in rows if r["part"] == "onnx"}
+    for name in ("fp32", "amp-fp16", "onnxconverter-common"):
+        row = by[name]
+        assert row["status"] == "ok", row
+        assert [t["batch"] for t in row["latency"]] == [1, 8]
+        assert all(t["median_ms"] > 0 and t["p90_ms"] >= t["median_ms"] and t["runs"] == 10 for t in row["latency"])
+        assert row["providers"] == ["CPUExecutionProvider"]
+        assert row["placement"]["nodes"] > 50 and row["placement"]["fallback"] == []
+        assert row["accuracy_device"]["cosine"] > 0.999
+    assert by["amp-fp16"]["accuracy_emulated"]["cosine"] > 0.999 and by["amp-fp16"]["emulator_vs_device"] is not None
+    assert by["amp-fp16"]["seconds"] > 0 and by["fp32"]["accuracy_emulated"] is None
+    assert any(r["status"] != "ok" for r in rows)  # at least one variant failed here, as a row
+    if importlib.util.find_spec("tensorrt") is None:
+        assert all(r["status"] == "unavailable" and "tensorrt" in r["error"] for r in rows if r["part"] == "tensorrt")
+    text = (out / "gpu.md").read_text()
+    assert "### gpt2-small" in text and "### TensorRT" in text and "| amp-fp16 | ok |" in text
+
+
+def test_gpu_benchmark_fx_steps_on_the_cpu():
+    """The FX part's training step (prepare_training, BF16) and compile backend (inner eager) on a
+    reduced BERT at --quick settings: timed, with the loss of the last step."""
+    from benchmarks.gpu.fx import fx_step
+    from benchmarks.gpu.rows import Step
+    from benchmarks.gpu.settings import quick
+
+    settings = quick("cpu", "unused")
+    train = fx_step(Step("fx-train", "bert-base-small", "ampfx-bf16"), settings)
+    assert train.status == "ok", train.error
+    assert train.latency[0].batch == settings.fx_train_batch and train.latency[0].runs == settings.fx_steps
+    assert train.latency[0].median_ms > 0 and train.loss is not None and train.seconds > 0
+    infer = fx_step(Step("fx-infer", "bert-base-small", "ampfx.compile-fp16"), settings)
+    assert infer.status == "ok", infer.error
+    assert infer.note == "inner backend eager" and infer.latency[0].median_ms > 0
+    unknown = fx_step(Step("fx-infer", "bert-base-small", "autocast-fp8"), settings)
+    assert unknown.status == "skipped" and "unknown fx-infer variant" in unknown.error
