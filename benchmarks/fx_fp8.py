@@ -5,7 +5,7 @@
 Inference: per model, FP16 and FP8 conversions (FP8 with 4 calibration samples, default settings)
 compared with FP32 on an input outside the samples (relative L2 of the worst output), the FP8
 GEMMs chosen among the candidates, the FP8 share of FLOPs, parameter bytes, and the conversion's
-wall time. ``--training``: test_fx_training's CNN (60 steps) and transformer (200 steps) tasks in
+wall time. ``--training``: the FX training tests' CNN (60 steps) and transformer (200 steps) tasks in
 FP32, FP16 and FP8: the mean loss of the last 20 steps and the held-out loss. Numbers only, for
 benchmarks/RESULTS.md; the tests assert the bounds.
 """
@@ -52,7 +52,7 @@ def inference(names: list[str]) -> None:
 
 
 def training() -> None:
-    from test_fx_training import train
+    from tests.support.fx_helpers import train
 
     print("| task | FP32 last-20 / held-out | FP16 | FP8 | FP8 time vs FP32 |")
     print("|---|---|---|---|---|")
