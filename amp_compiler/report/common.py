@@ -7,8 +7,9 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.dtypes import short_name
-from amp_compiler.report.model import NodeReport, OutputAccuracy, PrecisionReport
+from amp_compiler.report.model import NodeReport, PrecisionReport
 from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
 
