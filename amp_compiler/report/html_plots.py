@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import math
 
+from amp_compiler.dtypes import precision_rank
 from amp_compiler.report.common import (
     clean,
     flops_by_precision,
@@ -20,7 +21,6 @@ from amp_compiler.report.common import (
     human_count,
     nodes_by_precision,
     pct,
-    precision_rank,
     rows_note,
     sci,
 )
