@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.onnx.convert import ConvertOptions
 from amp_compiler.report import PrecisionReport

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from amp_compiler import convert
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.onnx.convert import ConvertOptions
 from amp_compiler.onnx.measure.calibrate import CalibrationDataError, collect_ranges, load_samples
 from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
