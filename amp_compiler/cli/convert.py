@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # the conversion's modules are imported when it runs, not to 
     from amp_compiler.analysis import Analysis
     from amp_compiler.onnx.write.result import ConversionResult
 
+__all__ = ["ConvertCommand"]
+
 
 class ConvertCommand(Command):
     """Convert; the analysis path (every weight in memory, onnxruntime runs) only when a report,

@@ -27,10 +27,13 @@ from amp_compiler.core.tensor_error import ErrorStats
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.convert import convert
-from amp_compiler.onnx.measure.calibrate import IntermediateRunner, random_samples
+from amp_compiler.onnx.measure.calibrate import IntermediateRunner
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
 from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.runtime.samples import random_samples
 from amp_compiler.targets import Provider, Target
+
+__all__ = ["Comparison", "NodeComparison", "OutputComparison", "SCHEMA_VERSION", "compare_models"]
 
 SCHEMA_VERSION = 1
 

@@ -21,6 +21,8 @@ from amp_compiler.report.model import (
     TensorRange,
 )
 
+__all__ = ["build_report"]
+
 CAST_RULE = Rule.LOWERING_CAST.value
 
 

@@ -10,6 +10,12 @@ from amp_compiler.dtypes import HIGH_PRECISION, LOW_PRECISIONS, precision_rank
 from amp_compiler.report.model import NodeReport, PrecisionReport
 from amp_compiler.sizes import format_bytes
 
+__all__ = [
+    "SORTS", "clean", "cosine_str", "filter_note", "flops_by_precision", "has_errors", "has_ranges", "human_bytes",
+    "human_count", "nodes_by_precision", "pct", "rows_note", "sci", "select_nodes", "short_num", "summary_parts",
+    "worst_accuracy",
+]
+
 SORTS = ("cost", "error", "name", "graph")
 
 

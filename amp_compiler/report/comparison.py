@@ -15,6 +15,8 @@ from amp_compiler.onnx.compare import Comparison, NodeComparison
 from amp_compiler.report.common import cosine_str, pct, sci
 from amp_compiler.report.terminal import fit_middle, fit_op, fit_path, fit_rule
 
+__all__ = ["FORMATS", "render_comparison"]
+
 FORMATS = ("terminal", "json")
 
 

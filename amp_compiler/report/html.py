@@ -33,6 +33,8 @@ from amp_compiler.report.common import (
 from amp_compiler.report.html_plots import colour, e, graph_plot, ops_plot, share_plot
 from amp_compiler.report.model import NodeReport, PrecisionReport
 
+__all__ = ["render_html"]
+
 
 # ---------------------------------------------------------------------------------------------- cards
 def _sizes(before: int, after: int) -> str:

@@ -26,6 +26,8 @@ from amp_compiler.report.common import (
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
 
+__all__ = ["COLOURS", "MAX_MARKS", "colour", "e", "graph_plot", "ops_plot", "share_plot"]
+
 MAX_MARKS = 600  # markers along the graph before nodes are binned
 TOP_OPS = 10
 

@@ -27,6 +27,8 @@ from amp_compiler.report.common import (
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
 
+__all__ = ["fit_middle", "fit_op", "fit_path", "fit_rule", "render_terminal", "strip_ansi"]
+
 DEFAULT_WIDTH = 80
 ELLIPSIS = "…"
 

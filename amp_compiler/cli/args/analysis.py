@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # imported when the analysis runs, not to build the parser
     from amp_compiler.analysis import Analysis
     from amp_compiler.runtime.runner import Runner
 
+__all__ = ["AnalysisArgs"]
+
 
 class AnalysisArgs(ArgGroup):
     """``--calibration-data`` and ``--tolerance``. Either one asks for the analysis path, which reads

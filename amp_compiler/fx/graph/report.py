@@ -22,6 +22,8 @@ from amp_compiler.fx.graph.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.report.model import PrecisionReport
 from amp_compiler.sizes import format_bytes
 
+__all__ = ["FxReport", "node_decisions", "node_dtypes", "state_bytes"]
+
 
 @dataclasses.dataclass
 class FxReport:

@@ -37,6 +37,11 @@ from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.onnx.load.symbolic_shapes import symbolic_infos
 from amp_compiler.policy import GemmKind, GemmLayout, PolicyTable, default_table, schemas
 
+__all__ = [
+    "CostModel", "NodeCost", "bind_input_shapes", "estimate", "iter_nodes", "parse_input_shape",
+    "placement_elements",
+]
+
 LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 DATA_MOVEMENT = {
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice", "Gather",

@@ -15,6 +15,8 @@ from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.onnx.load.foreign_ops import check_against_onnxruntime, for_onnx_checker, foreign_ops
 from amp_compiler.runtime.runner import InProcessRunner, Runner
 
+__all__ = ["compare", "run_onnxruntime", "validate"]
+
 
 def validate(model: onnx.ModelProto, *, converted_from: onnx.ModelProto | None = None) -> None:
     """Raise if the model fails onnx's full checker or strict shape inference, or an op onnx does not

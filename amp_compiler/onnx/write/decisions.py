@@ -15,6 +15,8 @@ from amp_compiler.onnx.ir.slots import Slot
 from amp_compiler.onnx.ir.walk import is_constant, iter_graphs
 from amp_compiler.passes.onnx.lower import CastRecord
 
+__all__ = ["node_decisions"]
+
 
 def _dtype_names(values: Iterable[ir.Value | None]) -> list[str]:
     """Per value: "fp16", "int64", ... ("" for an absent optional value, "?" for an unknown type)."""
