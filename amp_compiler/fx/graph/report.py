@@ -11,7 +11,7 @@ from collections.abc import Set as AbstractSet
 import torch
 import torch.fx as fx
 
-from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.decision import NodeDecision, count_by_precision, count_by_rule
 from amp_compiler.core.graph import SlotKind
 from amp_compiler.core.plan import PrecisionPlan, Rule
 from amp_compiler.dtypes import LOW_PRECISIONS, MIXED, NO_FLOAT, precision_rank
@@ -67,16 +67,10 @@ class FxReport:
         return self.parameter_bytes_after / self.parameter_bytes_before if self.parameter_bytes_before else 1.0
 
     def decisions_by_rule(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.rule] = counts.get(d.rule, 0) + 1
-        return counts
+        return count_by_rule(self.decisions)
 
     def decisions_by_precision(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.precision] = counts.get(d.precision, 0) + 1
-        return counts
+        return count_by_precision(self.decisions)
 
     def decision(self, node: str) -> NodeDecision:
         for d in self.decisions:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.decision import NodeDecision, count_by_rule
 from amp_compiler.onnx.write.check_pieces import TypeTable
 from amp_compiler.onnx.write.save import Verify, check_output_path
 from amp_compiler.options import ConvertOptions
@@ -56,10 +56,7 @@ class ConversionResult:
     value_types: TypeTable = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def decisions_by_rule(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.rule] = counts.get(d.rule, 0) + 1
-        return counts
+        return count_by_rule(self.decisions)
 
     def save(
         self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False,
