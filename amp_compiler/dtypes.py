@@ -1,8 +1,13 @@
-"""Element types by name: the one table of the short names decisions and reports use ("fp16")."""
+"""Element types by name: the one table of the short names decisions and reports use ("fp16"), and their order."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
+
+__all__ = [
+    "FLOAT_TYPES", "HIGH_PRECISION", "LOW_PRECISIONS", "MIXED", "NO_FLOAT", "PRECISIONS",
+    "from_schema_type", "precision_rank", "schema_type", "short_name",
+]
 
 # The float types a conversion may change; everything else keeps its type.
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
@@ -15,6 +20,20 @@ _SHORT_NAMES = {
     ir.DataType.FLOAT8E4M3FN: "fp8",
     ir.DataType.FLOAT8E5M2: "fp8e5m2",
 }
+
+
+#: The low-precision formats a decision names, fewest bits first: FP8 E4M3, FP16, BF16.
+LOW_PRECISIONS = tuple(_SHORT_NAMES[t] for t in (ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT16, ir.DataType.BFLOAT16))
+HIGH_PRECISION = _SHORT_NAMES[ir.DataType.FLOAT]
+MIXED = "mixed"  # a node whose float tensors are of more than one type
+NO_FLOAT = "none"  # a node without float data (or that reads only a shape)
+#: Every precision a decision names, in the order reports list and stack them: low precision first.
+PRECISIONS = (*LOW_PRECISIONS, MIXED, HIGH_PRECISION, NO_FLOAT)
+
+
+def precision_rank(precision: str) -> tuple[int, str]:
+    """Sort key of a precision: its place in :data:`PRECISIONS` (other names after them, by name)."""
+    return (PRECISIONS.index(precision) if precision in PRECISIONS else len(PRECISIONS), precision)
 
 
 def short_name(dtype: ir.DataType) -> str:

@@ -1,5 +1,11 @@
 """Errors a user can act on (bad input, bad option), kept apart from internal bugs."""
 
+__all__ = [
+    "AmpUserError", "ModelCrashError", "ModelLoadError", "ModelRefusedError", "ModelRunError",
+    "ModelUnsupportedError", "OptionError", "OutputCheckError", "OutputError", "RunBudgetError",
+    "RuntimeMissingError", "UntypedTensorsError",
+]
+
 
 class AmpUserError(Exception):
     """A problem with the user's input or options. The CLI prints it as one line and exits 2."""

@@ -13,6 +13,11 @@ from amp_compiler.errors import OptionError
 from amp_compiler.policy import PolicyTable, schemas
 from amp_compiler.targets import Provider, Target
 
+__all__ = [
+    "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops", "check_fallback", "check_fp8_options",
+    "check_input_ranges", "check_keep_io_types", "parse_input_range", "resolve_options",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class ConvertOptions:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+__all__ = ["format_bytes", "parse_bytes"]
+
 _UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
 _FACTORS = {
     "": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,

@@ -11,6 +11,11 @@ if TYPE_CHECKING:  # imported where used: the command line reads the choices wit
     import numpy as np
     import onnx_ir as ir
 
+__all__ = [
+    "FP8_BUDGET", "FP8_CALIBRATION", "FP8_MARGIN", "FP8_MAX_ERROR", "FP8_MAX_SUBNORMAL", "FP8_PERCENTILE",
+    "GEMM_RATE", "Provider", "Target",
+]
+
 
 #: Dense Tensor Core GEMM throughput relative to FP16 on an H100 SXM (NVIDIA's datasheet: TF32 494.7,
 #: FP16/BF16 989.4, FP8 1,978.9 TFLOPS). FP32 GEMMs run as TF32 there: onnxruntime's CUDA provider

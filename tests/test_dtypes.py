@@ -1,10 +1,10 @@
-"""The one dtype-name table (amp_compiler.dtypes) and the one union-find (amp_compiler.core.graph)."""
+"""The one dtype-name table and precision order (amp_compiler.dtypes) and the one union-find (amp_compiler.core.graph)."""
 
 import onnx.defs
 import onnx_ir as ir
 
 from amp_compiler.core.graph import UnionFind
-from amp_compiler.dtypes import FLOAT_TYPES, schema_type, short_name
+from amp_compiler.dtypes import FLOAT_TYPES, LOW_PRECISIONS, PRECISIONS, precision_rank, schema_type, short_name
 from amp_compiler.targets import Target
 
 
@@ -14,6 +14,13 @@ def test_short_names():
     assert short_name(ir.DataType.INT64) == "int64" and short_name(ir.DataType.FLOAT8E4M3FN) == "fp8"
     assert short_name(ir.DataType.FLOAT8E5M2) == "fp8e5m2"  # FP8 training gradients (E5M2)
     assert {short_name(t.dtype) for t in Target} == {"fp16", "bf16", "fp8"}
+
+
+def test_precisions_are_listed_low_first_fewest_bits_first():
+    assert set(LOW_PRECISIONS) == {short_name(t.dtype) for t in Target}
+    assert PRECISIONS == ("fp8", "fp16", "bf16", "mixed", "fp32", "none")
+    names = ["none", "int8", "fp32", "mixed", "bf16", "fp16", "fp8", "fp64"]
+    assert sorted(names, key=precision_rank) == ["fp8", "fp16", "bf16", "mixed", "fp32", "none", "fp64", "int8"]
 
 
 def test_schema_type_is_the_onnx_spelling():

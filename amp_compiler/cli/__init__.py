@@ -1,5 +1,5 @@
 """The ``amp-compiler`` command line: a thin layer over :func:`amp_compiler.convert` and
-:func:`amp_compiler.analyze.analyze`.
+:func:`amp_compiler.analyze`.
 
 ``app`` builds the parser from the commands and turns errors into one line and an exit status;
 ``convert`` and ``report`` are the commands, one module each; ``args`` holds the argument groups the

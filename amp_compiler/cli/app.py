@@ -27,6 +27,8 @@ from amp_compiler.cli.convert import ConvertCommand
 from amp_compiler.cli.report import ReportCommand
 from amp_compiler.errors import AmpUserError, OptionError, OutputCheckError, RunBudgetError
 
+__all__ = ["build_parser", "error_text", "main"]
+
 PROG = "amp-compiler"
 #: Libraries whose log records would otherwise print raw (names with line breaks and escapes included).
 LOGGERS = ("onnx_ir", "onnx", "onnxscript")

@@ -8,6 +8,8 @@ from typing import ClassVar
 
 from amp_compiler.cli.args.group import ArgGroup
 
+__all__ = ["Command"]
+
 
 class Command(abc.ABC):
     """One subcommand of ``amp-compiler``, made of argument groups (``groups``, in help order)."""

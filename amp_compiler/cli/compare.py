@@ -13,6 +13,8 @@ from amp_compiler.cli.args.report import write_text
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
 
+__all__ = ["CompareCommand"]
+
 
 class CompareCommand(Command):
     """Compare two models' outputs and intermediate tensors (nothing is written but the comparison)."""

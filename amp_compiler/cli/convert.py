@@ -26,8 +26,10 @@ from amp_compiler.cli.command import Command
 from amp_compiler.sizes import format_bytes
 
 if TYPE_CHECKING:  # the conversion's modules are imported when it runs, not to build the parser
-    from amp_compiler.analyze import Analysis
+    from amp_compiler.analysis import Analysis
     from amp_compiler.onnx.write.result import ConversionResult
+
+__all__ = ["ConvertCommand"]
 
 
 class ConvertCommand(Command):

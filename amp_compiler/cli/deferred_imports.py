@@ -19,6 +19,8 @@ import sys
 import threading
 import types
 
+__all__ = ["defer"]
+
 #: What the command line defers: imported by a dependency at its import, not used by a plain conversion
 #: (onnx_ir's own module for symbolic dims reads sympy's functions when it is imported).
 DEFERRED = ("sympy", "onnx_ir._symbolic_shapes")

@@ -11,6 +11,8 @@ from amp_compiler.cli.args.report import ReportViewArgs
 from amp_compiler.cli.args.run import RunArgs
 from amp_compiler.cli.command import Command
 
+__all__ = ["ReportCommand"]
+
 
 class ReportCommand(Command):
     """Analyze the model (every weight in memory) and show its precision report."""

@@ -8,11 +8,12 @@ converted graph (:mod:`amp_compiler.fx.graph.report`).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from amp_compiler.core.plan import Rule
 
-__all__ = ["NodeDecision", "allow_message", "untyped_message", "untyped_nodes"]
+__all__ = ["NodeDecision", "allow_message", "count_by_precision", "count_by_rule", "untyped_message", "untyped_nodes"]
 
 
 @dataclasses.dataclass(slots=True)  # no __dict__: a conversion makes one per node
@@ -29,6 +30,16 @@ class NodeDecision:
     input_dtypes: list[str]
     output_dtypes: list[str]
     index: int | None = None  # position in the input model's node order; None for inserted Casts
+
+
+def count_by_rule(decisions: Iterable[NodeDecision]) -> dict[str, int]:
+    """How many nodes each rule decided, in the order the rules first decide one."""
+    return dict(Counter(d.rule for d in decisions))
+
+
+def count_by_precision(decisions: Iterable[NodeDecision]) -> dict[str, int]:
+    """How many nodes each precision was decided for, in the order the precisions first appear."""
+    return dict(Counter(d.precision for d in decisions))
 
 
 _UNTYPED_RULES = frozenset({Rule.UNKNOWN_TYPE.value, Rule.UNKNOWN_OP.value})

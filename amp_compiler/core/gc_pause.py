@@ -7,6 +7,8 @@ import gc
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+__all__ = ["gc_paused"]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 

@@ -27,6 +27,11 @@ import onnx_ir as ir
 from amp_compiler.policy import Category, OpPolicy
 from amp_compiler.targets import Target
 
+__all__ = [
+    "CONTROL_FLOW_OPS", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "UnionFind", "ValueView", "Vertex",
+    "tensor_edges",
+]
+
 # ONNX's control-flow ops: their vertices carry values across their bodies (precision neutral).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 

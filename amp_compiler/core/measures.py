@@ -1,14 +1,14 @@
-"""What is measured of a model's tensors: observed ranges and per-node errors against FP32.
+"""What is measured of a model's tensors: observed ranges, per-node errors and output accuracy against FP32.
 
 Shared by the analysis (calibration and static ranges pin what overflows), ``--tolerance``, the FP8
-statistics and the report, which renders them.
+statistics, the accuracy checks and the report, which renders them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["NodeError", "TensorRange"]
+__all__ = ["NodeError", "OutputAccuracy", "TensorRange"]
 
 
 @dataclasses.dataclass
@@ -30,3 +30,22 @@ class NodeError:
     rel_l2: float  # ||mixed - fp32|| / ||fp32|| of the node's first float output
     max_abs: float
     added: float  # rel_l2 minus the worst rel_l2 among its float inputs: the error this node adds
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputAccuracy:
+    """One float output of a converted model against the FP32 model's (on one sample: the checks; the
+    worst sample: the report)."""
+
+    name: str
+    cosine: float
+    max_abs_error: float  # inf when the output has NaN/inf where FP32 has a finite value
+    value_range: float  # max - min of the FP32 output (its finite values)
+    finite: bool  # no NaN/inf where FP32 has a finite value (or another one)
+
+    @property
+    def error_of_range(self) -> float:
+        """``max_abs_error`` as a share of ``value_range`` (inf for an error on a constant output)."""
+        return self.max_abs_error / self.value_range if self.value_range > 0 else (
+            0.0 if self.max_abs_error == 0 else float("inf")
+        )

@@ -11,6 +11,8 @@ import enum
 
 import onnx_ir as ir
 
+__all__ = ["Decision", "PrecisionPlan", "Role", "Rule"]
+
 
 class Role(enum.Enum):
     """A vertex's part in painting (TensorFlow AMP's allow/deny/infer/clear, plus fixed vertices)."""

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+__all__ = ["ErrorStats", "OutputErrors"]
+
 
 @dataclasses.dataclass
 class ErrorStats:

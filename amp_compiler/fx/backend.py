@@ -35,6 +35,8 @@ from amp_compiler.fx.graph.rewrite import functionalize_inplace
 from amp_compiler.fx.graph.views import is_float
 from amp_compiler.targets import Target
 
+__all__ = ["AmpBackend", "CompiledModule", "NoGraphWarning", "backend", "compile"]
+
 _STATE_MARKERS = ("._parameters[", "._buffers[")
 
 

@@ -28,6 +28,8 @@ from amp_compiler.dtypes import schema_type
 from amp_compiler.errors import OptionError
 from amp_compiler.policy import schemas
 
+__all__ = ["export_onnx"]
+
 DEFAULT_OPSET = 18
 LATEST_OPSET = onnx.defs.onnx_opset_version()
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["LossScaler"]
+
 
 class _Stage(enum.Enum):
     READY = 0

@@ -30,6 +30,8 @@ from amp_compiler.fx.scaler import LossScaler
 from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.targets import Target
 
+__all__ = ["TrainStep", "prepare_training"]
+
 SCALE_BUFFER = "amp_loss_scale"
 
 

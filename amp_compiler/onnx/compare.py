@@ -27,16 +27,21 @@ from amp_compiler.core.tensor_error import ErrorStats
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.convert import convert
-from amp_compiler.onnx.measure.calibrate import IntermediateRunner, random_samples
+from amp_compiler.onnx.measure.calibrate import IntermediateRunner
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
 from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.runtime.samples import random_samples
 from amp_compiler.targets import Provider, Target
+
+__all__ = ["Comparison", "NodeComparison", "OutputComparison", "SCHEMA_VERSION", "compare_models"]
 
 SCHEMA_VERSION = 1
 
 
 @dataclasses.dataclass
 class OutputComparison:
+    """One output of the converted model against the FP32 model's, over the samples."""
+
     name: str
     cosine: float
     max_abs_error: float
@@ -46,7 +51,7 @@ class OutputComparison:
 
 
 @dataclasses.dataclass
-class NodeError:
+class NodeComparison:
     """The error of one node's output in the converted model, and how much of it the node added."""
 
     position: int  # in the FP32 model's main graph
@@ -71,8 +76,8 @@ class Comparison:
     samples: int
     generated_inputs: bool  # no data given: inputs were generated
     outputs: list[OutputComparison]
-    growth: list[NodeError]  # the nodes where the error grows most, in graph order
-    first_nonfinite: NodeError | None  # the first node whose output has NaN/inf where FP32 has none
+    growth: list[NodeComparison]  # the nodes where the error grows most, in graph order
+    first_nonfinite: NodeComparison | None  # the first node whose output has NaN/inf where FP32 has none
     tensors_compared: int
     decisions: str  # where the rules come from
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -214,7 +219,9 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _node_errors(fp32: onnx.ModelProto, converted: onnx.ModelProto, tensors: dict[str, ErrorStats]) -> list[NodeError]:
+def _node_errors(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, tensors: dict[str, ErrorStats]
+) -> list[NodeComparison]:
     """One entry per FP32 main-graph node whose first float output was compared, in graph order."""
     types = _types(converted)
     rel = {name: s.rel_l2 for name, s in tensors.items()}
@@ -226,7 +233,7 @@ def _node_errors(fp32: onnx.ModelProto, converted: onnx.ModelProto, tensors: dic
         s = tensors[tensor]
         worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
         dtype = types.get(tensor)
-        out.append(NodeError(
+        out.append(NodeComparison(
             position=i, node=node.name, op_type=node.op_type, tensor=tensor,
             precision=short_name(ir.DataType(dtype)) if dtype else "?",
             rel_l2=s.rel_l2, error_of_range=s.error_of_range, growth=s.rel_l2 - worst_in, nonfinite=s.nonfinite,
@@ -238,7 +245,7 @@ def _target_of(types: dict[str, int]) -> Target:
     return Target.BF16 if onnx.TensorProto.BFLOAT16 in types.values() else Target.FP16
 
 
-def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: list[NodeError]) -> str:
+def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: list[NodeComparison]) -> str:
     """Give each node the rule a default conversion of ``fp32`` decides for it, where the converted
     model's node of that name has the precision that conversion gives it; returns where the rules
     came from, in a sentence."""

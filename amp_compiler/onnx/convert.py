@@ -163,7 +163,7 @@ def convert(
     lower = LowerPlanPass(graph, plan)
     lower(ir_model)
     RemoveCancellingCastsPass()(ir_model)
-    pad = PadTensorCoresPass() if opts.pad_tensor_cores else None
+    pad = PadTensorCoresPass(policy=policy) if opts.pad_tensor_cores else None
     if pad is not None:
         pad(ir_model)
     fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None

@@ -2,10 +2,12 @@
 
 from amp_compiler.policy.table import (
     Category,
+    GemmKind,
+    GemmLayout,
     OpPolicy,
     PolicyTable,
     Sensitivity,
     default_table,
 )
 
-__all__ = ["Category", "OpPolicy", "PolicyTable", "Sensitivity", "default_table"]
+__all__ = ["Category", "GemmKind", "GemmLayout", "OpPolicy", "PolicyTable", "Sensitivity", "default_table"]

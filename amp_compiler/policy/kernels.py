@@ -39,6 +39,11 @@ from amp_compiler.targets import Provider
 if TYPE_CHECKING:  # onnx is imported where a model is checked
     pass
 
+__all__ = [
+    "KernelCoverage", "KernelDef", "OPEN_END", "ORT_NAMES", "SHORT_NAMES", "SNAPSHOT", "SOURCE_ENV", "coverage_for",
+    "load_snapshot", "probe_registry", "read_snapshot_data", "short_type",
+]
+
 SNAPSHOT = "ort_cuda_kernels.json"
 ORT_NAMES = {
     Provider.CUDA: "CUDAExecutionProvider",

@@ -38,6 +38,8 @@ from pathlib import Path
 
 from amp_compiler.policy.kernels import OPEN_END, probe_registry, short_type
 
+__all__ = ["dump", "main", "merge_defs"]
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "ort_cuda_kernels.json"
 SKIP_DOMAINS = {"com.ms.internal.nhwc"}

@@ -17,6 +17,11 @@ import onnx.defs
 
 from amp_compiler import runtime
 
+__all__ = [
+    "ONNX_DOMAINS", "OpSignature", "canonical_domain", "is_onnx_domain", "lookup", "onnx_knows", "opset_in",
+    "ort_schema",
+]
+
 
 def canonical_domain(domain: str) -> str:
     """The domain as the policy tables and kernel registries key it: "ai.onnx" for the default one."""

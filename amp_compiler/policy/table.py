@@ -2,8 +2,10 @@
 
 The table is data: one entry per (domain, op) with a category, a human reason, and for ops that only
 need FP32 arithmetic inside, the providers whose kernels already accumulate in FP32 (with a source);
-``tensor_core`` marks matrix-product ops and ``shape_inputs`` the inputs an op reads only the shape of;
-``fp8_inputs``/``fp8_reason`` say which Tensor Core ops take FP8 inputs through Q/DQ, and why the others do not.
+``tensor_core`` marks matrix-product ops, ``gemm`` says how their operands hold the product's dims
+(:class:`GemmLayout`, read by the cost model, Tensor Core padding and the FX path's FLOPs), and
+``shape_inputs`` the inputs an op reads only the shape of; ``fp8_inputs``/``fp8_reason`` say which
+Tensor Core ops take FP8 inputs through Q/DQ, and why the others do not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import tomllib
 from amp_compiler.policy.schemas import canonical_domain
 from amp_compiler.targets import Provider
 
+__all__ = ["Category", "GemmKind", "GemmLayout", "OpPolicy", "PolicyTable", "Sensitivity", "default_table"]
+
 
 class Category(enum.Enum):
     LOW = "LOW"  # Tensor Core ops: compute in FP16/BF16 whenever possible
@@ -33,6 +37,67 @@ class Sensitivity(enum.Enum):
     ARITHMETIC = "arithmetic"  # needs FP32 accumulation inside only
 
 
+class GemmKind(enum.Enum):
+    """The matrix product a Tensor Core op computes, and so what its operands hold."""
+
+    # A [..., M, K] times B [..., K, N] (ATen linear's weight: [N, K]); ONNX ``transpose`` attributes, when
+    # set, swap the last two axes of A or B.
+    MATMUL = "matmul"
+    CONV = "conv"  # data [N, C_in, spatial...], weight [C_out, C_in/group, kernel...] (ONNX attribute ``group``)
+    CONV_TRANSPOSE = "conv_transpose"  # data [N, C_in, spatial...], weight [C_in, C_out/group, kernel...]
+    EINSUM = "einsum"  # a contraction its ``equation`` spells out, over every operand
+    RECURRENT = "recurrent"  # ONNX LSTM/GRU/RNN: X [seq, batch, input], W, R [dirs, gates * hidden, hidden]
+
+
+#: How many operands each kind names (an einsum's may name the one argument holding its operand list).
+_OPERAND_COUNTS = {
+    GemmKind.MATMUL: (2,), GemmKind.CONV: (2,), GemmKind.CONV_TRANSPOSE: (2,), GemmKind.EINSUM: (0, 1),
+    GemmKind.RECURRENT: (3,),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmLayout:
+    """Where a Tensor Core op's product keeps its dims: the FLOPs (``2 * M * N * K`` and the like), the
+    dims Tensor Core kernels tile (K and N, or the channels per group) and the weight axis padding
+    extends are read from it."""
+
+    kind: GemmKind
+    # The operands, in the order the kind lists them (A and B; data and weight; X, W and R): input
+    # indices for ONNX ops, schema argument names for ATen ops.
+    operands: tuple[int | str, ...]
+    source: str  # the op's definition this layout is read from
+    transpose: tuple[str, str] | None = None  # attributes that transpose A and B when set (ONNX Gemm)
+    bias: int | str | None = None  # the input added to the product (Gemm's C, a convolution's bias)
+
+    @classmethod
+    def from_toml(cls, raw: dict, op: str) -> GemmLayout:
+        kind = GemmKind(raw["kind"])
+        operands = tuple(raw.get("operands", ()))
+        if len(operands) not in _OPERAND_COUNTS[kind]:
+            counts = " or ".join(str(n) for n in _OPERAND_COUNTS[kind])
+            raise ValueError(f"{op}: a {kind.value} layout names {counts} operands, not {list(operands)}")
+        transpose = raw.get("transpose")
+        if transpose is not None and (kind is not GemmKind.MATMUL or len(transpose) != 2):
+            raise ValueError(f"{op}: transpose names the attributes of a matmul's two operands")
+        source = raw.get("source", "")
+        if not source.strip():
+            raise ValueError(f"{op}: a gemm layout says where it is defined (source)")
+        return cls(kind, operands, source, tuple(transpose) if transpose else None, raw.get("bias"))
+
+    def weight_axes(self, rank: int, transposed: bool = False) -> tuple[int, int]:
+        """The reduction axis and the output axis of the second operand of a matmul or a convolution of
+        that ``rank``: B's K and N (swapped when ``transposed``), a weight's C_in and C_out axes (axis 0
+        holds all of its channels, axis 1 one group's)."""
+        if self.kind is GemmKind.MATMUL:
+            return (rank - 1, rank - 2) if transposed else (rank - 2, rank - 1)
+        if self.kind is GemmKind.CONV:
+            return 1, 0
+        if self.kind is GemmKind.CONV_TRANSPOSE:
+            return 0, 1
+        raise ValueError(f"a {self.kind.value} has no weight axes")
+
+
 @dataclasses.dataclass(frozen=True)
 class OpPolicy:
     op: str
@@ -44,6 +109,7 @@ class OpPolicy:
     dtype_attr: str | None = None
     refs: str = ""
     tensor_core: bool = False  # its work is matrix products that run on Tensor Cores in FP16/BF16
+    gemm: GemmLayout | None = None  # the layout of that product (Tensor Core ops whose costs are read from it)
     # Inputs the op reads only the shape of (Shape, Size): any float type will do, so they take the
     # type their producer gives them and never get a Cast of their own.
     shape_inputs: frozenset[int] = frozenset()
@@ -98,6 +164,11 @@ class PolicyTable:
         entry = self.get(domain, op_type)
         return entry is not None and entry.tensor_core
 
+    def gemm_layout(self, domain: str, op_type: str) -> GemmLayout | None:
+        """The layout of a Tensor Core op's matrix product (``gemm`` entries), None for other ops."""
+        entry = self.get(domain, op_type)
+        return entry.gemm if entry is not None else None
+
     @classmethod
     def from_toml(cls, text: str) -> PolicyTable:
         data = tomllib.loads(text)
@@ -115,6 +186,7 @@ class PolicyTable:
                     dtype_attr=raw.get("dtype_attr"),
                     refs=raw.get("refs", ""),
                     tensor_core=bool(raw.get("tensor_core", False)),
+                    gemm=GemmLayout.from_toml(raw["gemm"], raw["op"]) if "gemm" in raw else None,
                     shape_inputs=frozenset(raw.get("shape_inputs", ())),
                     signal=bool(raw.get("signal", False)),
                     dynamic_range=bool(raw.get("dynamic_range", False)),

@@ -10,7 +10,6 @@ from amp_compiler.core.decision import untyped_message
 from amp_compiler.core.plan import Rule
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
-from amp_compiler.onnx.measure.checks import OutputAccuracy as MeasuredAccuracy
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.policy import PolicyTable
 from amp_compiler.report.model import (
@@ -21,6 +20,8 @@ from amp_compiler.report.model import (
     Summary,
     TensorRange,
 )
+
+__all__ = ["build_report"]
 
 CAST_RULE = Rule.LOWERING_CAST.value
 
@@ -40,7 +41,7 @@ def build_report(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     ranges: dict[str, TensorRange] | None = None,
     node_errors: dict[int, NodeError] | None = None,
-    accuracy: list[MeasuredAccuracy] | None = None,
+    accuracy: list[OutputAccuracy] | None = None,
     samples: int = 0,
     model_runs: int = 0,
     pinned: int = 0,
@@ -115,10 +116,7 @@ def build_report(
         cast_bytes=sum(r.bytes or 0 for r in casts),
         size_before=fp32.ByteSize(),
         size_after=result.model.ByteSize(),
-        accuracy=[
-            OutputAccuracy(a.name, a.cosine, a.max_abs_error, a.error_of_range, a.finite)
-            for a in (accuracy or [])
-        ],
+        accuracy=list(accuracy or []),
         calibration_samples=samples,
         model_runs=model_runs,
         pinned_by_tolerance=pinned,

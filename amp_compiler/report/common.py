@@ -5,18 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-import onnx_ir as ir
-
-from amp_compiler.dtypes import short_name
-from amp_compiler.report.model import NodeReport, OutputAccuracy, PrecisionReport
+from amp_compiler.core.measures import OutputAccuracy
+from amp_compiler.dtypes import HIGH_PRECISION, LOW_PRECISIONS, precision_rank
+from amp_compiler.report.model import NodeReport, PrecisionReport
 from amp_compiler.sizes import format_bytes
-from amp_compiler.targets import Target
+
+__all__ = [
+    "SORTS", "clean", "cosine_str", "filter_note", "flops_by_precision", "has_errors", "has_ranges", "human_bytes",
+    "human_count", "nodes_by_precision", "pct", "rows_note", "sci", "select_nodes", "short_num", "summary_parts",
+    "worst_accuracy",
+]
 
 SORTS = ("cost", "error", "name", "graph")
-LOW_PRECISIONS = tuple(short_name(t.dtype) for t in Target)  # ("fp16", "bf16")
-HIGH_PRECISION = short_name(ir.DataType.FLOAT)  # "fp32"
-# Order in which precisions are listed and stacked in plots: low precision first.
-PRECISION_ORDER = (*LOW_PRECISIONS, "mixed", HIGH_PRECISION, "none")
 
 
 # ---------------------------------------------------------------------------------------------- numbers
@@ -140,7 +140,7 @@ def select_nodes(
     """(graph-order index, node) pairs, filtered and sorted.
 
     ``op``: op types (a list, or one comma-separated string; case-insensitive). ``precision``: precisions
-    (fp16, bf16, fp32, mixed, none; ``low`` means fp16 or bf16, ``high`` means fp32). ``sort``: ``cost``
+    (fp8, fp16, bf16, fp32, mixed, none; ``low`` means fp8, fp16 or bf16, ``high`` means fp32). ``sort``: ``cost``
     (FLOPs, then bytes, largest first), ``error`` (error the node adds, then its relative L2 error,
     largest first; nodes without error data last), ``name`` or ``graph`` (graph order).
     """
@@ -185,10 +185,6 @@ def filter_note(op: str | Iterable[str] | None, precision: str | Iterable[str] |
     if precision is not None and _as_set(precision):
         bits.append("precision " + clean(_as_text(precision)))
     return "; ".join(bits + [f"sorted by {sort}"])
-
-
-def precision_rank(p: str) -> tuple[int, str]:
-    return (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), p)
 
 
 def flops_by_precision(report: PrecisionReport) -> dict[str, int]:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import textwrap
 
-from amp_compiler.onnx.compare import Comparison, NodeError
+from amp_compiler.onnx.compare import Comparison, NodeComparison
 from amp_compiler.report.common import cosine_str, pct, sci
 from amp_compiler.report.terminal import fit_middle, fit_op, fit_path, fit_rule
+
+__all__ = ["FORMATS", "render_comparison"]
 
 FORMATS = ("terminal", "json")
 
@@ -61,7 +63,7 @@ def _terminal(c: Comparison) -> list[str]:
     return lines
 
 
-def _row(e: NodeError) -> str:
+def _row(e: NodeComparison) -> str:
     return (
         f"{e.position:>3} {fit_path(e.node, 20):<20} {fit_op(e.op_type, 9):<9} {e.precision:<4} "
         f"{sci(e.rel_l2):>7} {sci(e.growth):>7} {pct(e.error_of_range):>7}  {fit_rule(e.rule or '-', 15)}"

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from amp_compiler.report.common import select_nodes
 from amp_compiler.report.model import NodeError, NodeReport, PrecisionReport, TensorRange
 
+__all__ = ["csv_columns", "neutralise", "render_csv"]
+
 # Nested dataclass fields of NodeReport and how their members are named in the header.
 _NESTED = {"range": TensorRange, "error": NodeError}
 

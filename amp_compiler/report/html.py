@@ -33,6 +33,8 @@ from amp_compiler.report.common import (
 from amp_compiler.report.html_plots import colour, e, graph_plot, ops_plot, share_plot
 from amp_compiler.report.model import NodeReport, PrecisionReport
 
+__all__ = ["render_html"]
+
 
 # ---------------------------------------------------------------------------------------------- cards
 def _sizes(before: int, after: int) -> str:
@@ -107,13 +109,9 @@ def _num(v: float | None, text: str, cls: str = "") -> str:
     return f'<td class="n {cls}" data-v="{dv}">{text}</td>'
 
 
-_SHORT_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float": "f32", "float64": "f64",
-                 "double": "f64", "int64": "i64", "int32": "i32", "int8": "i8", "uint8": "u8"}
-
-
 def _dtypes(dtypes: list[str]) -> str:
-    """'float16, float16' -> 'f16 f16' (the full names are in the cell's title)."""
-    return " ".join(e(_SHORT_DTYPES.get(d.lower(), d)) for d in dtypes) or "-"
+    """The element types as the decisions name them (:func:`amp_compiler.dtypes.short_name`: 'fp16 int64')."""
+    return " ".join(e(d) for d in dtypes) or "-"
 
 
 def _op_breaks(op_type: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import math
 
+from amp_compiler.dtypes import precision_rank
 from amp_compiler.report.common import (
     clean,
     flops_by_precision,
@@ -20,11 +21,12 @@ from amp_compiler.report.common import (
     human_count,
     nodes_by_precision,
     pct,
-    precision_rank,
     rows_note,
     sci,
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
+
+__all__ = ["COLOURS", "MAX_MARKS", "colour", "e", "graph_plot", "ops_plot", "share_plot"]
 
 MAX_MARKS = 600  # markers along the graph before nodes are binned
 TOP_OPS = 10

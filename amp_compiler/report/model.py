@@ -1,7 +1,12 @@
 """The precision report as data: what was decided per node, why, what it costs, what it changes.
 
 Renderers (terminal, JSON, CSV, HTML) read these dataclasses and nothing else. JSON carries
-``schema_version`` and loads back into the same objects (:meth:`PrecisionReport.from_dict`).
+``schema_version`` and loads back into the same objects (:meth:`PrecisionReport.from_dict`), from
+this version and the ones before it:
+
+- 2: an output's accuracy holds the FP32 output's ``value_range``; ``error_of_range`` is derived from
+  it, and still written for readers of the JSON.
+- 1: an output's accuracy held ``error_of_range`` only.
 """
 
 from __future__ import annotations
@@ -9,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from amp_compiler.core.measures import NodeError, TensorRange
+from amp_compiler.core.measures import NodeError, OutputAccuracy, TensorRange
 
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "NodeError", "NodeReport", "OutputAccuracy", "PrecisionReport", "Summary", "TensorRange"]
+
+SCHEMA_VERSION = 2
 
 
 @dataclasses.dataclass
@@ -34,15 +41,6 @@ class NodeReport:
     range: TensorRange | None = None  # of its first float output
     error: NodeError | None = None
     inserted: bool = False  # a Cast the conversion inserted (not a node of the input model)
-
-
-@dataclasses.dataclass
-class OutputAccuracy:
-    name: str
-    cosine: float
-    max_abs_error: float
-    error_of_range: float
-    finite: bool
 
 
 @dataclasses.dataclass
@@ -86,15 +84,19 @@ class PrecisionReport:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        for entry, accuracy in zip(data["summary"]["accuracy"], self.summary.accuracy, strict=True):
+            entry["error_of_range"] = accuracy.error_of_range  # derived, written for readers of the JSON
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrecisionReport:
+        """The report a :meth:`to_dict` of this schema version, or of an earlier one, wrote."""
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"report schema_version {version!r} is not {SCHEMA_VERSION}")
+        if version not in (1, SCHEMA_VERSION):
+            raise ValueError(f"report schema_version {version!r} is not 1 or {SCHEMA_VERSION}")
         s = dict(data["summary"])
-        s["accuracy"] = [OutputAccuracy(**a) for a in s.get("accuracy", [])]
+        s["accuracy"] = [_accuracy(a, version) for a in s.get("accuracy", [])]
         nodes = []
         for n in data["nodes"]:
             n = dict(n)
@@ -106,5 +108,16 @@ class PrecisionReport:
             summary=Summary(**s),
             nodes=nodes,
             warnings=list(data.get("warnings", [])),
-            schema_version=version,
+            schema_version=SCHEMA_VERSION,
         )
+
+
+def _accuracy(entry: dict[str, Any], version: int) -> OutputAccuracy:
+    """An output's accuracy as a report of ``version`` wrote it. Version 1 wrote ``error_of_range``
+    (max error / value range) without the range: the range is what gives that ratio back (to the
+    last bit or two; 0 for a ratio of 0, inf or NaN, which is what a range of 0 gives back)."""
+    if version == 1:
+        ratio, error = entry["error_of_range"], entry["max_abs_error"]
+        value_range = error / ratio if 0 < ratio < float("inf") else 0.0
+        return OutputAccuracy(entry["name"], entry["cosine"], error, value_range, entry["finite"])
+    return OutputAccuracy(**{k: v for k, v in entry.items() if k != "error_of_range"})

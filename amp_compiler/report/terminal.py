@@ -10,10 +10,9 @@ import re
 import textwrap
 from collections.abc import Callable, Iterable
 
+from amp_compiler.dtypes import HIGH_PRECISION, LOW_PRECISIONS, MIXED, NO_FLOAT
 from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.report.common import (
-    HIGH_PRECISION,
-    LOW_PRECISIONS,
     clean,
     filter_note,
     has_errors,
@@ -27,6 +26,8 @@ from amp_compiler.report.common import (
     summary_parts,
 )
 from amp_compiler.report.model import NodeReport, PrecisionReport
+
+__all__ = ["fit_middle", "fit_op", "fit_path", "fit_rule", "render_terminal", "strip_ansi"]
 
 DEFAULT_WIDTH = 80
 ELLIPSIS = "…"
@@ -171,7 +172,7 @@ class _Col:
 def _precision_colour(n: NodeReport, _text: str) -> str | None:
     if n.precision in LOW_PRECISIONS:
         return _GREEN
-    return {HIGH_PRECISION: _YELLOW, "mixed": _MAGENTA, "none": _DIM}.get(n.precision)
+    return {HIGH_PRECISION: _YELLOW, MIXED: _MAGENTA, NO_FLOAT: _DIM}.get(n.precision)
 
 
 def _error_colour(value: float | None) -> str | None:

@@ -17,6 +17,8 @@ from types import ModuleType
 
 from amp_compiler.errors import RuntimeMissingError
 
+__all__ = ["INSTALL_HINT", "installed_distributions", "is_installed", "onnxruntime", "require"]
+
 PACKAGE = "onnxruntime"
 INSTALL_HINT = "pip install 'amp-compiler[cpu]' (or 'amp-compiler[gpu]' for CUDA/TensorRT)"
 

@@ -13,6 +13,8 @@ import os
 from amp_compiler.errors import OptionError
 from amp_compiler.sizes import format_bytes
 
+__all__ = ["DEFAULT_SECONDS", "MIN_MEMORY", "RunBudget", "default_memory"]
+
 #: Default time budget of one load or one run of the model, in seconds.
 DEFAULT_SECONDS = 300.0
 #: The least memory budget: onnxruntime and numpy alone take about 200 MB of address space.

@@ -29,6 +29,11 @@ import json
 import sys
 from typing import Any, BinaryIO
 
+__all__ = [
+    "PROVIDERS", "RAW_KINDS", "array_header", "error_kind", "first_line", "run_options", "session_facts",
+    "session_options",
+]
+
 #: The execution providers a load may ask for.
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 

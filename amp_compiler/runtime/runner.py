@@ -45,8 +45,10 @@ from amp_compiler.errors import (
     RunBudgetError,
 )
 from amp_compiler.runtime import child as runner_child
-from amp_compiler.runtime.budget import DEFAULT_SECONDS, MIN_MEMORY, RunBudget, default_memory  # noqa: F401 - re-exported
+from amp_compiler.runtime.budget import RunBudget
 from amp_compiler.sizes import format_bytes
+
+__all__ = ["ChildRunner", "InProcessRunner", "Runner", "Session", "default_runner"]
 
 #: onnxruntime's CPU execution provider, where models run unless a load asks for another.
 CPU = runner_child.PROVIDERS[0]

@@ -25,6 +25,11 @@ import onnx
 from amp_compiler.errors import AmpUserError
 from amp_compiler.sizes import format_bytes
 
+__all__ = [
+    "MAX_SAMPLE_BYTES", "CalibrationDataError", "SampleSizeError", "load_samples", "model_inputs", "random_samples",
+    "sample_bytes",
+]
+
 #: The most bytes all calibration samples together may hold (they are kept in memory).
 MAX_SAMPLE_BYTES = 4 * 2**30
 #: Kinds of arrays a model input can take: bool, signed and unsigned integers, floats.

@@ -20,7 +20,10 @@ from onnx_ir.passes import PostconditionError, PreconditionError
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 
-__all__ = ["AnalysisPass", "PostconditionError", "PreconditionError"]
+__all__ = [
+    "AnalysisPass", "PostconditionError", "PreconditionError", "ensure", "ensure_all", "ensure_only_pinned", "require",
+    "require_roles",
+]
 
 
 class AnalysisPass(abc.ABC):

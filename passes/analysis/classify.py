@@ -41,6 +41,8 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, 
 from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.targets import Provider, Target
 
+__all__ = ["ClassifyPass", "UserChoices", "compile_patterns", "user_allowed"]
+
 _USER_RULES = frozenset({Rule.USER_BLOCK_NODE, Rule.USER_BLOCK_OP, Rule.USER_ALLOW})
 
 

@@ -35,6 +35,8 @@ from amp_compiler.onnx.ir.constants import SCREEN_BYTES, constant_array, raw_flo
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.targets import Target
 
+__all__ = ["ConstantRangePass", "mask_paths", "range_stats"]
+
 MASK_LOWEST = -32768.0
 # Ops an additive mask passes through on its way to the Softmax, and the ops it must end in.
 MASK_PATH_OPS = frozenset(

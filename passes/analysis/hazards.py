@@ -35,6 +35,8 @@ from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require, require_roles
 from amp_compiler.policy import schemas
 
+__all__ = ["RuntimeHazardPass", "moves_batch"]
+
 _FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 

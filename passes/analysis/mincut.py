@@ -62,6 +62,8 @@ from amp_compiler.core.graph import PrecisionGraph, SlotKind, ValueView
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require, require_roles
 
+__all__ = ["MinCutPlacementPass", "total_cast_bytes", "unshaped_tensors"]
+
 _SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side
 
 

@@ -33,6 +33,8 @@ from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require, require_roles
 
+__all__ = ["PaintPass"]
+
 # ONNX gathers, and ATen's embedding (the FX frontend names vertices' ops by their ATen packet name).
 TABLE_LOOKUP_OPS = frozenset({"Gather", "GatherElements", "GatherND", "embedding"})
 TABLE_MIN_ELEMENTS = 16384  # 64 KiB of FP32

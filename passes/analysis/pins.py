@@ -32,6 +32,8 @@ from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require, require_roles
 from amp_compiler.passes.analysis.classify import user_allowed
 
+__all__ = ["TolerancePinPass"]
+
 _FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 

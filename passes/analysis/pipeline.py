@@ -41,6 +41,8 @@ from amp_compiler.passes.analysis import (
 )
 from amp_compiler.targets import Provider, Target
 
+__all__ = ["AnalysisSettings", "analysis_passes", "check_placement", "checks_enabled", "plan_precisions", "run_passes"]
+
 CHECK_ENV = "AMP_COMPILER_CHECK_PASSES"
 # "mincut": re-decide painting's free choices to move the fewest cast bytes; "paint": painting only.
 PLACEMENTS = ("mincut", "paint")

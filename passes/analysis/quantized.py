@@ -30,6 +30,8 @@ from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
 from amp_compiler.passes.analysis.classify import user_allowed
 
+__all__ = ["QuantizedIslandPass"]
+
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 

@@ -30,6 +30,8 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_o
 from amp_compiler.passes.analysis.classify import user_allowed
 from amp_compiler.policy import Category
 
+__all__ = ["SignalPathPass"]
+
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 

@@ -23,6 +23,8 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_o
 from amp_compiler.passes.analysis.constants import mask_paths
 from amp_compiler.targets import Target
 
+__all__ = ["StaticRangePass"]
+
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 

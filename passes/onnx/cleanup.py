@@ -17,6 +17,8 @@ import onnx_ir as ir
 from amp_compiler.onnx.ir.walk import iter_graphs
 from amp_compiler.policy.schemas import is_onnx_domain
 
+__all__ = ["RemoveCancellingCastsPass"]
+
 # (narrow, wide): widening narrow -> wide and back is exact.
 _LOSSLESS: set[tuple[ir.DataType | None, ir.DataType | None]] = {
     (ir.DataType.FLOAT16, ir.DataType.FLOAT),

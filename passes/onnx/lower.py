@@ -33,6 +33,8 @@ from amp_compiler.onnx.ir.slots import Slot
 from amp_compiler.onnx.ir.walk import home_graph, is_constant, iter_graphs
 from amp_compiler.onnx.load.deferred import DeferredTensor
 
+__all__ = ["CastRecord", "ConvertedConstant", "LowerPlanPass", "raw_bytes"]
+
 _NUMPY: dict[ir.DataType, np.dtype] = {
     ir.DataType.FLOAT: np.dtype(np.float32),
     ir.DataType.DOUBLE: np.dtype(np.float64),

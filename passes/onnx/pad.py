@@ -6,9 +6,12 @@ Slice drops the extra outputs again:
 
 - MatMul ``A @ W`` (W constant, rank >= 2): N, W's last axis, gets zero columns; Slice the last axis.
 - Gemm (B constant): N gets zero columns of B (rows with ``transB``), a constant bias C with an N
-  axis gets zeros; Slice axis 1.
+  axis gets zeros; Slice the last axis.
 - Conv / ConvTranspose (``group == 1``, constant weight): C_out gets zero filters and the bias
   zeros; Slice axis 1 (channels).
+
+Which ops these are, and which input and axis of each holds N (C_out) and K (C_in), is the policy
+table's ``gemm`` layout of the op (:class:`~amp_compiler.policy.GemmLayout`).
 
 Each kept output is computed from the same weights as before (an output column depends on its own
 weight column only), so the values are those of the unpadded op up to the kernel's summation order;
@@ -37,9 +40,12 @@ from amp_compiler.dtypes import short_name
 from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import is_constant, iter_graphs
 from amp_compiler.passes.onnx.lower import _Names
-from amp_compiler.policy.schemas import is_onnx_domain
+from amp_compiler.policy import GemmKind, PolicyTable, default_table
+
+__all__ = ["PadTensorCoresPass", "Padding"]
 
 LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+_PADDED = (GemmKind.MATMUL, GemmKind.CONV, GemmKind.CONV_TRANSPOSE)  # a weight whose N (C_out) axis can grow
 
 
 @dataclasses.dataclass
@@ -53,11 +59,12 @@ class Padding:
 
 
 class _PadPlan(NamedTuple):
-    """Where to pad a node: the weight's padded axis, the bias's kind (None: no bias to pad), the
-    output axis the Slice cuts, the dim's name and its size."""
+    """Where to pad a node: the weight (its input) and its padded axis, the bias's input (None: no bias
+    to pad), the output axis the Slice cuts, the dim's name and its size."""
 
+    weight: int
     w_axis: int
-    bias_axis: str | None
+    bias: int | None
     out_axis: int
     dim: str
     n: int
@@ -73,9 +80,10 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 class PadTensorCoresPass(ir.passes.InPlacePass):
-    def __init__(self, multiple: int = 8):
+    def __init__(self, multiple: int = 8, policy: PolicyTable | None = None):
         super().__init__()
         self.multiple = multiple
+        self.policy = policy or default_table()  # where the ops' weights hold N (or C_out) and K (or C_in)
         self.paddings: list[Padding] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -91,58 +99,57 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
     # -- what to pad -----------------------------------------------------------------------------
     def _plan(self, node: ir.Node) -> _PadPlan | None:
         """Where to pad the node, or None when it is not padded."""
-        if not is_onnx_domain(node.domain) or node.op_type not in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
+        gemm = self.policy.gemm_layout(node.domain, node.op_type)
+        if gemm is None or gemm.kind not in _PADDED:
             return None
-        if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[0].dtype not in LOW:
+        data, w = (int(i) for i in gemm.operands)
+        if len(node.inputs) <= w:
             return None
-        weight = node.inputs[1]
+        activation, weight = node.inputs[data], node.inputs[w]
+        if activation is None or activation.dtype not in LOW:
+            return None
         if weight is None or not is_constant(weight) or weight.dtype not in LOW:
             return None
         shape = weight.shape
         if shape is None or not shape.is_static() or len(shape) < 2:
             return None
         dims = list(shape.numpy())
-        op = node.op_type
-        bias_axis = None
-        if op == "MatMul":
-            k, n, w_axis, out_axis, dim = dims[-2], dims[-1], len(dims) - 1, -1, "N"
-            if len(node.inputs) > 2:
-                return None
-        elif op == "Gemm":
-            trans = _int_attr(node, "transB", 0)
-            k, n = (dims[1], dims[0]) if trans else (dims[0], dims[1])
-            w_axis, out_axis, dim, bias_axis = (0 if trans else 1), 1, "N", "gemm"
+        if gemm.kind is GemmKind.MATMUL:
+            transposed = bool(gemm.transpose and _int_attr(node, gemm.transpose[1], 0))
+            k_axis, w_axis = gemm.weight_axes(len(dims), transposed)
+            out_axis, dim = -1, "N"
         else:
             if _int_attr(node, "group", 1) != 1:
                 return None
-            w_axis = 0 if op == "Conv" else 1
-            n, k = dims[w_axis], dims[1 - w_axis]
-            out_axis, dim, bias_axis = 1, "C_out", "conv"
+            k_axis, w_axis = gemm.weight_axes(len(dims))
+            out_axis, dim = 1, "C_out"
+        k, n = dims[k_axis], dims[w_axis]
         if n % self.multiple == 0 or k % self.multiple != 0:
             return None  # aligned already, or the reduction dim keeps it ineligible anyway
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if bias is not None and not self._bias_paddable(bias, bias_axis, n):
+        b = int(gemm.bias) if gemm.bias is not None and len(node.inputs) > int(gemm.bias) else None
+        bias = node.inputs[b] if b is not None else None
+        if bias is not None and not self._bias_paddable(bias, gemm.kind is GemmKind.MATMUL, n):
             return None
-        return _PadPlan(w_axis, bias_axis, out_axis, dim, n)
+        return _PadPlan(w, w_axis, b if bias is not None else None, out_axis, dim, n)
 
     @staticmethod
-    def _bias_paddable(bias: ir.Value, kind: str | None, n: int) -> bool:
+    def _bias_paddable(bias: ir.Value, broadcast: bool, n: int) -> bool:
         if not is_constant(bias) or bias.shape is None or not bias.shape.is_static():
             return False
         dims = list(bias.shape.numpy())
-        if kind == "conv":
+        if not broadcast:  # a convolution's bias: one per output channel
             return dims == [n]
         # Gemm's C broadcasts to (M, N): its last axis is N or 1 (or it is a scalar).
         return len(dims) <= 2 and (not dims or dims[-1] in (1, n))
 
     # -- how -------------------------------------------------------------------------------------
     def _apply(self, graph: ir.Graph, node: ir.Node, plan: _PadPlan, names: _Names, opset: int) -> None:
-        w_axis, _, out_axis, dim, n = plan
+        weight, w_axis, b, out_axis, dim, n = plan
         padded = _round_up(n, self.multiple)
-        self._replace_constant(graph, node, 1, w_axis, padded, names)
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        if bias is not None and bias.shape is not None and len(bias.shape) and bias.shape[-1] == n:
-            self._replace_constant(graph, node, 2, len(bias.shape) - 1, padded, names)
+        self._replace_constant(graph, node, weight, w_axis, padded, names)
+        bias = node.inputs[b] if b is not None else None
+        if b is not None and bias is not None and bias.shape is not None and len(bias.shape) and bias.shape[-1] == n:
+            self._replace_constant(graph, node, b, len(bias.shape) - 1, padded, names)
 
         y = node.outputs[0]
         uses = list(y.uses())

@@ -28,6 +28,8 @@ from amp_compiler.onnx.ir.walk import home_graph
 from amp_compiler.onnx.measure.emulate import quantize_fp8
 from amp_compiler.targets import Target
 
+__all__ = ["Fp8Candidate", "Fp8Input", "InsertedQdq", "QuantizeGemmInputsPass"]
+
 _FP8 = ir.DataType.FLOAT8E4M3FN
 _LOW_ONNX = {np.dtype(t.numpy_dtype): onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.numpy_dtype))
              for t in (Target.FP16, Target.BF16)}

@@ -85,7 +85,7 @@ def watched(monkeypatch):
     monkeypatch.setattr(DeferredModel, "load", load)
     monkeypatch.setattr(conversion_module, "convert", convert)  # the plain path's conversion
     # analyze() converts too, through its own name: kept the real one, so "options" records the plain path only
-    monkeypatch.setattr(importlib.import_module("amp_compiler.analyze"), "convert", real_convert)
+    monkeypatch.setattr(importlib.import_module("amp_compiler.analysis"), "convert", real_convert)
     return seen
 
 

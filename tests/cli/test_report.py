@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.onnx.convert import ConvertOptions
 from amp_compiler.report import PrecisionReport
@@ -57,7 +57,10 @@ def test_report_json_round_trips_and_lists_every_node(ffn, tmp_path, capsys):
     code, _, err = _run(["report", path, "--calibration-data", samples, "--format", "json", "-o", out], capsys)
     assert code == 0, err
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
+    assert data["summary"]["accuracy"] and all(
+        {"error_of_range", "value_range", "max_abs_error"} <= set(a) for a in data["summary"]["accuracy"]
+    )
     report = PrecisionReport.from_dict(data)
     assert report.to_dict() == data
     assert [n.name for n in report.nodes if n.rule != "lowering.cast"] == [n.name for n in ffn_overflow_model().graph.node]

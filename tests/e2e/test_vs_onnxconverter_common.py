@@ -22,7 +22,8 @@ from amp_compiler import convert
 from amp_compiler.errors import ModelCrashError
 from amp_compiler.onnx.measure.checks import compare, run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
-from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, RunBudget, Runner
+from amp_compiler.runtime.budget import RunBudget
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, Runner
 from models import catalog
 
 float16 = pytest.importorskip("onnxconverter_common.float16")

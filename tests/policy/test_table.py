@@ -21,7 +21,9 @@ PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
+    "gemm",
 }
+GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +265,51 @@ def test_cpu_no_fp16_kernel_claims_hold(table):
             assert "tensor(float16)" not in types, (op, types)
             checked += 1
     assert checked >= 5
+
+
+def test_gemm_layouts_name_their_schemas_inputs_and_attributes(entries):
+    """Each Tensor Core op's product layout (``[op.gemm]``) names inputs and attributes of the op's ONNX
+    schema, in the order its kind reads them, and says where it is defined."""
+    laid_out = {}
+    for e in entries:
+        if "gemm" not in e:
+            continue
+        gemm, name = e["gemm"], e["op"]
+        assert e.get("tensor_core") and e["domain"] == "ai.onnx", name
+        assert set(gemm) <= GEMM_KEYS and len(gemm["source"]) > 40 and gemm["source"].startswith(f"ONNX {name}:"), name
+        schema = onnx.defs.get_schema(name, 23)
+        inputs = [i.name for i in schema.inputs]
+        assert all(0 <= i < len(inputs) for i in (*gemm.get("operands", ()), gemm.get("bias", 0))), name
+        assert all(a in schema.attributes for a in gemm.get("transpose", ())), name
+        if gemm["kind"] in ("conv", "conv_transpose"):
+            assert "group" in schema.attributes, name
+        if gemm["kind"] == "einsum":
+            assert "equation" in schema.attributes and "operands" not in gemm, name
+        laid_out[name] = (gemm["kind"], [inputs[i] for i in gemm.get("operands", ())], gemm.get("bias"))
+    recurrent = ("recurrent", ["X", "W", "R"], None)
+    assert laid_out == {
+        "MatMul": ("matmul", ["A", "B"], None), "Gemm": ("matmul", ["A", "B"], 2), "Conv": ("conv", ["X", "W"], 2),
+        "ConvTranspose": ("conv_transpose", ["X", "W"], 2), "Einsum": ("einsum", [], None),
+        "LSTM": recurrent, "GRU": recurrent, "RNN": recurrent,
+    }
+    takes_fp8 = [e for e in entries if e.get("fp8_inputs")]
+    assert all(e["fp8_inputs"] == e["gemm"]["operands"] for e in takes_fp8)  # FP8 Q/DQ on the product's operands
+
+
+def test_a_gemm_layout_is_checked_when_the_table_is_read():
+    from amp_compiler.policy import GemmKind, PolicyTable
+
+    def table(layout: str) -> PolicyTable:
+        return PolicyTable.from_toml(f'[[op]]\nop = "MatMul"\ncategory = "LOW"\nreason = "r"\n[op.gemm]\n{layout}\n')
+
+    gemm = table('kind = "matmul"\noperands = [0, 1]\nsource = "ONNX MatMul"').get("", "MatMul").gemm
+    assert gemm is not None and gemm.kind is GemmKind.MATMUL and gemm.weight_axes(3) == (1, 2)
+    assert gemm.weight_axes(2, transposed=True) == (1, 0)
+    for bad, message in [
+        ('kind = "matmul"\noperands = [0]\nsource = "s"', "names"),
+        ('kind = "conv"\noperands = [0, 1]\ntranspose = ["a", "b"]\nsource = "s"', "transpose"),
+        ('kind = "matmul"\noperands = [0, 1]', "source"),
+        ('kind = "outer"\noperands = [0, 1]\nsource = "s"', "outer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            table(bad)

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper
 
 from amp_compiler.errors import ModelCrashError, ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.measure.checks import run_onnxruntime
-from amp_compiler.runtime.runner import MIN_MEMORY, ChildRunner, InProcessRunner, RunBudget
+from amp_compiler.runtime.budget import MIN_MEMORY, RunBudget
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner
 from tests.support.onnx_builders import (
     F16,
     F32,

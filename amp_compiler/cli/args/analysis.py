@@ -1,4 +1,4 @@
-"""Calibration and accuracy options: the analysis path (:func:`amp_compiler.analyze.analyze`)."""
+"""Calibration and accuracy options: the analysis path (:func:`amp_compiler.analyze`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from amp_compiler.cli.args.group import ArgGroup
 if TYPE_CHECKING:  # imported when the analysis runs, not to build the parser
     import onnx
 
-    from amp_compiler.analyze import Analysis
+    from amp_compiler.analysis import Analysis
     from amp_compiler.runtime.runner import Runner
+
+__all__ = ["AnalysisArgs"]
 
 
 class AnalysisArgs(ArgGroup):
@@ -49,7 +51,7 @@ class AnalysisArgs(ArgGroup):
 
     def run(self, model: onnx.ModelProto, *, model_name: str, runner: Runner) -> Analysis:
         """Convert and explain ``model`` (every weight in memory, checked), running it with ``runner``."""
-        from amp_compiler.analyze import analyze
+        from amp_compiler.analysis import analyze
 
         return analyze(
             model,

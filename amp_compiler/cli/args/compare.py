@@ -9,6 +9,8 @@ from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OptionError
 from amp_compiler.targets import Provider
 
+__all__ = ["CompareArgs", "FORMATS"]
+
 #: :func:`amp_compiler.report.comparison.render_comparison`'s formats, spelt here so that building the
 #: parser does not import the comparison (numpy, onnx_ir); a test checks they are the same.
 FORMATS = ("terminal", "json")

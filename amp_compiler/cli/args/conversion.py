@@ -13,6 +13,8 @@ from amp_compiler.targets import Provider, Target
 if TYPE_CHECKING:  # imported once the options are read back, not to build the parser
     from amp_compiler.options import ConvertOptions
 
+__all__ = ["ConversionArgs"]
+
 
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--allow-op``, ``--allow-node``,

@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Mapping
 from typing import ClassVar
 
+__all__ = ["ArgGroup"]
+
 
 class ArgGroup(abc.ABC):
     """A set of options that belong together.

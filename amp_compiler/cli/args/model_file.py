@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # imported when a command runs, not to build the parser (--he
     from amp_compiler.onnx.load.deferred import DeferredModel
     from amp_compiler.onnx.write.save import OutputPath, Verify
 
+__all__ = ["ModelFile", "ModelFileArgs"]
+
 
 @dataclasses.dataclass
 class ModelFile:

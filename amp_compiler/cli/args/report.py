@@ -13,6 +13,8 @@ from amp_compiler.errors import OutputError
 if TYPE_CHECKING:  # imported when a report is written, not to build the parser
     from amp_compiler.report.model import PrecisionReport
 
+__all__ = ["ReportFileArgs", "ReportViewArgs", "write_text"]
+
 FORMATS = ("terminal", "json", "csv", "html")
 
 

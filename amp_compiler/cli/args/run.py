@@ -13,6 +13,8 @@ from amp_compiler.sizes import format_bytes, parse_bytes
 if TYPE_CHECKING:  # the runner (numpy, onnx) is imported when a command starts one
     from amp_compiler.runtime.runner import ChildRunner
 
+__all__ = ["RunArgs"]
+
 
 class RunArgs(ArgGroup):
     """``--max-run-seconds``, ``--max-run-memory`` and, for a command that writes a model,

@@ -9,6 +9,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+__all__ = [
+    "has_dtype_argument", "mutated_arguments", "replace_tensor_arguments", "scalar_constants", "schema_argument",
+    "set_schema_argument", "tensor_arguments", "viewed",
+]
+
 # Schema types of the arguments a Python float can be passed for (Tensor and Scalar arguments).
 _SCALAR_TYPES = ("Tensor", "Optional[Tensor]", "number", "Optional[number]")
 

@@ -1,12 +1,14 @@
 """Estimated FLOPs of the nodes of an FX graph, by the ONNX path's definitions (:mod:`amp_compiler.onnx.costs.costs`).
 
 A multiply-add counts 2: matrix products ``2 * output elements * K`` (linear, mm, addmm, bmm,
-baddbmm, matmul, and the GEMM callables the caller names: the FP8 paths' own), convolutions
+baddbmm, matmul, ..., and the GEMM callables the caller names: the FP8 paths' own), convolutions
 ``2 * output elements * C_in/groups * kernel``, transposed convolutions ``2 * input elements *
 C_out/groups * kernel``, einsum the product of all index sizes (times 2), scaled-dot-product
 attention its two matrix products; other numeric ops one per output element; data movement (the
 policy's PASS and NONFLOAT ops), casts, quantizers, placeholders, attributes and outputs none.
-Shapes are the traced ``meta["val"]`` (symbolic sizes count as their hint).
+Which ops are matrix products or convolutions, and which argument holds K or the weight, is the ATen
+table's ``gemm`` layout of each (:class:`~amp_compiler.policy.GemmLayout`). Shapes are the traced
+``meta["val"]`` (symbolic sizes count as their hint).
 """
 
 from __future__ import annotations
@@ -20,12 +22,9 @@ import torch.fx as fx
 
 from amp_compiler.fx.graph.arguments import schema_argument, tensor_arguments
 from amp_compiler.fx.graph.policy import AtenPolicy, op_name, policy_name
-from amp_compiler.policy import Category
+from amp_compiler.policy import Category, GemmKind, GemmLayout
 
-_MATMUL_LHS = {"linear": "input", "mm": "self", "addmm": "mat1", "bmm": "self", "baddbmm": "batch1",
-               "matmul": "self", "_addmm_activation": "mat1", "addbmm": "batch1"}
-_CONV = {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_tbc"}
-_CONV_T = {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+__all__ = ["graph_flops", "node_flops"]
 
 
 def _dim(d: object) -> int:
@@ -57,19 +56,25 @@ def _arg(node: fx.Node, name: str) -> object:
     return schema_argument(node, name)[1]
 
 
-def _conv(node: fx.Node, transposed: bool) -> int:
-    w = _shape(_arg(node, "weight"))
+def _matmul(node: fx.Node, gemm: GemmLayout) -> int:
+    lhs = _shape(_arg(node, str(gemm.operands[0])))
+    return 2 * _numel(node) * (lhs[-1] if lhs else 0)
+
+
+def _conv(node: fx.Node, gemm: GemmLayout) -> int:
+    data, weight = (str(name) for name in gemm.operands)
+    w = _shape(_arg(node, weight))
     if w is None:
         return 0
     kernel = math.prod(w[2:])
-    if transposed:  # weight [C_in, C_out/groups, k...]: every input element meets C_out/groups * kernel
-        return 2 * _numel(_arg(node, "input")) * w[1] * kernel
+    if gemm.kind is GemmKind.CONV_TRANSPOSE:  # weight [C_in, C_out/groups, k...]: every input element
+        return 2 * _numel(_arg(node, data)) * w[1] * kernel  # meets C_out/groups * kernel weights
     return 2 * _numel(node) * w[1] * kernel  # weight [C_out, C_in/groups, k...]
 
 
-def _einsum(node: fx.Node) -> int:
+def _einsum(node: fx.Node, gemm: GemmLayout) -> int:
     equation = _arg(node, "equation")
-    operands = _arg(node, "tensors")
+    operands = _arg(node, str(gemm.operands[0]))
     if not isinstance(equation, str) or "..." in equation or not isinstance(operands, (list, tuple)):
         return _numel(node)
     sizes: dict[str, int] = {}
@@ -87,16 +92,9 @@ def _attention(node: fx.Node) -> int:
     return 2 * heads * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
-def _conv_forward(node: fx.Node) -> int:
-    return _conv(node, transposed=False)
-
-
-def _conv_transposed(node: fx.Node) -> int:
-    return _conv(node, transposed=True)
-
-
-_BY_OP: dict[str, Callable[[fx.Node], int]] = {
-    **dict.fromkeys(_CONV, _conv_forward), **dict.fromkeys(_CONV_T, _conv_transposed), "einsum": _einsum,
+# FLOPs of a Tensor Core op by the kind of its product (the policy's ``gemm`` layout).
+_BY_KIND: dict[GemmKind, Callable[[fx.Node, GemmLayout], int]] = {
+    GemmKind.MATMUL: _matmul, GemmKind.CONV: _conv, GemmKind.CONV_TRANSPOSE: _conv, GemmKind.EINSUM: _einsum,
 }
 
 
@@ -111,14 +109,11 @@ def node_flops(node: fx.Node, policy: AtenPolicy, gemms: Collection[Callable] = 
     if name is None:
         return 0
     key = policy_name(name)
-    if key in _MATMUL_LHS:
-        lhs = _shape(_arg(node, _MATMUL_LHS[key]))
-        return 2 * _numel(node) * (lhs[-1] if lhs else 0)
-    if key in _BY_OP:
-        return _BY_OP[key](node)
+    entry = policy.get(key)
+    if entry is not None and entry.gemm is not None and entry.gemm.kind in _BY_KIND:
+        return _BY_KIND[entry.gemm.kind](node, entry.gemm)
     if "scaled_dot_product" in key:
         return _attention(node)
-    entry = policy.get(key)
     if entry is not None and entry.category in (Category.PASS, Category.NONFLOAT):
         return 0
     if entry is not None and entry.dtype_attr is not None:  # an explicit conversion

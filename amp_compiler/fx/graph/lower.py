@@ -34,6 +34,8 @@ from amp_compiler.fx.graph.arguments import (
 from amp_compiler.fx.graph.precision_graph import FxPrecisionGraph
 from amp_compiler.fx.graph.views import FP8_TO_IR, IR_TO_TORCH, TORCH_TO_IR, FxSlot, tensor_dtype
 
+__all__ = ["CAST", "CastInfo", "Lowering", "StoredConstant", "lower_plan", "short"]
+
 CAST = torch.ops.aten._to_copy.default
 
 

@@ -32,7 +32,10 @@ from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.targets import Provider, Target
 
-__all__ = ["AmpInternalError", "Captured", "capture", "capture_for_inference", "refresh_meta", "report", "transform"]
+__all__ = [
+    "REPORT_KEY", "AmpInternalError", "Captured", "capture", "capture_for_inference", "refresh_meta", "report",
+    "transform",
+]
 
 REPORT_KEY = "amp_compiler"
 

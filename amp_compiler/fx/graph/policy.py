@@ -17,6 +17,8 @@ import torch
 
 from amp_compiler.policy import OpPolicy, PolicyTable
 
+__all__ = ["AtenOpInfo", "AtenPolicy", "default_policy", "op_name", "policy_name"]
+
 DOMAIN = "aten"
 
 

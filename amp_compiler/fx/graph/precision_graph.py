@@ -55,6 +55,8 @@ from amp_compiler.fx.graph.views import FLOAT_DTYPES, TORCH_TO_IR, FxOp, FxSlot,
 from amp_compiler.policy import Category, OpPolicy
 from amp_compiler.targets import Target
 
+__all__ = ["FxPrecisionGraph", "build_fx_precision_graph"]
+
 
 @dataclasses.dataclass
 class FxPrecisionGraph:

@@ -11,15 +11,18 @@ from collections.abc import Set as AbstractSet
 import torch
 import torch.fx as fx
 
-from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.decision import NodeDecision, count_by_precision, count_by_rule
 from amp_compiler.core.graph import SlotKind
 from amp_compiler.core.plan import PrecisionPlan, Rule
+from amp_compiler.dtypes import LOW_PRECISIONS, MIXED, NO_FLOAT, precision_rank
 from amp_compiler.fx.graph.arguments import tensor_arguments
 from amp_compiler.fx.graph.lower import Lowering, short
 from amp_compiler.fx.graph.precision_graph import FxPrecisionGraph
 from amp_compiler.fx.graph.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.report.model import PrecisionReport
 from amp_compiler.sizes import format_bytes
+
+__all__ = ["FxReport", "node_decisions", "node_dtypes", "state_bytes"]
 
 
 @dataclasses.dataclass
@@ -64,16 +67,10 @@ class FxReport:
         return self.parameter_bytes_after / self.parameter_bytes_before if self.parameter_bytes_before else 1.0
 
     def decisions_by_rule(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.rule] = counts.get(d.rule, 0) + 1
-        return counts
+        return count_by_rule(self.decisions)
 
     def decisions_by_precision(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.precision] = counts.get(d.precision, 0) + 1
-        return counts
+        return count_by_precision(self.decisions)
 
     def decision(self, node: str) -> NodeDecision:
         for d in self.decisions:
@@ -93,8 +90,7 @@ class FxReport:
             params = "parameters stay FP32, cast at use"
         by_f = self.flops_by_precision()
         total = sum(by_f.values())
-        order = {"fp8": 0, "fp16": 1, "bf16": 2, "fp32": 3}
-        shares = ", ".join(f"{p} {f / total:.0%}" for p, f in sorted(by_f.items(), key=lambda x: order.get(x[0], 9)))
+        shares = ", ".join(f"{p} {f / total:.0%}" for p, f in sorted(by_f.items(), key=lambda x: precision_rank(x[0])))
         flops = f" | FLOPs: {shares}" if total else ""
         fp8 = ""
         if self.fp8_error is not None:
@@ -134,7 +130,7 @@ class FxReport:
         summary = Summary(
             target=self.target, provider="torch", nodes=len(nodes),
             nodes_by_precision=self.decisions_by_precision(), flops_total=sum(by_f.values()),
-            flops_low=sum(f for p, f in by_f.items() if p in ("fp8", "fp16", "bf16")),
+            flops_low=sum(f for p, f in by_f.items() if p in LOW_PRECISIONS),
             casts=self.casts_inserted, cast_bytes=0, size_before=self.parameter_bytes_before,
             size_after=self.parameter_bytes_after,
         )
@@ -186,7 +182,7 @@ def node_decisions(
         const_users[src] = {s.owner.name for s in slots}
     out = []
     for node in gm.graph.nodes:
-        precision, rule, reason = "none", Rule.NONFLOAT.value, "no float inputs or outputs"
+        precision, rule, reason = NO_FLOAT, Rule.NONFLOAT.value, "no float inputs or outputs"
         op_type = str(node.target) if node.op in ("call_function", "call_module", "call_method") else node.op
         domain = "aten" if op_type.startswith("aten.") else "fx"
         if node in lowering.casts:
@@ -238,7 +234,7 @@ def node_decisions(
         elif node.op == "output":
             dts = sorted({d for d in node_dtypes(node, False) if d and d != "?"})
             if dts:
-                precision = dts[0] if len(dts) == 1 else "mixed"
+                precision = dts[0] if len(dts) == 1 else MIXED
                 rule, reason = Rule.FIXED.value, "graph outputs keep their dtype"
         elif node.op == "call_function" and node.target is operator.getitem:
             src = node.args[0]
@@ -248,7 +244,7 @@ def node_decisions(
                 rule = plan.decisions[vid].rule.value
                 reason = f"element {node.args[1]} of {src.name}: {plan.decisions[vid].reason}"
         elif node in fxg.observers:
-            precision, rule = "none", Rule.OBSERVER.value
+            precision, rule = NO_FLOAT, Rule.OBSERVER.value
             reason = "checks the inputs' shapes" if node.op == "call_module" else "checks a tensor's metadata"
             if node in lowering.dtype_rewrites:
                 reason += f"; its expected dtype follows the tensor ({short(lowering.dtype_rewrites[node])})"
@@ -256,7 +252,7 @@ def node_decisions(
             main = fxg.main_vertex[node]
             dtypes = {lowering.slot_dtypes[s] for s in own_slots.get(node, ())}
             decision = plan.decisions[main]
-            precision = short(next(iter(dtypes))) if len(dtypes) == 1 else "mixed"
+            precision = short(next(iter(dtypes))) if len(dtypes) == 1 else MIXED
             rule, reason = decision.rule.value, decision.reason
             if main in plan.notes:
                 reason = f"{reason}; {plan.notes[main]}"

@@ -19,6 +19,8 @@ import torch.fx as fx
 
 from amp_compiler.fx.graph.policy import op_name
 
+__all__ = ["Folded", "fold_batchnorm", "functionalize_inplace"]
+
 aten = torch.ops.aten
 _CONVS = {aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.convolution.default}
 

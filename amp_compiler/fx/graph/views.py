@@ -16,6 +16,11 @@ import torch.fx as fx
 
 from amp_compiler.core.graph import SlotKind
 
+__all__ = [
+    "FLOAT_DTYPES", "FP8_TO_IR", "FxOp", "FxSlot", "FxValue", "IR_TO_TORCH", "TORCH_TO_IR", "is_float",
+    "tensor_dtype",
+]
+
 TORCH_TO_IR = {
     torch.float32: ir.DataType.FLOAT,
     torch.float16: ir.DataType.FLOAT16,

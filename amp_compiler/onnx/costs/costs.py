@@ -13,9 +13,11 @@ their matrix products and softmax (:mod:`amp_compiler.onnx.costs.fused`), other 
 output element, data movement none. Bytes are the sizes of all inputs and outputs at their element
 types.
 
-Tensor Core ops are the policy table's ``tensor_core`` entries. One in FP16/BF16 is eligible when the
-dims its kernel tiles are multiples of 8 (read for MatMul, Gemm, Conv, ConvTranspose and the fused
-ops :func:`~amp_compiler.onnx.costs.fused.fused_gemm_dims` knows; the others are not assessed).
+Tensor Core ops are the policy table's ``tensor_core`` entries, and where their operands hold the
+product's dims is the table's ``gemm`` layout of each (:class:`~amp_compiler.policy.GemmLayout`): the
+FLOPs above are read from it. One in FP16/BF16 is eligible when the dims its kernel tiles are
+multiples of 8 (read for the matmuls and convolutions the table lays out and the fused ops
+:func:`~amp_compiler.onnx.costs.fused.fused_gemm_dims` knows; the others are not assessed).
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ from amp_compiler.onnx.costs.fused import attr, fused_flops, fused_gemm_dims
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.onnx.load.symbolic_shapes import symbolic_infos
-from amp_compiler.policy import PolicyTable, default_table, schemas
+from amp_compiler.policy import GemmKind, GemmLayout, PolicyTable, default_table, schemas
+
+__all__ = [
+    "CostModel", "NodeCost", "bind_input_shapes", "estimate", "iter_nodes", "parse_input_shape",
+    "placement_elements",
+]
 
 LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 DATA_MOVEMENT = {
@@ -234,70 +241,79 @@ def _numel(shape: tuple[int, ...] | None) -> int:
     return math.prod(shape) if shape is not None else 0
 
 
-def _flops(node: onnx.NodeProto, shape) -> int:
-    op = node.op_type
+def _flops(node: onnx.NodeProto, shape, gemm: GemmLayout | None) -> int:
     ins = [shape(i) for i in node.input]
     out = shape(node.output[0]) if node.output else None
-    if op == "MatMul" and ins[0] and out is not None:
-        return 2 * _numel(out) * ins[0][-1]
-    if op == "Gemm" and ins[0] and out is not None:
-        k = ins[0][0] if attr(node, "transA", 0) else ins[0][-1]
-        return 2 * _numel(out) * k + (_numel(out) if len(node.input) > 2 else 0)
-    if op == "Conv" and len(ins) > 1 and ins[1] and out is not None:
-        w = ins[1]  # (C_out, C_in/group, k...)
-        return 2 * _numel(out) * math.prod(w[1:])
-    if op == "ConvTranspose" and ins[0] and len(ins) > 1 and ins[1]:
-        w = ins[1]  # (C_in, C_out/group, k...)
-        return 2 * _numel(ins[0]) * math.prod(w[1:])
-    if op in ("LSTM", "GRU", "RNN") and ins[0] and len(ins) > 2 and ins[1] and ins[2]:
-        seq, batch, size = ins[0]
-        dirs, gates_h, hidden = ins[2][0], ins[2][1], ins[2][2]
-        return 2 * seq * batch * dirs * gates_h * (size + hidden)
-    if op == "Einsum":
-        sizes: dict[str, int] = {}
-        eq = attr(node, "equation", b"")
-        eq = eq.decode() if isinstance(eq, bytes) else eq
-        terms = eq.replace(" ", "").split("->")[0].split(",")
-        for term, s in zip(terms, ins, strict=False):
-            if s is None or "." in term:
-                continue
-            for letter, d in zip(term, s, strict=False):
-                sizes[letter] = d
-        return 2 * math.prod(sizes.values()) if sizes else 0
-    if not schemas.is_onnx_domain(node.domain) or not onnx.defs.has(op):  # onnxruntime's ops
+    if gemm is not None:
+        flops = _gemm_flops(node, gemm, ins, out)
+        if flops is not None:
+            return flops
+    if not schemas.is_onnx_domain(node.domain) or not onnx.defs.has(node.op_type):  # onnxruntime's ops
         fused = fused_flops(node, shape)
         if fused is not None:
             return fused
-    if op in DATA_MOVEMENT or out is None:
+    if node.op_type in DATA_MOVEMENT or out is None:
         return 0
     return _numel(out)
 
 
-def _matmul_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
-    if ins[0] and len(ins) > 1 and ins[1]:
-        return {"K": ins[0][-1], "N": ins[1][-1]}
+def _operand(ins: list, i: int | str) -> tuple[int, ...] | None:
+    return ins[i] if isinstance(i, int) and i < len(ins) else None
+
+
+def _transposed(node: onnx.NodeProto, gemm: GemmLayout, operand: int) -> bool:
+    return bool(gemm.transpose and attr(node, gemm.transpose[operand], 0))
+
+
+def _gemm_flops(node: onnx.NodeProto, gemm: GemmLayout, ins: list, out: tuple[int, ...] | None) -> int | None:
+    """FLOPs of a Tensor Core op from its layout (None: its shapes are unknown)."""
+    if gemm.kind is GemmKind.EINSUM:
+        return _einsum_flops(node, ins)
+    a, b, *rest = (_operand(ins, i) for i in gemm.operands)
+    if gemm.kind is GemmKind.MATMUL and a and out is not None:
+        k = a[-2] if _transposed(node, gemm, 0) else a[-1]
+        biased = gemm.bias is not None and len(node.input) > int(gemm.bias)
+        return 2 * _numel(out) * k + (_numel(out) if biased else 0)
+    if gemm.kind is GemmKind.CONV and b and out is not None:  # weight (C_out, C_in/group, k...)
+        return 2 * _numel(out) * math.prod(b[1:])
+    if gemm.kind is GemmKind.CONV_TRANSPOSE and a and b:  # weight (C_in, C_out/group, k...)
+        return 2 * _numel(a) * math.prod(b[1:])
+    if gemm.kind is GemmKind.RECURRENT and a and b and rest[0]:
+        seq, batch, size = a
+        dirs, gates_h, hidden = rest[0][0], rest[0][1], rest[0][2]
+        return 2 * seq * batch * dirs * gates_h * (size + hidden)
     return None
 
 
-def _gemm_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
-    if ins[0] and len(ins) > 1 and ins[1]:
-        k = ins[0][0] if attr(node, "transA", 0) else ins[0][-1]
-        n = ins[1][0] if attr(node, "transB", 0) else ins[1][-1]
-        return {"K": k, "N": n}
-    return None
+def _einsum_flops(node: onnx.NodeProto, ins: list) -> int:
+    sizes: dict[str, int] = {}
+    eq = attr(node, "equation", b"")
+    eq = eq.decode() if isinstance(eq, bytes) else eq
+    terms = eq.replace(" ", "").split("->")[0].split(",")
+    for term, s in zip(terms, ins, strict=False):
+        if s is None or "." in term:
+            continue
+        for letter, d in zip(term, s, strict=False):
+            sizes[letter] = d
+    return 2 * math.prod(sizes.values()) if sizes else 0
 
 
-def _conv_dims(node: onnx.NodeProto, ins: list) -> dict[str, int] | None:
-    if len(ins) > 1 and ins[1] and len(ins[1]) >= 2:
+def _gemm_dims(node: onnx.NodeProto, gemm: GemmLayout, ins: list) -> dict[str, int] | None:
+    """The dims a matmul's or a convolution's Tensor Core kernel wants in multiples of 8 (None: shapes unknown)."""
+    a, b = (_operand(ins, i) for i in gemm.operands[:2])
+    if gemm.kind is GemmKind.MATMUL:
+        if not a or not b:
+            return None
+        k = a[-2] if _transposed(node, gemm, 0) else a[-1]
+        return {"K": k, "N": b[gemm.weight_axes(len(b), _transposed(node, gemm, 1))[1]]}
+    if b and len(b) >= 2:  # a weight's axis 0 holds all of its channels, axis 1 one group's
         group = attr(node, "group", 1)
-        w = ins[1]
-        c_in, c_out = (w[1], w[0] // group) if node.op_type == "Conv" else (w[0] // group, w[1])
+        c_in, c_out = (b[axis] // (group if axis == 0 else 1) for axis in gemm.weight_axes(len(b)))
         return {"C_in/group": c_in, "C_out/group": c_out}
     return None
 
 
-# How to read the dims a Tensor Core kernel wants in multiples of 8 (None: shapes unknown), per op.
-_GEMM_DIMS = {"MatMul": _matmul_dims, "Gemm": _gemm_dims, "Conv": _conv_dims, "ConvTranspose": _conv_dims}
+_DIMS_CHECKED = (GemmKind.MATMUL, GemmKind.CONV, GemmKind.CONV_TRANSPOSE)
 
 
 def _tensor_core(node: onnx.NodeProto, shape, types, policy: PolicyTable) -> tuple[bool | None, str]:
@@ -305,10 +321,14 @@ def _tensor_core(node: onnx.NodeProto, shape, types, policy: PolicyTable) -> tup
     low = bool(node.input) and types.get(node.input[0]) in LOW_TYPES
     if not low or not policy.is_tensor_core(node.domain, node.op_type):
         return None, ""
-    read = _GEMM_DIMS.get(node.op_type) if schemas.is_onnx_domain(node.domain) else fused_gemm_dims
-    if read is None:
+    ins = [shape(i) for i in node.input]
+    gemm = policy.gemm_layout(node.domain, node.op_type)
+    if gemm is not None and gemm.kind in _DIMS_CHECKED:
+        dims = _gemm_dims(node, gemm, ins)
+    elif not schemas.is_onnx_domain(node.domain):
+        dims = fused_gemm_dims(node, ins)
+    else:
         return None, f"the GEMM dims of {node.op_type} are not checked"
-    dims = read(node, [shape(i) for i in node.input])
     if dims is None:
         return None, "shapes unknown"
     bad = {k: v for k, v in dims.items() if v % 8}
@@ -321,7 +341,8 @@ def estimate(
     model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, policy: PolicyTable | None = None
 ) -> CostModel:
     """Costs of every node of ``model`` (see the module docstring) with ``input_shapes`` (bound by
-    :func:`bind_input_shapes`); ``policy`` says which ops are Tensor Core ops (default: the shipped table)."""
+    :func:`bind_input_shapes`); ``policy`` says which ops are Tensor Core ops and how their operands
+    hold the product's dims (default: the shipped table)."""
     policy = policy or default_table()
     fixed = with_input_shapes(model, input_shapes) if input_shapes else model
     shapes, types, assumed = _shapes(fixed, dims.bindings(model, input_shapes or {}))
@@ -338,7 +359,7 @@ def estimate(
         tc, note = _tensor_core(node, shape, types, policy)
         costs.append(
             NodeCost(
-                flops=_flops(node, shape),
+                flops=_flops(node, shape, policy.gemm_layout(node.domain, node.op_type)),
                 bytes=sum(nbytes(n) for n in node.input) + sum(nbytes(n) for n in node.output),
                 tensor_core=tc,
                 tensor_core_note=note,

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 
 import onnx
 
+__all__ = ["bindings", "dim_value", "evaluate"]
+
 _FUNCTIONS: dict[str, Callable[..., int]] = {"Min": min, "Max": max, "floor": math.floor, "ceiling": math.ceil}
 _OPERATORS: dict[type, Callable[[int, int], int]] = {
     ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,

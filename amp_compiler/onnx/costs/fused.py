@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import onnx
 
+__all__ = ["attr", "fused_flops", "fused_gemm_dims"]
+
 Shape = tuple[int, ...]
 ShapeOf = Callable[[str], Shape | None]
 

@@ -6,6 +6,8 @@ import onnx_ir as ir
 
 from amp_compiler.onnx.ir.slots import GRAPH_IN, GRAPH_OUT, NODE_IN, NODE_OUT, Slot
 
+__all__ = ["carried_values"]
+
 
 def _body(node: ir.Node, name: str) -> ir.Graph | None:
     attr = node.attributes.get(name)

@@ -19,6 +19,8 @@ from amp_compiler.onnx.ir.slots import Slot, tensor_dtype
 from amp_compiler.policy import Category
 from amp_compiler.targets import Target
 
+__all__ = ["fixed_reason"]
+
 
 def fixed_reason(
     vertex: Vertex, slots: list[Slot], dtypes: set, fixed: Mapping[Slot, str],

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+__all__ = ["Bound", "apply", "exact"]
+
 INF = math.inf
 
 

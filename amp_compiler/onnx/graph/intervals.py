@@ -33,6 +33,8 @@ from amp_compiler.onnx.ir.walk import is_constant
 from amp_compiler.options import check_input_ranges
 from amp_compiler.targets import Target
 
+__all__ = ["known_input_ranges", "overflow_warnings", "reached_magnitudes", "static_bounds"]
+
 # Input magnitudes considered for warnings: up to 256, raw 8-bit pixels. A tensor that overflows only
 # above that (the first convolution of an image model past |x| = 1e4) is no risk for inputs that are
 # normalized or 8-bit; one that overflows below it (the power of an STFT past |audio| = 4) is a risk

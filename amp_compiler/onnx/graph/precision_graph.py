@@ -49,6 +49,8 @@ from amp_compiler.onnx.load.text import quote
 from amp_compiler.policy import OpPolicy, PolicyTable, schemas
 from amp_compiler.targets import Target
 
+__all__ = ["OnnxPrecisionGraph", "build_precision_graph"]
+
 _FLOAT_TYPE_STRS = frozenset(schema_type(t) for t in FLOAT_TYPES)
 
 # The precision graph of an onnx_ir model: its slots are Slots, its ops onnx_ir Nodes.

@@ -23,6 +23,8 @@ from amp_compiler.onnx.ir.slots import is_absent
 from amp_compiler.onnx.ir.walk import iter_graphs
 from amp_compiler.policy import schemas
 
+__all__ = ["type_from_schemas", "untyped_values"]
+
 
 def untyped_values(model: ir.Model) -> list[ir.Value]:
     """Node outputs and graph inputs/outputs of every graph that have no type."""

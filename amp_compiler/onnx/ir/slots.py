@@ -9,6 +9,11 @@ import onnx_ir as ir
 
 from amp_compiler.core.graph import SlotKind
 
+__all__ = [
+    "GRAPH_IN", "GRAPH_OUT", "NODE_IN", "NODE_OUT", "Slot", "is_absent", "shape_codes", "slot_order",
+    "tensor_dtype",
+]
+
 NODE_IN, NODE_OUT, GRAPH_IN, GRAPH_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT, SlotKind.GRAPH_IN, SlotKind.GRAPH_OUT
 
 

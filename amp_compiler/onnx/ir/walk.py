@@ -8,6 +8,8 @@ import onnx_ir as ir
 
 from amp_compiler.policy.schemas import is_onnx_domain
 
+__all__ = ["home_graph", "is_constant", "iter_graphs", "node_order"]
+
 
 def iter_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     """The graph and all its subgraphs, depth first, parents before children."""

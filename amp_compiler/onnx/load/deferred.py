@@ -20,6 +20,8 @@ from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.load.external_data import plan_external_reads, read_external
 from amp_compiler.onnx.load.text import quote
 
+__all__ = ["DeferredModel", "DeferredTensor", "defer_ir_tensors", "with_small_weights"]
+
 
 @dataclasses.dataclass
 class DeferredModel:

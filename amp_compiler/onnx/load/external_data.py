@@ -22,6 +22,11 @@ from amp_compiler.onnx.load.locations import names_itself, resolve_location
 from amp_compiler.onnx.load.proto_walk import tagged_tensors
 from amp_compiler.onnx.load.text import quote
 
+__all__ = [
+    "ELEMENT_BYTES", "ExternalRead", "external_fields", "load_external_data", "plan_external_reads",
+    "read_external",
+]
+
 #: Bytes per element of the element types of whole bytes (onnx's TensorProto.DataType numbers).
 ELEMENT_BYTES: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT8: 1,

@@ -28,6 +28,8 @@ from amp_compiler.onnx.load.inline_weights import skim as skim_weights
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.validate import check_model_valid
 
+__all__ = ["DEFER_MIN_BYTES", "PROTOBUF_LIMIT", "load_model", "load_model_and_files", "load_model_deferred"]
+
 #: Protobuf cannot serialize or parse one message of 2 GiB or more.
 PROTOBUF_LIMIT = 2**31 - 1
 

@@ -28,6 +28,8 @@ from amp_compiler.onnx.load.text import node_label, quote
 from amp_compiler.policy import schemas
 from amp_compiler.policy.schemas import is_onnx_domain
 
+__all__ = ["ForeignOps", "MOVED_DOMAIN", "check_against_onnxruntime", "for_onnx_checker", "foreign_ops"]
+
 #: Where the copy for onnx's checker puts the ops of onnx's domains that only onnxruntime defines.
 MOVED_DOMAIN = "amp_compiler.onnxruntime_registered"
 

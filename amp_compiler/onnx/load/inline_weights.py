@@ -21,6 +21,8 @@ from pathlib import Path
 
 from amp_compiler.onnx.load.external_data import ELEMENT_BYTES
 
+__all__ = ["RAW_DATA", "TENSOR_NAME", "encode_varint", "fields", "skim"]
+
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
 _DIMS, _DATA_TYPE, TENSOR_NAME, RAW_DATA, _DOC_STRING, _EXTERNAL_DATA, _DATA_LOCATION, _METADATA = (

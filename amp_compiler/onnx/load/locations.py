@@ -37,6 +37,8 @@ from amp_compiler.onnx.load.text import quote
 
 __all__ = ["hub_blobs", "names_itself", "resolve_location"]
 
+__all__ = ["hub_blobs", "names_itself", "resolve_location"]
+
 
 def names_itself(location: str, base: Path, itself: Path | None) -> bool:
     """Whether ``location`` (relative to ``base``) names the model file ``itself``, by its own name

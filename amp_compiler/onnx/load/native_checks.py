@@ -34,6 +34,11 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 
+__all__ = [
+    "CHILD_MIN_NODES", "CheckerError", "InferredTypes", "NativeChecks", "check", "infer", "inferred_types",
+    "iter_proto_graphs",
+]
+
 #: Models with at least this many nodes (main graph) are checked in a child process; below it the
 #: child's start (about 0.3 s) costs more than it saves.
 CHILD_MIN_NODES = 20_000

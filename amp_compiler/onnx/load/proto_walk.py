@@ -8,6 +8,8 @@ import onnx
 
 from amp_compiler.onnx.load import native_checks
 
+__all__ = ["iter_model_tensors", "iter_proto_graphs", "model_graphs", "subgraphs", "tagged_tensors"]
+
 iter_proto_graphs = native_checks.iter_proto_graphs  # defined there: the child process uses it too
 
 

@@ -24,6 +24,8 @@ import math
 
 import onnx
 
+__all__ = ["weight_free"]
+
 #: Weights of at least this many elements are described by type and shape only.
 MIN_ELEMENTS = 1024
 #: A description is made when it leaves out at least this many bytes.

@@ -21,6 +21,8 @@ from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.onnx.load.text import quote
 from amp_compiler.sizes import format_bytes
 
+__all__ = ["densify"]
+
 #: The most bytes the dense forms of a model's sparse tensors may take together (protobuf's limit
 #: for one message: the converted model must still be written).
 MAX_DENSE_BYTES = 2**31 - 1

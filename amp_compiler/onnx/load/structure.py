@@ -15,6 +15,8 @@ from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs, subgraphs
 from amp_compiler.onnx.load.text import node_label, quote
 
+__all__ = ["check_graph_structure", "check_output_names"]
+
 
 def _used_names(node: onnx.NodeProto) -> Iterator[str]:
     """Every tensor name a node reads, including those its subgraphs read from outer scopes."""

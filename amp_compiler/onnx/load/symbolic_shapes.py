@@ -23,6 +23,8 @@ import onnx
 
 from amp_compiler import runtime
 
+__all__ = ["TensorInfo", "symbolic_infos"]
+
 _LOGGER = "onnxruntime.tools.symbolic_shape_infer"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import onnx
 
+__all__ = ["first_line", "node_label", "quote"]
+
 
 def first_line(exc: BaseException) -> str:
     """The first meaningful line of an exception's text (at most 300 characters), else its type's name."""

@@ -27,6 +27,8 @@ from amp_compiler.onnx.load.validate import (
     checker_verdict,
 )
 
+__all__ = ["checked_typed_ir"]
+
 
 def checked_typed_ir(proto: onnx.ModelProto, origin: str, *, deferred: bool, check: bool) -> ir.Model:
     """The model as IR with every tensor's type inferred (by onnx's shape inference, then from the

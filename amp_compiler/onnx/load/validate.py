@@ -25,6 +25,8 @@ from amp_compiler.onnx.load.structure import check_graph_structure, check_output
 from amp_compiler.onnx.load.text import quote
 from amp_compiler.policy.schemas import is_onnx_domain
 
+__all__ = ["check_model_contents", "check_model_valid", "checker_input", "checker_verdict"]
+
 
 def check_model_valid(model: onnx.ModelProto, origin: str = "model", *, deferred: bool = False) -> None:
     """Check that a model is one we can convert; an invalid model is a user error (it is their input).

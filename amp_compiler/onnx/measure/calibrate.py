@@ -24,16 +24,9 @@ from amp_compiler.errors import OptionError
 from amp_compiler.policy.kernels import ORT_NAMES
 from amp_compiler.runtime import child as runner_child
 from amp_compiler.runtime.runner import Runner, default_runner
-
-# Where samples come from (defined in amp_compiler.runtime.samples; also importable from here).
-from amp_compiler.runtime.samples import (  # noqa: F401
-    CalibrationDataError,
-    load_samples,
-    model_inputs,
-    random_samples,
-    sample_files,
-)
 from amp_compiler.targets import Provider
+
+__all__ = ["IntermediateRunner", "collect_ranges", "exposed_model"]
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14

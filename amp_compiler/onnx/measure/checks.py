@@ -7,14 +7,15 @@ process by default (the test suite's and benchmarks' own models); pass it a
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import onnx
 import onnx.shape_inference
 
+from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.onnx.load.foreign_ops import check_against_onnxruntime, for_onnx_checker, foreign_ops
 from amp_compiler.runtime.runner import InProcessRunner, Runner
+
+__all__ = ["compare", "run_onnxruntime", "validate"]
 
 
 def validate(model: onnx.ModelProto, *, converted_from: onnx.ModelProto | None = None) -> None:
@@ -55,21 +56,6 @@ def run_onnxruntime(
         return session.run(feeds)
     finally:
         session.close()
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputAccuracy:
-    name: str
-    cosine: float
-    max_abs_error: float
-    value_range: float
-    finite: bool
-
-    @property
-    def error_of_range(self) -> float:
-        return self.max_abs_error / self.value_range if self.value_range > 0 else (
-            0.0 if self.max_abs_error == 0 else float("inf")
-        )
 
 
 def compare(name: str, reference: np.ndarray, got: np.ndarray) -> OutputAccuracy:

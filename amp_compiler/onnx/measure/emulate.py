@@ -33,6 +33,10 @@ import onnx_ir as ir
 from amp_compiler.onnx.ir.schema_typing import type_from_schemas
 from amp_compiler.onnx.ir.walk import iter_graphs
 
+__all__ = [
+    "dequantize_fp8", "emulate", "emulate_bf16", "emulate_in_place", "quantize_fp8", "stored_values", "typed_model",
+]
+
 # The rounded copy of a tensor ``X`` is named ``X__f32emu<n>`` (see rounded_origin).
 ROUNDED_TAG = "__f32emu"
 _F32 = ir.DataType.FLOAT

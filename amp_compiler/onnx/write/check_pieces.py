@@ -44,6 +44,11 @@ from amp_compiler.core.gc_pause import gc_paused
 from amp_compiler.onnx.load.files import DEFER_MIN_BYTES
 from amp_compiler.onnx.load.proto_walk import subgraphs
 
+__all__ = [
+    "OVERLAP", "SPAN", "STAND_IN_FILE", "STAND_IN_MIN_BYTES", "TypeTable", "load_pieces", "stands_in",
+    "value_types", "write_stand_in",
+]
+
 #: Nodes per piece (at least), and the nodes each piece repeats before its own run.
 SPAN = 32
 OVERLAP = 48

@@ -9,11 +9,13 @@ import onnx_ir as ir
 from amp_compiler.core.decision import NodeDecision
 from amp_compiler.core.graph import SlotKind
 from amp_compiler.core.plan import PrecisionPlan, Rule
-from amp_compiler.dtypes import FLOAT_TYPES, short_name
+from amp_compiler.dtypes import FLOAT_TYPES, MIXED, NO_FLOAT, short_name
 from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.ir.slots import Slot
 from amp_compiler.onnx.ir.walk import is_constant, iter_graphs
 from amp_compiler.passes.onnx.lower import CastRecord
+
+__all__ = ["node_decisions"]
 
 
 def _dtype_names(values: Iterable[ir.Value | None]) -> list[str]:
@@ -92,23 +94,23 @@ def node_decisions(
                 elif node.op_type == "Constant" and node.outputs and is_constant(node.outputs[0]):
                     dtype = node.outputs[0].dtype
                     precision, rule, reason = (
-                        short_name(dtype) if dtype in FLOAT_TYPES else "none",
+                        short_name(dtype) if dtype in FLOAT_TYPES else NO_FLOAT,
                         Rule.CONSTANT.value,
                         "constant: converted offline for the precision its users need",
                     )
                 elif id(node) in shape_readers:
                     precision, rule, reason = (
-                        "none", Rule.SHAPE_ONLY.value,
+                        NO_FLOAT, Rule.SHAPE_ONLY.value,
                         "reads only the shape of its float input: takes it in any float type, without a Cast",
                     )
                 else:
-                    precision, rule, reason = "none", Rule.NONFLOAT.value, "no float inputs or outputs"
+                    precision, rule, reason = NO_FLOAT, Rule.NONFLOAT.value, "no float inputs or outputs"
             else:
                 decision = decisions[main]
                 if not vids or len(vids) == 1 or len({decisions[v].dtype for v in vids}) == 1:
                     precision = short_name(decision.dtype)
                 else:
-                    precision = "mixed"
+                    precision = MIXED
                 rule, reason = rule_ids[decision.rule], decision.reason
                 if main in notes:
                     reason = f"{reason}; {notes[main]}"

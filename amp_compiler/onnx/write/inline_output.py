@@ -22,6 +22,8 @@ from amp_compiler.onnx.load.inline_weights import RAW_DATA, TENSOR_NAME, encode_
 from amp_compiler.passes.onnx import ConvertedConstant
 from amp_compiler.passes.onnx.lower import raw_bytes
 
+__all__ = ["inline_chunks", "placeholders"]
+
 #: Weights of the main graph of at least this many bytes are streamed.
 STREAM_MIN_BYTES = 1 << 20
 _MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5

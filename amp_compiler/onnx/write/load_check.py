@@ -45,10 +45,13 @@ from amp_compiler.errors import (
     RunBudgetError,
 )
 from amp_compiler.onnx.write.check_pieces import TypeTable, load_pieces, write_stand_in
-from amp_compiler.runtime.runner import ChildRunner, RunBudget, Runner
+from amp_compiler.runtime.budget import RunBudget
+from amp_compiler.runtime.runner import ChildRunner, Runner
 
 if TYPE_CHECKING:
     from amp_compiler.onnx.write.result import ConversionResult
+
+__all__ = ["OutputLoadCheck", "check_output_loads"]
 
 
 @dataclasses.dataclass(frozen=True)

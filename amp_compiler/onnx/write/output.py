@@ -20,6 +20,8 @@ from amp_compiler.onnx.write.inline_output import inline_chunks, placeholders
 from amp_compiler.onnx.write.save import OutputPath, Verify
 from amp_compiler.passes.onnx import ConvertedConstant
 
+__all__ = ["DeferredOutput", "output_proto"]
+
 
 def output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelProto:
     """The converted IR model as a ModelProto with the input's IR version and only the value_info

@@ -6,36 +6,19 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import onnx
-import onnx_ir as ir
 
-from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.decision import NodeDecision, count_by_rule
 from amp_compiler.onnx.write.check_pieces import TypeTable
-from amp_compiler.onnx.write.save import OutputPath, Verify, check_output_path
+from amp_compiler.onnx.write.save import Verify, check_output_path
 from amp_compiler.options import ConvertOptions
 
+if TYPE_CHECKING:  # the writer of a model whose weights are still on disk: the conversion makes one
+    from amp_compiler.onnx.write.output import DeferredOutput
 
-class DeferredOutput(Protocol):
-    """A conversion's IR whose unconverted weights are still on disk, and how to make its ModelProto."""
-
-    ir_model: ir.Model
-    inline: bool  # written as one file, its weights inside it (from a model that held them so)
-
-    def to_proto(self, model: ir.Model | None = None) -> onnx.ModelProto: ...
-
-    def skeleton(self) -> onnx.ModelProto:
-        """The ModelProto with placeholders (type and shape, no data) for its large float weights."""
-        ...
-
-    def materialize(self) -> onnx.ModelProto:
-        """The ModelProto with every weight read into it."""
-        ...
-
-    def write(self, output: OutputPath, verify: Verify | None = None) -> Path | None:
-        """Write to ``output``, the large weights in ``<output>.data``; returns that file, or None."""
-        ...
+__all__ = ["ConversionResult"]
 
 
 @dataclasses.dataclass
@@ -73,10 +56,7 @@ class ConversionResult:
     value_types: TypeTable = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def decisions_by_rule(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.rule] = counts.get(d.rule, 0) + 1
-        return counts
+        return count_by_rule(self.decisions)
 
     def save(
         self, path: str | os.PathLike, *, input_files: Iterable[str | os.PathLike] = (), force: bool = False,

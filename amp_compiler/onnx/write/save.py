@@ -26,6 +26,8 @@ from google.protobuf.message import EncodeError
 from amp_compiler.errors import OutputError
 from amp_compiler.onnx.load.text import first_line, quote
 
+__all__ = ["InputOverwriteError", "OutputPath", "Verify", "check_output_path", "save_model"]
+
 _PAGE = 4096  # offsets of tensors in a data file we write: page-aligned, so runtimes can map them
 
 #: Called with the complete temporary model file before it is renamed into place; raising refuses it.

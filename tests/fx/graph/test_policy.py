@@ -23,6 +23,7 @@ TABLE = ROOT / "amp_compiler" / "policy" / "aten_ops.toml"
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_args",
     "follow_outputs", "observer", "tensor_core", "recurrent", "fp8_operands", "fp8_bias", "fp8_transposed", "fp8_kept",
+    "gemm",
 }
 aten = torch.ops.aten
 F16, F32 = torch.float16, torch.float32
@@ -66,6 +67,31 @@ def test_fx_fields_name_schema_arguments(entries):
             assert any(arg in [a.name for a in s.arguments] for s in schemas), (e["op"], arg)
         if "dtype_attr" in e:
             assert any(e["dtype_attr"] in [a.name for a in s.arguments] for s in schemas), e["op"]
+
+
+def test_gemm_layouts_name_schema_arguments(entries):
+    """Each Tensor Core op's product layout (``[op.gemm]``) names arguments of the op's schema and says
+    where it is defined; where the FP8 path names the same op's operands, they are the same ones."""
+    kinds = {}
+    for e in entries:
+        if "gemm" not in e:
+            continue
+        gemm, name = e["gemm"], e["op"]
+        assert e.get("tensor_core") and gemm["source"].startswith(f"aten::{name}("), name
+        packet = getattr(aten, name)
+        arguments = {a.name for o in packet.overloads() for a in getattr(packet, o)._schema.arguments}
+        assert {*gemm["operands"], gemm.get("bias", gemm["operands"][0])} <= arguments, name
+        if gemm["kind"] == "einsum":
+            assert "equation" in arguments, name
+        if "fp8_operands" in e:
+            assert gemm["operands"] == e["fp8_operands"] and gemm.get("bias") == e.get("fp8_bias"), name
+        kinds.setdefault(gemm["kind"], set()).add(name)
+    assert kinds == {
+        "matmul": {"mm", "bmm", "matmul", "linear", "addmm", "baddbmm", "addbmm", "_addmm_activation"},
+        "conv": {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_tbc"},
+        "conv_transpose": {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
+        "einsum": {"einsum"},
+    }
 
 
 def test_loaded_with_the_shared_policy_machinery():

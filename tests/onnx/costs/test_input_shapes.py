@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from amp_compiler import convert
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.convert import ConvertOptions

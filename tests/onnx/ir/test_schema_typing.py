@@ -16,7 +16,7 @@ import pytest
 from onnx import helper
 
 from amp_compiler import convert
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.errors import UntypedTensorsError
 from amp_compiler.onnx.ir.schema_typing import type_from_schemas, untyped_values

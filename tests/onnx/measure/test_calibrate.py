@@ -8,12 +8,13 @@ import pytest
 from onnx import helper
 
 from amp_compiler import convert
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.onnx.convert import ConvertOptions
-from amp_compiler.onnx.measure.calibrate import CalibrationDataError, collect_ranges, load_samples
+from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.onnx.tolerance.refine import refine
+from amp_compiler.runtime.samples import CalibrationDataError, load_samples
 from tests.support.onnx_builders import F32, ffn_overflow_model, model, tensor, vi
 
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from amp_compiler.analyze import analyze
+from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.errors import ModelRunError, OptionError
 from amp_compiler.onnx.measure import generated_inputs

@@ -30,7 +30,8 @@ from amp_compiler.onnx.write.check_pieces import (
     write_stand_in,
 )
 from amp_compiler.onnx.write.load_check import OutputLoadCheck, check_output_loads
-from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, RunBudget
+from amp_compiler.runtime.budget import RunBudget
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner
 from benchmarks.generate import transformer_model
 from tests.support.onnx_builders import F16, F32, model, tensor, vi, weights
 

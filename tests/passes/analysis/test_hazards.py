@@ -19,7 +19,8 @@ from amp_compiler.core.plan import Rule
 from amp_compiler.errors import ModelCrashError
 from amp_compiler.passes.analysis import RuntimeHazardPass
 from amp_compiler.passes.analysis.hazards import moves_batch
-from amp_compiler.runtime.runner import ChildRunner, RunBudget
+from amp_compiler.runtime.budget import RunBudget
+from amp_compiler.runtime.runner import ChildRunner
 from models import catalog
 from tests.support.onnx_builders import F16, F32, model, tensor, vi, weights
 

@@ -1,5 +1,7 @@
 """Opt-in Tensor Core padding: weights padded to multiples of 8 with zeros, outputs sliced back, exactly."""
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +12,7 @@ from amp_compiler.cli import main
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.measure.checks import run_onnxruntime, validate
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.policy import PolicyTable, default_table
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
@@ -134,3 +137,38 @@ def test_cli_flag(tmp_path, capsys):
     assert _weight_shapes(onnx.load(out))["mm"] == [64, 104]
     assert main(["convert", str(src), "-o", str(out), "--force", "-q"]) == 0
     assert _weight_shapes(onnx.load(out))["mm"] == [64, 100]
+
+
+def _gemm_model():
+    """Gemm with transB (K=64, N=12, bias) and Gemm with transA (K=16, N=20): B's N axis is 0 in the
+    first, 1 in the second; the policy table's Gemm layout says so."""
+    return model(
+        [
+            helper.make_node("Gemm", ["x", "w_t", "b"], ["y"], name="gemm_tb", transB=1),
+            helper.make_node("Gemm", ["xt", "w"], ["z"], name="gemm_ta", transA=1),
+        ],
+        [vi("x", F32, [4, 64]), vi("xt", F32, [16, 4])],
+        [vi("y", F32, [4, 12]), vi("z", F32, [4, 20])],
+        [tensor("w_t", weights((12, 64), seed=1)), tensor("b", weights((12,), seed=2)),
+         tensor("w", weights((16, 20), seed=3))],
+    )
+
+
+def test_gemm_weights_are_padded_on_the_axis_the_table_lays_out():
+    m = _gemm_model()
+    plain = convert(m, target="fp16")
+    padded = convert(m, target="fp16", pad_tensor_cores=True)
+    validate(padded.model)
+    assert _weight_shapes(padded.model) == {"gemm_tb": [16, 64], "gemm_ta": [16, 24]}
+    assert "b_pad16" in {t.name for t in padded.model.graph.initializer}
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((4, 64)).astype(np.float32), "xt": rng.standard_normal((16, 4)).astype(np.float32)}
+    for a, b in zip(run_onnxruntime(emulate(plain.model), feeds), run_onnxruntime(emulate(padded.model), feeds)):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_only_ops_the_policy_table_lays_out_are_padded():
+    """Without its ``gemm`` layout in the table, a Gemm is not known to have a weight with an N axis."""
+    table = PolicyTable([dataclasses.replace(e, gemm=None) if e.op == "Gemm" else e for e in default_table()])
+    padded = convert(_gemm_model(), target="fp16", pad_tensor_cores=True, policy=table)
+    assert _weight_shapes(padded.model) == {"gemm_tb": [12, 64], "gemm_ta": [16, 20]}

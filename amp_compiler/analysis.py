@@ -48,9 +48,14 @@ from amp_compiler.runtime.samples import MAX_SAMPLE_BYTES, SampleSizeError, load
 from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
 
+__all__ = ["Analysis", "analyze"]
+
 
 @dataclasses.dataclass
 class Analysis:
+    """What :func:`analyze` made: the conversion, its precision report, and the ``--tolerance``
+    refinement when one ran."""
+
     result: ConversionResult
     report: PrecisionReport
     refinement: Refinement | None = None
