@@ -91,6 +91,9 @@ class PrecisionPlan:
     # that explain such rewrites on the vertices that read them.
     constant_rewrites: dict[ir.Value, tuple[float, str]] = dataclasses.field(default_factory=dict)
     notes: dict[int, str] = dataclasses.field(default_factory=dict)
+    # HIGH vertices whose provider kernel computes in FP32 inside (rule ``policy.fp32-inside``): the
+    # source that says so, for the reasons of the vertices painting decides next to them.
+    fp32_inside: dict[int, str] = dataclasses.field(default_factory=dict)
     # Bytes moved by Casts: as painted, and after cast placement (None when placement did not run).
     cast_bytes_painting: int | None = None
     cast_bytes_final: int | None = None
@@ -106,5 +109,5 @@ class PrecisionPlan:
         """A copy that later ``set_role``/``decide`` calls on this plan leave as it is."""
         return dataclasses.replace(
             self, roles=dict(self.roles), role_rules=dict(self.role_rules), decisions=dict(self.decisions),
-            constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes),
+            constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes), fp32_inside=dict(self.fp32_inside),
         )

@@ -169,7 +169,7 @@ def convert(
     fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None
 
     # Decisions, one per node of the output (positions of the input's nodes), and the result.
-    decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes)
+    decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes, pad.renames() if pad is not None else None)
     if pad is not None:
         pad.explain(decisions, node_order(ir_model))
     if fp8_plan is not None and fp8_lowering is not None:

@@ -122,6 +122,8 @@ class ClassifyPass(AnalysisPass):
         for vertex in graph.vertices:
             role, rule, reason = self._classify(vertex, vertex.node in unknown, graph.target, user)
             plan.set_role(vertex.id, role, rule, reason)
+            if rule is Rule.POLICY_FP32_INSIDE and vertex.policy is not None:
+                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[self.provider.value]
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require(not plan.roles, self, "the plan has roles already: classification runs first")

@@ -186,5 +186,5 @@ def _painted_as_its_role(vertex: Vertex, plan: PrecisionPlan, low: ir.DataType) 
 def _label(plan: PrecisionPlan, vid: int) -> str:
     rule, reason = plan.role_rules[vid]
     if rule is Rule.POLICY_FP32_INSIDE:
-        return "HIGH op whose kernel " + reason.split("kernel ", 1)[-1]
+        return f"HIGH op whose kernel computes in FP32 inside ({plan.fp32_inside[vid]})"
     return "FOLLOW op" if plan.roles[vid] is Role.INFER else "PASS op"

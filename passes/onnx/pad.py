@@ -29,7 +29,6 @@ shared with another user are copied, not changed in place.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import NamedTuple
 
 import numpy as np
@@ -211,15 +210,16 @@ class PadTensorCoresPass(ir.passes.InPlacePass):
             home.initializers.pop(old.name)
 
     # -- decisions -------------------------------------------------------------------------------
+    def renames(self) -> dict[str, str]:
+        """The padded outputs' new names, each with the name its Slice took over (what Casts that
+        read the Slice's output call it in their reasons: ``node_decisions``' ``renamed``)."""
+        return {new: old for new, old in (p.renamed for p in self.paddings) if new is not None and old is not None}
+
     def explain(self, decisions: list, nodes: list[ir.Node]) -> None:
         """Describe the padding in the conversion's decisions (``decisions[i]`` is ``nodes[i]``'s)."""
         by_node = {id(p.node): p for p in self.paddings}
         by_slice = {id(p.slice): p for p in self.paddings}
-        renamed = {repr(new): repr(old) for new, old in (p.renamed for p in self.paddings)}
-        pattern = re.compile("|".join(re.escape(k) for k in renamed)) if renamed else None
         for decision, node in zip(decisions, nodes, strict=False):
-            if pattern is not None and decision.rule == Rule.LOWERING_CAST.value:  # Casts read the Slice's output,
-                decision.reason = pattern.sub(lambda m: renamed[m.group(0)], decision.reason)  # which kept the name
             p = by_node.get(id(node))
             if p is not None:
                 decision.reason += (

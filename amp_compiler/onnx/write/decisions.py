@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import onnx_ir as ir
 
@@ -44,12 +44,15 @@ def _user_name(slot: Slot) -> str:
 
 def node_decisions(
     graph: OnnxPrecisionGraph, plan: PrecisionPlan, model: ir.Model, casts: Iterable[CastRecord],
-    input_nodes: Sequence[ir.Node],
+    input_nodes: Sequence[ir.Node], renamed: Mapping[str, str] | None = None,
 ) -> list[NodeDecision]:
     """One decision per node of the lowered ``model``, in :func:`~amp_compiler.onnx.ir.walk.node_order`:
     the decision of the vertex that decides the node (the one vertex of its slots, or its first
     output's), the Casts lowering inserted (``casts``), constants and nodes without float data.
-    ``input_nodes``: the input model's nodes in order, whose positions the decisions carry (``index``)."""
+    ``input_nodes``: the input model's nodes in order, whose positions the decisions carry (``index``).
+    ``renamed``: tensors renamed after lowering, by their new name: the name a Cast's reason gives
+    (Tensor Core padding hands a padded output's name to the Slice that now feeds the Casts)."""
+    renamed = renamed or {}
     inserted = {id(c.node): c for c in casts}
     shape_readers = {id(node) for node in graph.shape_readers}
     positions = {id(node): i for i, node in enumerate(input_nodes)}
@@ -86,10 +89,11 @@ def node_decisions(
                 if id(node) in inserted:
                     cast = inserted[id(node)]
                     users = ", ".join(sorted({_user_name(s) for s in cast.users}))
+                    source = cast.source.name
                     precision, rule, reason = (
                         short_name(cast.to),
                         Rule.LOWERING_CAST.value,
-                        f"Cast inserted: {users} need(s) {cast.source.name!r} as {short_name(cast.to)}",
+                        f"Cast inserted: {users} need(s) {renamed.get(source, source)!r} as {short_name(cast.to)}",
                     )
                 elif node.op_type == "Constant" and node.outputs and is_constant(node.outputs[0]):
                     dtype = node.outputs[0].dtype

@@ -73,6 +73,9 @@ def test_arithmetic_high_op_follows_where_the_provider_accumulates_in_fp32(provi
     assert d["softmax1"].precision == expected
     if provider == "cuda":
         assert d["softmax1"].rule == "paint.between-low"
+        # the reason names the kernel's source, as the policy table gives it for the provider
+        source = TEST_POLICY.get("", "Softmax").fp32_inside["cuda"]
+        assert d["softmax1"].reason == f"HIGH op whose kernel computes in FP32 inside ({source}): between low-precision ops"
     else:
         assert d["softmax1"].rule == "policy.high.arithmetic"
 

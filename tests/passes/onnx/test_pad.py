@@ -172,3 +172,17 @@ def test_only_ops_the_policy_table_lays_out_are_padded():
     table = PolicyTable([dataclasses.replace(e, gemm=None) if e.op == "Gemm" else e for e in default_table()])
     padded = convert(_gemm_model(), target="fp16", pad_tensor_cores=True, policy=table)
     assert _weight_shapes(padded.model) == {"gemm_tb": [12, 64], "gemm_ta": [16, 20]}
+
+
+def test_casts_after_a_padded_gemm_name_the_tensor_as_the_output_model_has_it():
+    """The Slice takes over the padded output's name: a Cast reading it gives that name."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+         helper.make_node("Softmax", ["mm"], ["y"], name="softmax", axis=-1)],
+        [vi("x", F32, [4, 64])], [vi("y", F32, [4, 100])], [tensor("w", weights((64, 100), seed=1))],
+    )
+    r = convert(m, target="fp16", provider="cpu", pad_tensor_cores=True)
+    casts = [d for d in r.decisions if d.rule == "lowering.cast" and "softmax" in d.reason]
+    assert casts and all("'mm'" in d.reason for d in casts), [d.reason for d in casts]
+    reads = {n.input[0] for n in r.model.graph.node if n.op_type == "Cast"}
+    assert "mm" in reads  # the name the reason gives is the tensor the Cast reads
