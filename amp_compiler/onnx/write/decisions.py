@@ -89,7 +89,7 @@ def node_decisions(
                 if id(node) in inserted:
                     cast = inserted[id(node)]
                     users = ", ".join(sorted({_user_name(s) for s in cast.users}))
-                    source = cast.source.name
+                    source = cast.source.name or ""
                     precision, rule, reason = (
                         short_name(cast.to),
                         Rule.LOWERING_CAST.value,
