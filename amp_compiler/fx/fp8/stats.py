@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from amp_compiler.core.tensor_error import relative_l2
 from amp_compiler.fx.fp8.candidates import FALLBACK, Candidate, argument_values
 from amp_compiler.fx.fp8.numerics import Fp8Format
 from amp_compiler.onnx.fp8.budget import budget_reason, choose_verified
@@ -103,7 +104,7 @@ def local_stats(gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Se
     out = []
     for cand in candidates:
         err2, ref2, below, nonzero = sums[id(cand)]
-        rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
+        rel = relative_l2(err2, ref2)
         out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, below / nonzero if nonzero else 0.0))
     return out
 
@@ -136,7 +137,7 @@ class EndToEnd:
                     return math.inf
                 err2[j] += float(((g[both] - r[both]) ** 2).sum())
                 ref2[j] += float((r[both] ** 2).sum())
-        rel = [math.sqrt(e / r) if r > 0 else (0.0 if e == 0 else math.inf) for e, r in zip(err2, ref2, strict=True)]
+        rel = [relative_l2(e, r) for e, r in zip(err2, ref2, strict=True)]
         return max(rel, default=0.0)
 
 

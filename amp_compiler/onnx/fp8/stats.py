@@ -29,8 +29,10 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
+from amp_compiler.core.fp8_numbers import Fp8Format, scale_for_amax, weight_scales
 from amp_compiler.core.measures import TensorRange
-from amp_compiler.onnx.fp8.scales import channel_axis, scale_value, weight_scales
+from amp_compiler.core.tensor_error import relative_l2
+from amp_compiler.onnx.fp8.scales import channel_axis
 from amp_compiler.passes.onnx.qdq import Fp8Candidate, Fp8Input
 from amp_compiler.policy import default_table
 from amp_compiler.policy.schemas import is_onnx_domain
@@ -48,7 +50,7 @@ FP8_GEMM_INPUTS: Mapping[str, tuple[int, ...]] = types.MappingProxyType(
 @dataclasses.dataclass(frozen=True)
 class Fp8Stats:
     rel_error: float  # ||GEMM(FP8 inputs) - GEMM(FP16 inputs)|| / ||GEMM(FP16 inputs)||
-    subnormal_share: float  # nonzero scaled activation values below 2^-6, over all nonzero ones
+    subnormal_share: float  # nonzero scaled activation values below FP8's smallest normal, over all nonzero ones
 
 
 def fp8_candidates(
@@ -88,7 +90,7 @@ def _candidate(
         if const is not None:
             weight = const.numpy().astype(np.float32)
             axis = channel_axis(node, i, weight.ndim)
-            inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, low), axis, weight,
+            inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, dtype=low.numpy_dtype), axis, weight,
                                    float(np.max(np.abs(weight), initial=0.0))))
             continue
         seen = ranges.get(value.name)
@@ -98,7 +100,7 @@ def _candidate(
             return f"input {i} ({value.name}) reached inf or NaN on the calibration data"
         given = amax.get(value.name) if amax is not None else None
         peak, how = (given, calibration) if given is not None else (seen.absmax, "amax")
-        scale = scale_value(peak * 2.0**margin / Target.FP8.max, low)
+        scale = scale_for_amax(peak, margin=margin, dtype=low.numpy_dtype)
         inputs.append(Fp8Input(i, value.name, scale, amax=peak, calibration=how))
     return Fp8Candidate(node, tuple(inputs))
 
@@ -138,7 +140,7 @@ def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
 def _weight_view(inp: Fp8Input, prefix: str) -> Fp8View:
     """A weight's :class:`Fp8View`, computed in the probe from the model's FP32 weight (no copies of it:
     a probe holds the model's weights once): QuantizeLinear with the FP32 values of its scales, as
-    :func:`amp_compiler.onnx.measure.emulate.quantize_fp8` quantizes it offline, then DequantizeLinear rounded to the
+    :func:`amp_compiler.core.fp8_numbers.quantize` quantizes it offline, then DequantizeLinear rounded to the
     fallback type; and the weight rounded to the fallback type."""
     f32, low = onnx.TensorProto.FLOAT, inp.low_type
     w, s, zp = prefix + "w", prefix + "s", prefix + "zp"
@@ -162,14 +164,16 @@ def _weight_view(inp: Fp8Input, prefix: str) -> Fp8View:
 
 def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:
     """The FP32 model with, per candidate, its op on FP8 and on FP16 inputs, reduced to four sums
-    (error^2, reference^2, scaled values below 2^-6, nonzero scaled values): the graph's outputs."""
+    (error^2, reference^2, scaled values below FP8's smallest normal, nonzero scaled values): the
+    graph's outputs."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
     del graph.output[:]
     nodes, inits, outputs = [], [], []
     f32 = onnx.TensorProto.FLOAT
-    inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32) + 2.0**-6, "fp8probe_normal"))
+    normal = np.asarray(Fp8Format.E4M3.smallest_normal, dtype=np.float32)
+    inits.append(onnx.numpy_helper.from_array(normal, "fp8probe_normal"))
     inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32), "fp8probe_zero"))
     for k, cand in enumerate(candidates):
         p = f"fp8probe{k}_"
@@ -246,7 +250,7 @@ def measure_candidates(
     out = []
     for k in range(len(candidates)):
         err2, ref2, nsub, nnz = totals[4 * k : 4 * k + 4]
-        rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
+        rel = relative_l2(err2, ref2)
         out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, nsub / nnz if nnz else 0.0))
     return out
 
