@@ -5,7 +5,8 @@ largest absolute error, cosine similarity, the reference's range (for the error 
 and the values that are NaN or infinite where the reference is finite. ``--tolerance``
 (:mod:`amp_compiler.onnx.tolerance.refine`) and ``compare`` (:mod:`amp_compiler.onnx.compare`) read the same numbers.
 :func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
-statistics of both paths use it too).
+statistics of both paths use it too); :class:`OutputErrors` is how the switched probe compares a
+model's outputs, the one place a run's error at the outputs is computed.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class ErrorStats:
 class OutputErrors:
     """A model's float outputs against their references, over samples: the relative L2 of each,
     leaving out the positions where the reference is not finite; an output that is not finite where
-    its reference is has an infinite error. What the end-to-end probes of ``--tolerance`` and FP8
-    (:mod:`amp_compiler.onnx.tolerance.probe`, :mod:`amp_compiler.onnx.fp8.budget`) compare their runs by."""
+    its reference is has an infinite error. What the switched probe of ``--tolerance`` and the FP8
+    budget (:mod:`amp_compiler.onnx.measure.probe`) compares its runs by."""
 
     def __init__(self, outputs: int):
         self.err2 = [0.0] * outputs

@@ -8,11 +8,10 @@ single-GEMM end-to-end error on calibration data predicts held-out data (rank co
 and that errors add in quadrature.
 
 Guarantees:
-- :func:`end_to_end_errors` runs one probe model (the FP32 model with each candidate's data inputs
-  switched between FP32 and their FP8 values by a bool input per candidate, ``Where``) over the
-  samples: once with every switch off, once per candidate with its switch alone on, and (for
-  :func:`verified_error`) with a set's switches on. The error of a run is the worst relative L2 over
-  the float outputs, against the all-off run.
+- the steps (:mod:`amp_compiler.onnx.fp8.steps`) run one switched probe (:mod:`amp_compiler.onnx.measure.probe`:
+  the FP32 model with an FP8 switch per candidate) over the samples: once with every switch off (the
+  reference), once per candidate with its switch alone on, and with the sets :func:`choose_verified`
+  measures. The error of a run is the worst relative L2 over the float outputs, against the all-off run.
 - :func:`choose_within_budget` returns the set with the most FLOPs whose predicted error (the
   quadrature sum of single errors) is within the budget: an exact 0/1 knapsack over errors^2 rounded
   up to 1/1000 of the budget^2 (never over the budget as predicted).
@@ -31,77 +30,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
-import onnx.helper as oh
 
 from amp_compiler.core.knapsack import Option, choose
-from amp_compiler.core.tensor_error import OutputErrors
 from amp_compiler.onnx.costs.costs import estimate, iter_nodes
-from amp_compiler.onnx.fp8.stats import fp8_view
 from amp_compiler.passes.onnx.qdq import Fp8Candidate
-from amp_compiler.runtime.runner import Runner
 
 _STEPS = 1000  # knapsack resolution: budget^2 in this many units
 GROW_TRIES = 8  # end-to-end runs spent trying GEMMs the prediction left out
 GROW_REACH = 1.25  # ... whose predicted total with the set is at most this many times the budget
-
-
-def _switch(k: int) -> str:
-    return f"fp8e2e_on{k}"
-
-
-def _probe(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate]) -> onnx.ModelProto:
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    graph = probe.graph
-    by_output = {c.node.outputs[0].name: k for k, c in enumerate(candidates)}
-    new_nodes = []
-    for node in graph.node:
-        k = by_output.get(node.output[0]) if node.output else None
-        if k is not None:
-            cand = candidates[k]
-            for inp in cand.inputs:
-                view = fp8_view(inp, f"fp8e2e{k}_{inp.index}_")
-                new_nodes += view.nodes
-                graph.initializer.extend(view.initializers)
-                chosen = f"fp8e2e{k}_{inp.index}_in"
-                new_nodes.append(oh.make_node("Where", [_switch(k), view.fp8, inp.name], [chosen]))
-                node.input[inp.index] = chosen
-        new_nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    graph.input.extend(oh.make_tensor_value_info(_switch(k), onnx.TensorProto.BOOL, []) for k in range(len(candidates)))
-    return probe
-
-
-class EndToEnd:
-    """A loaded probe (see module doc); :meth:`error` measures a set of switched-on candidates."""
-
-    def __init__(self, model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
-                 samples: Sequence[dict[str, np.ndarray]], runner: Runner):
-        self.n, self.samples = len(candidates), list(samples)
-        self.floats = [i for i, o in enumerate(model.graph.output)
-                       if o.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
-        self.session = runner.load(_probe(model, candidates))
-        self.reference = [self._run(sample, frozenset()) for sample in self.samples]
-        self.runs = len(self.samples)
-
-    def _run(self, sample: dict[str, np.ndarray], on: frozenset[int]) -> list[np.ndarray]:
-        feeds = {k: v for k, v in sample.items() if k in self.session.input_names}
-        feeds.update({_switch(k): np.array(k in on) for k in range(self.n)})
-        outs = self.session.run(feeds)
-        return [np.asarray(outs[i], dtype=np.float64) for i in self.floats]
-
-    def error(self, on: frozenset[int]) -> float:
-        """Worst relative L2 over the float outputs with the candidates ``on`` in FP8, on the samples."""
-        found = OutputErrors(len(self.floats))
-        for sample, ref in zip(self.samples, self.reference, strict=True):
-            self.runs += 1
-            if not found.add(ref, self._run(sample, on)):
-                return math.inf
-        return found.worst()
-
-    def close(self) -> None:
-        self.session.close()
 
 
 def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],

@@ -12,8 +12,8 @@ Guarantees:
   FP8-quantized inputs and on FP16-rounded inputs, reduced to sums) over the samples, through a
   :class:`~amp_compiler.runtime.runner.Runner`, and returns per candidate the relative L2 error of its output
   with FP8 inputs against FP16 inputs and the share of nonzero scaled activation values below FP8's
-  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do, the
-  other side what the fallback type (the scales' type) holds.
+  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do
+  (:mod:`amp_compiler.onnx.measure.fp8_view`), the other side what the fallback type (the scales' type) holds.
 - :func:`fp8_choice` says whether a candidate goes to FP8 and why, in a sentence.
 """
 
@@ -33,6 +33,7 @@ from amp_compiler.core.fp8_numbers import Fp8Format, scale_for_amax, weight_scal
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.tensor_error import relative_l2
 from amp_compiler.onnx.fp8.scales import channel_axis
+from amp_compiler.onnx.measure.fp8_view import fp8_view
 from amp_compiler.passes.onnx.qdq import Fp8Candidate, Fp8Input
 from amp_compiler.policy import default_table
 from amp_compiler.policy.schemas import is_onnx_domain
@@ -103,63 +104,6 @@ def _candidate(
         scale = scale_for_amax(peak, margin=margin, dtype=low.numpy_dtype)
         inputs.append(Fp8Input(i, value.name, scale, amax=peak, calibration=how))
     return Fp8Candidate(node, tuple(inputs))
-
-
-@dataclasses.dataclass
-class Fp8View:
-    """Nodes and initializers (for a probe model) that compute one data input as the FP8 model sees it
-    (``fp8``: quantized, dequantized to FP16, widened) and as the FP16 model sees it (``fp16``), in FP32."""
-
-    nodes: list[onnx.NodeProto]
-    initializers: list[onnx.TensorProto]
-    fp8: str
-    fp16: str
-    scale: str = ""  # the activation's FP32 scale initializer ("" for a weight)
-
-
-def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
-    """The :class:`Fp8View` of ``inp``; its names start with ``prefix``. Exactly the converted model's
-    Q/DQ arithmetic: input in the fallback type (the scale's: FP16 or BF16), ``x / scale`` in float32,
-    saturated, DQ output rounded to the fallback type."""
-    f32, f16 = onnx.TensorProto.FLOAT, inp.low_type
-    if inp.weight is not None:
-        return _weight_view(inp, prefix)
-    a, s = prefix + "a", prefix + "s"
-    zp = onnx.helper.make_tensor(prefix + "zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
-    nodes = [
-        oh.make_node("Cast", [inp.name], [a + "h"], to=f16),
-        oh.make_node("Cast", [a + "h"], [a + "r"], to=f32),  # the FP16 value the model holds
-        oh.make_node("QuantizeLinear", [a + "r", s, zp.name], [a + "q"], saturate=1),
-        oh.make_node("DequantizeLinear", [a + "q", s, zp.name], [a + "dq"]),
-        oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16/BF16 in the model
-        oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
-    ]
-    return Fp8View(nodes, [onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s), zp], a + "8", a + "r", s)
-
-
-def _weight_view(inp: Fp8Input, prefix: str) -> Fp8View:
-    """A weight's :class:`Fp8View`, computed in the probe from the model's FP32 weight (no copies of it:
-    a probe holds the model's weights once): QuantizeLinear with the FP32 values of its scales, as
-    :func:`amp_compiler.core.fp8_numbers.quantize` quantizes it offline, then DequantizeLinear rounded to the
-    fallback type; and the weight rounded to the fallback type."""
-    f32, low = onnx.TensorProto.FLOAT, inp.low_type
-    w, s, zp = prefix + "w", prefix + "s", prefix + "zp"
-    scale = inp.scale.astype(np.float32)
-    zero = onnx.helper.make_tensor(zp, onnx.TensorProto.FLOAT8E4M3FN, list(scale.shape), [0.0] * scale.size)
-    quant = oh.make_node("QuantizeLinear", [inp.name, s, zp], [w + "q"], saturate=1)
-    dequant = oh.make_node("DequantizeLinear", [w + "q", s, zp], [w + "dq"])
-    if inp.axis is not None:
-        for node in (quant, dequant):
-            node.attribute.append(oh.make_attribute("axis", inp.axis))
-    nodes = [
-        quant,
-        dequant,
-        oh.make_node("Cast", [w + "dq"], [w + "dqh"], to=low),  # DQ's output is FP16/BF16 in the model
-        oh.make_node("Cast", [w + "dqh"], [w + "8"], to=f32),
-        oh.make_node("Cast", [inp.name], [w + "h"], to=low),
-        oh.make_node("Cast", [w + "h"], [w + "16"], to=f32),
-    ]
-    return Fp8View(nodes, [onnx.numpy_helper.from_array(scale, s), zero], w + "8", w + "16")
 
 
 def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:

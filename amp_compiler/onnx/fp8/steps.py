@@ -28,13 +28,14 @@ from amp_compiler.core.plan import Rule
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.costs.costs import estimate
-from amp_compiler.onnx.fp8.budget import EndToEnd, budget_reason, candidate_flops, choose_verified
+from amp_compiler.onnx.fp8.budget import budget_reason, candidate_flops, choose_verified
 from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.scales import percentile_amax
 from amp_compiler.onnx.fp8.stats import fp8_candidates, fp8_choice, measure_candidates
 from amp_compiler.onnx.ir.walk import node_order
 from amp_compiler.onnx.load.external_data import plan_external_reads, read_external
 from amp_compiler.onnx.measure.calibrate import collect_ranges
+from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions, Fp8Calibration
 from amp_compiler.passes.onnx.qdq import Fp8Candidate, QuantizeGemmInputsPass
@@ -160,13 +161,16 @@ def _within_budget(
     total still fits; ``reasons`` get the end-to-end numbers."""
     if not passed:
         return []
-    e2e = EndToEnd(proto, passed, samples, runner)
+    position = {node.output[0]: i for i, node in enumerate(proto.graph.node) if node.output}
+    at = {position[c.node.outputs[0].name]: c for c in passed}
+    switch = {p: k for k, p in enumerate(position[c.node.outputs[0].name] for c in passed)}
+    probe = SwitchProbe(None, build_probe(proto, fp8=at, fp8_switches=switch), len(passed), samples, runner)
     try:
-        singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
+        singles = [probe.error({k}) for k in range(len(passed))]
         flops = candidate_flops(proto, passed, samples[0])
-        chosen, total = choose_verified(e2e.error, singles, flops, budget)
+        chosen, total = choose_verified(probe.error, singles, flops, budget)
     finally:
-        e2e.close()
+        probe.close()
     for k, cand in enumerate(passed):
         local = reasons[id(cand.node)][1]
         statistics = local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")

@@ -11,8 +11,8 @@ A unit (:mod:`amp_compiler.onnx.tolerance.units`) can be
 - ``fp8-root`` / ``fp8`` (``--target fp8``, an FP8 candidate's unit): as the two before, with the
   Tensor Core op reading FP8 E4M3 inputs through Q/DQ.
 
-Each level's error is measured alone on the probe (:mod:`amp_compiler.onnx.tolerance.probe`: only the
-unit's groups on); its value is the GEMM time it saves against FP32 on an H100
+Each level's error is measured alone on the probe (:mod:`amp_compiler.onnx.measure.probe`: only the
+unit's switches on); its value is the GEMM time it saves against FP32 on an H100
 (:data:`amp_compiler.targets.GEMM_RATE`: TF32 is half FP16's rate, FP8 twice it), so FP32 is avoided
 first and FP8 taken where it also fits. :func:`search` runs the knapsack (:mod:`amp_compiler.core.knapsack`)
 for budgets around the tolerance, keeps the best choice the probe finds within it, then moves single

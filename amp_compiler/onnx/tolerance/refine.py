@@ -3,7 +3,7 @@ Core throughput whose errors together fit the tolerance, and pin the rest to FP3
 
     convert -> measure (every float output within tolerance? done: one conversion)
             -> units (amp_compiler.onnx.tolerance.units): each Tensor Core op with the cheap ops it feeds
-            -> the switched probe (amp_compiler.onnx.tolerance.probe; FP8 switches: amp_compiler.onnx.tolerance.fp8)
+            -> the switched probe (amp_compiler.onnx.measure.probe: a switch per group, one per FP8 candidate)
             -> each unit's levels measured alone, the best set within the tolerance chosen and
                checked on the probe (amp_compiler.onnx.tolerance.choice, amp_compiler.core.knapsack)
             -> one conversion with that choice fixed, measured
@@ -42,9 +42,8 @@ from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.fp8.steps import fp8_opset, local_choice, raise_opset
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
+from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
 from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, search, unit_choices
-from amp_compiler.onnx.tolerance.fp8 import add_fp8_switches
-from amp_compiler.onnx.tolerance.probe import SwitchProbe, build_probe
 from amp_compiler.onnx.tolerance.units import Unit, partition
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
@@ -197,9 +196,8 @@ class _Refiner:
             groups += split
         candidates = self.fp8_candidates(units) if self.fp8 else {}
         fp8_group = {root: len(groups) + k for k, root in enumerate(sorted(candidates))}
-        probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, tagged=candidates)
-        if candidates:
-            probe_model = add_fp8_switches(probe_model, candidates, fp8_group)
+        probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, fp8=candidates,
+                                  fp8_switches=fp8_group)
         probe = SwitchProbe(self.fp32, probe_model, len(groups) + len(fp8_group), self.samples, self.runner)
         try:
             items = [unit_choices(self.alone(probe), unit, part, fp8_group.get(unit.root), low)

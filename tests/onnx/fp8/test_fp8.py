@@ -16,11 +16,11 @@ from amp_compiler.core.fp8_numbers import dequantize, quantize, weight_scales
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.fp8.budget import choose_within_budget, grow_within_budget
-from amp_compiler.onnx.fp8.stats import fp8_view
 from amp_compiler.onnx.load.deferred import DeferredModel
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.measure.checks import compare, validate
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.measure.fp8_view import fp8_view
 from amp_compiler.passes.onnx.qdq import Fp8Input
 from amp_compiler.targets import Target
 from models import catalog
