@@ -5,7 +5,7 @@ largest absolute error, cosine similarity, the reference's range (for the error 
 and the values that are NaN or infinite where the reference is finite. ``--tolerance``
 (:mod:`amp_compiler.onnx.tolerance.refine`) and ``compare`` (:mod:`amp_compiler.onnx.compare`) read the same numbers.
 :func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
-statistics of both paths use it too); :class:`OutputErrors` is how the switched probe compares a
+statistics of both paths use it too); :class:`OutputErrors` is how the switched probes compare a
 model's outputs, the one place a run's error at the outputs is computed.
 """
 
@@ -98,7 +98,8 @@ class OutputErrors:
     """A model's float outputs against their references, over samples: the relative L2 of each,
     leaving out the positions where the reference is not finite; an output that is not finite where
     its reference is has an infinite error. What the switched probe of ``--tolerance`` and the FP8
-    budget (:mod:`amp_compiler.onnx.measure.probe`) compares its runs by."""
+    budget (:mod:`amp_compiler.onnx.measure.probe`) and the FX path's end-to-end runs
+    (:mod:`amp_compiler.fx.fp8.stats`) compare their runs by."""
 
     def __init__(self, outputs: int):
         self.err2 = [0.0] * outputs

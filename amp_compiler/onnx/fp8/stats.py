@@ -14,12 +14,12 @@ Guarantees:
   with FP8 inputs against FP16 inputs and the share of nonzero scaled activation values below FP8's
   smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do
   (:mod:`amp_compiler.onnx.measure.fp8_view`), the other side what the fallback type (the scales' type) holds.
-- :func:`fp8_choice` says whether a candidate goes to FP8 and why, in a sentence.
+- :func:`fp8_choice` is whether a candidate goes to FP8 by those statistics, with its reason's parts
+  (:class:`amp_compiler.core.fp8_choice.LocalChoice`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import types
 from collections.abc import Iterable, Mapping
@@ -29,9 +29,9 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
+from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice
 from amp_compiler.core.fp8_numbers import Fp8Format, scale_for_amax, weight_scales
 from amp_compiler.core.measures import TensorRange
-from amp_compiler.core.tensor_error import relative_l2
 from amp_compiler.onnx.fp8.scales import channel_axis
 from amp_compiler.onnx.measure.fp8_view import fp8_view
 from amp_compiler.passes.onnx.qdq import Fp8Candidate, Fp8Input
@@ -45,13 +45,6 @@ from amp_compiler.targets import Target
 FP8_GEMM_INPUTS: Mapping[str, tuple[int, ...]] = types.MappingProxyType(
     {e.op: e.fp8_inputs for e in default_table() if e.fp8_inputs and is_onnx_domain(e.domain)}
 )
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Fp8Stats:
-    rel_error: float  # ||GEMM(FP8 inputs) - GEMM(FP16 inputs)|| / ||GEMM(FP16 inputs)||
-    subnormal_share: float  # nonzero scaled activation values below FP8's smallest normal, over all nonzero ones
 
 
 def fp8_candidates(
@@ -191,40 +184,16 @@ def measure_candidates(
             totals += np.asarray([float(np.asarray(v)) for v in session.run(feeds)], dtype=np.float64)
     finally:
         session.close()
-    out = []
-    for k in range(len(candidates)):
-        err2, ref2, nsub, nnz = totals[4 * k : 4 * k + 4]
-        rel = relative_l2(err2, ref2)
-        out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, nsub / nnz if nnz else 0.0))
-    return out
+    return [Fp8Stats.from_sums(*(float(t) for t in totals[4 * k : 4 * k + 4])) for k in range(len(candidates))]
 
 
-def stats_allow(stats: Fp8Stats, max_error: float, max_subnormal: float) -> bool:
-    """Whether a GEMM's local statistics allow FP8 inputs (both within their limits)."""
-    return stats.rel_error <= max_error and stats.subnormal_share <= max_subnormal
-
-
-def stats_sentence(stats: Fp8Stats, max_error: float, max_subnormal: float, low: str = "FP16") -> str:
-    """A GEMM's local statistics and their limits, in words (the ONNX and FX paths' reasons); ``low``
-    is the fallback's name."""
-    return (
-        f"output error {stats.rel_error:.2%} with FP8 inputs vs {low} inputs on the calibration data "
-        f"(limit {max_error:.0%}), {stats.subnormal_share:.2%} of scaled input values below FP8's "
-        f"smallest normal 2^-6 (limit {max_subnormal:.0%})"
-    )
-
-
-def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> tuple[bool, str]:
-    """Whether the candidate takes FP8 inputs, and the sentence that says why (with its statistics)."""
-    low = cand.inputs[0].low_name
+def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> LocalChoice:
+    """The candidate's choice by its statistics, with how its inputs are scaled, as data."""
     acts = [i for i in cand.inputs if i.weight is None]
     weights = [i for i in cand.inputs if i.weight is not None]
-    stat = stats_sentence(stats, max_error, max_subnormal, low)
-    if not stats_allow(stats, max_error, max_subnormal):
-        return False, f"kept {low}: FP8 E4M3 inputs would cost too much: {stat}"
     scales = [f"input {i.index} scale {float(i.scale):.3g} per tensor ({i.calibration} {i.amax:.3g})" for i in acts]
     scales += [
         f"weight {i.index} scales per output channel (axis {i.axis})" if i.axis is not None
         else f"weight {i.index} scale {float(i.scale):.3g} per tensor" for i in weights
     ]
-    return True, f"FP8 E4M3 inputs through Q/DQ: {stat}; {', '.join(scales)}"
+    return LocalChoice(stats, max_error, max_subnormal, tuple(scales), cand.inputs[0].low_name, " through Q/DQ")

@@ -15,7 +15,6 @@ from amp_compiler.cli import main
 from amp_compiler.core.fp8_numbers import dequantize, quantize, weight_scales
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.fp8.budget import choose_within_budget, grow_within_budget
 from amp_compiler.onnx.load.deferred import DeferredModel
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.measure.checks import compare, validate
@@ -125,22 +124,6 @@ def test_gemms_over_the_end_to_end_budget_stay_fp16_with_their_error():
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in result.model.graph.node)
     everything = to_fp8(model, samples, fp8_budget=1.0)
     assert {d.rule for d in everything.decisions if d.op_type in ("MatMul", "Gemm")} == {Rule.FP8_GEMM.value}
-
-
-def test_budget_choice_is_an_exact_knapsack():
-    # A stem-like GEMM with most FLOPs and a large error: greedy by error per FLOP takes the two small
-    # ones first and then cannot take the big one; the most FLOPs within the budget is the big one alone.
-    errors, flops = [0.09, 0.05, 0.05], [1000, 10, 10]
-    assert choose_within_budget(errors, flops, 0.1) == {0}
-    assert choose_within_budget(errors, flops, 0.2) == {0, 1, 2}
-    assert choose_within_budget([0.03, float("inf")], [1, 100], 0.1) == {0}
-    assert choose_within_budget(errors, flops, 0.0) == frozenset()
-    # never over the budget as predicted (quadrature sum)
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        e, f = rng.uniform(0, 0.08, 8), rng.integers(1, 1000, 8)
-        chosen = choose_within_budget(list(e), list(f), 0.1)
-        assert np.sqrt(sum(e[i] ** 2 for i in chosen)) <= 0.1
 
 
 def test_fp8_needs_calibration_samples():
@@ -257,28 +240,3 @@ def test_probe_quantizes_weights_in_graph_exactly_as_the_offline_conversion(low,
     expected = dequantize(quantize(w, scale), scale, low.numpy_dtype).astype(np.float32)
     assert np.array_equal(got8.view(np.uint32), expected.view(np.uint32))
     assert np.array_equal(got16, w.astype(low.numpy_dtype).astype(np.float32))
-
-
-class _FakeEndToEnd:
-    """Measured errors of sets: errors of GEMMs 0 and 1 cancel in part (their sum is less than the
-    quadrature sum); GEMM 3's does not."""
-
-    def __init__(self, errors):
-        self.errors, self.runs = errors, 0
-
-    def error(self, on):
-        self.runs += 1
-        total = float(np.sqrt(sum(self.errors[k] ** 2 for k in on)))
-        return total * 0.9 if {0, 1} <= on else total
-
-
-def test_grow_adds_what_the_measured_total_fits_and_nothing_else():
-    errors, flops = [0.08, 0.065, 0.09, 0.07], [100, 50, 10, 40]
-    chosen = {0}
-    total = grow_within_budget(_FakeEndToEnd(errors).error, chosen, 0.08, errors, flops, 0.1)
-    # with GEMM 1: predicted 10.3% (over the budget), measured 9.3%: added; then GEMM 3 measures 11.2%
-    assert chosen == {0, 1} and total == pytest.approx(0.9 * np.hypot(0.08, 0.065))
-    e2e = _FakeEndToEnd(errors)
-    none_fit = {2}
-    assert grow_within_budget(e2e.error, none_fit, 0.09, errors, flops, 0.1) == 0.09 and none_fit == {2}
-    assert e2e.runs == 3  # each tried once, measured over the budget
