@@ -28,10 +28,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice, budget_reason, choose_within_budget
+from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.core.tensor_error import OutputErrors
 from amp_compiler.fx.fp8.candidates import FALLBACK, Candidate, argument_values
-from amp_compiler.fx.fp8.numerics import Fp8Format
 from amp_compiler.options import ConvertOptions
+
+__all__ = ["EndToEnd", "Fp8Choice", "calibrate", "choose", "local_stats"]
 
 Action = Callable[[Candidate, tuple, dict], Any]
 

@@ -24,6 +24,8 @@ import onnx_ir as ir
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.targets import Target
 
+__all__ = ["channel_axis", "histogram_percentile", "magnitude_histogram", "percentile_amax"]
+
 _MAGNITUDES = 1 << 15  # non-negative 16-bit float bit patterns (sign bit clear), NaN patterns included
 
 

@@ -40,6 +40,8 @@ from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.targets import Target
 
+__all__ = ["FP8_GEMM_INPUTS", "fp8_candidates", "fp8_choice", "measure_candidates"]
+
 # The Tensor Core ops that take FP8 inputs through Q/DQ (TensorRT's explicit quantization), and the
 # positions of their data inputs (bias inputs stay FP16): the policy table's ``fp8_inputs``.
 FP8_GEMM_INPUTS: Mapping[str, tuple[int, ...]] = types.MappingProxyType(

@@ -30,7 +30,6 @@ from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.fp8.budget import within_budget
-from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.scales import percentile_amax
 from amp_compiler.onnx.fp8.stats import fp8_candidates, fp8_choice, measure_candidates
 from amp_compiler.onnx.ir.walk import node_order
@@ -47,8 +46,8 @@ from amp_compiler.targets import Target
 _FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
 
 
-__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "local_choice", "lower_fp8", "plan_fp8",
-           "raise_opset", "require_samples", "weights_in_memory"]
+__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "local_choice", "lower_fp8", "plan_fp8", "require_samples",
+           "weights_in_memory"]
 
 
 # Probe models are serialized whole to run: protobuf's limit, less room for the probes' own nodes.

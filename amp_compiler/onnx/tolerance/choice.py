@@ -35,6 +35,8 @@ from amp_compiler.core.knapsack import Option
 from amp_compiler.onnx.tolerance.units import Unit
 from amp_compiler.targets import GEMM_RATE, Target
 
+__all__ = ["Choice", "Decided", "Level", "decide", "switches_on", "unit_choices", "value"]
+
 
 class Level(enum.Enum):
     FP32 = "fp32"

@@ -41,7 +41,8 @@ from amp_compiler.core.tensor_error import ErrorStats
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.costs.costs import estimate
-from amp_compiler.onnx.fp8.steps import fp8_opset, local_choice, raise_opset
+from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
+from amp_compiler.onnx.fp8.steps import local_choice
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
@@ -53,6 +54,8 @@ from amp_compiler.passes.onnx.qdq import Fp8Candidate
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.targets import Target
+
+__all__ = ["Refinement", "measure", "refine"]
 
 # Decisions that pinning cannot change (nodes the user forced low with --allow-op/--allow-node included).
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST, Rule.USER_ALLOW))

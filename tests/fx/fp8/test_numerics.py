@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from amp_compiler.core import fp8_numbers
+from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.fx.fp8.numerics import (
-    Fp8Format,
     channel_scales,
     dequantize,
     fp8_matmul,
@@ -18,8 +19,8 @@ from amp_compiler.fx.fp8.numerics import (
     saturating_cast,
     scale_for_amax,
     scaled_mm_2d,
+    torch_dtype,
 )
-from amp_compiler.core import fp8_numbers
 from amp_compiler.targets import Target
 
 ML = {Fp8Format.E4M3: ml_dtypes.float8_e4m3fn, Fp8Format.E5M2: ml_dtypes.float8_e5m2}
@@ -90,7 +91,7 @@ def test_saturation_rounding_and_signed_zero(fmt):
     assert got[:4].tolist() == [top] * 4 and got[4].item() == top and got[5].item() == -top
     assert got[6].item() == 0.0 and torch.signbit(got[6]) and torch.isnan(got[7])
     # ties go to even, also among subnormals: the midpoint of the two smallest subnormals -> the even one
-    tiny = float(torch.finfo(fmt.dtype).smallest_normal) / (8 if fmt is Fp8Format.E4M3 else 4)
+    tiny = float(torch.finfo(torch_dtype(fmt)).smallest_normal) / (8 if fmt is Fp8Format.E4M3 else 4)
     mids = torch.tensor([0.5 * tiny, 1.5 * tiny, 2.5 * tiny], dtype=torch.float32)
     assert saturating_cast(mids, fmt).to(torch.float32).tolist() == [0.0, 2 * tiny, 2 * tiny]
 
@@ -120,13 +121,15 @@ def test_quantize_equals_the_onnx_paths_quantize_linear(scale, source, fmt):
     x = torch.from_numpy(_inputs_of_interest(fmt)).to(source)
     s = torch.tensor(scale, dtype=torch.float32)
     ours = _bits(quantize(x, s, fmt))
-    ref = fp8_numbers.quantize(x.to(torch.float32).numpy(), np.float32(scale), fmt.numbers)
+    ref = fp8_numbers.quantize(x.to(torch.float32).numpy(), np.float32(scale), fmt)
     _same_bits_or_both_nan(ours, ref, fmt)
 
 
 def test_dequantize_and_scales_are_the_numpy_homes():
     """Dequantization and scales give the numpy home's bits (its constants: the formats' limits)."""
-    assert Fp8Format.E4M3.max == fp8_numbers.Fp8Format.E4M3.max and Fp8Format.E5M2.numbers is fp8_numbers.Fp8Format.E5M2
+    for fmt in Fp8Format:  # the torch types' limits are the numpy home's
+        assert (torch.finfo(torch_dtype(fmt)).max, torch.finfo(torch_dtype(fmt)).smallest_normal) == (
+            fmt.max, fmt.smallest_normal)
     q = quantize(torch.linspace(-500, 500, 1001), torch.tensor(0.37))
     for dtype, np_dtype in ((torch.float32, np.float32), (torch.float16, np.float16)):
         got = dequantize(q, torch.tensor(0.37), dtype).numpy()
