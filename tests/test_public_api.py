@@ -51,10 +51,6 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 # ------------------------------------------------------------------------------------------- __all__
-# Rewritten by the FP8 and --tolerance merge (issue 24, code part 2), which declares their names.
-MERGING = ("amp_compiler.onnx.fp8", "amp_compiler.onnx.tolerance", "amp_compiler.fx.fp8", "amp_compiler.core.knapsack")
-
-
 def _modules() -> list[str]:
     import amp_compiler.passes
 
@@ -63,7 +59,6 @@ def _modules() -> list[str]:
     return sorted({
         n for n in ["amp_compiler", "amp_compiler.passes", *names]
         if not any(part.startswith("_") for part in n.split("."))
-        and not any(n == m or n.startswith(m + ".") for m in MERGING)
     })
 
 

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+__all__ = ["Option", "choose"]
+
 _MIN_STEPS = 1000
 _STEPS_PER_ITEM = 16
 _MAX_STEPS = 100_000

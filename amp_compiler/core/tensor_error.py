@@ -4,6 +4,9 @@ One :class:`ErrorStats` per tensor, fed one (reference, converted) pair per samp
 largest absolute error, cosine similarity, the reference's range (for the error as a share of it)
 and the values that are NaN or infinite where the reference is finite. ``--tolerance``
 (:mod:`amp_compiler.onnx.tolerance.refine`) and ``compare`` (:mod:`amp_compiler.onnx.compare`) read the same numbers.
+:func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
+statistics of both paths use it too); :class:`OutputErrors` is how the switched probes compare a
+model's outputs, the one place a run's error at the outputs is computed.
 """
 
 from __future__ import annotations
@@ -14,7 +17,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ErrorStats", "OutputErrors"]
+__all__ = ["ErrorStats", "OutputErrors", "relative_l2"]
+
+
+def relative_l2(err2: float, ref2: float) -> float:
+    """``sqrt(err2 / ref2)``: the relative L2 error from the sum of squared errors and the sum of
+    squared reference values (0 when both are 0, infinite for an error on a zero reference or an
+    infinite error; NaN stays NaN)."""
+    if math.isinf(err2):
+        return math.inf
+    if ref2 > 0:
+        return math.sqrt(err2 / ref2)
+    return 0.0 if err2 == 0 else math.inf
 
 
 @dataclasses.dataclass
@@ -56,9 +70,7 @@ class ErrorStats:
     @property
     def rel_l2(self) -> float:
         """||converted - FP32|| / ||FP32|| (0 when both are 0, inf for an error on a zero reference)."""
-        if self.ref2 == 0:
-            return 0.0 if self.diff2 == 0 else math.inf
-        return math.sqrt(self.diff2 / self.ref2)
+        return relative_l2(self.diff2, self.ref2)
 
     @property
     def cosine(self) -> float:
@@ -85,8 +97,9 @@ class ErrorStats:
 class OutputErrors:
     """A model's float outputs against their references, over samples: the relative L2 of each,
     leaving out the positions where the reference is not finite; an output that is not finite where
-    its reference is has an infinite error. What the end-to-end probes of ``--tolerance`` and FP8
-    (:mod:`amp_compiler.onnx.tolerance.probe`, :mod:`amp_compiler.onnx.fp8.budget`) compare their runs by."""
+    its reference is has an infinite error. What the switched probe of ``--tolerance`` and the FP8
+    budget (:mod:`amp_compiler.onnx.measure.probe`) and the FX path's end-to-end runs
+    (:mod:`amp_compiler.fx.fp8.stats`) compare their runs by."""
 
     def __init__(self, outputs: int):
         self.err2 = [0.0] * outputs
@@ -107,15 +120,7 @@ class OutputErrors:
 
     def relative(self) -> list[float]:
         """Each output's relative L2 (0 when both sums are 0, infinite for an error on a zero reference)."""
-        out = []
-        for e, r in zip(self.err2, self.ref2, strict=True):
-            if not math.isfinite(e):
-                out.append(math.inf)
-            elif r > 0:
-                out.append(math.sqrt(e / r))
-            else:
-                out.append(0.0 if e == 0 else math.inf)
-        return out
+        return [relative_l2(e, r) for e, r in zip(self.err2, self.ref2, strict=True)]
 
     def worst(self) -> float:
         return max(self.relative(), default=0.0)

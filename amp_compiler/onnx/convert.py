@@ -25,15 +25,8 @@ from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import UntypedTensorsError
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
-from amp_compiler.onnx.fp8.steps import (
-    fp8_decisions,
-    fp8_opset,
-    lower_fp8,
-    plan_fp8,
-    raise_opset,
-    require_samples,
-    weights_in_memory,
-)
+from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
+from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
 from amp_compiler.onnx.graph.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
 from amp_compiler.onnx.graph.precision_graph import build_precision_graph
 from amp_compiler.onnx.ir.walk import node_order

@@ -8,7 +8,7 @@ alone and listed in ``skipped``):
   shared with other readers of ``x``): a per-tensor scale of the fallback type and a float8e4m3fn
   zero point 0, as TensorRT's explicit quantization reads them;
 - a constant weight becomes a float8e4m3fn initializer (quantized offline from its FP32 values,
-  exactly as QuantizeLinear would, :func:`amp_compiler.onnx.measure.emulate.quantize_fp8`) read through one
+  exactly as QuantizeLinear would, :func:`amp_compiler.core.fp8_numbers.quantize`) read through one
   ``DequantizeLinear`` with scales per output channel (``axis``) or per tensor; the FP16/BF16 copy
   is removed when nothing else reads it;
 - bias inputs, and every other node, keep the types the FP16 lowering gave them.
@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from amp_compiler.core.fp8_numbers import quantize
 from amp_compiler.onnx.ir.walk import home_graph
-from amp_compiler.onnx.measure.emulate import quantize_fp8
 from amp_compiler.targets import Target
 
 __all__ = ["Fp8Candidate", "Fp8Input", "InsertedQdq", "QuantizeGemmInputsPass"]
@@ -163,7 +163,7 @@ class QuantizeGemmInputsPass(ir.passes.InPlacePass):
     def _weight(self, graph: ir.Graph, node: ir.Node, inp: Fp8Input, prefix: str) -> None:
         old = node.inputs[inp.index]
         assert old is not None and inp.weight is not None
-        quantized = quantize_fp8(inp.weight, inp.broadcast_scale())
+        quantized = quantize(inp.weight, inp.broadcast_scale())
         stored = self._initializer(graph, f"{prefix}_fp8", quantized)
         scale = self._initializer(graph, f"{prefix}_scale", inp.scale)
         zero = self._initializer(graph, f"{prefix}_zero_point", _zero_point(inp.scale.shape))

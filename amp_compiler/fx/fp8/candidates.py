@@ -23,9 +23,12 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 
-from amp_compiler.fx.fp8.numerics import Fp8Format, channel_scales, fp8_matmul, quantize, scale_for_amax
+from amp_compiler.core.fp8_numbers import Fp8Format
+from amp_compiler.fx.fp8.numerics import channel_scales, fp8_matmul, quantize, scale_for_amax
 from amp_compiler.fx.graph.arguments import schema_argument
 from amp_compiler.fx.graph.policy import AtenOpInfo, AtenPolicy, op_name, policy_name
+
+__all__ = ["FALLBACK", "Candidate", "Operand", "argument_values", "attr_tensor", "find_candidates", "gemm_operands"]
 
 FALLBACK = torch.float16  # what the rest of an FP8 graph computes in (Target.FP8.fallback)
 

@@ -38,6 +38,8 @@ from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
 
+__all__ = ["calibration_samples", "convert_fp8", "fp8_decisions", "fp8_options", "fp8_report", "redecide", "table_kept"]
+
 
 def calibration_samples(calibration: Iterable[Any] | None, example: tuple, *, same_shapes: bool) -> list[tuple]:
     """The samples as tuples of positional inputs, checked against the example inputs (count, dtype,

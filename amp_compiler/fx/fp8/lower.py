@@ -24,6 +24,8 @@ from amp_compiler.fx.graph.arguments import schema_argument
 from amp_compiler.fx.graph.lower import CAST
 from amp_compiler.fx.graph.views import tensor_dtype
 
+__all__ = ["Fp8Lowering", "lower_fp8"]
+
 
 @dataclasses.dataclass
 class Fp8Lowering:

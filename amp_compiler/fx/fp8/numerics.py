@@ -1,10 +1,13 @@
 """FP8 arithmetic in torch: saturating casts, scales, and the FP8 matrix product (``torch._scaled_mm``
 on a GPU that has FP8 Tensor Cores, an exact emulation elsewhere).
 
-Conventions (the ONNX path's, :mod:`amp_compiler.onnx.measure.emulate`): a scale ``s`` is a *dequantization*
-scale, FP32: ``q = saturate(x / s)`` (a float32 division), ``x ~ q * s``; ``s = amax * 2^margin /
-fp8_max``. (Transformer Engine stores the reciprocal as its ``scale`` and multiplies; ``s`` is its
-``scale_inv``, and what ``torch._scaled_mm`` takes.)
+Conventions and numbers are :mod:`amp_compiler.core.fp8_numbers`'s (the ONNX path's too): a scale
+``s`` is a *dequantization* scale, FP32 here: ``q = saturate(x / s)`` (a float32 division), ``x ~ q *
+s``; ``s = amax * 2^margin / fp8_max``. (Transformer Engine stores the reciprocal as its ``scale``
+and multiplies; ``s`` is its ``scale_inv``, and what ``torch._scaled_mm`` takes.) The formats' limits
+come from there (:class:`~amp_compiler.core.fp8_numbers.Fp8Format`; :func:`torch_dtype` is its torch
+type), scales are computed there; the casts and the GEMM are torch kernels (they run in the
+converted graph, on the GPU), held to the numpy home's bits by ``tests/fx/fp8/test_numerics.py``.
 
 Guarantees:
 - :func:`saturating_cast` gives, bit for bit, ml_dtypes' cast of the value clipped to the format's
@@ -20,36 +23,27 @@ Guarantees:
 
 from __future__ import annotations
 
-import enum
-import math
-
+import numpy as np
 import torch
 
+from amp_compiler.core import fp8_numbers
+from amp_compiler.core.fp8_numbers import Fp8Format
 
-class Fp8Format(enum.Enum):
-    """The two FP8 formats of Hopper's Tensor Cores (and Transformer Engine's names for them)."""
+__all__ = ["channel_scales", "dequantize", "fp8_gemm", "fp8_matmul", "has_fp8_tensor_cores", "quantize",
+           "saturating_cast", "scale_for_amax", "scaled_mm_2d", "torch_dtype"]
 
-    E4M3 = "e4m3"  # float8_e4m3fn: max 448, smallest normal 2^-6, 3 mantissa bits (forward tensors)
-    E5M2 = "e5m2"  # float8_e5m2: max 57344, smallest normal 2^-14, 2 mantissa bits (gradients)
+_TORCH_DTYPES = {Fp8Format.E4M3: torch.float8_e4m3fn, Fp8Format.E5M2: torch.float8_e5m2}
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float8_e4m3fn if self is Fp8Format.E4M3 else torch.float8_e5m2
 
-    @property
-    def max(self) -> float:
-        """Largest finite value."""
-        return float(torch.finfo(self.dtype).max)
-
-    @property
-    def smallest_normal(self) -> float:
-        return float(torch.finfo(self.dtype).smallest_normal)
+def torch_dtype(fmt: Fp8Format) -> torch.dtype:
+    """The torch type of an FP8 format (:class:`amp_compiler.core.fp8_numbers.Fp8Format`)."""
+    return _TORCH_DTYPES[fmt]
 
 
 def saturating_cast(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
     """``x`` (any float type) as ``fmt``: clipped to +-max in float32, then cast (see module doc)."""
     limit = fmt.max
-    return torch.clamp(x.to(torch.float32), -limit, limit).to(fmt.dtype)
+    return torch.clamp(x.to(torch.float32), -limit, limit).to(torch_dtype(fmt))
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format = Fp8Format.E4M3) -> torch.Tensor:
@@ -64,22 +58,19 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
 
 
 def scale_for_amax(amax: float, fmt: Fp8Format = Fp8Format.E4M3, margin: int = 0) -> float:
-    """The scale that maps ``amax * 2^margin`` to the format's largest value; 1.0 for an amax of 0 or
-    not finite (nothing to scale), and never below FP32's smallest normal."""
-    if not math.isfinite(amax) or amax <= 0:
-        return 1.0
-    return max(amax * 2.0**margin / fmt.max, float(torch.finfo(torch.float32).tiny))
+    """The FP32 scale that maps ``amax * 2^margin`` to the format's largest value; 1.0 for an amax of 0
+    or not finite (nothing to scale), and never below FP32's smallest normal
+    (:func:`amp_compiler.core.fp8_numbers.scale_for_amax`)."""
+    return float(fp8_numbers.scale_for_amax(amax, fmt, margin, np.float32))
 
 
 def channel_scales(weight: torch.Tensor, axis: int, fmt: Fp8Format = Fp8Format.E4M3) -> torch.Tensor:
     """FP32 scales ``amax / fp8_max`` per slice along ``axis`` (an output channel), margin 0: a
-    weight's values are known exactly. A channel of zeros gets 1."""
-    w = weight.detach().to(torch.float32)
-    others = [d for d in range(w.ndim) if d != axis]
-    amax = w.abs().amax(dim=others) if others else w.abs()
-    scale = amax / fmt.max
-    ok = torch.isfinite(scale) & (scale > 0)
-    return torch.where(ok, scale.clamp_min(torch.finfo(torch.float32).tiny), torch.ones_like(scale))
+    weight's values are known exactly. A channel of zeros gets 1
+    (:func:`amp_compiler.core.fp8_numbers.weight_scales`)."""
+    w = weight.detach().to(device="cpu", dtype=torch.float32).numpy()
+    scales = fp8_numbers.weight_scales(w, axis, fmt, np.float32)
+    return torch.from_numpy(scales).to(weight.device)
 
 
 def has_fp8_tensor_cores(device: torch.device) -> bool:

@@ -26,8 +26,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.fp8.numerics import Fp8Format, fp8_matmul, quantize
+from amp_compiler.fx.fp8.numerics import fp8_matmul, quantize
+
+__all__ = ["HISTORY_BUFFER", "SCALE_BUFFER", "DelayedScaling", "DelayedScalingState", "Fp8GemmFunction",
+    "ScaledTensor", "fp8_train_gemm"]
 
 HISTORY_BUFFER = "fp8_amax_history"
 SCALE_BUFFER = "fp8_scale"

@@ -6,11 +6,11 @@ samples, with a ``torch.fx.Interpreter`` over the FP32 graph instead of onnxrunt
 1. scales: the amax of every activation operand (one run per sample);
 2. local statistics per candidate (one run per sample): relative L2 of its output with FP8 inputs
    against FP16 inputs, and the share of nonzero scaled activation values below 2^-6; a candidate
-   goes on if both are within their limits (:func:`amp_compiler.onnx.fp8.stats.stats_allow`);
+   goes on if both are within their limits (:class:`amp_compiler.core.fp8_choice.LocalChoice`);
 3. end to end: each remaining candidate alone in FP8, the rest of the graph FP32, measured at the
-   model's float outputs (worst relative L2 against FP32); the set with the most FLOPs within the
-   budget (:func:`amp_compiler.onnx.fp8.budget.choose_verified`: the exact knapsack, then the whole set
-   measured and shrunk until it fits).
+   model's float outputs (worst relative L2 against FP32, :class:`amp_compiler.core.tensor_error.OutputErrors`);
+   the set with the most FLOPs within the budget, verified by measurement
+   (:func:`amp_compiler.core.fp8_choice.choose_within_budget`, the ONNX path's and ``--tolerance``'s loop).
 
 Guarantees: every candidate gets a reason (statistics and, past step 2, end-to-end numbers); the
 chosen set's measured error is within the budget; the graph is not modified.
@@ -19,19 +19,21 @@ chosen set's measured error is within the budget; the graph is not modified.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice, budget_reason, choose_within_budget
+from amp_compiler.core.fp8_numbers import Fp8Format
+from amp_compiler.core.tensor_error import OutputErrors
 from amp_compiler.fx.fp8.candidates import FALLBACK, Candidate, argument_values
-from amp_compiler.fx.fp8.numerics import Fp8Format
-from amp_compiler.onnx.fp8.budget import budget_reason, choose_verified
-from amp_compiler.onnx.fp8.stats import Fp8Stats, stats_allow, stats_sentence
 from amp_compiler.options import ConvertOptions
+
+__all__ = ["EndToEnd", "Fp8Choice", "calibrate", "choose", "local_stats"]
 
 Action = Callable[[Candidate, tuple, dict], Any]
 
@@ -100,12 +102,11 @@ def local_stats(gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Se
 
     for sample in samples:
         _run(gm, candidates, measure, sample)
-    out = []
-    for cand in candidates:
-        err2, ref2, below, nonzero = sums[id(cand)]
-        rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
-        out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, below / nonzero if nonzero else 0.0))
-    return out
+    return [Fp8Stats.from_sums(*sums[id(cand)]) for cand in candidates]
+
+
+def _numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    return [t.detach().to(device="cpu", dtype=torch.float64).numpy() for t in outputs]
 
 
 class EndToEnd:
@@ -113,31 +114,23 @@ class EndToEnd:
 
     def __init__(self, gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Sequence[tuple]):
         self.gm, self.candidates, self.samples = gm, list(candidates), list(samples)
-        self.reference = [_run(gm, [], _plain, s) for s in self.samples]
+        self.reference = [_numpy(_run(gm, [], _plain, s)) for s in self.samples]
         self.runs = len(self.samples)
 
     def error(self, on: frozenset[int]) -> float:
+        """The worst relative L2 with the candidates ``on`` in FP8 (infinite as soon as an output is
+        not finite where FP32's is)."""
         chosen = [self.candidates[k] for k in sorted(on)]
 
         def fp8(cand: Candidate, args: tuple, kwargs: dict) -> Any:
             return cand.fp8_output(argument_values(cand.node, args, kwargs))
 
-        err2: list[float] = []
-        ref2: list[float] = []
+        found = OutputErrors(len(self.reference[0]) if self.reference else 0)
         for sample, reference in zip(self.samples, self.reference, strict=True):
-            got = _run(self.gm, chosen, fp8, sample)
             self.runs += 1
-            if not err2:
-                err2, ref2 = [0.0] * len(reference), [0.0] * len(reference)
-            for j, (r, g) in enumerate(zip(reference, got, strict=True)):
-                r, g = r.double(), g.double()
-                both = torch.isfinite(r)
-                if not bool(torch.isfinite(g[both]).all()):
-                    return math.inf
-                err2[j] += float(((g[both] - r[both]) ** 2).sum())
-                ref2[j] += float((r[both] ** 2).sum())
-        rel = [math.sqrt(e / r) if r > 0 else (0.0 if e == 0 else math.inf) for e, r in zip(err2, ref2, strict=True)]
-        return max(rel, default=0.0)
+            if not found.add(reference, _numpy(_run(self.gm, chosen, fp8, sample))):
+                break
+        return found.worst()
 
 
 @dataclasses.dataclass
@@ -151,13 +144,9 @@ class Fp8Choice:
     total_error: float = 0.0
 
 
-def _local_reason(cand: Candidate, stats: Fp8Stats, opts: ConvertOptions) -> tuple[bool, str, str]:
-    """(passes, the sentence, its statistics part) of a candidate's local choice."""
-    stat = stats_sentence(stats, opts.fp8_max_error, opts.fp8_max_subnormal)
-    scales = ", ".join(op.describe() for op in cand.operands)
-    if not stats_allow(stats, opts.fp8_max_error, opts.fp8_max_subnormal):
-        return False, f"kept FP16: FP8 E4M3 inputs would cost too much: {stat}", stat
-    return True, f"FP8 E4M3 inputs: {stat}; {scales}", f"{stat}; {scales}"
+def _local_choice(cand: Candidate, stats: Fp8Stats, opts: ConvertOptions) -> LocalChoice:
+    """A candidate's choice by its local statistics, with how its operands are scaled."""
+    return LocalChoice(stats, opts.fp8_max_error, opts.fp8_max_subnormal, tuple(op.describe() for op in cand.operands))
 
 
 def choose(
@@ -166,19 +155,19 @@ def choose(
     """Calibrate, measure and choose (see module doc); ``gm`` is the FP32 graph."""
     calibrate(gm, candidates, samples, opts.fp8_margin)
     reasons: dict[fx.Node, str] = {}
-    passed: list[tuple[Candidate, str, str]] = []
+    passed: list[tuple[Candidate, LocalChoice]] = []
     for cand, stats in zip(candidates, local_stats(gm, candidates, samples), strict=True):
-        ok, why, statistics = _local_reason(cand, stats, opts)
-        reasons[cand.node] = why
-        if ok:
-            passed.append((cand, why, statistics))
+        local = _local_choice(cand, stats, opts)
+        reasons[cand.node] = local.reason
+        if local.allowed:
+            passed.append((cand, local))
     runs = 2 * len(samples)
     if not passed:
         return Fp8Choice(candidates, [], reasons, runs)
-    e2e = EndToEnd(gm, [c for c, _, _ in passed], samples)
+    e2e = EndToEnd(gm, [c for c, _ in passed], samples)
     singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
-    flops = [max(c.flops, 1) for c, _, _ in passed]
-    chosen, total = choose_verified(e2e.error, singles, flops, opts.fp8_budget)
-    for k, (cand, local, statistics) in enumerate(passed):
-        reasons[cand.node] = budget_reason(local, statistics, singles[k], flops[k], opts.fp8_budget, total, k in chosen)
+    flops = [max(c.flops, 1) for c, _ in passed]
+    chosen, total = choose_within_budget(e2e.error, singles, flops, opts.fp8_budget)
+    for k, (cand, local) in enumerate(passed):
+        reasons[cand.node] = budget_reason(local, singles[k], flops[k], opts.fp8_budget, total, k in chosen)
     return Fp8Choice(candidates, [passed[k][0] for k in sorted(chosen)], reasons, runs + e2e.runs, total)

@@ -18,10 +18,10 @@ import dataclasses
 import torch.fx as fx
 
 from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.core.plan import Rule
 from amp_compiler.fx.fp8.candidates import FALLBACK, gemm_operands
 from amp_compiler.fx.fp8.inference import redecide, table_kept
-from amp_compiler.fx.fp8.numerics import Fp8Format
 from amp_compiler.fx.fp8.scaling import (
     HISTORY_BUFFER,
     SCALE_BUFFER,
@@ -38,6 +38,8 @@ from amp_compiler.fx.graph.policy import AtenPolicy
 from amp_compiler.fx.graph.report import FxReport
 from amp_compiler.fx.graph.views import tensor_dtype
 from amp_compiler.targets import Target
+
+__all__ = ["TrainingGemm", "rewrite_training", "training_gemms", "training_report"]
 
 _ACTIVATIONS = ("Transformer Engine's recipe puts the GEMMs of weights (linear layers) in FP8; a product of two "
                 "activations (attention) stays in the fallback precision (FP16)")

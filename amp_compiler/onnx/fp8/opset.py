@@ -18,6 +18,8 @@ from amp_compiler.errors import OptionError
 from amp_compiler.onnx.load.proto_walk import model_graphs
 from amp_compiler.targets import Target
 
+__all__ = ["BF16_CONV_OPSET", "FP8_IR_VERSION", "FP8_OPSET", "fp8_opset", "raise_opset"]
+
 FP8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8e4m3fn (and saturate) from opset 19
 BF16_CONV_OPSET = 22  # Conv, ConvTranspose and a few more take bfloat16 from opset 22
 FP8_IR_VERSION = 9  # float8 element types exist from IR version 9

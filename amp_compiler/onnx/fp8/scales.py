@@ -3,8 +3,9 @@ the calibration samples' max of |x|, or a percentile of it).
 
 Guarantees:
 - every scale is a value of the fallback type (FP16, or BF16 with ``fallback="bf16"``: what the
-  Q/DQ nodes store), within its normal range, never 0, inf or NaN;
-- :func:`weight_scales` is ``amax / 448`` per output channel (or per tensor);
+  Q/DQ nodes store), within its normal range, never 0, inf or NaN: the formulas are
+  :mod:`amp_compiler.core.fp8_numbers`'s (a weight's ``amax / 448`` per output channel, along
+  :func:`channel_axis`, or per tensor);
 - :func:`percentile_amax` is exact: the ``q``-th percentile of |x| over every value of the tensor in
   every sample, as the model holds it (rounded to the fallback type, which is what the
   QuantizeLinear reads), from a histogram with one bin per non-negative value of that 16-bit type.
@@ -13,7 +14,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -24,27 +24,9 @@ import onnx_ir as ir
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.targets import Target
 
+__all__ = ["channel_axis", "histogram_percentile", "magnitude_histogram", "percentile_amax"]
+
 _MAGNITUDES = 1 << 15  # non-negative 16-bit float bit patterns (sign bit clear), NaN patterns included
-
-
-
-def scale_value(value: float, low: Target = Target.FP16) -> np.ndarray:
-    """``value`` as a scale of the ``low`` type (a 0-d array), kept within its normal range (0 and
-    non-finite values give 1)."""
-    if not math.isfinite(value) or value <= 0:
-        value = 1.0
-    clamped = min(max(value, low.smallest_normal), low.max)
-    return np.asarray(clamped, dtype=np.float32).astype(low.numpy_dtype)
-
-
-def weight_scales(weight: np.ndarray, axis: int | None, low: Target = Target.FP16) -> np.ndarray:
-    """Scales ``amax / 448`` per output channel (along ``axis``) or per tensor (``axis`` None), in ``low``."""
-    fp8_max = Target.FP8.max
-    if axis is None:
-        return scale_value(float(np.max(np.abs(weight), initial=0.0)) / fp8_max, low)
-    others = tuple(d for d in range(weight.ndim) if d != axis)
-    amax = np.max(np.abs(weight), axis=others, initial=0.0) if others else np.abs(weight)
-    return np.stack([scale_value(float(a) / fp8_max, low) for a in np.ravel(amax)]).astype(low.numpy_dtype)
 
 
 def channel_axis(node: ir.Node, index: int, rank: int) -> int | None:

@@ -12,14 +12,14 @@ Guarantees:
   FP8-quantized inputs and on FP16-rounded inputs, reduced to sums) over the samples, through a
   :class:`~amp_compiler.runtime.runner.Runner`, and returns per candidate the relative L2 error of its output
   with FP8 inputs against FP16 inputs and the share of nonzero scaled activation values below FP8's
-  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do, the
-  other side what the fallback type (the scales' type) holds.
-- :func:`fp8_choice` says whether a candidate goes to FP8 and why, in a sentence.
+  smallest normal (2^-6). The FP8 side computes exactly what the converted model's Q/DQ nodes do
+  (:mod:`amp_compiler.onnx.measure.fp8_view`), the other side what the fallback type (the scales' type) holds.
+- :func:`fp8_choice` is whether a candidate goes to FP8 by those statistics, with its reason's parts
+  (:class:`amp_compiler.core.fp8_choice.LocalChoice`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import types
 from collections.abc import Iterable, Mapping
@@ -29,26 +29,24 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
+from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice
+from amp_compiler.core.fp8_numbers import Fp8Format, scale_for_amax, weight_scales
 from amp_compiler.core.measures import TensorRange
-from amp_compiler.onnx.fp8.scales import channel_axis, scale_value, weight_scales
+from amp_compiler.onnx.fp8.scales import channel_axis
+from amp_compiler.onnx.measure.fp8_view import fp8_view
 from amp_compiler.passes.onnx.qdq import Fp8Candidate, Fp8Input
 from amp_compiler.policy import default_table
 from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.targets import Target
 
+__all__ = ["FP8_GEMM_INPUTS", "fp8_candidates", "fp8_choice", "measure_candidates"]
+
 # The Tensor Core ops that take FP8 inputs through Q/DQ (TensorRT's explicit quantization), and the
 # positions of their data inputs (bias inputs stay FP16): the policy table's ``fp8_inputs``.
 FP8_GEMM_INPUTS: Mapping[str, tuple[int, ...]] = types.MappingProxyType(
     {e.op: e.fp8_inputs for e in default_table() if e.fp8_inputs and is_onnx_domain(e.domain)}
 )
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Fp8Stats:
-    rel_error: float  # ||GEMM(FP8 inputs) - GEMM(FP16 inputs)|| / ||GEMM(FP16 inputs)||
-    subnormal_share: float  # nonzero scaled activation values below 2^-6, over all nonzero ones
 
 
 def fp8_candidates(
@@ -88,7 +86,7 @@ def _candidate(
         if const is not None:
             weight = const.numpy().astype(np.float32)
             axis = channel_axis(node, i, weight.ndim)
-            inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, low), axis, weight,
+            inputs.append(Fp8Input(i, value.name, weight_scales(weight, axis, dtype=low.numpy_dtype), axis, weight,
                                    float(np.max(np.abs(weight), initial=0.0))))
             continue
         seen = ranges.get(value.name)
@@ -98,78 +96,23 @@ def _candidate(
             return f"input {i} ({value.name}) reached inf or NaN on the calibration data"
         given = amax.get(value.name) if amax is not None else None
         peak, how = (given, calibration) if given is not None else (seen.absmax, "amax")
-        scale = scale_value(peak * 2.0**margin / Target.FP8.max, low)
+        scale = scale_for_amax(peak, margin=margin, dtype=low.numpy_dtype)
         inputs.append(Fp8Input(i, value.name, scale, amax=peak, calibration=how))
     return Fp8Candidate(node, tuple(inputs))
 
 
-@dataclasses.dataclass
-class Fp8View:
-    """Nodes and initializers (for a probe model) that compute one data input as the FP8 model sees it
-    (``fp8``: quantized, dequantized to FP16, widened) and as the FP16 model sees it (``fp16``), in FP32."""
-
-    nodes: list[onnx.NodeProto]
-    initializers: list[onnx.TensorProto]
-    fp8: str
-    fp16: str
-    scale: str = ""  # the activation's FP32 scale initializer ("" for a weight)
-
-
-def fp8_view(inp: Fp8Input, prefix: str) -> Fp8View:
-    """The :class:`Fp8View` of ``inp``; its names start with ``prefix``. Exactly the converted model's
-    Q/DQ arithmetic: input in the fallback type (the scale's: FP16 or BF16), ``x / scale`` in float32,
-    saturated, DQ output rounded to the fallback type."""
-    f32, f16 = onnx.TensorProto.FLOAT, inp.low_type
-    if inp.weight is not None:
-        return _weight_view(inp, prefix)
-    a, s = prefix + "a", prefix + "s"
-    zp = onnx.helper.make_tensor(prefix + "zp", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
-    nodes = [
-        oh.make_node("Cast", [inp.name], [a + "h"], to=f16),
-        oh.make_node("Cast", [a + "h"], [a + "r"], to=f32),  # the FP16 value the model holds
-        oh.make_node("QuantizeLinear", [a + "r", s, zp.name], [a + "q"], saturate=1),
-        oh.make_node("DequantizeLinear", [a + "q", s, zp.name], [a + "dq"]),
-        oh.make_node("Cast", [a + "dq"], [a + "dqh"], to=f16),  # DQ's output is FP16/BF16 in the model
-        oh.make_node("Cast", [a + "dqh"], [a + "8"], to=f32),
-    ]
-    return Fp8View(nodes, [onnx.numpy_helper.from_array(inp.scale.astype(np.float32), s), zp], a + "8", a + "r", s)
-
-
-def _weight_view(inp: Fp8Input, prefix: str) -> Fp8View:
-    """A weight's :class:`Fp8View`, computed in the probe from the model's FP32 weight (no copies of it:
-    a probe holds the model's weights once): QuantizeLinear with the FP32 values of its scales, as
-    :func:`amp_compiler.onnx.measure.emulate.quantize_fp8` quantizes it offline, then DequantizeLinear rounded to the
-    fallback type; and the weight rounded to the fallback type."""
-    f32, low = onnx.TensorProto.FLOAT, inp.low_type
-    w, s, zp = prefix + "w", prefix + "s", prefix + "zp"
-    scale = inp.scale.astype(np.float32)
-    zero = onnx.helper.make_tensor(zp, onnx.TensorProto.FLOAT8E4M3FN, list(scale.shape), [0.0] * scale.size)
-    quant = oh.make_node("QuantizeLinear", [inp.name, s, zp], [w + "q"], saturate=1)
-    dequant = oh.make_node("DequantizeLinear", [w + "q", s, zp], [w + "dq"])
-    if inp.axis is not None:
-        for node in (quant, dequant):
-            node.attribute.append(oh.make_attribute("axis", inp.axis))
-    nodes = [
-        quant,
-        dequant,
-        oh.make_node("Cast", [w + "dq"], [w + "dqh"], to=low),  # DQ's output is FP16/BF16 in the model
-        oh.make_node("Cast", [w + "dqh"], [w + "8"], to=f32),
-        oh.make_node("Cast", [inp.name], [w + "h"], to=low),
-        oh.make_node("Cast", [w + "h"], [w + "16"], to=f32),
-    ]
-    return Fp8View(nodes, [onnx.numpy_helper.from_array(scale, s), zero], w + "8", w + "16")
-
-
 def _probe(model: onnx.ModelProto, candidates: list[Fp8Candidate]) -> tuple[onnx.ModelProto, list[str]]:
     """The FP32 model with, per candidate, its op on FP8 and on FP16 inputs, reduced to four sums
-    (error^2, reference^2, scaled values below 2^-6, nonzero scaled values): the graph's outputs."""
+    (error^2, reference^2, scaled values below FP8's smallest normal, nonzero scaled values): the
+    graph's outputs."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
     del graph.output[:]
     nodes, inits, outputs = [], [], []
     f32 = onnx.TensorProto.FLOAT
-    inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32) + 2.0**-6, "fp8probe_normal"))
+    normal = np.asarray(Fp8Format.E4M3.smallest_normal, dtype=np.float32)
+    inits.append(onnx.numpy_helper.from_array(normal, "fp8probe_normal"))
     inits.append(onnx.numpy_helper.from_array(np.zeros((), dtype=np.float32), "fp8probe_zero"))
     for k, cand in enumerate(candidates):
         p = f"fp8probe{k}_"
@@ -243,40 +186,16 @@ def measure_candidates(
             totals += np.asarray([float(np.asarray(v)) for v in session.run(feeds)], dtype=np.float64)
     finally:
         session.close()
-    out = []
-    for k in range(len(candidates)):
-        err2, ref2, nsub, nnz = totals[4 * k : 4 * k + 4]
-        rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
-        out.append(Fp8Stats(rel if math.isfinite(rel) else math.inf, nsub / nnz if nnz else 0.0))
-    return out
+    return [Fp8Stats.from_sums(*(float(t) for t in totals[4 * k : 4 * k + 4])) for k in range(len(candidates))]
 
 
-def stats_allow(stats: Fp8Stats, max_error: float, max_subnormal: float) -> bool:
-    """Whether a GEMM's local statistics allow FP8 inputs (both within their limits)."""
-    return stats.rel_error <= max_error and stats.subnormal_share <= max_subnormal
-
-
-def stats_sentence(stats: Fp8Stats, max_error: float, max_subnormal: float, low: str = "FP16") -> str:
-    """A GEMM's local statistics and their limits, in words (the ONNX and FX paths' reasons); ``low``
-    is the fallback's name."""
-    return (
-        f"output error {stats.rel_error:.2%} with FP8 inputs vs {low} inputs on the calibration data "
-        f"(limit {max_error:.0%}), {stats.subnormal_share:.2%} of scaled input values below FP8's "
-        f"smallest normal 2^-6 (limit {max_subnormal:.0%})"
-    )
-
-
-def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> tuple[bool, str]:
-    """Whether the candidate takes FP8 inputs, and the sentence that says why (with its statistics)."""
-    low = cand.inputs[0].low_name
+def fp8_choice(cand: Fp8Candidate, stats: Fp8Stats, max_error: float, max_subnormal: float) -> LocalChoice:
+    """The candidate's choice by its statistics, with how its inputs are scaled, as data."""
     acts = [i for i in cand.inputs if i.weight is None]
     weights = [i for i in cand.inputs if i.weight is not None]
-    stat = stats_sentence(stats, max_error, max_subnormal, low)
-    if not stats_allow(stats, max_error, max_subnormal):
-        return False, f"kept {low}: FP8 E4M3 inputs would cost too much: {stat}"
     scales = [f"input {i.index} scale {float(i.scale):.3g} per tensor ({i.calibration} {i.amax:.3g})" for i in acts]
     scales += [
         f"weight {i.index} scales per output channel (axis {i.axis})" if i.axis is not None
         else f"weight {i.index} scale {float(i.scale):.3g} per tensor" for i in weights
     ]
-    return True, f"FP8 E4M3 inputs through Q/DQ: {stat}; {', '.join(scales)}"
+    return LocalChoice(stats, max_error, max_subnormal, tuple(scales), cand.inputs[0].low_name, " through Q/DQ")

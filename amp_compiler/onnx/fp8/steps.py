@@ -23,13 +23,13 @@ import onnx
 import onnx_ir as ir
 
 from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.fp8_choice import LocalChoice
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Rule
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.costs.costs import estimate
-from amp_compiler.onnx.fp8.budget import EndToEnd, budget_reason, candidate_flops, choose_verified
-from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
+from amp_compiler.onnx.fp8.budget import within_budget
 from amp_compiler.onnx.fp8.scales import percentile_amax
 from amp_compiler.onnx.fp8.stats import fp8_candidates, fp8_choice, measure_candidates
 from amp_compiler.onnx.ir.walk import node_order
@@ -46,8 +46,8 @@ from amp_compiler.targets import Target
 _FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
 
 
-__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "fp8_opset", "local_choice", "lower_fp8", "plan_fp8",
-           "raise_opset", "require_samples", "weights_in_memory"]
+__all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "local_choice", "lower_fp8", "plan_fp8", "require_samples",
+           "weights_in_memory"]
 
 
 # Probe models are serialized whole to run: protobuf's limit, less room for the probes' own nodes.
@@ -107,30 +107,27 @@ def plan_fp8(
             given = dict(opts.fp8_nodes)
             chosen = [c for c in candidates if position[id(c.node)] in given]
             return Fp8Plan(chosen, {id(c.node): (True, given[position[id(c.node)]]) for c in chosen}, skipped), ranges
-        passed, reasons = local_choice(ir_model, proto, samples, ranges, opts, runner, skipped)
-        chosen = _within_budget(proto, passed, samples, runner, opts.fp8_budget, reasons)
+        passed, local = local_choice(ir_model, proto, samples, ranges, opts, runner, skipped)
+        chosen, budgeted = within_budget(proto, passed, local, samples, runner, opts.fp8_budget)
     finally:
         if owned:
             runner.close()
+    in_fp8 = {id(c.node) for c in chosen}
+    reasons = {node: (node in in_fp8, budgeted.get(node, choice.reason)) for node, choice in local.items()}
     return Fp8Plan(chosen, reasons, skipped), ranges
 
 
 def local_choice(
     ir_model: ir.Model, proto: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
     ranges: dict[str, TensorRange], opts: ConvertOptions, runner: Runner, skipped: dict[int, str],
-) -> tuple[list[Fp8Candidate], dict[int, tuple[bool, str]]]:
-    """The candidates whose local statistics allow FP8 inputs, and every candidate's reason (by
-    ``id`` of its node); ``skipped`` receives why the other MatMul/Gemm/Conv nodes are no candidates."""
+) -> tuple[list[Fp8Candidate], dict[int, LocalChoice]]:
+    """The candidates whose local statistics allow FP8 inputs, and every candidate's choice by them
+    (by ``id`` of its node); ``skipped`` receives why the other MatMul/Gemm/Conv nodes are no candidates."""
     candidates = _candidates(ir_model, proto, samples, ranges, opts, runner, skipped)
     stats = measure_candidates(proto, candidates, samples, runner)
-    reasons: dict[int, tuple[bool, str]] = {}
-    passed = []
-    for cand, stat in zip(candidates, stats, strict=True):
-        ok, why = fp8_choice(cand, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
-        reasons[id(cand.node)] = (ok, why)
-        if ok:
-            passed.append(cand)
-    return passed, reasons
+    local = {id(c.node): fp8_choice(c, stat, opts.fp8_max_error, opts.fp8_max_subnormal)
+             for c, stat in zip(candidates, stats, strict=True)}
+    return [c for c in candidates if local[id(c.node)].allowed], local
 
 
 def _candidates(
@@ -148,32 +145,6 @@ def _candidates(
     amax = percentile_amax(proto, names, samples, runner, opts.fp8_percentile, low)
     how = f"{opts.fp8_percentile:g}th percentile of |x|"
     return fp8_candidates(ir_model, ranges, opts.fp8_margin, low=low, amax=amax, calibration=how)
-
-
-def _within_budget(
-    proto: onnx.ModelProto, passed: list[Fp8Candidate], samples: list[dict[str, np.ndarray]], runner: Runner,
-    budget: float, reasons: dict[int, tuple[bool, str]],
-) -> list[Fp8Candidate]:
-    """Of the candidates that passed their local statistics, the set with the most FLOPs within the
-    end-to-end budget (:mod:`amp_compiler.onnx.fp8.budget`), checked by a run of the whole set and shrunk
-    (the most error per FLOP first) until it fits, then grown by the GEMMs left out whose measured
-    total still fits; ``reasons`` get the end-to-end numbers."""
-    if not passed:
-        return []
-    e2e = EndToEnd(proto, passed, samples, runner)
-    try:
-        singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
-        flops = candidate_flops(proto, passed, samples[0])
-        chosen, total = choose_verified(e2e.error, singles, flops, budget)
-    finally:
-        e2e.close()
-    for k, cand in enumerate(passed):
-        local = reasons[id(cand.node)][1]
-        statistics = local.removeprefix("FP8 E4M3 inputs through Q/DQ: ")
-        reasons[id(cand.node)] = (k in chosen, budget_reason(
-            local, statistics, singles[k], flops[k], budget, total, k in chosen, cand.inputs[0].low_name,
-        ))
-    return [cand for k, cand in enumerate(passed) if k in chosen]
 
 
 def lower_fp8(ir_model: ir.Model, plan: Fp8Plan) -> QuantizeGemmInputsPass:

@@ -16,15 +16,14 @@ low-precision outputs are rounded too; their kernels run in FP32 on rounded inpu
 type neither gives is not rounded (none is, in the catalog's models).
 
 FP8 (E4M3) Q/DQ graphs run as they are: onnxruntime's CPU QuantizeLinear/DequantizeLinear with
-float8e4m3fn is exact, and :func:`quantize_fp8`/:func:`dequantize_fp8` compute the same values in
-numpy (bit for bit: ``tests/test_fp8_exactness.py``). Run such graphs at onnxruntime's BASIC
-optimization level: from EXTENDED on, its ReluQuantTransformer deletes a Relu that feeds a float8
+float8e4m3fn is exact, and :mod:`amp_compiler.core.fp8_numbers` computes the same values in numpy
+(bit for bit: ``tests/onnx/fp8/test_fp8.py``). Run such graphs at onnxruntime's BASIC optimization
+level: from EXTENDED on, its ReluQuantTransformer deletes a Relu that feeds a float8
 QuantizeLinear (emulated graphs are safe: a rounding Cast sits between the two).
 """
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx.shape_inference
@@ -33,34 +32,13 @@ import onnx_ir as ir
 from amp_compiler.onnx.ir.schema_typing import type_from_schemas
 from amp_compiler.onnx.ir.walk import iter_graphs
 
-__all__ = [
-    "dequantize_fp8", "emulate", "emulate_bf16", "emulate_in_place", "quantize_fp8", "stored_values", "typed_model",
-]
+__all__ = ["emulate", "emulate_bf16", "emulate_in_place", "stored_values", "typed_model"]
 
 # The rounded copy of a tensor ``X`` is named ``X__f32emu<n>`` (see rounded_origin).
 ROUNDED_TAG = "__f32emu"
 _F32 = ir.DataType.FLOAT
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 _LOW_INTS = frozenset(int(t) for t in _LOW)
-
-
-FP8_MAX = 448.0  # float8e4m3fn's largest finite value (amp_compiler.targets.Target.FP8.max)
-
-
-def quantize_fp8(x: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
-    """What QuantizeLinear to float8e4m3fn with ``saturate=1`` computes (onnxruntime, and TensorRT's
-    explicit quantization): ``x / scale`` in float32 (a division, not a multiplication by 1/scale),
-    clipped to +-448, rounded to nearest even, ties to even also among subnormals; NaN stays NaN, the
-    sign of zero is kept. ``scale`` broadcasts against ``x`` (per-axis scales: reshape first)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scaled = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
-    return np.clip(scaled, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
-
-
-def dequantize_fp8(q: np.ndarray, scale: np.ndarray | float, dtype: type = np.float16) -> np.ndarray:
-    """What DequantizeLinear of float8e4m3fn computes: ``q * scale`` in float32, rounded once to
-    ``dtype`` (the scale's type: FP16 in amp-compiler's FP8 graphs)."""
-    return (np.asarray(q).astype(np.float32) * np.asarray(scale, dtype=np.float32)).astype(dtype)
 
 
 def _widen_tensor(t: ir.TensorProtocol, name: str | None) -> ir.TensorProtocol:

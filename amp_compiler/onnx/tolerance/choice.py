@@ -1,5 +1,5 @@
 """The choice ``--tolerance`` makes per unit: its precision levels, measured on the probe, and the
-set of levels with the most Tensor Core throughput whose error fits the tolerance.
+nodes the picked level pins, keeps low or puts in FP8.
 
 A unit (:mod:`amp_compiler.onnx.tolerance.units`) can be
 
@@ -11,33 +11,31 @@ A unit (:mod:`amp_compiler.onnx.tolerance.units`) can be
 - ``fp8-root`` / ``fp8`` (``--target fp8``, an FP8 candidate's unit): as the two before, with the
   Tensor Core op reading FP8 E4M3 inputs through Q/DQ.
 
-Each level's error is measured alone on the probe (:mod:`amp_compiler.onnx.tolerance.probe`: only the
-unit's groups on); its value is the GEMM time it saves against FP32 on an H100
+Each level's error is measured alone on the probe (:mod:`amp_compiler.onnx.measure.probe`: only the
+unit's switches on); its value is the GEMM time it saves against FP32 on an H100
 (:data:`amp_compiler.targets.GEMM_RATE`: TF32 is half FP16's rate, FP8 twice it), so FP32 is avoided
-first and FP8 taken where it also fits. :func:`search` runs the knapsack (:mod:`amp_compiler.core.knapsack`)
-for budgets around the tolerance, keeps the best choice the probe finds within it, then moves single
-units up one level while the probe still finds the whole within it.
+first and FP8 taken where it also fits. The set of levels is chosen by the verified choice
+(:class:`amp_compiler.core.choice.VerifiedChoice`: the knapsack for budgets around the tolerance,
+measured on the probe, then single units moved up one level while the probe still finds the whole
+within it), the FP8 budget's loop too.
 
-Guarantees: :func:`search` returns a choice the probe measured within the tolerance (every unit FP32
-when none is); :func:`decide` gives every node of every unit exactly one of pinned, kept low (and
-FP8 for the Tensor Core op of an FP8 level), each with a reason carrying the measured numbers.
+Guarantees: :func:`decide` gives every node of every unit exactly one of pinned, kept low (and FP8
+for the Tensor Core op of an FP8 level), each with a reason carrying the measured numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from collections.abc import Callable, Sequence
 
 import onnx
 
-from amp_compiler.core.knapsack import Option, choose
+from amp_compiler.core.knapsack import Option
 from amp_compiler.onnx.tolerance.units import Unit
 from amp_compiler.targets import GEMM_RATE, Target
 
-_SEARCH_STEPS = 8  # budgets tried on the probe (each: one probe run per sample)
-_FILL_TRIES = 16  # single-unit upgrades tried on the probe after the search (the same)
+__all__ = ["Choice", "Decided", "Level", "decide", "switches_on", "unit_choices", "value"]
 
 
 class Level(enum.Enum):
@@ -90,52 +88,8 @@ def unit_choices(
     return found
 
 
-def search(
-    error: Callable[[frozenset[int]], float], items: Sequence[Sequence[Choice]], tolerance: float, first: float,
-    above: float,
-) -> tuple[list[int], float]:
-    """The level picked per unit, and the budget that picked it: the knapsack's choice for the largest
-    budget below ``above`` whose groups ``error`` (the probe) finds within ``tolerance`` (a geometric
-    search from ``first``: the prediction is not exact, in either direction), then :func:`fill`."""
-    options = [[c.option for c in item] for item in items]
-    best, best_value, best_budget = [0] * len(items), -1, 0.0
-    below, budget = 0.0, min(first, above * 0.99)
-    for _ in range(_SEARCH_STEPS):
-        picks = choose(options, budget)
-        if error(_on(items, picks)) <= tolerance:
-            worth = sum(item[k].option.value for item, k in zip(items, picks, strict=True))
-            if worth > best_value:
-                best, best_value, best_budget = picks, worth, budget
-            below = budget
-        else:
-            above = budget
-        budget = math.sqrt(below * above) if below > 0 else above / 2
-    return fill(error, items, best, tolerance), best_budget
-
-
-def fill(error: Callable[[frozenset[int]], float], items: Sequence[Sequence[Choice]], picks: list[int],
-         tolerance: float) -> list[int]:
-    """``picks`` with units moved up one level at a time (most value per predicted error first), each
-    kept when ``error`` still finds the whole within ``tolerance``: the knapsack's choices jump as
-    the budget grows, and what lies between two of them is often still within it."""
-    picks = list(picks)
-    ups = []
-    for i, item in enumerate(items):
-        for k in range(picks[i] + 1, len(item)):
-            gain = item[k].option.value - item[picks[i]].option.value
-            cost = item[k].option.error ** 2 - item[picks[i]].option.error ** 2
-            if gain > 0 and math.isfinite(cost):
-                ups.append((gain / max(cost, 1e-300), i, k))
-    for _, i, k in sorted(ups, reverse=True)[:_FILL_TRIES]:
-        if k <= picks[i]:  # levels are worth more the later they come
-            continue
-        trial = picks[:i] + [k] + picks[i + 1:]
-        if error(_on(items, trial)) <= tolerance:
-            picks = trial
-    return picks
-
-
-def _on(items: Sequence[Sequence[Choice]], picks: Sequence[int]) -> frozenset[int]:
+def switches_on(items: Sequence[Sequence[Choice]], picks: Sequence[int]) -> frozenset[int]:
+    """The probe's switches the level picked per unit turns on."""
     return frozenset().union(*(item[k].groups for item, k in zip(items, picks, strict=True)))
 
 

@@ -3,9 +3,9 @@ Core throughput whose errors together fit the tolerance, and pin the rest to FP3
 
     convert -> measure (every float output within tolerance? done: one conversion)
             -> units (amp_compiler.onnx.tolerance.units): each Tensor Core op with the cheap ops it feeds
-            -> the switched probe (amp_compiler.onnx.tolerance.probe; FP8 switches: amp_compiler.onnx.tolerance.fp8)
-            -> each unit's levels measured alone, the best set within the tolerance chosen and
-               checked on the probe (amp_compiler.onnx.tolerance.choice, amp_compiler.core.knapsack)
+            -> the switched probe (amp_compiler.onnx.measure.probe: a switch per group, one per FP8 candidate)
+            -> each unit's levels measured alone (amp_compiler.onnx.tolerance.choice), the best set
+               within the tolerance chosen and checked on the probe (amp_compiler.core.choice)
             -> one conversion with that choice fixed, measured
 
 Ranking by an estimate of each node's effect (its *added* error) kept too little in FP16: on deep
@@ -19,8 +19,9 @@ is not tried first (its FP8 choice follows ``fp8_budget``, not the tolerance).
 Guarantees: the result is the conversion with the recorded choice; ``met`` is true only when its
 measured worst output error (exact FP16/BF16 storage emulated, FP8 Q/DQ as onnxruntime computes it,
 against FP32, on the samples) is within the tolerance. When the conversion misses what the probe
-measured, the choice is made again below that budget (at most three times). Model runs: about two
-to four per unit and sample in the probe's session, plus one per conversion; conversions: usually 2.
+measured, the choice is made again below that budget (at most three times, and not when it gives a
+choice already converted). Model runs: about two to four per unit and sample in the probe's session,
+plus one per conversion; conversions: usually 2.
 """
 
 from __future__ import annotations
@@ -33,18 +34,19 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
+from amp_compiler.core.choice import VerifiedChoice
 from amp_compiler.core.measures import NodeError, TensorRange
 from amp_compiler.core.plan import Rule
 from amp_compiler.core.tensor_error import ErrorStats
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.costs.costs import estimate
-from amp_compiler.onnx.fp8.steps import fp8_opset, local_choice, raise_opset
+from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
+from amp_compiler.onnx.fp8.steps import local_choice
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
-from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, search, unit_choices
-from amp_compiler.onnx.tolerance.fp8 import add_fp8_switches
-from amp_compiler.onnx.tolerance.probe import SwitchProbe, build_probe
+from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
+from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, switches_on, unit_choices
 from amp_compiler.onnx.tolerance.units import Unit, partition
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
@@ -52,6 +54,8 @@ from amp_compiler.passes.onnx.qdq import Fp8Candidate
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.targets import Target
+
+__all__ = ["Refinement", "measure", "refine"]
 
 # Decisions that pinning cannot change (nodes the user forced low with --allow-op/--allow-node included).
 _NOT_COMPUTE = frozenset(rule.value for rule in (Rule.CONSTANT, Rule.NONFLOAT, Rule.LOWERING_CAST, Rule.USER_ALLOW))
@@ -197,22 +201,28 @@ class _Refiner:
             groups += split
         candidates = self.fp8_candidates(units) if self.fp8 else {}
         fp8_group = {root: len(groups) + k for k, root in enumerate(sorted(candidates))}
-        probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, tagged=candidates)
-        if candidates:
-            probe_model = add_fp8_switches(probe_model, candidates, fp8_group)
+        probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, fp8=candidates,
+                                  fp8_switches=fp8_group)
         probe = SwitchProbe(self.fp32, probe_model, len(groups) + len(fp8_group), self.samples, self.runner)
         try:
             items = [unit_choices(self.alone(probe), unit, part, fp8_group.get(unit.root), low)
                      for unit, part in zip(units, parts, strict=True)]
             room = math.sqrt(max(self.tolerance ** 2 - probe.base ** 2, 0.0))
-            above = math.sqrt(sum(max(c.option.error ** 2 for c in item) for item in items))  # every unit fits
-            for _ in range(_CONVERSION_RETRIES + 1):
-                picks, budget = search(probe.error, items, self.tolerance, room, above)
+            choice = VerifiedChoice([[c.option for c in item] for item in items],
+                                    lambda picks: probe.error(switches_on(items, picks)), self.tolerance, probe.base)
+            found = choice.choose(room)
+            converted: set[tuple[int, ...]] = set()
+            while True:
+                picks = list(found.picks)
                 decided = decide(self.fp32.graph, units, items, picks, self.tolerance, low)
                 result, errors, outputs = self.convert(decided)
-                if max(outputs.values(), default=0.0) <= self.tolerance or not any(picks):
+                converted.add(found.picks)
+                if (max(outputs.values(), default=0.0) <= self.tolerance or not any(picks)
+                        or len(converted) > _CONVERSION_RETRIES):
                     break
-                above = budget  # the conversion differs from what the probe measured: search below
+                found = choice.choose(room, found.budget)  # the conversion missed what the probe measured
+                if found.picks in converted:
+                    break  # the same choice below that budget: the same conversion
         finally:
             self.runs += probe.runs
             probe.close()

@@ -21,6 +21,8 @@ from collections.abc import Collection, Sequence
 
 import onnx
 
+__all__ = ["Unit", "partition"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Unit:

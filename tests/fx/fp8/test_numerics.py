@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from amp_compiler.core import fp8_numbers
+from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.fx.fp8.numerics import (
-    Fp8Format,
     channel_scales,
     dequantize,
     fp8_matmul,
@@ -18,8 +19,8 @@ from amp_compiler.fx.fp8.numerics import (
     saturating_cast,
     scale_for_amax,
     scaled_mm_2d,
+    torch_dtype,
 )
-from amp_compiler.onnx.measure.emulate import quantize_fp8
 from amp_compiler.targets import Target
 
 ML = {Fp8Format.E4M3: ml_dtypes.float8_e4m3fn, Fp8Format.E5M2: ml_dtypes.float8_e5m2}
@@ -90,7 +91,7 @@ def test_saturation_rounding_and_signed_zero(fmt):
     assert got[:4].tolist() == [top] * 4 and got[4].item() == top and got[5].item() == -top
     assert got[6].item() == 0.0 and torch.signbit(got[6]) and torch.isnan(got[7])
     # ties go to even, also among subnormals: the midpoint of the two smallest subnormals -> the even one
-    tiny = float(torch.finfo(fmt.dtype).smallest_normal) / (8 if fmt is Fp8Format.E4M3 else 4)
+    tiny = float(torch.finfo(torch_dtype(fmt)).smallest_normal) / (8 if fmt is Fp8Format.E4M3 else 4)
     mids = torch.tensor([0.5 * tiny, 1.5 * tiny, 2.5 * tiny], dtype=torch.float32)
     assert saturating_cast(mids, fmt).to(torch.float32).tolist() == [0.0, 2 * tiny, 2 * tiny]
 
@@ -111,16 +112,43 @@ def test_formats_are_targets_numbers():
     assert Fp8Format.E5M2.max == 57344.0 and Fp8Format.E5M2.smallest_normal == 2.0**-14
 
 
+@pytest.mark.parametrize("fmt", list(Fp8Format), ids=lambda f: f.value)
 @pytest.mark.parametrize("scale", [1.0, 0.0078125, 0.3701, 3.5, 1e-30])
 @pytest.mark.parametrize("source", [torch.float16, torch.float32])
-def test_quantize_equals_the_onnx_paths_quantize_linear(scale, source):
-    """The FX path quantizes as the ONNX path's QuantizeLinear (x / s in float32, saturate): same bits
-    on every FP16 value and the float32 sweep."""
-    x = torch.from_numpy(_inputs_of_interest(Fp8Format.E4M3)).to(source)
+def test_quantize_equals_the_onnx_paths_quantize_linear(scale, source, fmt):
+    """The FX path quantizes as the ONNX path's QuantizeLinear (x / s in float32, saturate), the numpy
+    home's :func:`amp_compiler.core.fp8_numbers.quantize`: same bits on every FP16 value and the float32 sweep."""
+    x = torch.from_numpy(_inputs_of_interest(fmt)).to(source)
     s = torch.tensor(scale, dtype=torch.float32)
-    ours = _bits(quantize(x, s))
-    ref = quantize_fp8(x.to(torch.float32).numpy(), np.float32(scale))
-    _same_bits_or_both_nan(ours, ref, Fp8Format.E4M3)
+    ours = _bits(quantize(x, s, fmt))
+    ref = fp8_numbers.quantize(x.to(torch.float32).numpy(), np.float32(scale), fmt)
+    _same_bits_or_both_nan(ours, ref, fmt)
+
+
+def test_dequantize_and_scales_are_the_numpy_homes():
+    """Dequantization and scales give the numpy home's bits (its constants: the formats' limits)."""
+    for fmt in Fp8Format:  # the torch types' limits are the numpy home's
+        assert (torch.finfo(torch_dtype(fmt)).max, torch.finfo(torch_dtype(fmt)).smallest_normal) == (
+            fmt.max, fmt.smallest_normal)
+    q = quantize(torch.linspace(-500, 500, 1001), torch.tensor(0.37))
+    for dtype, np_dtype in ((torch.float32, np.float32), (torch.float16, np.float16)):
+        got = dequantize(q, torch.tensor(0.37), dtype).numpy()
+        ref = fp8_numbers.dequantize(q.view(torch.uint8).numpy().view(ML[Fp8Format.E4M3]), np.float32(0.37), np_dtype)
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((48, 32)) * rng.uniform(1e-6, 1e4, (48, 1))).astype(np.float32)
+    w[3] = 0.0
+    for axis in (0, 1):
+        got = channel_scales(torch.from_numpy(w), axis).numpy()
+        # the per-channel formula in float32 arithmetic, as torch computed it before: the same bits
+        others = 1 - axis
+        amax = np.abs(w).max(axis=others)
+        direct = np.where(amax > 0, np.maximum(amax / np.float32(448.0), np.finfo(np.float32).tiny), 1.0)
+        assert np.array_equal(got, direct.astype(np.float32))
+        assert np.array_equal(got, fp8_numbers.weight_scales(w, axis))
+    for amax in (0.0, 1e-30, 3.0, 448.0, 1e30, float("inf")):
+        for margin in (0, 1, 3):
+            assert scale_for_amax(amax, Fp8Format.E4M3, margin) == float(fp8_numbers.scale_for_amax(amax, margin=margin))
 
 
 def test_dequantize_and_scales():

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import amp_compiler.fx as ampfx
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.fx.fp8.numerics import Fp8Format, fp8_matmul, quantize
+from amp_compiler.core.fp8_numbers import Fp8Format
+from amp_compiler.fx.fp8.numerics import fp8_matmul, quantize
 from amp_compiler.fx.fp8.scaling import (
     DelayedScaling,
     DelayedScalingState,

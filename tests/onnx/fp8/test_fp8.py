@@ -12,15 +12,14 @@ import pytest
 
 from amp_compiler import convert
 from amp_compiler.cli import main
+from amp_compiler.core.fp8_numbers import dequantize, quantize, weight_scales
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.fp8.budget import choose_within_budget, grow_within_budget
-from amp_compiler.onnx.fp8.scales import weight_scales
-from amp_compiler.onnx.fp8.stats import fp8_view
 from amp_compiler.onnx.load.deferred import DeferredModel
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.measure.checks import compare, validate
-from amp_compiler.onnx.measure.emulate import dequantize_fp8, emulate, quantize_fp8
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.measure.fp8_view import fp8_view
 from amp_compiler.passes.onnx.qdq import Fp8Input
 from amp_compiler.targets import Target
 from models import catalog
@@ -47,13 +46,13 @@ def test_emulated_fp8_equals_onnxruntime_and_ml_dtypes_on_every_fp16_value(scale
     x = np.arange(2**16, dtype=np.uint16).view(np.float16)  # every FP16 value: NaN, inf, subnormals, -0
     s = np.float16(scale)
     q, y = session(_qdq_model(float(s))).run(None, {"x": x})
-    ours = quantize_fp8(x, s)
+    ours = quantize(x, s)
     assert np.array_equal(ours.view(np.uint8), np.asarray(q).view(np.uint8))
     with np.errstate(invalid="ignore"):
         scaled = x.astype(np.float32) / np.float32(s)
     reference = np.clip(scaled, -448, 448).astype(ml_dtypes.float8_e4m3fn)
     assert np.array_equal(ours.view(np.uint8), reference.view(np.uint8))
-    assert np.array_equal(dequantize_fp8(ours, s).view(np.uint16), np.asarray(y).view(np.uint16))
+    assert np.array_equal(dequantize(ours, s).view(np.uint16), np.asarray(y).view(np.uint16))
 
 
 def test_fp8_target_ranges():
@@ -125,22 +124,6 @@ def test_gemms_over_the_end_to_end_budget_stay_fp16_with_their_error():
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in result.model.graph.node)
     everything = to_fp8(model, samples, fp8_budget=1.0)
     assert {d.rule for d in everything.decisions if d.op_type in ("MatMul", "Gemm")} == {Rule.FP8_GEMM.value}
-
-
-def test_budget_choice_is_an_exact_knapsack():
-    # A stem-like GEMM with most FLOPs and a large error: greedy by error per FLOP takes the two small
-    # ones first and then cannot take the big one; the most FLOPs within the budget is the big one alone.
-    errors, flops = [0.09, 0.05, 0.05], [1000, 10, 10]
-    assert choose_within_budget(errors, flops, 0.1) == {0}
-    assert choose_within_budget(errors, flops, 0.2) == {0, 1, 2}
-    assert choose_within_budget([0.03, float("inf")], [1, 100], 0.1) == {0}
-    assert choose_within_budget(errors, flops, 0.0) == frozenset()
-    # never over the budget as predicted (quadrature sum)
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        e, f = rng.uniform(0, 0.08, 8), rng.integers(1, 1000, 8)
-        chosen = choose_within_budget(list(e), list(f), 0.1)
-        assert np.sqrt(sum(e[i] ** 2 for i in chosen)) <= 0.1
 
 
 def test_fp8_needs_calibration_samples():
@@ -243,42 +226,17 @@ def test_external_data_model_too_large_for_the_probes_is_refused(tmp_path, monke
 @pytest.mark.parametrize(("shape", "axis"), [((64, 48), 1), ((16, 8, 3, 3), 0), ((32, 16), None)])
 def test_probe_quantizes_weights_in_graph_exactly_as_the_offline_conversion(low, shape, axis):
     """The probes hold each weight once, quantized by QuantizeLinear inside the probe: bit for bit what
-    the converted model stores (quantize_fp8 offline) and its DequantizeLinear gives."""
+    the converted model stores (quantize offline) and its DequantizeLinear gives."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal(shape) * rng.uniform(0.01, 3, shape)).astype(np.float32)
     w.flat[0] = 1e-9  # below FP8's smallest subnormal once scaled
-    scales = weight_scales(w, axis, low)
+    scales = weight_scales(w, axis, dtype=low.numpy_dtype)
     inp = Fp8Input(1, "W", scales, axis, w, float(np.abs(w).max()))
     view = fp8_view(inp, "p_")
     graph = oh.make_graph(view.nodes, "g", [], [oh.make_tensor_value_info(n, F32, None) for n in (view.fp8, view.fp16)],
                           [nh.from_array(w, "W"), *view.initializers])
     got8, got16 = session(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)], ir_version=9)).run(None, {})
     scale = inp.broadcast_scale()
-    expected = dequantize_fp8(quantize_fp8(w, scale), scale, low.numpy_dtype).astype(np.float32)
+    expected = dequantize(quantize(w, scale), scale, low.numpy_dtype).astype(np.float32)
     assert np.array_equal(got8.view(np.uint32), expected.view(np.uint32))
     assert np.array_equal(got16, w.astype(low.numpy_dtype).astype(np.float32))
-
-
-class _FakeEndToEnd:
-    """Measured errors of sets: errors of GEMMs 0 and 1 cancel in part (their sum is less than the
-    quadrature sum); GEMM 3's does not."""
-
-    def __init__(self, errors):
-        self.errors, self.runs = errors, 0
-
-    def error(self, on):
-        self.runs += 1
-        total = float(np.sqrt(sum(self.errors[k] ** 2 for k in on)))
-        return total * 0.9 if {0, 1} <= on else total
-
-
-def test_grow_adds_what_the_measured_total_fits_and_nothing_else():
-    errors, flops = [0.08, 0.065, 0.09, 0.07], [100, 50, 10, 40]
-    chosen = {0}
-    total = grow_within_budget(_FakeEndToEnd(errors).error, chosen, 0.08, errors, flops, 0.1)
-    # with GEMM 1: predicted 10.3% (over the budget), measured 9.3%: added; then GEMM 3 measures 11.2%
-    assert chosen == {0, 1} and total == pytest.approx(0.9 * np.hypot(0.08, 0.065))
-    e2e = _FakeEndToEnd(errors)
-    none_fit = {2}
-    assert grow_within_budget(e2e.error, none_fit, 0.09, errors, flops, 0.1) == 0.09 and none_fit == {2}
-    assert e2e.runs == 3  # each tried once, measured over the budget

@@ -14,7 +14,8 @@ from amp_compiler import convert
 from amp_compiler.cli import main
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.fp8.scales import histogram_percentile, magnitude_histogram, scale_value
+from amp_compiler.core.fp8_numbers import stored_scale
+from amp_compiler.onnx.fp8.scales import histogram_percentile, magnitude_histogram
 from amp_compiler.onnx.measure.checks import compare, validate
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.targets import Target
@@ -153,8 +154,8 @@ def test_percentile_clips_the_outlier_and_sets_the_scale_from_the_percentile():
     mm1_node = next(n for n in clipped.model.graph.node if n.name == "mm1")
     q = producers[producers[mm1_node.input[0]].input[0]]
     assert q.op_type == "QuantizeLinear"
-    assert inits[q.input[1]] == scale_value(p98 / 448)  # amax * 2^0 / 448, the 98th percentile's
-    assert p98 < 10 and inits[q.input[1]] < scale_value(2.0e4 / 448) / 1000
+    assert inits[q.input[1]] == stored_scale(p98 / 448, np.float16)  # amax * 2^0 / 448, the 98th percentile's
+    assert p98 < 10 and inits[q.input[1]] < stored_scale(2.0e4 / 448, np.float16) / 1000
     reference = session(model).run(None, samples[0])[0]
     got = session(emulate(clipped.model)).run(None, samples[0])[0]
     acc = compare("y", reference, got)  # the clipped outlier meets zero weights: no harm at the output
@@ -173,6 +174,6 @@ def test_percentile_100_is_the_max_calibration():
 
 
 def test_bf16_scales_are_bf16_values():
-    assert scale_value(0.1, Target.BF16).dtype == ml_dtypes.bfloat16
-    assert float(scale_value(1e-30, Target.FP16)) == 2.0**-14  # FP16's smallest normal
-    assert float(scale_value(1e-40, Target.BF16)) == float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_normal)
+    assert stored_scale(0.1, Target.BF16.numpy_dtype).dtype == ml_dtypes.bfloat16
+    assert float(stored_scale(1e-30, Target.FP16.numpy_dtype)) == 2.0**-14  # FP16's smallest normal
+    assert float(stored_scale(1e-40, Target.BF16.numpy_dtype)) == float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_normal)

@@ -1,14 +1,11 @@
-"""--tolerance's choice per unit: the levels' values, the budget search, the fill step that upgrades
-units the probe still finds within the tolerance, and the nodes each picked level pins or keeps."""
+"""--tolerance's choice per unit: the levels' values, the switches each level turns on, and the nodes
+each picked level pins or keeps (the choice among the levels: tests/core/test_choice.py)."""
 
 from __future__ import annotations
 
-import math
-
 from onnx import helper
 
-from amp_compiler.core.knapsack import Option
-from amp_compiler.onnx.tolerance.choice import Choice, Level, decide, fill, search, unit_choices, value
+from amp_compiler.onnx.tolerance.choice import Level, decide, switches_on, unit_choices, value
 from amp_compiler.onnx.tolerance.units import Unit
 from amp_compiler.targets import Target
 from tests.support.onnx_builders import model, tensor, vi, weights
@@ -35,35 +32,7 @@ def test_a_tensor_core_unit_with_followers_has_every_level_cheaper_ones_first():
     assert values == sorted(values) and values[2] == values[1] + 1  # followers low: one more, fewer pins
     cheap = unit_choices(alone, Unit((6,), 0), (10,), None, Target.FP16)
     assert [(c.level, c.option.value) for c in cheap] == [(Level.FP32, 0), (Level.LOW, 1)]
-
-
-def _items(errors):
-    return [[Choice(Level.FP32, Option(0.0, 0), frozenset()), Choice(Level.LOW, Option(e, v), frozenset({k}))]
-            for k, (e, v) in enumerate(errors)]
-
-
-def test_search_returns_the_best_choice_the_measurement_finds_within_the_tolerance():
-    items = _items([(0.6, 10), (0.8, 30), (0.5, 25)])
-
-    def measured(on):  # the prediction (quadrature) overestimates by 30%
-        return 0.7 * math.sqrt(sum(items[k][1].option.error ** 2 for k in on))
-
-    picks, budget = search(measured, items, 1.0, 1.0, 2.0)
-    assert measured(frozenset(k for k, p in enumerate(picks) if p)) <= 1.0
-    assert picks == [1, 1, 1]  # all three measure 0.87: more than the prediction (1.24) allows
-    assert budget > 1.0
-
-
-def test_fill_upgrades_a_unit_when_the_measured_whole_still_fits():
-    items = _items([(0.6, 10), (0.8, 30)])
-    seen = []
-
-    def measured(on):
-        seen.append(on)
-        return 0.9 if on == frozenset({0, 1}) else 0.5
-
-    assert fill(measured, items, [0, 1], 1.0) == [1, 1]  # predicted 1.0, measured 0.9
-    assert fill(lambda on: 1.1, items, [0, 1], 1.0) == [0, 1] and seen
+    assert switches_on([got, cheap], [3, 1]) == {7, 9, 10} and switches_on([got, cheap], [0, 0]) == frozenset()
 
 
 def _chain():

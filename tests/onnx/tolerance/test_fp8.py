@@ -12,10 +12,10 @@ import pytest
 
 from amp_compiler import convert
 from amp_compiler.cli import main
-from amp_compiler.onnx.fp8.steps import fp8_opset, local_choice, raise_opset
+from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
+from amp_compiler.onnx.fp8.steps import local_choice
 from amp_compiler.onnx.measure.emulate import emulate
-from amp_compiler.onnx.tolerance.fp8 import add_fp8_switches
-from amp_compiler.onnx.tolerance.probe import build_probe, switch_name
+from amp_compiler.onnx.measure.probe import build_probe, switch_name
 from amp_compiler.onnx.tolerance.refine import refine
 from amp_compiler.options import ConvertOptions
 from amp_compiler.runtime.runner import InProcessRunner
@@ -44,8 +44,7 @@ def test_every_switch_on_is_the_fp8_model_bit_for_bit():
     assert len(candidates) == 2
     groups = [tuple(low)]
     switches = {p: 1 + k for k, p in enumerate(sorted(candidates))}
-    probe = add_fp8_switches(build_probe(fp32, plain.model, plain.decisions, groups, tagged=candidates),
-                             candidates, switches)
+    probe = build_probe(fp32, plain.model, plain.decisions, groups, fp8=candidates, fp8_switches=switches)
     fp8 = convert(fp32, target="fp8", samples=samples, ranges=ranges, runner=runner,
                   fp8_nodes=[(p, "a test") for p in candidates], kept_nodes=[(i, "a test") for i in low])
     assert sum(d.rule == "fp8.gemm" for d in fp8.decisions) == 2
