@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import amp_compiler.fx as ampfx
+from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.fx.fp8.numerics import fp8_matmul, quantize
 from amp_compiler.fx.fp8.scaling import (
     DelayedScaling,

@@ -12,9 +12,9 @@ import pytest
 
 from amp_compiler import convert
 from amp_compiler.cli import main
+from amp_compiler.core.fp8_numbers import stored_scale
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import OptionError
-from amp_compiler.core.fp8_numbers import stored_scale
 from amp_compiler.onnx.fp8.scales import histogram_percentile, magnitude_histogram
 from amp_compiler.onnx.measure.checks import compare, validate
 from amp_compiler.onnx.measure.emulate import emulate
