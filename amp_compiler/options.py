@@ -80,8 +80,31 @@ class ConvertOptions:
     fp8_nodes: tuple[tuple[int, str], ...] | None = None
 
     def __post_init__(self) -> None:
+        """Take the plain types people write (``target="bf16"``, ``block_ops=["Softmax"]``,
+        ``input_shapes={"x": (1, 3, 224, 224)}``) as well as the declared ones; a bad name is one
+        :class:`OptionError`."""
+        def set_(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if isinstance(self.target, str):
+            set_("target", Target.parse(self.target))
+        if isinstance(self.fallback, str):
+            set_("fallback", Target.parse(self.fallback, option="fallback"))
+        if isinstance(self.provider, str):
+            set_("provider", Provider.parse(self.provider))
         if not isinstance(self.keep_io_types, bool):  # names, given as any iterable of them
-            object.__setattr__(self, "keep_io_types", keep_io_names(self.keep_io_types))
+            set_("keep_io_types", keep_io_names(self.keep_io_types))
+        for name in ("block_ops", "allow_ops"):
+            if not isinstance(getattr(self, name), frozenset):
+                set_(name, frozenset(getattr(self, name)))
+        for name in ("block_nodes", "allow_nodes", "pinned_nodes", "kept_nodes"):
+            if not isinstance(getattr(self, name), tuple):
+                set_(name, tuple(getattr(self, name)))
+        if self.fp8_nodes is not None and not isinstance(self.fp8_nodes, tuple):
+            set_("fp8_nodes", tuple(self.fp8_nodes))
+        for name in ("input_shapes", "input_ranges"):
+            if isinstance(getattr(self, name), Mapping):
+                set_(name, tuple((k, tuple(v)) for k, v in getattr(self, name).items()))
 
     @property
     def low_target(self) -> Target:
@@ -101,23 +124,7 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
     unknown = set(overrides) - fields
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    values = dict(overrides)
-    if isinstance(values.get("target"), str):
-        values["target"] = Target.parse(values["target"])
-    if isinstance(values.get("fallback"), str):
-        values["fallback"] = Target.parse(values["fallback"], option="fallback")
-    if isinstance(values.get("provider"), str):
-        values["provider"] = Provider.parse(values["provider"])
-    for key in ("block_ops", "allow_ops"):
-        if key in values:
-            values[key] = frozenset(values[key])
-    for key in ("block_nodes", "allow_nodes", "pinned_nodes", "kept_nodes", "fp8_nodes"):
-        if key in values:
-            values[key] = tuple(values[key])
-    for key in ("input_shapes", "input_ranges"):
-        if isinstance(values.get(key), dict):
-            values[key] = tuple((k, tuple(v)) for k, v in values[key].items())
-    return dataclasses.replace(opts, **values)
+    return dataclasses.replace(opts, **overrides)  # __post_init__ reads the plain types
 
 
 def check_fp8_options(opts: ConvertOptions) -> None:

@@ -23,6 +23,7 @@ from amp_compiler.errors import OptionError
 from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.options import resolve_options
+from amp_compiler.targets import Provider, Target
 from tests.support.onnx_builders import F16, F32, model, tensor, vi, weights
 
 
@@ -179,3 +180,26 @@ def test_allow_options_that_cannot_work_are_one_line(step, tmp_path, flags, need
     code, stdout, err = _cli("convert", step, "-o", tmp_path / "out.onnx", *flags)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_options_built_directly_take_the_plain_types_people_write():
+    """``ConvertOptions(target="bf16")`` is what ``convert(..., target="bf16")`` is: strings for
+    enums, lists for sets and tuples, dicts for the shape and range pairs."""
+    direct = ConvertOptions(
+        target="bf16", provider="tensorrt", block_ops=["Softmax"], block_nodes=["attn.*"],
+        input_shapes={"x": [1, 3, 8, 8]}, input_ranges={"x": [0, 1]},
+    )
+    assert direct == resolve_options(None, {
+        "target": "bf16", "provider": "tensorrt", "block_ops": ["Softmax"], "block_nodes": ["attn.*"],
+        "input_shapes": {"x": [1, 3, 8, 8]}, "input_ranges": {"x": [0, 1]},
+    })
+    assert direct.target is Target.BF16 and direct.provider is Provider.TENSORRT
+    assert direct.block_ops == frozenset({"Softmax"}) and direct.input_shapes == (("x", (1, 3, 8, 8)),)
+    assert ConvertOptions(target="fp8", fallback="bf16").low_target is Target.BF16
+
+
+def test_a_bad_name_in_options_built_directly_is_one_option_error():
+    with pytest.raises(OptionError, match="fp17"):
+        ConvertOptions(target="fp17")
+    with pytest.raises(OptionError, match="rocm"):
+        ConvertOptions(provider="rocm")

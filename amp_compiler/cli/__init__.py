@@ -2,7 +2,7 @@
 :func:`amp_compiler.analyze`.
 
 ``app`` builds the parser from the commands and turns errors into one line and an exit status;
-``convert`` and ``report`` are the commands, one module each; ``args`` holds the argument groups the
+``convert``, ``report`` and ``compare`` are the commands, one module each; ``args`` holds the argument groups the
 commands are made of (each group owns its options, reads them back, and does the work they ask for).
 :func:`main` imports them only once it runs, so that Ctrl-C while numpy, onnx and onnx_ir load (a
 second or more) ends the command with one line, not a traceback.
