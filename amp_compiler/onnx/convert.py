@@ -1,8 +1,8 @@
 """The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
 
     load -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from
-    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, runtime
-    hazards, signal paths, quantized islands, constant, static and calibration ranges, paint,
+    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, signal
+    paths, quantized islands, constant, static and calibration ranges, runtime hazards, paint,
     min-cut: amp_compiler.passes.analysis.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding
     (opt-in) -> per-node decisions (nodes left as they are for want of an element type: a warning,
     or with ``strict`` an error), and warnings of overflows that depend on the scale of an input
@@ -50,6 +50,7 @@ from amp_compiler.options import (
     resolve_options,
 )
 from amp_compiler.passes.analysis import UserChoices, compile_patterns
+from amp_compiler.passes.analysis.hazards import stand_in_skips
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass
@@ -160,6 +161,7 @@ def convert(
     if pad is not None:
         pad(ir_model)
     fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None
+    skips = stand_in_skips(ir_model, opts.provider)  # what only the load check's CPU provider trips on
 
     # Decisions, one per node of the output (positions of the input's nodes), and the result.
     decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes, pad.renames() if pad is not None else None)
@@ -179,6 +181,7 @@ def convert(
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
+        load_check_skips=skips,
     )
 
 

@@ -70,7 +70,9 @@ def test_fp16_conversion_is_valid_and_accurate(entry):
     r = _converted(entry.name, "fp16")
     validate(r.model, converted_from=_fp32(entry.name))  # faults of the input model are its own
     feeds, _ = _reference(entry.name)
-    run_onnxruntime(r.model, feeds)  # the FP16 model itself loads and runs
+    # the FP16 model itself loads and runs (on the CPU provider standing in for CUDA: without the
+    # optimizer only that provider's own Casts crash, as the load check does)
+    run_onnxruntime(r.model, feeds, disabled=r.load_check_skips)
     # Numerics with FP16 storage emulated exactly: onnxruntime's CPU provider computes most FP16
     # ops in FP32 and drops the rounding in between, which would flatter the comparison.
     assert_matches_fp32(entry, emulate(r.model))

@@ -54,6 +54,10 @@ class ConversionResult:
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).
     value_types: TypeTable = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # onnxruntime optimizers the load check (on the CPU provider) turns off: they trip on a Cast only
+    # that provider would insert, not on the model as the provider it is for runs it
+    # (amp_compiler.passes.analysis.hazards.stand_in_skips).
+    load_check_skips: tuple[str, ...] = ()
 
     def decisions_by_rule(self) -> dict[str, int]:
         return count_by_rule(self.decisions)
