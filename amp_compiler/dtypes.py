@@ -43,6 +43,11 @@ def short_name(dtype: ir.DataType) -> str:
     return name if name is not None else dtype.name.lower()
 
 
+def from_short_name(name: str) -> ir.DataType | None:
+    """The float type a short name names ("fp16" -> FLOAT16), or None."""
+    return next((dtype for dtype, short in _SHORT_NAMES.items() if short == name), None)
+
+
 def schema_type(dtype: ir.DataType) -> str:
     """The ONNX schema spelling of a tensor type, as in type constraints: ``tensor(float16)``."""
     return f"tensor({dtype.name.lower()})"

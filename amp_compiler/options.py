@@ -78,6 +78,10 @@ class ConvertOptions:
     # Target FP8 only: the GEMMs the --tolerance refinement chose for FP8 ((position in node_order(),
     # why), ...), instead of the choice by their statistics and fp8_budget; None: that choice.
     fp8_nodes: tuple[tuple[int, str], ...] | None = None
+    # The precision of ops no table knows (custom domains: TensorRT plugins, which declare their output
+    # types): ((op, "fp16" | "bf16" | "fp32"), ...), op as "Op" or "domain::Op". Their float inputs and
+    # outputs take that type instead of keeping FP32 with Casts around them.
+    custom_op_precision: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_io_types, bool):  # names, given as any iterable of them
@@ -117,7 +121,37 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
     for key in ("input_shapes", "input_ranges"):
         if isinstance(values.get(key), dict):
             values[key] = tuple((k, tuple(v)) for k, v in values[key].items())
+    if isinstance(values.get("custom_op_precision"), dict):
+        values["custom_op_precision"] = tuple(values["custom_op_precision"].items())
     return dataclasses.replace(opts, **values)
+
+
+#: What ``custom_op_precision`` may declare, by name.
+CUSTOM_OP_PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+def check_custom_op_precision(pairs: Iterable[tuple[str, str]]) -> None:
+    """Raise :class:`OptionError` for a declaration without an op name, of an unknown precision, or
+    given twice for one op."""
+    seen: set[str] = set()
+    for op, precision in pairs:
+        if not op or op.endswith("::") or op.startswith("::"):
+            raise OptionError(f"{op!r}: expected an op name, Op or domain::Op", option="custom_op_precision")
+        if precision not in CUSTOM_OP_PRECISIONS:
+            raise OptionError(f"{op}={precision}: expected fp16, bf16 or fp32", option="custom_op_precision")
+        if op in seen:
+            raise OptionError(f"{op} is declared twice", option="custom_op_precision")
+        seen.add(op)
+
+
+def parse_custom_op_precision(text: str) -> tuple[str, str]:
+    """``com.example::MyPlugin=fp16`` -> ("com.example::MyPlugin", "fp16")."""
+    op, sep, precision = text.rpartition("=")
+    if not sep or not op:
+        raise OptionError(f"{text!r}: expected OP=fp16|bf16|fp32 (e.g. MyPlugin=fp16)", option="custom_op_precision")
+    pair = (op.strip(), precision.strip().lower())
+    check_custom_op_precision([pair])
+    return pair
 
 
 def check_fp8_options(opts: ConvertOptions) -> None:

@@ -86,6 +86,7 @@ class ConvertCommand(Command):
             if check is not None:
                 check.start(result)  # the pieces of an in-memory output load while it is written
             output_files = files.save(result, check)
+            warnings.extend(result.provider_warnings)
             warnings.extend(check.warnings if check is not None else ())
         if not args.quiet:
             line = summary_line(result, files.files, output_files, time.perf_counter() - start)

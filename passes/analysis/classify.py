@@ -25,6 +25,8 @@ accuracy (signal paths, quantized islands, ``--tolerance``; painting and placeme
 ALLOW vertex), and keep it FP32 where low precision cannot run or cannot hold the values: no kernel
 on the provider, a pattern onnxruntime crashes on, a constant beyond the target's range, ranges
 stated or observed beyond it. :func:`user_allowed` is what those passes ask.
+Ops no table knows keep their types (``policy.unknown-op``), or take the one the user declared for
+them (``custom_op_precision``: FIXED at it, rule ``user.custom-op-precision``).
 """
 
 from __future__ import annotations
@@ -117,9 +119,12 @@ class ClassifyPass(AnalysisPass):
         return UserChoices(self.block_ops, self.block_nodes, self.allow_ops, self.allow_nodes)
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
-        unknown = set(graph.unknown_ops)
+        unknown, declared = set(graph.unknown_ops), graph.declared_ops
         user = self.user
         for vertex in graph.vertices:
+            if vertex.node in declared and vertex.dtype == declared[vertex.node]:
+                plan.set_role(vertex.id, Role.FIXED, Rule.USER_CUSTOM_OP, f"{vertex.fixed_reason}")
+                continue
             role, rule, reason = self._classify(vertex, vertex.node in unknown, graph.target, user)
             plan.set_role(vertex.id, role, rule, reason)
             if rule is Rule.POLICY_FP32_INSIDE and vertex.policy is not None:

@@ -50,6 +50,9 @@ class ConversionResult:
     # low, the block options' precedence applied: :func:`amp_compiler.core.decision.allow_message`
     # says how many went low, and which stayed FP32 all the same and by which rule.
     allowed: tuple[int, ...] = ()
+    # What the provider cannot take whatever the precision, one line per kind (TensorRT: ops its
+    # ONNX parser does not import, onnxruntime contrib ops, custom ops without a declared precision).
+    provider_warnings: list[str] = dataclasses.field(default_factory=list)
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).
