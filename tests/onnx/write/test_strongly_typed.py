@@ -14,6 +14,7 @@ from onnx import helper
 from amp_compiler import convert
 from amp_compiler.cli import main
 from amp_compiler.errors import OptionError
+from amp_compiler.onnx.load.typed import checked_typed_ir
 from amp_compiler.onnx.write.strongly_typed import (
     branch_faults,
     foreign_ops_of,
@@ -21,7 +22,6 @@ from amp_compiler.onnx.write.strongly_typed import (
     strongly_typed_faults,
     tensorrt_warnings,
 )
-from amp_compiler.onnx.load.typed import checked_typed_ir
 from models import catalog
 from tests.support.fp8_builders import mlp, to_fp8
 from tests.support.onnx_builders import F16, F32, model, tensor, vi, weights
