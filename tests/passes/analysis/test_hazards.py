@@ -200,3 +200,20 @@ def test_the_command_line_load_checks_without_the_fusion_and_says_so(tmp_path, c
     assert code == 0 and out.exists(), err
     assert ("load check on onnxruntime's CPU provider without MatmulTransposeFusion" in stdout) == note
     assert "warning" not in err
+
+
+def test_on_cuda_the_catalog_transformers_keep_every_tensor_core_flop_the_rule_took():
+    """benchmarks.hazard_share on the small transformers: the rule as it was (FP32 on every provider)
+    against the rule where it happens. torchvision's ViT layout loses its in-projections to FP32
+    with the first (70% of its Tensor Core FLOPs FP16 in the small model) and keeps them FP16 now,
+    with fewer Casts; every other transformer is unchanged."""
+    from benchmarks.hazard_share import measure, transformers
+
+    for entry in transformers("small"):
+        shapes = {k: tuple(v.shape) for k, v in entry.make_inputs(np.random.default_rng(0)).items()}
+        before = measure(catalog.load(entry), shapes, everywhere=True)
+        after = measure(catalog.load(entry), shapes, everywhere=False)
+        if entry.name == "vit-mha-small":
+            assert before.tc_low < 0.75 and after.tc_low == 1.0 and after.casts < before.casts
+        else:
+            assert after == before, entry.name
