@@ -14,7 +14,8 @@ graph inputs and outputs kept FP32, in a fresh child process:
 
 Measured on each output: the share of Tensor Core FLOPs (the policy table's ``tensor_core`` ops)
 whose inputs are FP16, the Casts added and the bytes they move (``benchmarks.compare``'s counts, at
-the catalog's input shapes), the worst relative L2 error of a float output against FP32 over two
+the catalog's input shapes: the output's Casts less the input's, negative where a tool removed more of
+the model's own Casts than it added), the worst relative L2 error of a float output against FP32 over two
 inputs with the FP16 storage emulated exactly (``amp_compiler.onnx.measure.emulate``, on the output
 without its intermediate value_info, which the emulation infers again), whether the
 output passes onnx's checker and strict inference (``amp_compiler.onnx.measure.checks.validate``),

@@ -295,6 +295,15 @@ def _available_providers() -> list[str]:
         return []
 
 
+def runs_on(provider: Provider, domain: str, op: str) -> Provider:
+    """The provider whose kernel runs ``op`` in a model meant for ``provider``: for TensorRT, an op its
+    ONNX parser does not import runs on onnxruntime's CUDA provider (the TensorRT provider's fallback);
+    every other op on ``provider`` itself."""
+    if provider is Provider.TENSORRT and not load_trt_snapshot().has_op(domain, op):
+        return Provider.CUDA
+    return provider
+
+
 @functools.cache
 def coverage_for(provider: Provider) -> KernelCoverage | None:
     """The kernels of ``provider``: installed registry if listed and readable, else the snapshot.

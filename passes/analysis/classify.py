@@ -41,6 +41,7 @@ from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.errors import OptionError
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require
 from amp_compiler.policy import Category, Sensitivity
+from amp_compiler.policy.kernels import runs_on
 from amp_compiler.targets import Provider, Target
 
 __all__ = ["ClassifyPass", "UserChoices", "compile_patterns", "user_allowed"]
@@ -128,7 +129,13 @@ class ClassifyPass(AnalysisPass):
             role, rule, reason = self._classify(vertex, vertex.node in unknown, graph.target, user)
             plan.set_role(vertex.id, role, rule, reason)
             if rule is Rule.POLICY_FP32_INSIDE and vertex.policy is not None:
-                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[self.provider.value]
+                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[self._runs_on(vertex).value]
+
+    def _runs_on(self, vertex: Vertex) -> Provider:
+        """The provider whose kernel runs the vertex's op: TensorRT does not import onnxruntime's
+        contrib ops, which its onnxruntime provider runs on CUDA."""
+        node = vertex.node
+        return runs_on(self.provider, node.domain, node.op_type) if node is not None else self.provider
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require(not plan.roles, self, "the plan has roles already: classification runs first")
@@ -187,12 +194,14 @@ class ClassifyPass(AnalysisPass):
             return Role.ALLOW, Rule.POLICY_LOW, f"LOW: {op}: {reason}"
         if category is Category.HIGH:
             if policy is not None and policy.sensitivity is Sensitivity.ARITHMETIC:
-                if policy.accumulates_fp32_on(self.provider):
+                runs = self._runs_on(vertex)
+                if policy.accumulates_fp32_on(runs):
+                    where = "" if runs is self.provider else f" (TensorRT does not import it: {runs.value} runs it)"
                     return (
                         Role.INFER,
                         Rule.POLICY_FP32_INSIDE,
-                        f"follows its neighbours: {op}'s {self.provider.value} kernel computes in "
-                        f"FP32 inside ({policy.fp32_inside[self.provider.value]})",
+                        f"follows its neighbours: {op}'s {runs.value} kernel computes in "
+                        f"FP32 inside ({policy.fp32_inside[runs.value]}){where}",
                     )
                 return Role.DENY, Rule.POLICY_HIGH_ARITHMETIC, f"HIGH: {op}: {reason}"
             return Role.DENY, Rule.POLICY_HIGH_RANGE, f"HIGH: {op} is range-sensitive: {reason}"

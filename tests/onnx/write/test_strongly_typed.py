@@ -69,6 +69,18 @@ def test_a_contrib_op_model_gets_one_line_for_tensorrt_and_none_for_cuda(tmp_pat
     assert err.splitlines() == [f"amp-compiler: warning: {line}"] and out.exists()
 
 
+def test_contrib_ops_are_decided_as_onnxruntimes_tensorrt_provider_runs_them():
+    """TensorRT does not import them: onnxruntime's TensorRT provider runs them on CUDA, whose kernels
+    of SkipLayerNormalization and EmbedLayerNormalization compute in FP32 inside: they take FP16 in
+    and out, as for --provider cuda, with no Cast around them."""
+    fp32 = _fp32("bert-fused-small")
+    trt, cuda = convert(fp32, provider="tensorrt"), convert(fp32, provider="cuda")
+    skip = [d for d in trt.decisions if d.op_type == "SkipLayerNormalization"]
+    assert skip and all(d.precision == "fp16" for d in skip)
+    assert all("(TensorRT does not import it: cuda runs it)" in d.reason for d in skip)
+    assert trt.casts_inserted == cuda.casts_inserted
+
+
 def test_onnx_ops_tensorrt_does_not_import_get_one_line():
     m = model(
         [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Det", ["h"], ["y"], name="det")],
