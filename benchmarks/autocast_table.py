@@ -13,9 +13,9 @@ graph inputs and outputs kept FP32, in a fresh child process:
   ``benchmarks/compare.py`` runs it).
 
 Measured on each output: the share of Tensor Core FLOPs (the policy table's ``tensor_core`` ops)
-whose inputs are FP16, the Casts added and the bytes they move (``benchmarks.compare``'s counts, at
-the catalog's input shapes: the output's Casts less the input's, negative where a tool removed more of
-the model's own Casts than it added), the worst relative L2 error of a float output against FP32 over two
+whose inputs are FP16 (``benchmarks.compare``'s count), the Casts between float types added and the
+bytes they move (at the catalog's input shapes: the output's less the input's; Casts to or from
+integer types are shape arithmetic, not precision, and AutoCast folds some of them away), the worst relative L2 error of a float output against FP32 over two
 inputs with the FP16 storage emulated exactly (``amp_compiler.onnx.measure.emulate``, on the output
 without its intermediate value_info, which the emulation infers again), whether the
 output passes onnx's checker and strict inference (``amp_compiler.onnx.measure.checks.validate``),
@@ -146,6 +146,34 @@ def _runs(model: onnx.ModelProto, feeds: list[dict]) -> tuple[str, list | None]:
     return "no", None
 
 
+_FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                     onnx.TensorProto.DOUBLE})
+
+
+def float_casts(model: onnx.ModelProto, shapes: dict) -> tuple[int, int]:
+    """(Casts from a float type to a float type, the bytes they read and write) in ``model``'s graphs."""
+    from amp_compiler.onnx.costs.costs import estimate, iter_nodes
+    from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - without types, a Cast's source counts as float
+        inferred = model
+    types: dict[str, int] = {}
+    for g in iter_proto_graphs(inferred.graph):
+        types.update({v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)})
+        types.update({t.name: t.data_type for t in g.initializer})
+    count = total = 0
+    for node, cost in zip(iter_nodes(model), estimate(model, shapes).nodes, strict=True):
+        if node.op_type != "Cast":
+            continue
+        to = next((a.i for a in node.attribute if a.name == "to"), 0)
+        if to in _FLOATS and types.get(node.input[0], onnx.TensorProto.FLOAT) in _FLOATS:
+            count += 1
+            total += cost.bytes
+    return count, total
+
+
 def measure(result: Result, fp32: onnx.ModelProto, out: Path, feeds: list[dict], reference: list) -> None:
     """Everything the module doc lists, for the output at ``out``."""
     from amp_compiler.core.tensor_error import OutputErrors
@@ -155,9 +183,10 @@ def measure(result: Result, fp32: onnx.ModelProto, out: Path, feeds: list[dict],
 
     model = onnx.load(out)
     shapes = {k: tuple(v.shape) for k, v in feeds[0].items()}
-    base_casts, base_bytes, _ = _cast_stats(fp32, shapes)
-    casts, cast_bytes, result.tc_low = _cast_stats(model, shapes)
+    base_casts, base_bytes = float_casts(fp32, shapes)
+    casts, cast_bytes = float_casts(model, shapes)
     result.casts, result.cast_bytes = casts - base_casts, cast_bytes - base_bytes
+    result.tc_low = _cast_stats(model, shapes)[2]
     try:
         validate(model, converted_from=fp32)
     except Exception as exc:  # noqa: BLE001 - "invalid" is a result
