@@ -13,7 +13,8 @@ graph inputs and outputs kept FP32, in a fresh child process:
   ``benchmarks/compare.py`` runs it).
 
 Measured on each output: the share of Tensor Core FLOPs (the policy table's ``tensor_core`` ops)
-whose inputs are FP16 (``benchmarks.compare``'s count), the Casts between float types added and the
+whose inputs are FP16 (element types as amp-compiler's typing gives them, onnxruntime's contrib ops
+included; ``benchmarks.compare``'s count where that typing fails), the Casts between float types added and the
 bytes they move (at the catalog's input shapes: the output's less the input's; Casts to or from
 integer types are shape arithmetic, not precision, and AutoCast folds some of them away), the worst relative L2 error of a float output against FP32 over two
 inputs with the FP16 storage emulated exactly (``amp_compiler.onnx.measure.emulate``, on the output
@@ -174,6 +175,31 @@ def float_casts(model: onnx.ModelProto, shapes: dict) -> tuple[int, int]:
     return count, total
 
 
+def tc_low_share(model: onnx.ModelProto, shapes: dict) -> float | None:
+    """The share of Tensor Core FLOPs whose first input is FP16 or BF16, types from amp-compiler's
+    typed IR (onnx's inference does not type contrib ops' outputs)."""
+    from amp_compiler.onnx.costs.costs import estimate, iter_nodes
+    from amp_compiler.onnx.load.typed import checked_typed_ir
+    from amp_compiler.policy import default_table
+
+    try:
+        typed = checked_typed_ir(model, "output", deferred=False, check=False)
+    except Exception:  # noqa: BLE001 - an output our typing refuses: onnx's inference alone
+        return _cast_stats(model, shapes)[2]
+    types = {v.name: v.dtype for g in typed.graphs() for node in g for v in (*node.inputs, *node.outputs)
+             if v is not None and v.name}
+    types.update({v.name: v.dtype for v in typed.graph.inputs})
+    low = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    table = default_table()
+    total = fp16 = 0
+    for node, cost in zip(iter_nodes(model), estimate(model, shapes).nodes, strict=True):
+        if table.is_tensor_core(node.domain, node.op_type):
+            total += cost.flops
+            dtype = types.get(node.input[0]) if node.input else None
+            fp16 += cost.flops if dtype is not None and int(dtype) in low else 0
+    return fp16 / total if total else None
+
+
 def measure(result: Result, fp32: onnx.ModelProto, out: Path, feeds: list[dict], reference: list) -> None:
     """Everything the module doc lists, for the output at ``out``."""
     from amp_compiler.core.tensor_error import OutputErrors
@@ -186,7 +212,7 @@ def measure(result: Result, fp32: onnx.ModelProto, out: Path, feeds: list[dict],
     base_casts, base_bytes = float_casts(fp32, shapes)
     casts, cast_bytes = float_casts(model, shapes)
     result.casts, result.cast_bytes = casts - base_casts, cast_bytes - base_bytes
-    result.tc_low = _cast_stats(model, shapes)[2]
+    result.tc_low = tc_low_share(model, shapes)
     try:
         validate(model, converted_from=fp32)
     except Exception as exc:  # noqa: BLE001 - "invalid" is a result
