@@ -6,7 +6,7 @@ import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES", "HIGH_PRECISION", "LOW_PRECISIONS", "MIXED", "NO_FLOAT", "PRECISIONS",
-    "from_schema_type", "precision_rank", "schema_type", "short_name",
+    "from_schema_type", "from_short_name", "precision_rank", "schema_type", "short_name",
 ]
 
 # The float types a conversion may change; everything else keeps its type.

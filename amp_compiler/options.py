@@ -14,8 +14,9 @@ from amp_compiler.policy import PolicyTable, schemas
 from amp_compiler.targets import Provider, Target
 
 __all__ = [
-    "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops", "check_fallback", "check_fp8_options",
-    "check_input_ranges", "check_keep_io_types", "parse_input_range", "resolve_options",
+    "CUSTOM_OP_PRECISIONS", "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops",
+    "check_custom_op_precision", "check_fallback", "check_fp8_options", "check_input_ranges", "check_keep_io_types",
+    "parse_custom_op_precision", "parse_input_range", "resolve_options",
 ]
 
 

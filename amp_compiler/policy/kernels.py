@@ -51,8 +51,9 @@ if TYPE_CHECKING:  # onnx is imported where a model is checked
     pass
 
 __all__ = [
-    "KernelCoverage", "KernelDef", "OPEN_END", "ORT_NAMES", "SHORT_NAMES", "SNAPSHOT", "SOURCE_ENV", "coverage_for",
-    "load_snapshot", "probe_registry", "read_snapshot_data", "short_type",
+    "ANY_FLOAT", "FLOAT_NAMES", "KernelCoverage", "KernelDef", "OPEN_END", "ORT_NAMES", "SHORT_NAMES", "SNAPSHOT",
+    "SOURCE_ENV", "TRT_SNAPSHOT", "coverage_for", "load_snapshot", "load_trt_snapshot", "probe_registry",
+    "read_snapshot_data", "read_trt_snapshot_data", "runs_on", "short_type", "trt_coverage",
 ]
 
 SNAPSHOT = "ort_cuda_kernels.json"

@@ -26,6 +26,8 @@ import re
 import subprocess
 from pathlib import Path
 
+__all__ = ["TYPE_NAMES", "TableError", "dump", "main", "parse", "snapshot"]
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "trt_onnx_ops.json"
 

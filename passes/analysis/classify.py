@@ -129,7 +129,14 @@ class ClassifyPass(AnalysisPass):
             role, rule, reason = self._classify(vertex, vertex.node in unknown, graph.target, user)
             plan.set_role(vertex.id, role, rule, reason)
             if rule is Rule.POLICY_FP32_INSIDE and vertex.policy is not None:
-                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[self._runs_on(vertex).value]
+                runs = self._runs_on(vertex)
+                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[runs.value] + self._elsewhere(runs)
+
+    def _elsewhere(self, runs: Provider) -> str:
+        """What a reason adds when the op's kernel is not the target provider's own."""
+        if runs is self.provider:
+            return ""
+        return f"; TensorRT does not import it: onnxruntime's {runs.value} provider runs it"
 
     def _runs_on(self, vertex: Vertex) -> Provider:
         """The provider whose kernel runs the vertex's op: TensorRT does not import onnxruntime's
@@ -196,12 +203,11 @@ class ClassifyPass(AnalysisPass):
             if policy is not None and policy.sensitivity is Sensitivity.ARITHMETIC:
                 runs = self._runs_on(vertex)
                 if policy.accumulates_fp32_on(runs):
-                    where = "" if runs is self.provider else f" (TensorRT does not import it: {runs.value} runs it)"
                     return (
                         Role.INFER,
                         Rule.POLICY_FP32_INSIDE,
                         f"follows its neighbours: {op}'s {runs.value} kernel computes in "
-                        f"FP32 inside ({policy.fp32_inside[runs.value]}){where}",
+                        f"FP32 inside ({policy.fp32_inside[runs.value]}{self._elsewhere(runs)})",
                     )
                 return Role.DENY, Rule.POLICY_HIGH_ARITHMETIC, f"HIGH: {op}: {reason}"
             return Role.DENY, Rule.POLICY_HIGH_RANGE, f"HIGH: {op} is range-sensitive: {reason}"

@@ -52,7 +52,7 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require,
 from amp_compiler.policy import schemas
 from amp_compiler.targets import Provider
 
-__all__ = ["RuntimeHazardPass", "moves_batch"]
+__all__ = ["TRANSPOSE_MATMUL", "Hazard", "RuntimeHazardPass", "hazards", "moves_batch", "stand_in_skips"]
 
 _FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 _OPEN = frozenset({Role.INFER, Role.CLEAR})

@@ -77,7 +77,7 @@ def test_contrib_ops_are_decided_as_onnxruntimes_tensorrt_provider_runs_them():
     trt, cuda = convert(fp32, provider="tensorrt"), convert(fp32, provider="cuda")
     skip = [d for d in trt.decisions if d.op_type == "SkipLayerNormalization"]
     assert skip and all(d.precision == "fp16" for d in skip)
-    assert all("(TensorRT does not import it: cuda runs it)" in d.reason for d in skip)
+    assert all("TensorRT does not import it: onnxruntime's cuda provider runs it)" in d.reason for d in skip)
     assert trt.casts_inserted == cuda.casts_inserted
 
 
