@@ -6,7 +6,7 @@ import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES", "HIGH_PRECISION", "LOW_PRECISIONS", "MIXED", "NO_FLOAT", "PRECISIONS",
-    "from_schema_type", "precision_rank", "schema_type", "short_name",
+    "from_schema_type", "from_short_name", "precision_rank", "schema_type", "short_name",
 ]
 
 # The float types a conversion may change; everything else keeps its type.
@@ -41,6 +41,11 @@ def short_name(dtype: ir.DataType) -> str:
     name in lower case ("int64")."""
     name = _SHORT_NAMES.get(dtype)
     return name if name is not None else dtype.name.lower()
+
+
+def from_short_name(name: str) -> ir.DataType | None:
+    """The float type a short name names ("fp16" -> FLOAT16), or None."""
+    return next((dtype for dtype, short in _SHORT_NAMES.items() if short == name), None)
 
 
 def schema_type(dtype: ir.DataType) -> str:

@@ -14,8 +14,9 @@ from amp_compiler.policy import PolicyTable, schemas
 from amp_compiler.targets import Provider, Target
 
 __all__ = [
-    "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops", "check_fallback", "check_fp8_options",
-    "check_input_ranges", "check_keep_io_types", "parse_input_range", "resolve_options",
+    "CUSTOM_OP_PRECISIONS", "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops",
+    "check_custom_op_precision", "check_fallback", "check_fp8_options", "check_input_ranges", "check_keep_io_types",
+    "parse_custom_op_precision", "parse_input_range", "resolve_options",
 ]
 
 
@@ -78,6 +79,10 @@ class ConvertOptions:
     # Target FP8 only: the GEMMs the --tolerance refinement chose for FP8 ((position in node_order(),
     # why), ...), instead of the choice by their statistics and fp8_budget; None: that choice.
     fp8_nodes: tuple[tuple[int, str], ...] | None = None
+    # The precision of ops no table knows (custom domains: TensorRT plugins, which declare their output
+    # types): ((op, "fp16" | "bf16" | "fp32"), ...), op as "Op" or "domain::Op". Their float inputs and
+    # outputs take that type instead of keeping FP32 with Casts around them.
+    custom_op_precision: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         """Take the plain types people write (``target="bf16"``, ``block_ops=["Softmax"]``,
@@ -105,6 +110,8 @@ class ConvertOptions:
         for name in ("input_shapes", "input_ranges"):
             if isinstance(getattr(self, name), Mapping):
                 set_(name, tuple((k, tuple(v)) for k, v in getattr(self, name).items()))
+        if isinstance(self.custom_op_precision, Mapping):
+            set_("custom_op_precision", tuple(self.custom_op_precision.items()))
 
     @property
     def low_target(self) -> Target:
@@ -125,6 +132,34 @@ def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
     return dataclasses.replace(opts, **overrides)  # __post_init__ reads the plain types
+
+
+#: What ``custom_op_precision`` may declare, by name.
+CUSTOM_OP_PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+def check_custom_op_precision(pairs: Iterable[tuple[str, str]]) -> None:
+    """Raise :class:`OptionError` for a declaration without an op name, of an unknown precision, or
+    given twice for one op."""
+    seen: set[str] = set()
+    for op, precision in pairs:
+        if not op or op.endswith("::") or op.startswith("::"):
+            raise OptionError(f"{op!r}: expected an op name, Op or domain::Op", option="custom_op_precision")
+        if precision not in CUSTOM_OP_PRECISIONS:
+            raise OptionError(f"{op}={precision}: expected fp16, bf16 or fp32", option="custom_op_precision")
+        if op in seen:
+            raise OptionError(f"{op} is declared twice", option="custom_op_precision")
+        seen.add(op)
+
+
+def parse_custom_op_precision(text: str) -> tuple[str, str]:
+    """``com.example::MyPlugin=fp16`` -> ("com.example::MyPlugin", "fp16")."""
+    op, sep, precision = text.rpartition("=")
+    if not sep or not op:
+        raise OptionError(f"{text!r}: expected OP=fp16|bf16|fp32 (e.g. MyPlugin=fp16)", option="custom_op_precision")
+    pair = (op.strip(), precision.strip().lower())
+    check_custom_op_precision([pair])
+    return pair
 
 
 def check_fp8_options(opts: ConvertOptions) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from models import architectures, deployment, handbuilt, patterns, wheels
+from models import architectures, deployment, handbuilt, patterns, torch_nets, wheels
 from models.entry import CatalogModel, Tolerance
 
 __all__ = ["CACHE_DIR", "CatalogModel", "Tolerance", "entries", "get", "load"]
@@ -35,7 +35,9 @@ def _by_name(*groups: list[CatalogModel]) -> dict[str, CatalogModel]:
     return out
 
 
-_ENTRIES = _by_name(architectures.ENTRIES, deployment.ENTRIES, handbuilt.ENTRIES, patterns.ENTRIES, wheels.ENTRIES)
+_ENTRIES = _by_name(
+    architectures.ENTRIES, deployment.ENTRIES, handbuilt.ENTRIES, patterns.ENTRIES, torch_nets.ENTRIES, wheels.ENTRIES
+)
 
 
 def entries(size: str | None = "small", kind: str | None = None) -> list[CatalogModel]:

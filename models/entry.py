@@ -1,7 +1,7 @@
 """What a catalog entry is: the data types the builder modules fill in (no registry, no builders).
 
 ``models.catalog`` gathers the entries of ``models.handbuilt``, ``models.architectures``,
-``models.deployment`` and ``models.wheels``; those modules import only this one, so the catalog and
+``models.deployment``, ``models.patterns``, ``models.torch_nets`` and ``models.wheels``; those modules import only this one, so the catalog and
 its builders do not import each other.
 """
 

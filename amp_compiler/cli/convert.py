@@ -86,9 +86,11 @@ class ConvertCommand(Command):
             if check is not None:
                 check.start(result)  # the pieces of an in-memory output load while it is written
             output_files = files.save(result, check)
+            warnings.extend(result.provider_warnings)
             warnings.extend(check.warnings if check is not None else ())
         if not args.quiet:
-            print(summary_line(result, files.files, output_files, time.perf_counter() - start))
+            line = summary_line(result, files.files, output_files, time.perf_counter() - start)
+            print(line + (load_check_note(check.disabled) if check is not None else ""))
             if analysis and analysis.refinement:
                 print(tolerance_line(analysis, self.analysis.tolerance))
             for warning in warnings:
@@ -131,6 +133,17 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         )
         + (f" | warning: {allowed}" if allowed else "")
         + overflow_note(result.warnings)
+    )
+
+
+def load_check_note(disabled: tuple[str, ...]) -> str:
+    """The summary line's end when the load check turned optimizers off (see
+    :mod:`amp_compiler.onnx.write.load_check`), else nothing."""
+    if not disabled:
+        return ""
+    return (
+        f" | load check on onnxruntime's CPU provider without {', '.join(disabled)}: it trips only on the Cast "
+        "that provider alone inserts around an FP16 MatMul"
     )
 
 

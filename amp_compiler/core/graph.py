@@ -147,6 +147,9 @@ class PrecisionGraph(Generic[SlotT, OpT]):
     # Ops that read only the shape of their float inputs (the policy's ``shape_inputs``): those
     # inputs are no slots, so they take whatever float type their producer gives.
     shape_readers: list[OpT] = dataclasses.field(default_factory=list)
+    # Ops no table knows whose precision the user declared (ONNX: ``custom_op_precision``), with the
+    # element type declared: their float slots are fixed at it.
+    declared_ops: dict[OpT, Any] = dataclasses.field(default_factory=dict)
 
     def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:
         vid = self.slot_vertex.get(slot)

@@ -39,6 +39,7 @@ class Rule(enum.Enum):
     USER_BLOCK_OP = "user.block-op"
     USER_BLOCK_NODE = "user.block-node"
     USER_ALLOW = "user.allow"  # forced low by --allow-op/--allow-node, against the policy
+    USER_CUSTOM_OP = "user.custom-op-precision"  # an op no table knows, in the precision the user declared
     CONSTANT_OVERFLOW = "constant.overflow"
     CONSTANT_UNDERFLOW = "constant.underflow"
     CONSTANT_MASK = "constant.mask-lowest"

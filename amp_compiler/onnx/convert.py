@@ -1,8 +1,8 @@
 """The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
 
     load -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from
-    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, runtime
-    hazards, signal paths, quantized islands, constant, static and calibration ranges, paint,
+    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, signal
+    paths, quantized islands, constant, static and calibration ranges, runtime hazards, paint,
     min-cut: amp_compiler.passes.analysis.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding
     (opt-in) -> per-node decisions (nodes left as they are for want of an element type: a warning,
     or with ``strict`` an error), and warnings of overflows that depend on the scale of an input
@@ -27,6 +27,7 @@ from amp_compiler.errors import UntypedTensorsError
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
 from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
+from amp_compiler.onnx.graph.custom_ops import declared_types
 from amp_compiler.onnx.graph.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
 from amp_compiler.onnx.graph.precision_graph import build_precision_graph
 from amp_compiler.onnx.ir.walk import node_order
@@ -40,22 +41,25 @@ from amp_compiler.onnx.write.decisions import node_decisions
 from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.write.output import output_proto as _output_proto
 from amp_compiler.onnx.write.result import ConversionResult
+from amp_compiler.onnx.write.strongly_typed import tensorrt_warnings
 from amp_compiler.options import (
     ConvertOptions,
     check_allow_ops,
     check_block_ops,
+    check_custom_op_precision,
     check_fallback,
     check_fp8_options,
     check_keep_io_types,
     resolve_options,
 )
 from amp_compiler.passes.analysis import UserChoices, compile_patterns
+from amp_compiler.passes.analysis.hazards import stand_in_skips
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.targets import Target
+from amp_compiler.targets import Provider, Target
 
 __all__ = ["ConversionResult", "ConvertOptions", "NodeDecision", "convert"]
 
@@ -97,6 +101,7 @@ def convert(
     allow_patterns = compile_patterns(opts.allow_nodes, option="allow_nodes")
     check_placement(opts.placement)
     check_fallback(opts)
+    check_custom_op_precision(opts.custom_op_precision)
     fp8 = opts.target is Target.FP8
     if fp8:
         check_fp8_options(opts)
@@ -112,6 +117,9 @@ def convert(
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
     if locations:
         defer_ir_tensors(ir_model, locations, inline=source.inline)
+    declared = declared_types(ir_model, opts.custom_op_precision)
+    # TensorRT: what its ONNX parser cannot import, whatever the precision (one line per kind).
+    provider_warnings = tensorrt_warnings(ir_model, declared) if opts.provider is Provider.TENSORRT else []
 
     # FP8: the per-layer choice, on the FP32 model; the FP16 pipeline then runs as for fp16.
     fp8_plan = None
@@ -127,7 +135,7 @@ def convert(
 
     # Analysis: the precision graph, then the plan (amp_compiler.passes.analysis.pipeline). Cast sizes for placement
     # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
-    graph = build_precision_graph(ir_model, target, policy, keep_io_types=opts.keep_io_types)
+    graph = build_precision_graph(ir_model, target, policy, keep_io_types=opts.keep_io_types, declared=declared)
     nodes = node_order(ir_model)
     mincut = opts.placement == "mincut"
     unshaped = unshaped_tensors(graph) if mincut else set()
@@ -160,6 +168,7 @@ def convert(
     if pad is not None:
         pad(ir_model)
     fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None
+    skips = stand_in_skips(ir_model, opts.provider)  # what only the load check's CPU provider trips on
 
     # Decisions, one per node of the output (positions of the input's nodes), and the result.
     decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes, pad.renames() if pad is not None else None)
@@ -179,6 +188,8 @@ def convert(
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
+        provider_warnings=provider_warnings,
+        load_check_skips=skips,
     )
 
 

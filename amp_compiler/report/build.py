@@ -125,7 +125,7 @@ def build_report(
         accuracy_not_measured=accuracy_not_measured,
         generated_dims=dict(generated_dims or {}),
     )
-    notes = list(warnings or [])
+    notes = list(warnings or []) + list(result.provider_warnings)
     if result.untyped_nodes:
         notes.append(untyped_message(result.untyped_nodes))
     if costs.assumed:

@@ -8,8 +8,8 @@ child that a hostile model took over cannot make its parent run code.
 
 Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or ``error``, with ``message``):
 
-    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T, "prepack": K, "data_folder": F}
-                                        + N bytes of ModelProto (its external data in F)
+    {"op": "load", "bytes": N, "provider": E, "basic": B, "threads": T, "prepack": K, "data_folder": F,
+     "disabled_optimizers": [...]}      + N bytes of ModelProto (its external data in F; optimizers not run)
                                         -> {"ok", "session", "inputs", "input_types", "outputs", "providers"}
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
@@ -195,7 +195,9 @@ def _serve(limit: int) -> None:
                     ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
                     data_folder=request.get("data_folder"), prepack=bool(request.get("prepack", True)),
                 )
-                session = ort.InferenceSession(source, options, providers=[provider])
+                disabled = [str(name) for name in request.get("disabled_optimizers", [])]
+                session = ort.InferenceSession(source, options, providers=[provider],
+                                               disabled_optimizers=disabled or None)
                 del source
                 next_id += 1
                 sessions[next_id] = session

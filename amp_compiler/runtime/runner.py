@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -89,7 +89,7 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None, prepack: bool = True,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
     ) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
         on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
@@ -97,7 +97,8 @@ class Runner(abc.ABC):
         basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
         thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
         external data of a ModelProto lies (onnxruntime reads it from there); ``prepack``: False skips
-        the kernels' weight prepacking (a session only created, never run, need not pay for it)."""
+        the kernels' weight prepacking (a session only created, never run, need not pay for it);
+        ``disabled``: onnxruntime graph optimizers not to run (``MatmulTransposeFusion``)."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -135,7 +136,7 @@ class InProcessRunner(Runner):
 
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None, prepack: bool = True,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
     ) -> Session:
         ort = runtime.onnxruntime("run the model")
         _check_provider(provider)
@@ -145,7 +146,9 @@ class InProcessRunner(Runner):
             ort, basic=basic, threads=threads, data_folder=folder, prepack=prepack
         )
         try:
-            session = ort.InferenceSession(source, options, providers=[provider])
+            session = ort.InferenceSession(
+                source, options, providers=[provider], disabled_optimizers=list(disabled) or None
+            )
         except Exception as exc:
             error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
             raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
@@ -193,7 +196,7 @@ class ChildRunner(Runner):
 
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None, prepack: bool = True,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
     ) -> Session:
         _check_provider(provider)
         if isinstance(model, onnx.ModelProto):
@@ -203,6 +206,8 @@ class ChildRunner(Runner):
         header.update(provider=provider, basic=basic, threads=threads, prepack=prepack)
         if data_folder is not None:
             header["data_folder"] = os.path.abspath(data_folder)
+        if disabled:
+            header["disabled_optimizers"] = [str(name) for name in disabled]
         answer, _ = self._request(header, raw=payload, doing="loading")
         return _ChildSession(self, answer["session"], answer)
 

@@ -4,11 +4,12 @@
 In pipeline order (:func:`~amp_compiler.passes.analysis.pipeline.analysis_passes`): ``ClassifyPass``
 (policy roles), ``TolerancePinPass`` (``--tolerance``'s choice: the nodes it pinned stay FP32 without
 spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a low-precision kernel on the
-target provider stay FP32), ``RuntimeHazardPass`` (op patterns onnxruntime crashes on with a Cast
-inside stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays FP32),
-``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
+target provider stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays
+FP32), ``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
-the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``PaintPass`` (propagation),
+the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``RuntimeHazardPass`` (no Cast
+inside op patterns onnxruntime crashes on: FP32 where the provider inserts one, else the Transpose
+takes its MatMul's precision), ``PaintPass`` (propagation),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 """
 

@@ -25,6 +25,8 @@ accuracy (signal paths, quantized islands, ``--tolerance``; painting and placeme
 ALLOW vertex), and keep it FP32 where low precision cannot run or cannot hold the values: no kernel
 on the provider, a pattern onnxruntime crashes on, a constant beyond the target's range, ranges
 stated or observed beyond it. :func:`user_allowed` is what those passes ask.
+Ops no table knows keep their types (``policy.unknown-op``), or take the one the user declared for
+them (``custom_op_precision``: FIXED at it, rule ``user.custom-op-precision``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.errors import OptionError
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require
 from amp_compiler.policy import Category, Sensitivity
+from amp_compiler.policy.kernels import runs_on
 from amp_compiler.targets import Provider, Target
 
 __all__ = ["ClassifyPass", "UserChoices", "compile_patterns", "user_allowed"]
@@ -117,13 +120,29 @@ class ClassifyPass(AnalysisPass):
         return UserChoices(self.block_ops, self.block_nodes, self.allow_ops, self.allow_nodes)
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
-        unknown = set(graph.unknown_ops)
+        unknown, declared = set(graph.unknown_ops), graph.declared_ops
         user = self.user
         for vertex in graph.vertices:
+            if vertex.node in declared and vertex.dtype == declared[vertex.node]:
+                plan.set_role(vertex.id, Role.FIXED, Rule.USER_CUSTOM_OP, f"{vertex.fixed_reason}")
+                continue
             role, rule, reason = self._classify(vertex, vertex.node in unknown, graph.target, user)
             plan.set_role(vertex.id, role, rule, reason)
             if rule is Rule.POLICY_FP32_INSIDE and vertex.policy is not None:
-                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[self.provider.value]
+                runs = self._runs_on(vertex)
+                plan.fp32_inside[vertex.id] = vertex.policy.fp32_inside[runs.value] + self._elsewhere(runs)
+
+    def _elsewhere(self, runs: Provider) -> str:
+        """What a reason adds when the op's kernel is not the target provider's own."""
+        if runs is self.provider:
+            return ""
+        return f"; TensorRT does not import it: onnxruntime's {runs.value} provider runs it"
+
+    def _runs_on(self, vertex: Vertex) -> Provider:
+        """The provider whose kernel runs the vertex's op: TensorRT does not import onnxruntime's
+        contrib ops, which its onnxruntime provider runs on CUDA."""
+        node = vertex.node
+        return runs_on(self.provider, node.domain, node.op_type) if node is not None else self.provider
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require(not plan.roles, self, "the plan has roles already: classification runs first")
@@ -182,12 +201,13 @@ class ClassifyPass(AnalysisPass):
             return Role.ALLOW, Rule.POLICY_LOW, f"LOW: {op}: {reason}"
         if category is Category.HIGH:
             if policy is not None and policy.sensitivity is Sensitivity.ARITHMETIC:
-                if policy.accumulates_fp32_on(self.provider):
+                runs = self._runs_on(vertex)
+                if policy.accumulates_fp32_on(runs):
                     return (
                         Role.INFER,
                         Rule.POLICY_FP32_INSIDE,
-                        f"follows its neighbours: {op}'s {self.provider.value} kernel computes in "
-                        f"FP32 inside ({policy.fp32_inside[self.provider.value]})",
+                        f"follows its neighbours: {op}'s {runs.value} kernel computes in "
+                        f"FP32 inside ({policy.fp32_inside[runs.value]}{self._elsewhere(runs)})",
                     )
                 return Role.DENY, Rule.POLICY_HIGH_ARITHMETIC, f"HIGH: {op}: {reason}"
             return Role.DENY, Rule.POLICY_HIGH_RANGE, f"HIGH: {op} is range-sensitive: {reason}"

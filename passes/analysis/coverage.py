@@ -21,12 +21,18 @@ The CPU provider is not pinned, only noted: for a node without an FP16 kernel on
 Casts around it and runs the FP32 kernel, on the same device, so nothing moves between devices (and
 pinning would keep most of a model FP32, the CPU provider having FP16 kernels for few ops). Its
 BF16 coverage is smaller still: a BF16 model needs a GPU provider (``emulate_bf16`` runs it
-anywhere). TensorRT has no kernel registry: it builds its engine from the graph, taking each
-tensor's type from the model, so every decision is already in the graph and nothing is pinned.
+anywhere).
+
+TensorRT (11 builds strongly typed networks only: each tensor's type is the one the ONNX file gives)
+has no kernel registry: its ONNX parser's operator table says which types it imports each op in
+(``policy/trt_onnx_ops.json``), and an op it imports in FP32 but not in the target type stays FP32
+(STFT; GridSample, NonZero, RoiAlign and the window functions for BF16). An op it does not import
+at all cannot be in a TensorRT engine whatever its type: onnxruntime's TensorRT provider runs it on
+CUDA, so the CUDA provider's coverage decides it (the conversion warns about such ops once).
 
 Guarantees (checked by ``ensures``): only free, not yet denied vertices change, to FIXED with the rule
-``provider.no-kernel`` (none on the CPU provider); each pinned vertex names the op, its version, the
-provider and where the coverage came from.
+``provider.no-kernel`` (none on the CPU provider); each pinned vertex names the op, the provider and
+where the coverage came from.
 """
 
 from __future__ import annotations
@@ -80,11 +86,12 @@ class KernelCoveragePass(AnalysisPass):
         for vertex in graph.vertices:
             if plan.roles.get(vertex.id) not in _FREE:
                 continue
-            missing = self._missing(vertex, coverage, target, opsets)
-            if missing is None:
+            found = self._missing(vertex, coverage, target, opsets)
+            if found is None:
                 continue
+            missing, source = found
             if pin:
-                plan.set_role(vertex.id, Role.FIXED, Rule.PROVIDER_NO_KERNEL, f"FP32: {missing} ({coverage.source})")
+                plan.set_role(vertex.id, Role.FIXED, Rule.PROVIDER_NO_KERNEL, f"FP32: {missing} ({source})")
             else:
                 # "no FP16 kernel for Conv-11 on the CPU provider (onnxruntime adds Casts around it)"
                 consequence = (
@@ -94,8 +101,9 @@ class KernelCoveragePass(AnalysisPass):
                 note = f"{missing} ({consequence})"
                 plan.notes[vertex.id] = f"{plan.notes[vertex.id]}; {note}" if vertex.id in plan.notes else note
 
-    def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> str | None:
-        """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ..."), or None."""
+    def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> tuple[str, str] | None:
+        """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ...") and
+        the coverage that says so, or None."""
         by_node: dict[int, tuple[ir.Node, set[tuple[bool, int]]]] = {}
         for kind, owner, index in vertex.slots:
             if kind is _NODE_IN or kind is _NODE_OUT:
@@ -103,7 +111,6 @@ class KernelCoveragePass(AnalysisPass):
                 if entry is None:
                     entry = by_node[id(owner)] = (owner, set())
                 entry[1].add((kind is _NODE_IN, index))
-        provider = SHORT_NAMES[coverage.provider]
         for node, mine in by_node.values():
             # What the answer depends on, cheaply: the op, which slots are the vertex's, the other
             # slots' types. Most nodes of a model repeat a few of these.
@@ -113,12 +120,12 @@ class KernelCoveragePass(AnalysisPass):
             if shape_key in self._by_shape:
                 found = self._by_shape[shape_key]
             else:
-                found = self._by_shape[shape_key] = self._node_missing(node, mine, coverage, target, opsets, provider)
+                found = self._by_shape[shape_key] = self._node_missing(node, mine, coverage, target, opsets)
             if found is not None:
                 return found
         return None
 
-    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets, provider: str) -> str | None:
+    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets) -> tuple[str, str] | None:
         domain = node.domain or ""
         opset = opsets.get("" if domain == "ai.onnx" else domain)
         if opset is None and schemas.is_onnx_domain(domain):
@@ -128,15 +135,28 @@ class KernelCoveragePass(AnalysisPass):
             return None
         requirements = tuple(_requirements(node, sig, mine, target))
         op = f"{node.op_type}-{sig.since_version}"
+        if not coverage.has_op(domain, node.op_type) and coverage.fallback is not None:
+            # TensorRT does not import it: onnxruntime's TensorRT provider runs it on its fallback.
+            found = self._node_missing(node, mine, coverage.fallback, target, opsets)
+            if found is None:
+                return None
+            return f"TensorRT does not import {op}, and {found[0]}", found[1]
+        provider = SHORT_NAMES[coverage.provider]
         if not coverage.has_op(domain, node.op_type):
-            return f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
+            return f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)", coverage.source
         if not coverage.supports(domain, node.op_type, sig.since_version, requirements):
-            return f"no {target_label(target)} kernel for {op} on the {provider} provider"
+            if coverage.provider is Provider.TENSORRT:
+                types = coverage.float_types(domain, node.op_type, sig.since_version)
+                listed = ", ".join(target_label(t) for t in types)
+                note = coverage.notes.get((schemas.canonical_domain(domain), node.op_type))
+                why = f"TensorRT's ONNX parser imports {node.op_type} in {listed} only, not {target_label(target)}"
+                return why, coverage.source + (f"; its restrictions: {note}" if note else "")
+            return f"no {target_label(target)} kernel for {op} on the {provider} provider", coverage.source
         return None
 
 
 def target_label(type_name: str) -> str:
-    return {"float16": "FP16", "bfloat16": "BF16"}.get(type_name, type_name)
+    return {"float16": "FP16", "bfloat16": "BF16", "float": "FP32", "double": "FP64"}.get(type_name, type_name)
 
 
 def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool, int]], target: str):

@@ -1,10 +1,9 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> tolerance choices -> kernel coverage -> runtime hazards -> signal paths -> quantized islands
-                (--tolerance)        (ONNX frontends)   (ONNX frontends)
-             -> constant ranges -> static ranges -> calibration ranges -> paint -> min-cut placement
-                                   (input ranges)    (with ranges)
-                (placement="mincut")
+    classify -> tolerance choices -> kernel coverage -> signal paths -> quantized islands -> constant ranges
+                (--tolerance)        (ONNX frontends)
+             -> static ranges -> calibration ranges -> runtime hazards -> paint -> min-cut placement
+                (input ranges)   (with ranges)         (ONNX frontends)     (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -63,8 +62,8 @@ class AnalysisSettings:
     ``ranges``: calibration ranges by tensor name. ``elements``: element counts by tensor name for
     the cast costs, where the model's dims are dynamic. ``kernel_coverage``: whether ops without a
     low-precision kernel on the provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
-    ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them stay
-    FP32 (ONNX models).
+    ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them get no
+    Cast there (ONNX models).
     """
 
     target: Target
@@ -94,8 +93,6 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(TolerancePinPass(settings.pinned, settings.kept))
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
-    if settings.runtime_hazards:
-        passes.append(RuntimeHazardPass())
     passes.append(SignalPathPass())
     passes.append(QuantizedIslandPass())
     passes.append(ConstantRangePass(settings.target))
@@ -103,6 +100,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(StaticRangePass(settings.reached, settings.target))
     if settings.ranges:
         passes.append(CalibrationRangePass(settings.ranges, settings.target))
+    if settings.runtime_hazards:
+        passes.append(RuntimeHazardPass(settings.provider))  # once every role is final
     passes.append(PaintPass())
     if settings.placement == "mincut":
         passes.append(MinCutPlacementPass(settings.elements))

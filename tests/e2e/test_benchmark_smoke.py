@@ -175,3 +175,22 @@ def test_gpu_benchmark_fx_steps_on_the_cpu():
     assert infer.note == "inner backend eager" and infer.latency[0].median_ms > 0
     unknown = fx_step(Step("fx-infer", "bert-base-small", "autocast-fp8"), settings)
     assert unknown.status == "skipped" and "unknown fx-infer variant" in unknown.error
+
+
+def test_autocast_table_writes_its_section_and_keeps_the_rest(tmp_path):
+    """One model: amp-compiler's row is measured (AutoCast's too where ModelOpt imports, else says
+    why), and the table goes between its markers without touching the file's other sections."""
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# Results\n\n<!-- cold-processes:begin -->\nkept\n<!-- cold-processes:end -->\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.autocast_table", "--models", "mlp-softmax", "--results", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "<!-- cold-processes:begin -->\nkept\n<!-- cold-processes:end -->" in text
+    section = text.split("<!-- autocast:begin", 1)[1].split("<!-- autocast:end -->", 1)[0]
+    assert "## amp-compiler for TensorRT vs ModelOpt AutoCast" in section
+    (ours,) = [line for line in section.splitlines() if line.startswith("| mlp-softmax | rule | amp-compiler |")]
+    assert "100.0%" in ours and "yes; runs: yes" in ours
+    assert any(line.startswith("| mlp-softmax | rule | autocast |") for line in section.splitlines())

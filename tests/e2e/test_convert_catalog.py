@@ -70,7 +70,9 @@ def test_fp16_conversion_is_valid_and_accurate(entry):
     r = _converted(entry.name, "fp16")
     validate(r.model, converted_from=_fp32(entry.name))  # faults of the input model are its own
     feeds, _ = _reference(entry.name)
-    run_onnxruntime(r.model, feeds)  # the FP16 model itself loads and runs
+    # the FP16 model itself loads and runs (on the CPU provider standing in for CUDA: without the
+    # optimizer only that provider's own Casts crash, as the load check does)
+    run_onnxruntime(r.model, feeds, disabled=r.load_check_skips)
     # Numerics with FP16 storage emulated exactly: onnxruntime's CPU provider computes most FP16
     # ops in FP32 and drops the rounding in between, which would flatter the comparison.
     assert_matches_fp32(entry, emulate(r.model))
@@ -159,6 +161,8 @@ def test_bert_needs_no_casts_around_softmax_and_layernorm_on_cuda(name):
     assert "Softmax" in ops and "LayerNormalization" in ops
     assert _casts_around(m, "Softmax") == 0
     assert _casts_around(m, "LayerNormalization") == 0
-    # for TensorRT the table lists no FP32-inside kernel: the same model keeps Softmax FP32, with casts
+    # TensorRT's parser imports LayerNormalization as an INormalizationLayer computing in FP32 (no casts),
+    # while nothing says what its SoftMax layer accumulates in: the same model keeps Softmax FP32, with casts
     trt = convert(_fp32(name), target="fp16", provider="tensorrt").model
     assert _casts_around(trt, "Softmax") > 0
+    assert _casts_around(trt, "LayerNormalization") == 0

@@ -125,7 +125,8 @@ def test_a_listed_provider_is_probed(monkeypatch):
         cov = coverage_for(Provider.CUDA)
         assert cov.source == "installed onnxruntime 9.9.9 kernel registry"
         assert cov.supports("", "MatMul", 13, [("T", ["float16"])]) and not cov.has_op("", "Add")
-        assert coverage_for(Provider.TENSORRT) is None  # no registry: TensorRT builds from the graph
+        trt = coverage_for(Provider.TENSORRT)  # no registry: its parser's operator table
+        assert trt.source.startswith("TensorRT ") and trt.fallback is cov  # what it does not import runs on CUDA
     finally:
         coverage_for.cache_clear()
 

@@ -20,7 +20,8 @@ class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--allow-op``, ``--allow-node``,
     ``--keep-io-types``, ``--no-keep-io-types``,
     ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fallback``, ``--fp8-margin``,
-    ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``.
+    ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``,
+    ``--custom-op-precision``.
     Depends on nothing.
     The ``--input-shape`` values are checked against the model in one place, by the conversion
     (:func:`amp_compiler.onnx.costs.costs.bind_input_shapes`), for the plain and the analysis path alike."""
@@ -44,6 +45,7 @@ class ConversionArgs(ArgGroup):
         "fp8_percentile": "--fp8-percentile",
         "fp8_max_error": "--fp8-max-error",
         "fp8_budget": "--fp8-budget",
+        "custom_op_precision": "--custom-op-precision",
     }
 
     def __init__(self) -> None:
@@ -134,6 +136,11 @@ class ConversionArgs(ArgGroup):
             "outputs by at most this relative L2 error vs FP32 on the calibration data (default: %(default)s)",
         )
         group.add_argument(
+            "--custom-op-precision", action="append", default=[], metavar="OP=fp16|bf16|fp32",
+            help="the precision of a custom op no table knows (Op or domain::Op; a TensorRT plugin declares its "
+            "output types): its float inputs and outputs take it instead of FP32 with Casts around it (repeatable)",
+        )
+        group.add_argument(
             "--strict", action="store_true",
             help="fail (exit 2) instead of warning when nodes would be left as they are because the "
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
@@ -150,7 +157,12 @@ class ConversionArgs(ArgGroup):
 
     def parse(self, args: argparse.Namespace) -> None:
         from amp_compiler.onnx.costs.costs import parse_input_shape
-        from amp_compiler.options import ConvertOptions, parse_input_range
+        from amp_compiler.options import (
+            ConvertOptions,
+            check_custom_op_precision,
+            parse_custom_op_precision,
+            parse_input_range,
+        )
 
         shapes: dict[str, tuple[int, ...]] = {}
         for text in args.input_shape:
@@ -159,6 +171,8 @@ class ConversionArgs(ArgGroup):
                 raise OptionError(f"{name} is given twice", option="input_shapes")
             shapes[name] = shape
         self.input_shapes = shapes or None
+        declared = tuple(parse_custom_op_precision(text) for text in args.custom_op_precision)
+        check_custom_op_precision(declared)  # an op declared twice
         self._options = ConvertOptions(
             target=Target.parse(args.target),
             provider=Provider.parse(args.provider),
@@ -177,4 +191,5 @@ class ConversionArgs(ArgGroup):
             fp8_percentile=args.fp8_percentile,
             fp8_max_error=args.fp8_max_error,
             fp8_budget=args.fp8_budget,
+            custom_op_precision=declared,
         )

@@ -17,7 +17,7 @@ Building the graph reads the model and never edits it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -30,7 +30,7 @@ from amp_compiler.core.graph import (
     Vertex,
     tensor_edges,
 )
-from amp_compiler.dtypes import FLOAT_TYPES, schema_type
+from amp_compiler.dtypes import FLOAT_TYPES, schema_type, short_name
 from amp_compiler.onnx.graph.control_flow import carried_values
 from amp_compiler.onnx.graph.fixed_reasons import fixed_reason
 from amp_compiler.onnx.ir.slots import (
@@ -52,25 +52,34 @@ from amp_compiler.targets import Target
 __all__ = ["OnnxPrecisionGraph", "build_precision_graph"]
 
 _FLOAT_TYPE_STRS = frozenset(schema_type(t) for t in FLOAT_TYPES)
+# The types a declared custom op's slots are retyped from (a double stays double).
+_DECLARABLE = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 # The precision graph of an onnx_ir model: its slots are Slots, its ops onnx_ir Nodes.
 OnnxPrecisionGraph = PrecisionGraph[Slot, ir.Node]
 
 
 def build_precision_graph(
-    model: ir.Model, target: Target, policy: PolicyTable, keep_io_types: bool | Collection[str] = True
+    model: ir.Model, target: Target, policy: PolicyTable, keep_io_types: bool | Collection[str] = True,
+    declared: Mapping[tuple[str, str], ir.DataType] | None = None,
 ) -> OnnxPrecisionGraph:
     """Build the precision graph of ``model`` (which must carry inferred types). ``keep_io_types``:
-    whether the main graph's inputs and outputs keep their types, or the names of those that do."""
-    return _Builder(model, target, policy, keep_io_types).build()
+    whether the main graph's inputs and outputs keep their types, or the names of those that do.
+    ``declared``: the type of the float slots of ops without a schema, by (domain, op), as the user
+    declared it (:mod:`amp_compiler.onnx.graph.custom_ops`); other such ops keep their types."""
+    return _Builder(model, target, policy, keep_io_types, declared or {}).build()
 
 
 class _Builder:
-    def __init__(self, model: ir.Model, target: Target, policy: PolicyTable, keep_io: bool | Collection[str]):
+    def __init__(
+        self, model: ir.Model, target: Target, policy: PolicyTable, keep_io: bool | Collection[str],
+        declared: Mapping[tuple[str, str], ir.DataType],
+    ):
         self.model = model
         self.target = target
         self.policy = policy
         self.keep_io = keep_io
+        self.declared = declared
         self.type_str = target.type_str
         self.uf: UnionFind[Slot] = UnionFind()
         # Per slot: the types its schema allows (None: no schema, the slot is fixed).
@@ -233,7 +242,16 @@ class _Builder:
                 if dtype is None:
                     fixed[slot] = "its element type is unknown (shape inference gave none)"
                 if sig is None:
-                    fixed[slot] = f"no schema is known for {domain or 'ai.onnx'}::{op_type}"
+                    declared = self.declared.get((domain, op_type))
+                    if declared is not None and dtype in _DECLARABLE:
+                        # a custom op whose precision the user declared: its float slots take it
+                        slot_dtype[slot] = declared
+                        fixed[slot] = (
+                            f"{short_name(declared)} as the user declared for {domain or 'ai.onnx'}::{op_type} "
+                            "(custom_op_precision)"
+                        )
+                    else:
+                        fixed[slot] = f"no schema is known for {domain or 'ai.onnx'}::{op_type}"
                     continue
                 if key is None:
                     fixed[slot] = "the schema has no formal parameter at this position"
@@ -366,9 +384,10 @@ class _Builder:
                         lst.append(vid)
 
         digraph = tensor_edges(len(vertices), self._uses(slot_vertex, vertices))
+        declared = {n: self.declared[key] for n in self.unknown_ops if (key := (n.domain, n.op_type)) in self.declared}
         return PrecisionGraph(
             self.model, self.target, vertices, slot_vertex, digraph, node_vertices, self.unknown_ops,
-            self.shape_readers,
+            self.shape_readers, declared,
         )
 
     @staticmethod

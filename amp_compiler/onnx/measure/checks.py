@@ -7,6 +7,8 @@ process by default (the test suite's and benchmarks' own models); pass it a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
 import onnx.shape_inference
@@ -47,11 +49,14 @@ def _validate(model: onnx.ModelProto) -> None:
 
 
 def run_onnxruntime(
-    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, runner: Runner | None = None
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, runner: Runner | None = None,
+    disabled: Sequence[str] = (),
 ) -> list[np.ndarray]:
     """Outputs of ``model`` on onnxruntime's CPU provider, in graph-output order. ``runner``: where
-    it runs (default: in this process, without limits: for trusted models only)."""
-    session = (runner or InProcessRunner()).load(model)
+    it runs (default: in this process, without limits: for trusted models only); ``disabled``:
+    onnxruntime optimizers turned off (a conversion's ``load_check_skips``: what only the CPU
+    provider, standing in for the one the model is for, would crash on)."""
+    session = (runner or InProcessRunner()).load(model, disabled=disabled)
     try:
         return session.run(feeds)
     finally:

@@ -4,9 +4,14 @@ A converted model can crash onnxruntime itself (a SIGSEGV in one of its graph op
 session creation): checked in this process, that would kill the tool; unchecked, it would kill
 whoever loads the output. :class:`OutputLoadCheck` loads the output in a
 :class:`~amp_compiler.runtime.runner.ChildRunner` (CPU provider, default optimisations: what people run
-first) before it is renamed into place. The sessions are only created, never run: one thread, and no
-weight prepacking (the kernels' copies of their weights in their own layout, made after every graph
-transformation: half of GPT-2's load time). A model the CPU provider has no kernel for (BF16 MatMul, an
+first) before it is renamed into place. The CPU provider stands in for the provider the output is
+for, and does what that one does not: it casts an FP16 MatMul's inputs to FP32 itself. An optimizer
+that trips only on such a Cast (``MatmulTransposeFusion``,
+:func:`amp_compiler.passes.analysis.hazards.stand_in_skips`) is turned off for the check of an output
+meant for the CUDA or TensorRT provider (``ConversionResult.load_check_skips``; the command line
+says so). The sessions are only created, never run: one thread, and no weight prepacking (the
+kernels' copies of their weights in their own layout, made after every graph transformation: half
+of GPT-2's load time). A model the CPU provider has no kernel for (BF16 MatMul, an
 op meant for CUDA) passes: onnxruntime says so only once every graph optimizer ran.
 
 A large output is loaded in pieces (:mod:`amp_compiler.onnx.write.check_pieces`: onnxruntime's session
@@ -64,33 +69,38 @@ class Failure:
 
 def check_output_loads(
     output: str | os.PathLike, input_model: str | os.PathLike, budget: RunBudget, runner: ChildRunner | None = None,
-    pieces: Sequence[onnx.ModelProto] | None = None,
+    pieces: Sequence[onnx.ModelProto] | None = None, disabled: Sequence[str] = (),
 ) -> str | None:
     """Raise :class:`OutputCheckError` when onnxruntime cannot load the converted model at ``output``
     (a file, its external data beside it) while it loads ``input_model`` (see the module doc).
     Returns None when the output loads, or a warning when neither does. ``runner``: a child already
     started (its import of onnxruntime overlapped the conversion), else one is started here.
     ``pieces``: load these (:func:`~amp_compiler.onnx.write.check_pieces.load_pieces`) instead of the whole
-    output (a failure is confirmed on the whole)."""
+    output (a failure is confirmed on the whole). ``disabled``: onnxruntime optimizers the output's
+    loads turn off (see the module doc)."""
     first = runner or ChildRunner(budget)
     try:
-        failure = first_failure([Path(output)], first) if pieces is None else first_piece_failure(pieces, first)
+        failure = (
+            first_failure([Path(output)], first, disabled=disabled) if pieces is None
+            else first_piece_failure(pieces, first, disabled)
+        )
     finally:
         if runner is None:
             first.close()
-    return judge(failure, output, input_model, budget, confirm=pieces is not None)
+    return judge(failure, output, input_model, budget, confirm=pieces is not None, disabled=disabled)
 
 
 def first_failure(
-    models: Sequence[onnx.ModelProto | Path], runner: Runner, data_folder: Path | None = None
+    models: Sequence[onnx.ModelProto | Path], runner: Runner, data_folder: Path | None = None,
+    disabled: Sequence[str] = (),
 ) -> Failure | None:
     """The first refusal or crash of onnxruntime loading ``models`` in order (None when all load;
-    a model it has no CPU kernel for loads; a ModelProto's external data is in ``data_folder``). A
-    load over the budget raises :class:`RunBudgetError`."""
+    a model it has no CPU kernel for loads; a ModelProto's external data is in ``data_folder``;
+    ``disabled``: optimizers turned off). A load over the budget raises :class:`RunBudgetError`."""
     for model in models:
         try:
             folder = data_folder if isinstance(model, onnx.ModelProto) else None
-            runner.load(model, threads=1, data_folder=folder, prepack=False).close()
+            runner.load(model, threads=1, data_folder=folder, prepack=False, disabled=disabled).close()
         except ModelUnsupportedError:  # no CPU kernel (BF16 MatMul): raised after every graph optimizer ran
             continue
         except RunBudgetError:
@@ -100,23 +110,26 @@ def first_failure(
     return None
 
 
-def first_piece_failure(pieces: Sequence[onnx.ModelProto], runner: Runner) -> Failure | None:
+def first_piece_failure(
+    pieces: Sequence[onnx.ModelProto], runner: Runner, disabled: Sequence[str] = ()
+) -> Failure | None:
     """:func:`first_failure` of the ``pieces`` of a model, their stand-in weights read from a file of
     zeros made for them."""
     with tempfile.TemporaryDirectory(prefix="amp-compiler-check-") as folder:
         write_stand_in(pieces, folder)
-        return first_failure(pieces, runner, Path(folder))
+        return first_failure(pieces, runner, Path(folder), disabled)
 
 
 def judge(
     failure: Failure | None, output: str | os.PathLike, input_model: str | os.PathLike, budget: RunBudget,
-    *, confirm: bool,
+    *, confirm: bool, disabled: Sequence[str] = (),
 ) -> str | None:
     """What a failure to load the output (None: it loaded) means, as :func:`check_output_loads` says;
-    ``confirm``: the failure was a piece's, and the whole output is loaded first."""
+    ``confirm``: the failure was a piece's, and the whole output is loaded first (``disabled``:
+    optimizers the output's loads turn off)."""
     if failure is not None and confirm:
         with ChildRunner(budget) as whole:
-            failure = first_failure([Path(output)], whole)
+            failure = first_failure([Path(output)], whole, disabled=disabled)
     if failure is None:
         return None
     try:
@@ -147,12 +160,14 @@ class OutputLoadCheck:
     def __init__(self, input_model: str | os.PathLike, budget: RunBudget, runner: ChildRunner):
         self.input_model, self.budget, self.runner = input_model, budget, runner
         self.warnings: list[str] = []
+        self.disabled: tuple[str, ...] = ()  # the output's load_check_skips, once started
         self._thread: threading.Thread | None = None
         self._outcome: tuple[bool, Failure | None] = (False, None)  # (pieces were loaded, failure)
         self._error: BaseException | None = None
 
     def start(self, result: ConversionResult) -> None:
         """Load the pieces of ``result``'s output in the background (see the class doc)."""
+        self.disabled = result.load_check_skips
         if not result.value_types:
             return
         skeleton = result.model if result.output is None else result.output.skeleton()
@@ -163,7 +178,7 @@ class OutputLoadCheck:
         try:
             pieces = load_pieces(skeleton, types)
             if pieces:
-                self._outcome = (True, first_piece_failure(pieces, self.runner))
+                self._outcome = (True, first_piece_failure(pieces, self.runner, self.disabled))
         except BaseException as exc:  # re-raised by the check, in the calling thread
             self._error = exc
 
@@ -175,9 +190,9 @@ class OutputLoadCheck:
                 raise self._error
             loaded, failure = self._outcome
             if loaded:
-                self._warn(judge(failure, tmp, self.input_model, self.budget, confirm=True))
+                self._warn(judge(failure, tmp, self.input_model, self.budget, confirm=True, disabled=self.disabled))
                 return
-        self._warn(check_output_loads(tmp, self.input_model, self.budget, self.runner))
+        self._warn(check_output_loads(tmp, self.input_model, self.budget, self.runner, disabled=self.disabled))
 
     def _warn(self, warning: str | None) -> None:
         if warning:

@@ -50,10 +50,17 @@ class ConversionResult:
     # low, the block options' precedence applied: :func:`amp_compiler.core.decision.allow_message`
     # says how many went low, and which stayed FP32 all the same and by which rule.
     allowed: tuple[int, ...] = ()
+    # What the provider cannot take whatever the precision, one line per kind (TensorRT: ops its
+    # ONNX parser does not import, onnxruntime contrib ops, custom ops without a declared precision).
+    provider_warnings: list[str] = dataclasses.field(default_factory=list)
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).
     value_types: TypeTable = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # onnxruntime optimizers the load check (on the CPU provider) turns off: they trip on a Cast only
+    # that provider would insert, not on the model as the provider it is for runs it
+    # (amp_compiler.passes.analysis.hazards.stand_in_skips).
+    load_check_skips: tuple[str, ...] = ()
 
     def decisions_by_rule(self) -> dict[str, int]:
         return count_by_rule(self.decisions)
