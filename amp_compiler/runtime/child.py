@@ -14,6 +14,14 @@ Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or `
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
     {"op": "close", "session": S}                          -> {"ok": true}
+    {"op": "fold", "sessions": [S...], "fold": K, "names": [...], "arrays": [...]} + bytes -> {"ok": true}
+    {"op": "statistics", "fold": K}                        -> {"ok", "statistics": {name: [STAT_FIELDS...]}}
+
+``fold`` runs a chain of sessions (each takes its inputs from the feeds and the earlier sessions'
+outputs, :func:`run_chain`), folds every float output into the running statistics ``K``
+(:func:`fold_array`) and drops each tensor once no later session needs it: nothing goes back but
+``ok``. ``statistics`` answers ``K``'s statistics and forgets them. This is how calibration observes
+ranges at the cost of running the model: only statistics cross the pipe.
 
 The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
 the same in the child and in-process (:func:`session_options`): onnxruntime's own log silenced
@@ -30,8 +38,8 @@ import sys
 from typing import Any, BinaryIO
 
 __all__ = [
-    "PROVIDERS", "RAW_KINDS", "array_header", "error_kind", "first_line", "run_options", "session_facts",
-    "session_options",
+    "PROVIDERS", "RAW_KINDS", "STAT_FIELDS", "array_header", "error_kind", "first_line", "fold_array", "run_chain",
+    "run_options", "session_facts", "session_options",
 ]
 
 #: The execution providers a load may ask for.
@@ -41,6 +49,13 @@ PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 RAW_KINDS = frozenset("biufc")
 #: onnxruntime's words for an allocation that failed (the arena under RLIMIT_AS, or the system).
 MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Cannot allocate memory")
+
+#: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
+#: finite value, its largest magnitude (inf included, NaN ignored), its non-zero values (NaN excluded),
+#: those of them below half FP16's smallest subnormal (2^-25: flushed to zero), below FP16's smallest
+#: normal (2^-14), and all its values.
+STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count")
+_FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 
 
 def session_facts(session: Any) -> dict[str, list[str]]:
@@ -54,7 +69,8 @@ def session_facts(session: Any) -> dict[str, list[str]]:
 
 
 def session_options(
-    ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None, prepack: bool = True
+    ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None, prepack: bool = True,
+    chained: bool = False,
 ) -> Any:
     """onnxruntime session options for every session amp-compiler makes: its log silenced (level 4,
     fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations,
@@ -64,7 +80,10 @@ def session_options(
     whose DQ output is exposed computes one column wrong), and the FP32 reference must be the model's
     semantics. ``prepack``: False skips the kernels' weight prepacking (done once every graph
     transformation ran, a copy of each MatMul weight in the kernel's own layout; half of GPT-2's
-    load time on the CPU provider)."""
+    load time on the CPU provider). ``chained``: a session run as one of many in a chain
+    (:func:`run_chain`): no memory arena (each session's arena would keep its own peak: freed tensors
+    go back at once) and no spinning thread pool (the idle pools of the other sessions would spin
+    against the one running, and against the making of the next: 10-200 ms a session on 2 cores)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     if basic:
@@ -72,6 +91,9 @@ def session_options(
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+    if chained:
+        opts.enable_cpu_mem_arena = False
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not prepack:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if data_folder is not None:  # a model given as bytes reads its external data from there
@@ -95,6 +117,64 @@ def array_header(arrays: list[Any]) -> list[dict]:
         else:  # strings (onnxruntime gives object arrays of str)
             out.append({"strings": [str(s) for s in a.ravel().tolist()], "shape": list(a.shape)})
     return out
+
+
+def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
+    """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
+    min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
+    own type (float16 in float32) gives what folding in float64 gives. Temporaries: one array's size."""
+    if a.size == 0:  # seen, no values
+        stats.setdefault(name, [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0])
+        return
+    if a.dtype.itemsize < 4:
+        a = a.astype(np.float32)
+    a = a.ravel()
+    lo, hi = a.min(), a.max()
+    if np.isfinite(lo) and np.isfinite(hi):  # no NaN (it would propagate) and no inf
+        absmax = max(-float(lo), float(hi))
+        mag = np.abs(a)
+        nonzero = int(np.count_nonzero(a))
+    else:
+        finite = a[np.isfinite(a)]
+        lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
+        mag = np.abs(a[~np.isnan(a)])
+        absmax = float(mag.max()) if mag.size else 0.0
+        nonzero = int(np.count_nonzero(mag))
+    zeros = mag.size - nonzero
+    flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
+    subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
+    del mag
+    old = stats.get(name)
+    if old is None:
+        stats[name] = [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size)]
+    else:
+        stats[name] = [min(old[0], float(lo)), max(old[1], float(hi)), max(old[2], absmax), old[3] + nonzero,
+                       old[4] + flushed, old[5] + subnormal, old[6] + int(a.size)]
+
+
+def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:
+    """Run onnxruntime ``sessions`` in order, each fed from ``feeds`` and the earlier ones' outputs;
+    fold every float output into ``stats`` (:func:`fold_array`) and drop each value once no later
+    session takes it, so that one session's outputs and the values between sessions are all it holds."""
+    wanted = [{i.name for i in s.get_inputs()} for s in sessions]
+    later: set[str] = set()
+    needed_after = []
+    for names in reversed(wanted):
+        needed_after.append(set(later))
+        later |= names
+    needed_after.reverse()
+    values = dict(feeds)
+    for session, names, keep in zip(sessions, wanted, needed_after, strict=True):
+        outputs = session.run(None, {n: values[n] for n in names if n in values}, options)
+        for out, value in zip((o.name for o in session.get_outputs()), outputs, strict=True):
+            value = np.asarray(value)
+            if value.dtype.kind == "f":
+                fold_array(np, stats, out, value)
+            if out in keep:
+                values[out] = value
+        outputs = value = None  # the loop's last value too: nothing of this session's is held but what is kept
+        for name in [n for n in values if n not in keep]:
+            del values[name]
 
 
 def write_message(stream: BinaryIO, header: dict, arrays: list[Any] = ()) -> None:  # type: ignore[assignment]
@@ -178,6 +258,7 @@ def _serve(limit: int) -> None:
     ort.set_default_logger_severity(4)  # load-time warnings too
     write_message(stdout, {"ready": True, "onnxruntime": ort.__version__})
     sessions: dict[int, Any] = {}
+    folds: dict[int, dict[str, list]] = {}  # running statistics (fold_array), per fold request's key
     next_id = 0
     while True:
         line = stdin.readline()
@@ -194,6 +275,7 @@ def _serve(limit: int) -> None:
                 options = session_options(
                     ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
                     data_folder=request.get("data_folder"), prepack=bool(request.get("prepack", True)),
+                    chained=bool(request.get("chained", False)),
                 )
                 disabled = [str(name) for name in request.get("disabled_optimizers", [])]
                 session = ort.InferenceSession(source, options, providers=[provider],
@@ -212,6 +294,16 @@ def _serve(limit: int) -> None:
             elif op == "close":
                 sessions.pop(request["session"], None)
                 write_message(stdout, {"ok": True})
+            elif op == "fold":
+                arrays = _read_arrays(np, stdin, request.get("arrays", []))
+                feeds = dict(zip(request["names"], arrays, strict=True))
+                del arrays
+                chain = [sessions[int(s)] for s in request["sessions"]]
+                run_chain(np, chain, feeds, run_options(ort), folds.setdefault(int(request["fold"]), {}))
+                del feeds
+                write_message(stdout, {"ok": True})
+            elif op == "statistics":
+                write_message(stdout, {"ok": True, "statistics": folds.pop(int(request["fold"]), {})})
             else:
                 write_message(stdout, {"ok": False, "kind": "error", "message": f"unknown request {op!r}"})
         except EOFError:

@@ -1,0 +1,104 @@
+"""Cut a model into a chain of pieces, consecutive runs of its nodes, that compute what it computes.
+
+Calibration exposes every float tensor of the main graph as an output, and onnxruntime keeps every
+graph output alive until the run ends: one run of such a model holds all its activations at once.
+Run as a chain (:func:`amp_compiler.runtime.child.run_chain`), piece after piece, only one piece's
+tensors and the values that cross to later pieces are alive. Guarantees of :func:`chain_pieces`:
+
+- the pieces' nodes are the main graph's, in its order, each in exactly one piece, unchanged;
+- a piece's inputs are the graph inputs and earlier pieces' outputs it uses (its nodes' subgraphs'
+  references to outer-scope names included); its initializers, those its nodes use;
+- a piece's outputs are the names of ``exposed`` it produces, then those a later piece uses;
+- where a cut cannot be typed (a value crossing between pieces whose type onnx's shape inference did
+  not find), or the graph has initializers that are also inputs or sparse initializers, there is one
+  piece: the model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import onnx
+import onnx.helper as oh
+
+__all__ = ["chain_pieces"]
+
+#: Nodes per piece: a piece holds its nodes' outputs at once. Small enough that a piece's tensors
+#: are a few of the model's live activations; large enough that a piece's run is not mostly
+#: onnxruntime's per-run cost (benchmarks.calibration_cost measures both).
+NODES_PER_PIECE = 6
+
+
+def chain_pieces(
+    model: onnx.ModelProto, exposed: Sequence[str], nodes_per_piece: int = NODES_PER_PIECE
+) -> Iterator[onnx.ModelProto]:
+    """The pieces of ``model`` (see module doc), built one at a time; ``exposed``: the names every
+    piece must give out when it computes them."""
+    graph = model.graph
+    nodes = list(graph.node)
+    inputs = {i.name for i in graph.input}
+    initializers = {t.name: t for t in graph.initializer}
+    if len(nodes) <= nodes_per_piece or inputs & set(initializers) or len(graph.sparse_initializer):
+        yield model
+        return
+    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
+    uses = [_used_names(n) for n in nodes]
+    bounds = list(range(0, len(nodes), nodes_per_piece)) + [len(nodes)]
+    produced_in = {}
+    for p, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        for node in nodes[lo:hi]:
+            produced_in.update({o: p for o in node.output if o})
+    used_after: list[set[str]] = []  # per piece: names used by later pieces (or graph outputs)
+    later = {o.name for o in graph.output}
+    for lo, hi in reversed(list(zip(bounds, bounds[1:], strict=False))):
+        used_after.append(set(later))
+        for u in uses[lo:hi]:
+            later |= u
+    used_after.reverse()
+    crossing = {n for p, after in enumerate(used_after) for n in after if produced_in.get(n, -1) == p}
+    if any(n not in types or not types[n].HasField("tensor_type") for n in crossing):
+        yield model
+        return
+    wanted = set(exposed)
+    for p, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        own = [o for node in nodes[lo:hi] for o in node.output if o]
+        own_set = set(own)
+        needed = sorted(set().union(*uses[lo:hi]) - own_set, key=lambda n: (produced_in.get(n, -1), n))
+        feeds = [n for n in needed if n not in initializers and n in types]
+        outputs = [o for o in own if o in wanted] + [o for o in own if o in used_after[p] and o not in wanted]
+        piece = oh.make_graph(
+            nodes[lo:hi], f"{graph.name}_piece{p}",
+            [_value(n, types[n]) for n in feeds],
+            [_value(n, types[n]) if n in types else onnx.ValueInfoProto(name=n) for n in outputs],
+            [initializers[n] for n in needed if n in initializers],
+        )
+        out = oh.make_model(piece, opset_imports=model.opset_import, ir_version=model.ir_version)
+        out.functions.extend(model.functions)
+        yield out
+
+
+def _value(name: str, type_proto: onnx.TypeProto) -> onnx.ValueInfoProto:
+    """A value of ``type_proto``'s element type and no shape (inferred shapes are not checked here)."""
+    if type_proto.HasField("tensor_type"):
+        return oh.make_tensor_value_info(name, type_proto.tensor_type.elem_type, None)
+    value = onnx.ValueInfoProto(name=name)
+    value.type.CopyFrom(type_proto)
+    return value
+
+
+def _used_names(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and what its subgraphs take from outer scopes."""
+    used = {i for i in node.input if i}
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            used |= _outer_names(sub)
+    return used
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used |= _used_names(node) - defined
+        defined |= set(node.output)
+    return used
