@@ -34,7 +34,10 @@ This file must import nothing from amp_compiler (nor numpy at the top): the chil
 from __future__ import annotations
 
 import json
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, BinaryIO
 
 __all__ = [
@@ -123,33 +126,49 @@ def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
     """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
     min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
     own type (float16 in float32) gives what folding in float64 gives. Temporaries: one array's size."""
+    _merge(stats, name, _array_stats(np, a))
+
+
+def _array_stats(np: Any, a: Any) -> list:
+    """One array's :data:`STAT_FIELDS` (see :func:`fold_array`)."""
     if a.size == 0:  # seen, no values
-        stats.setdefault(name, [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0])
-        return
+        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0]
     if a.dtype.itemsize < 4:
         a = a.astype(np.float32)
     a = a.ravel()
     lo, hi = a.min(), a.max()
     if np.isfinite(lo) and np.isfinite(hi):  # no NaN (it would propagate) and no inf
         absmax = max(-float(lo), float(hi))
-        mag = np.abs(a)
-        nonzero = int(np.count_nonzero(a))
+        # |x| < t as the bits of |x| (sign cleared) below t's: positive floats order as their bits
+        uint = np.dtype(f"u{a.dtype.itemsize}")
+        mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
+        nonzero = int(np.count_nonzero(mag))
+        zeros = a.size - nonzero
+        subnormal = int(np.count_nonzero(mag < np.array(_SUBNORMAL, a.dtype).view(uint))) - zeros
+        # the flushed are among the subnormal: most tensors have none, and skip the pass
+        flushed = int(np.count_nonzero(mag < np.array(_FLUSHED, a.dtype).view(uint))) - zeros if subnormal else 0
+        del mag
     else:
         finite = a[np.isfinite(a)]
         lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
+        del finite
         mag = np.abs(a[~np.isnan(a)])
         absmax = float(mag.max()) if mag.size else 0.0
         nonzero = int(np.count_nonzero(mag))
-    zeros = mag.size - nonzero
-    flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
-    subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
-    del mag
+        zeros = mag.size - nonzero
+        flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
+        subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
+        del mag
+    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size)]
+
+
+def _merge(stats: dict[str, list], name: str, new: list) -> None:
     old = stats.get(name)
     if old is None:
-        stats[name] = [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size)]
-    else:
-        stats[name] = [min(old[0], float(lo)), max(old[1], float(hi)), max(old[2], absmax), old[3] + nonzero,
-                       old[4] + flushed, old[5] + subnormal, old[6] + int(a.size)]
+        stats[name] = new
+    elif new[6]:
+        stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
+                       old[4] + new[4], old[5] + new[5], old[6] + new[6]]
 
 
 def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:
@@ -164,17 +183,19 @@ def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any,
         later |= names
     needed_after.reverse()
     values = dict(feeds)
-    for session, names, keep in zip(sessions, wanted, needed_after, strict=True):
-        outputs = session.run(None, {n: values[n] for n in names if n in values}, options)
-        for out, value in zip((o.name for o in session.get_outputs()), outputs, strict=True):
-            value = np.asarray(value)
-            if value.dtype.kind == "f":
-                fold_array(np, stats, out, value)
-            if out in keep:
-                values[out] = value
-        outputs = value = None  # the loop's last value too: nothing of this session's is held but what is kept
-        for name in [n for n in values if n not in keep]:
-            del values[name]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # numpy's passes release the GIL
+        for session, names, keep in zip(sessions, wanted, needed_after, strict=True):
+            outputs = dict(zip((o.name for o in session.get_outputs()),
+                               session.run(None, {n: values[n] for n in names if n in values}, options), strict=True))
+            floats = [n for n, v in outputs.items() if np.asarray(v).dtype.kind == "f"]
+            arrays = [np.asarray(outputs[n]) for n in floats]
+            for name, new in zip(floats, pool.map(partial(_array_stats, np), arrays), strict=True):
+                _merge(stats, name, new)
+            arrays = []
+            values.update((n, v) for n, v in outputs.items() if n in keep)
+            outputs = None  # nothing of this session's is held but what later sessions take
+            for name in [n for n in values if n not in keep]:
+                del values[name]
 
 
 def write_message(stream: BinaryIO, header: dict, arrays: list[Any] = ()) -> None:  # type: ignore[assignment]
