@@ -124,8 +124,10 @@ def _prepare(name: str, folder: str, n: int) -> None:
         if d.HasField("dim_value") and d.dim_value != size:
             d.dim_param = f"d{size}"
     del model.graph.value_info[:]
-    for out in model.graph.output:
-        out.type.tensor_type.ClearField("shape")
+    for out in model.graph.output:  # their spatial dims follow the input's
+        for k, d in enumerate(out.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and k >= 2:
+                d.dim_param = f"{out.name}_{k}"
     onnx.save(model, Path(folder) / f"{name}.onnx", save_as_external_data=True, location=f"{name}.onnx.data")
     rng = np.random.default_rng(1)
     sample = {}
