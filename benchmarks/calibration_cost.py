@@ -160,8 +160,11 @@ def live_bytes(model: onnx.ModelProto, counts: dict[str, int], n: int) -> int:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the FP32 weights (the graph only is loaded: the values lie in the external data file)."""
-    return sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
+    """Bytes of the FP32 weights: initializers and Constant nodes' tensors (the graph only is loaded:
+    large values lie in the external data file, their dims say their size)."""
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for node in model.graph.node if node.op_type == "Constant" for a in node.attribute if a.name == "value"]
+    return sum(int(np.prod(t.dims)) * 4 for t in tensors if t.data_type == onnx.TensorProto.FLOAT)
 
 
 def _mb(n: float) -> str:
@@ -227,7 +230,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     names = [m for m in args.models.split(",") if m]
     rows = measure(names, args.samples, args.tolerance, args.timeout, log=lambda s: print(s, file=sys.stderr))
-    text = "\n".join(rows)
+    text = "\n".join([
+        "## Calibration cost against running the model (issue 23)",
+        "",
+        f"`python -m benchmarks.calibration_cost --samples {args.samples}`: whole processes; times exclude "
+        "Python's start-up, calibration's include loading the model into the runner's child; peak RSS is "
+        "the largest process of the tree. The bound is the FP32 weights + 2x the largest set of live "
+        "activations + the runtime's own floor (numpy and onnxruntime imported).",
+        "",
+        *rows,
+    ])
     print(text)
     if args.results:
         write_section(args.results, text, SECTION_BEGIN, SECTION_END)

@@ -191,9 +191,9 @@ def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any,
             arrays = [np.asarray(outputs[n]) for n in floats]
             for name, new in zip(floats, pool.map(partial(_array_stats, np), arrays), strict=True):
                 _merge(stats, name, new)
-            arrays = []
+            arrays.clear()
             values.update((n, v) for n, v in outputs.items() if n in keep)
-            outputs = None  # nothing of this session's is held but what later sessions take
+            outputs.clear()  # nothing of this session's is held but what later sessions take
             for name in [n for n in values if n not in keep]:
                 del values[name]
 

@@ -175,7 +175,9 @@ def _collect(
                 del piece.graph.input[:], piece.graph.value_info[:]
                 piece.graph.input.extend(model.graph.input)
             _restore_weights(piece, weights)
-            sessions.append(runner.load(piece, basic=True, chained=True))  # see runner_child.session_options
+            # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+            # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+            sessions.append(runner.load(piece, basic=True, chained=True))
             del piece
         del exposed
         graph_inputs = {i.name for i in model.graph.input}
