@@ -23,8 +23,9 @@ which the table adds the runtime's own floor (a process with numpy and onnxrunti
 
 Models: ``resnet50-768`` (the catalog's ResNet-50, its input made 768x768: a detector-sized conv
 net), ``ppocr-v4-det`` (the text detector of the PaddleOCR wheel at 1024x736), ``vit-base`` (ViT-B/16,
-86M parameters, BERT-base's size, at 224x224: 197 tokens). Before/after figures: run this with an
-older checkout first on ``PYTHONPATH``.
+86M parameters, BERT-base's size, at 224x224: 197 tokens). Before/after figures: the "before" table
+in RESULTS.md came from the same measurement with the calibration processes importing an export of
+the older checkout (``PYTHONPATH`` alone does not do it: the editable install's finder comes first).
 """
 
 from __future__ import annotations
