@@ -14,6 +14,14 @@ Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or `
     {"op": "load", "path": P, "provider": E}  -> the same (P: a model file, its data beside it)
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
     {"op": "close", "session": S}                          -> {"ok": true}
+    {"op": "fold", "sessions": [S...], "fold": K, "names": [...], "arrays": [...]} + bytes -> {"ok": true}
+    {"op": "statistics", "fold": K}                        -> {"ok", "statistics": {name: [STAT_FIELDS...]}}
+
+``fold`` runs a chain of sessions (each takes its inputs from the feeds and the earlier sessions'
+outputs, :func:`run_chain`), folds every float output into the running statistics ``K``
+(:func:`fold_array`) and drops each tensor once no later session needs it: nothing goes back but
+``ok``. ``statistics`` answers ``K``'s statistics and forgets them. This is how calibration observes
+ranges at the cost of running the model: only statistics cross the pipe.
 
 The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
 the same in the child and in-process (:func:`session_options`): onnxruntime's own log silenced
@@ -26,12 +34,15 @@ This file must import nothing from amp_compiler (nor numpy at the top): the chil
 from __future__ import annotations
 
 import json
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, BinaryIO
 
 __all__ = [
-    "PROVIDERS", "RAW_KINDS", "array_header", "error_kind", "first_line", "run_options", "session_facts",
-    "session_options",
+    "PROVIDERS", "RAW_KINDS", "STAT_FIELDS", "array_header", "error_kind", "first_line", "fold_array", "run_chain",
+    "run_options", "session_facts", "session_options",
 ]
 
 #: The execution providers a load may ask for.
@@ -41,6 +52,13 @@ PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 RAW_KINDS = frozenset("biufc")
 #: onnxruntime's words for an allocation that failed (the arena under RLIMIT_AS, or the system).
 MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Cannot allocate memory")
+
+#: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
+#: finite value, its largest magnitude (inf included, NaN ignored), its non-zero values (NaN excluded),
+#: those of them below half FP16's smallest subnormal (2^-25: flushed to zero), below FP16's smallest
+#: normal (2^-14), and all its values.
+STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count")
+_FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 
 
 def session_facts(session: Any) -> dict[str, list[str]]:
@@ -54,7 +72,8 @@ def session_facts(session: Any) -> dict[str, list[str]]:
 
 
 def session_options(
-    ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None, prepack: bool = True
+    ort: Any, *, threads: int = 0, basic: bool = False, data_folder: str | None = None, prepack: bool = True,
+    chained: bool = False,
 ) -> Any:
     """onnxruntime session options for every session amp-compiler makes: its log silenced (level 4,
     fatal only: errors come back as exceptions, not coloured lines on stderr), default optimisations,
@@ -64,7 +83,10 @@ def session_options(
     whose DQ output is exposed computes one column wrong), and the FP32 reference must be the model's
     semantics. ``prepack``: False skips the kernels' weight prepacking (done once every graph
     transformation ran, a copy of each MatMul weight in the kernel's own layout; half of GPT-2's
-    load time on the CPU provider)."""
+    load time on the CPU provider). ``chained``: a session run as one of many in a chain
+    (:func:`run_chain`): no memory arena (each session's arena would keep its own peak: freed tensors
+    go back at once) and no spinning thread pool (the idle pools of the other sessions would spin
+    against the one running, and against the making of the next: 10-200 ms a session on 2 cores)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     if basic:
@@ -72,6 +94,9 @@ def session_options(
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+    if chained:
+        opts.enable_cpu_mem_arena = False
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not prepack:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if data_folder is not None:  # a model given as bytes reads its external data from there
@@ -95,6 +120,82 @@ def array_header(arrays: list[Any]) -> list[dict]:
         else:  # strings (onnxruntime gives object arrays of str)
             out.append({"strings": [str(s) for s in a.ravel().tolist()], "shape": list(a.shape)})
     return out
+
+
+def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
+    """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
+    min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
+    own type (float16 in float32) gives what folding in float64 gives. Temporaries: one array's size."""
+    _merge(stats, name, _array_stats(np, a))
+
+
+def _array_stats(np: Any, a: Any) -> list:
+    """One array's :data:`STAT_FIELDS` (see :func:`fold_array`)."""
+    if a.size == 0:  # seen, no values
+        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0]
+    if a.dtype.itemsize < 4:
+        a = a.astype(np.float32)
+    a = a.ravel()
+    lo, hi = a.min(), a.max()
+    if np.isfinite(lo) and np.isfinite(hi):  # no NaN (it would propagate) and no inf
+        absmax = max(-float(lo), float(hi))
+        # |x| < t as the bits of |x| (sign cleared) below t's: positive floats order as their bits
+        uint = np.dtype(f"u{a.dtype.itemsize}")
+        mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
+        nonzero = int(np.count_nonzero(mag))
+        zeros = a.size - nonzero
+        subnormal = int(np.count_nonzero(mag < np.array(_SUBNORMAL, a.dtype).view(uint))) - zeros
+        # the flushed are among the subnormal: most tensors have none, and skip the pass
+        flushed = int(np.count_nonzero(mag < np.array(_FLUSHED, a.dtype).view(uint))) - zeros if subnormal else 0
+        del mag
+    else:
+        finite = a[np.isfinite(a)]
+        lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
+        del finite
+        mag = np.abs(a[~np.isnan(a)])
+        absmax = float(mag.max()) if mag.size else 0.0
+        nonzero = int(np.count_nonzero(mag))
+        zeros = mag.size - nonzero
+        flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
+        subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
+        del mag
+    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size)]
+
+
+def _merge(stats: dict[str, list], name: str, new: list) -> None:
+    old = stats.get(name)
+    if old is None:
+        stats[name] = new
+    elif new[6]:
+        stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
+                       old[4] + new[4], old[5] + new[5], old[6] + new[6]]
+
+
+def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:
+    """Run onnxruntime ``sessions`` in order, each fed from ``feeds`` and the earlier ones' outputs;
+    fold every float output into ``stats`` (:func:`fold_array`) and drop each value once no later
+    session takes it, so that one session's outputs and the values between sessions are all it holds."""
+    wanted = [{i.name for i in s.get_inputs()} for s in sessions]
+    later: set[str] = set()
+    needed_after = []
+    for names in reversed(wanted):
+        needed_after.append(set(later))
+        later |= names
+    needed_after.reverse()
+    values = dict(feeds)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # numpy's passes release the GIL
+        for session, names, keep in zip(sessions, wanted, needed_after, strict=True):
+            outputs = dict(zip((o.name for o in session.get_outputs()),
+                               session.run(None, {n: values[n] for n in names if n in values}, options), strict=True))
+            floats = [n for n, v in outputs.items() if np.asarray(v).dtype.kind == "f"]
+            arrays = [np.asarray(outputs[n]) for n in floats]
+            for name, new in zip(floats, pool.map(partial(_array_stats, np), arrays), strict=True):
+                _merge(stats, name, new)
+            arrays.clear()
+            values.update((n, v) for n, v in outputs.items() if n in keep)
+            outputs.clear()  # nothing of this session's is held but what later sessions take
+            for name in [n for n in values if n not in keep]:
+                del values[name]
 
 
 def write_message(stream: BinaryIO, header: dict, arrays: list[Any] = ()) -> None:  # type: ignore[assignment]
@@ -178,6 +279,7 @@ def _serve(limit: int) -> None:
     ort.set_default_logger_severity(4)  # load-time warnings too
     write_message(stdout, {"ready": True, "onnxruntime": ort.__version__})
     sessions: dict[int, Any] = {}
+    folds: dict[int, dict[str, list]] = {}  # running statistics (fold_array), per fold request's key
     next_id = 0
     while True:
         line = stdin.readline()
@@ -194,6 +296,7 @@ def _serve(limit: int) -> None:
                 options = session_options(
                     ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
                     data_folder=request.get("data_folder"), prepack=bool(request.get("prepack", True)),
+                    chained=bool(request.get("chained", False)),
                 )
                 disabled = [str(name) for name in request.get("disabled_optimizers", [])]
                 session = ort.InferenceSession(source, options, providers=[provider],
@@ -212,6 +315,16 @@ def _serve(limit: int) -> None:
             elif op == "close":
                 sessions.pop(request["session"], None)
                 write_message(stdout, {"ok": True})
+            elif op == "fold":
+                arrays = _read_arrays(np, stdin, request.get("arrays", []))
+                feeds = dict(zip(request["names"], arrays, strict=True))
+                del arrays
+                chain = [sessions[int(s)] for s in request["sessions"]]
+                run_chain(np, chain, feeds, run_options(ort), folds.setdefault(int(request["fold"]), {}))
+                del feeds
+                write_message(stdout, {"ok": True})
+            elif op == "statistics":
+                write_message(stdout, {"ok": True, "statistics": folds.pop(int(request["fold"]), {})})
             else:
                 write_message(stdout, {"ok": False, "kind": "error", "message": f"unknown request {op!r}"})
         except EOFError:

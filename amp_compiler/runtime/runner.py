@@ -90,6 +90,7 @@ class Runner(abc.ABC):
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
         data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
+        chained: bool = False,
     ) -> Session:
         """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
         on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
@@ -98,7 +99,17 @@ class Runner(abc.ABC):
         thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
         external data of a ModelProto lies (onnxruntime reads it from there); ``prepack``: False skips
         the kernels' weight prepacking (a session only created, never run, need not pay for it);
-        ``disabled``: onnxruntime graph optimizers not to run (``MatmulTransposeFusion``)."""
+        ``disabled``: onnxruntime graph optimizers not to run (``MatmulTransposeFusion``); ``chained``: one
+        session of a chain that :meth:`fold` runs (:func:`runner_child.session_options`)."""
+
+    @abc.abstractmethod
+    def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
+        """Run the chain ``sessions`` (this runner's) on ``feeds`` where they run and fold their float
+        outputs into the running statistics ``key`` (:func:`runner_child.run_chain`): no tensor comes back."""
+
+    @abc.abstractmethod
+    def statistics(self, key: int) -> dict[str, list[float]]:
+        """The running statistics ``key`` (per tensor, :data:`runner_child.STAT_FIELDS`), then forgotten."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
@@ -134,16 +145,20 @@ class InProcessRunner(Runner):
     """Sessions in this process, with no time or memory limit: for models the caller trusts only
     (a hostile model can hang or crash the process). The test suite's own checks use it."""
 
+    def __init__(self) -> None:
+        self._folds: dict[int, dict[str, list]] = {}
+
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
         data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
+        chained: bool = False,
     ) -> Session:
         ort = runtime.onnxruntime("run the model")
         _check_provider(provider)
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         folder = os.path.abspath(data_folder) if data_folder is not None else None
         options = runner_child.session_options(
-            ort, basic=basic, threads=threads, data_folder=folder, prepack=prepack
+            ort, basic=basic, threads=threads, data_folder=folder, prepack=prepack, chained=chained
         )
         try:
             session = ort.InferenceSession(
@@ -153,6 +168,20 @@ class InProcessRunner(Runner):
             error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
             raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
         return _LocalSession(session, runner_child.run_options(ort))
+
+    def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
+        ort = runtime.onnxruntime("run the model")
+        chain = [s._session for s in sessions if isinstance(s, _LocalSession)]
+        if len(chain) != len(sessions):
+            raise ValueError("fold runs sessions of this runner only")
+        try:
+            stats = self._folds.setdefault(key, {})
+            runner_child.run_chain(np, chain, dict(feeds), runner_child.run_options(ort), stats)
+        except Exception as exc:  # onnxruntime's own exception types
+            raise ModelRunError(f"onnxruntime could not run the model: {runner_child.first_line(exc)}") from exc
+
+    def statistics(self, key: int) -> dict[str, list[float]]:
+        return self._folds.pop(key, {})
 
 
 # ----------------------------------------------------------------------------- in a child process
@@ -197,19 +226,33 @@ class ChildRunner(Runner):
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
         data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
+        chained: bool = False,
     ) -> Session:
         _check_provider(provider)
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
-        header.update(provider=provider, basic=basic, threads=threads, prepack=prepack)
+        header.update(provider=provider, basic=basic, threads=threads, prepack=prepack, chained=chained)
         if data_folder is not None:
             header["data_folder"] = os.path.abspath(data_folder)
         if disabled:
             header["disabled_optimizers"] = [str(name) for name in disabled]
         answer, _ = self._request(header, raw=payload, doing="loading")
         return _ChildSession(self, answer["session"], answer)
+
+    def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
+        if not all(isinstance(s, _ChildSession) and s._runner is self for s in sessions):
+            raise ValueError("fold runs sessions of this runner only")
+        names = list(feeds)
+        self._request(
+            {"op": "fold", "sessions": [s._sid for s in sessions], "fold": key, "names": names},  # type: ignore[attr-defined]
+            [np.asarray(feeds[n]) for n in names], doing="running",
+        )
+
+    def statistics(self, key: int) -> dict[str, list[float]]:
+        answer, _ = self._request({"op": "statistics", "fold": key}, doing="running")
+        return _checked_statistics(answer.get("statistics"))
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is not None:  # an error or a signal: stop the child at once
@@ -398,6 +441,20 @@ class ChildRunner(Runner):
                 raise _Ended
             out.append(np.frombuffer(self._read_exact(nbytes, deadline), dtype=dtype).reshape(shape))
         return out
+
+
+def _checked_statistics(raw: object) -> dict[str, list[float]]:
+    """The child's statistics, checked (a name to :data:`runner_child.STAT_FIELDS` numbers each): a
+    child that answers anything else has left the protocol (:class:`ModelCrashError`)."""
+    fields = len(runner_child.STAT_FIELDS)
+    ok = isinstance(raw, dict) and all(
+        isinstance(k, str) and isinstance(v, list) and len(v) == fields
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+        for k, v in raw.items()
+    )
+    if not ok or not isinstance(raw, dict):
+        raise ModelCrashError("onnxruntime's process answered something that is not statistics", how="protocol")
+    return {k: [float(x) for x in v] for k, v in raw.items()}
 
 
 class _Timeout(Exception):

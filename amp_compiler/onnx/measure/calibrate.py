@@ -1,29 +1,35 @@
 """Calibration: observed value ranges of every tensor, from runs of the FP32 model on sample inputs.
 
 Samples come from ``--calibration-data`` (:mod:`amp_compiler.runtime.samples` reads them safely and checks
-them against the model's inputs before anything runs). Statistics are streamed: each run's tensors
-are folded into running min/max/counts and dropped, so memory holds one run's activations.
+them against the model's inputs before anything runs). Statistics are computed where the model runs
+(the runner's child process): the model, every main-graph float tensor exposed, is cut into a chain
+of pieces (:mod:`amp_compiler.onnx.measure.pieces`) run one after the other; each piece's tensors are
+folded into running min/max/counts (:func:`amp_compiler.runtime.child.fold_array`) and dropped, and only
+the statistics come back. Memory holds one piece's tensors and the values between pieces, not every
+activation of a run; time is one run of the model per sample plus the folding.
 
-:func:`run_intermediates` runs a model with every float tensor of its main graph exposed as an
-output; the ``--tolerance`` refinement uses it to compare converted and FP32 tensors.
+:class:`IntermediateRunner` runs a model with every float tensor of its main graph exposed as an
+output and returns them all; ``compare`` and the ``--tolerance`` refinement use it to compare
+converted and FP32 tensors.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 import onnx
 import onnx.shape_inference
+from google.protobuf.message import Message
 
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.errors import OptionError
+from amp_compiler.onnx.measure.pieces import chain_pieces, live_bytes
 from amp_compiler.policy.kernels import ORT_NAMES
 from amp_compiler.runtime import child as runner_child
-from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.runtime.runner import Runner, Session, default_runner
 from amp_compiler.targets import Provider
 
 __all__ = ["IntermediateRunner", "collect_ranges", "exposed_model"]
@@ -35,6 +41,7 @@ FP16_SMALLEST_NORMAL = 2.0**-14
 # onnxruntime's Python binding cannot return bfloat16 outputs ("No corresponding Numpy type"): an
 # emulated BF16 model's rounded copies are exposed in FP32 instead (amp_compiler.onnx.measure.emulate).
 _EXPOSED_TYPES = FLOAT_TYPES - {onnx.TensorProto.BFLOAT16}
+_SIZED = frozenset(set(onnx.helper.get_all_tensor_dtypes()) - {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED})
 
 
 def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -111,41 +118,17 @@ def _as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
     return array
 
 
-@dataclasses.dataclass
-class _Acc:
-    min: float = np.inf
-    max: float = -np.inf
-    absmax: float = 0.0
-    nonzero: int = 0
-    flushed: int = 0
-    subnormal: int = 0
-    count: int = 0
-
-    def add(self, a: np.ndarray) -> None:
-        a = np.asarray(a, dtype=np.float64).ravel()
-        finite = a[np.isfinite(a)]
-        if a.size == 0:
-            return
-        self.count += a.size
-        if finite.size:
-            self.min = min(self.min, float(finite.min()))
-            self.max = max(self.max, float(finite.max()))
-        absval = np.abs(a)
-        self.absmax = max(self.absmax, float(np.max(absval)))
-        nz = absval[absval > 0]
-        self.nonzero += nz.size
-        self.flushed += int(np.count_nonzero(nz < FP16_SMALLEST_SUBNORMAL / 2))
-        self.subnormal += int(np.count_nonzero(nz < FP16_SMALLEST_NORMAL))
-
-    def range(self) -> TensorRange:
-        return TensorRange(
-            min=self.min if self.count else 0.0,
-            max=self.max if self.count else 0.0,
-            absmax=self.absmax,
-            underflow_share=self.flushed / self.nonzero if self.nonzero else 0.0,
-            subnormal_share=self.subnormal / self.nonzero if self.nonzero else 0.0,
-            count=self.count,
-        )
+def _range(stats: list[float]) -> TensorRange:
+    """A tensor's :class:`TensorRange` from its running statistics (:data:`runner_child.STAT_FIELDS`)."""
+    lo, hi, absmax, nonzero, flushed, subnormal, count = stats
+    return TensorRange(
+        min=lo if count else 0.0,
+        max=hi if count else 0.0,
+        absmax=absmax,
+        underflow_share=flushed / nonzero if nonzero else 0.0,
+        subnormal_share=subnormal / nonzero if nonzero else 0.0,
+        count=int(count),
+    )
 
 
 def _progress(items: list, label: str) -> Iterator:
@@ -169,20 +152,105 @@ def collect_ranges(
     ``runner``: where the model runs (default: a child process with the default budget)."""
     runner, owned = default_runner(runner)
     try:
-        return _collect(IntermediateRunner(model, runner), samples)
+        return _collect(model, samples, runner)
     finally:
         if owned:
             runner.close()
 
 
-def _collect(intermediates: IntermediateRunner, samples: Iterable[dict[str, np.ndarray]]) -> dict[str, TensorRange]:
-    accs: dict[str, _Acc] = {}
-    for sample in _progress(list(samples), "calibrating"):
-        for name, value in intermediates.run(sample).items():
-            if np.issubdtype(np.asarray(value).dtype, np.floating):
-                accs.setdefault(name, _Acc()).add(value)
-        for name, value in sample.items():
-            if np.issubdtype(value.dtype, np.floating):
-                accs.setdefault(name, _Acc()).add(value)
-    intermediates.close()
-    return {name: acc.range() for name, acc in accs.items()}
+def _collect(
+    model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], runner: Runner
+) -> dict[str, TensorRange]:
+    samples = list(samples)
+    light = _weightless(model, samples[0] if samples else {})
+    exposed, names = exposed_model(light)
+    del light
+    sizes = _tensor_bytes(exposed)
+    budget = live_bytes(model, sizes)  # the model's own outputs: in ``exposed`` every tensor is one
+    weights = {t.name: t for t in model.graph.initializer}
+    sessions: list[Session] = []
+    try:
+        for piece in chain_pieces(exposed, names, sizes, budget):
+            if piece is exposed:  # one piece: the model's own inputs, no shapes bound to the first sample
+                del piece.graph.input[:], piece.graph.value_info[:]
+                piece.graph.input.extend(model.graph.input)
+            _restore_weights(piece, weights)
+            # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+            # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+            sessions.append(runner.load(piece, basic=True, chained=True))
+            del piece
+        del exposed
+        graph_inputs = {i.name for i in model.graph.input}
+        feeds = {n: t for s in sessions for n, t in zip(s.input_names, s.input_types, strict=True) if n in graph_inputs}
+        key = id(sessions)  # this collection's running statistics in the runner (which others may share)
+        inputs: dict[str, list] = {}
+        for sample in _progress(samples, "calibrating"):
+            runner.fold(sessions, {k: _as_input(v, feeds[k]) for k, v in sample.items() if k in feeds}, key)
+            for name, value in sample.items():
+                if np.issubdtype(value.dtype, np.floating):
+                    runner_child.fold_array(np, inputs, name, np.asarray(value))
+        observed = runner.statistics(key)
+    finally:
+        for session in sessions:
+            session.close()
+    return {name: _range(stats) for name, stats in {**observed, **inputs}.items()}
+
+
+#: Initializers at least this large are left out of the copy shape inference reads (their dims stay).
+_STUB_BYTES = 1024
+
+
+def _weightless(model: onnx.ModelProto, sample: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose large float initializers hold their dims but no values (shape inference
+    reads no more; the weights are not copied), and whose inputs' dims are ``sample``'s (so that shape
+    inference gives every tensor's size, for cutting the pieces by size)."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    graph = light.graph
+    _copy_fields(model.graph, graph, skip="initializer")
+    for t in model.graph.initializer:
+        if t.data_type in _EXPOSED_TYPES and t.ByteSize() >= _STUB_BYTES and t.data_location != t.EXTERNAL:
+            graph.initializer.append(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+        else:
+            graph.initializer.append(t)
+    for value in graph.input:
+        given = sample.get(value.name)
+        dims = value.type.tensor_type.shape.dim
+        if given is not None and value.type.HasField("tensor_type") and len(dims) == given.ndim:
+            for d, size in zip(dims, given.shape, strict=True):
+                d.dim_value = int(size)
+    return light
+
+
+def _copy_fields(source: Message, target: Message, skip: str) -> None:
+    """Copy every set field of ``source`` into ``target`` but ``skip``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _restore_weights(piece: onnx.ModelProto, weights: dict[str, onnx.TensorProto]) -> None:
+    for t in piece.graph.initializer:
+        original = weights.get(t.name)
+        if original is not None and original.ByteSize() != t.ByteSize():
+            t.CopyFrom(original)
+
+
+def _tensor_bytes(model: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of each main-graph tensor whose shape inference found a static shape."""
+    out = {}
+    for value in (*model.graph.input, *model.graph.value_info):
+        tensor = value.type.tensor_type
+        dims = tensor.shape.dim
+        static = value.type.HasField("tensor_type") and tensor.HasField("shape")
+        if static and all(d.HasField("dim_value") for d in dims):
+            known = tensor.elem_type in _SIZED
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize if known else 4
+            out[value.name] = itemsize * int(np.prod([d.dim_value for d in dims]))
+    return out

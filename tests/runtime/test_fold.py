@@ -1,0 +1,130 @@
+"""Statistics folded where the model runs: exact (as folding in float64 in the parent was), only
+statistics cross the pipe, and a chain of sessions drops each value once no later session needs it."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from amp_compiler.errors import ModelCrashError
+from amp_compiler.runtime import child
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, _checked_statistics
+
+
+def _reference(arrays: list[np.ndarray]) -> list[float]:
+    """The statistics as the parent computed them before (every value in float64)."""
+    lo, hi, absmax, nonzero, flushed, subnormal, count = np.inf, -np.inf, 0.0, 0, 0, 0, 0
+    for a in arrays:
+        a = np.asarray(a, dtype=np.float64).ravel()
+        if not a.size:
+            continue
+        count += a.size
+        finite = a[np.isfinite(a)]
+        if finite.size:
+            lo, hi = min(lo, float(finite.min())), max(hi, float(finite.max()))
+        mag = np.abs(a[~np.isnan(a)])
+        absmax = max(absmax, float(mag.max()) if mag.size else 0.0)
+        nz = mag[mag > 0]
+        nonzero += nz.size
+        flushed += int(np.count_nonzero(nz < 2.0**-25))
+        subnormal += int(np.count_nonzero(nz < 2.0**-14))
+    return [lo, hi, absmax, nonzero, flushed, subnormal, count]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("special", ["none", "inf", "nan", "all-nan", "empty"])
+def test_fold_array_is_exact(dtype, special):
+    rng = np.random.default_rng(7)
+    arrays = []
+    for scale in (1e-9, 1e-6, 1e-3, 1e3):
+        a = (rng.standard_normal((5, 33)) * scale).astype(dtype)
+        a[0, :4] = 0
+        arrays.append(a)
+    if special == "inf":
+        arrays[1][2, 3], arrays[2][1, 1] = np.inf, -np.inf
+    elif special == "nan":
+        arrays[3][4, 4] = np.nan
+    elif special == "all-nan":
+        arrays.append(np.full((3,), np.nan, dtype))
+    elif special == "empty":
+        arrays.append(np.zeros((0, 4), dtype))
+    stats: dict[str, list] = {}
+    for a in arrays:
+        child.fold_array(np, stats, "t", a)
+    assert stats["t"] == _reference(arrays)
+    assert stats["t"][5] > stats["t"][4] > (0 if dtype != np.float16 else -1)  # flushed, subnormal values seen
+
+
+def _chain_models():
+    """x -> Sin -> a -> Cos -> b ; b, a -> Add -> y: as two sessions (the second takes a and b)."""
+    f = TensorProto.FLOAT
+    first = helper.make_model(helper.make_graph(
+        [helper.make_node("Sin", ["x"], ["a"]), helper.make_node("Cos", ["a"], ["b"])], "first",
+        [helper.make_tensor_value_info("x", f, None)],
+        [helper.make_tensor_value_info("a", f, None), helper.make_tensor_value_info("b", f, None)],
+    ), opset_imports=[helper.make_opsetid("", 17)])
+    second = helper.make_model(helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])], "second",
+        [helper.make_tensor_value_info("a", f, None), helper.make_tensor_value_info("b", f, None)],
+        [helper.make_tensor_value_info("y", f, None)],
+    ), opset_imports=[helper.make_opsetid("", 17)])
+    return first, second
+
+
+@pytest.mark.parametrize("runner_type", [InProcessRunner, ChildRunner])
+def test_fold_returns_statistics_only(runner_type):
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(8, 8)
+    with runner_type() as runner:
+        sessions = [runner.load(m, basic=True, chained=True) for m in _chain_models()]
+        assert runner.fold(sessions, {"x": x}, 5) is None
+        runner.fold(sessions, {"x": 2 * x}, 5)
+        stats = runner.statistics(5)
+        assert runner.statistics(5) == {}  # answered once, then forgotten
+    a = [np.sin(x), np.sin(2 * x)]
+    b = [np.cos(v) for v in a]
+    y = [u + v for u, v in zip(a, b, strict=True)]
+    assert set(stats) == {"a", "b", "y"}
+    for name, values in (("a", a), ("b", b), ("y", y)):
+        ref = _reference(values)
+        assert stats[name][3:] == ref[3:]
+        np.testing.assert_allclose(stats[name][:3], ref[:3], rtol=1e-6)
+
+
+class _FakeSession:
+    """A session whose outputs are tracked by weak references: how many are alive during each run."""
+
+    def __init__(self, inputs, outputs, alive, log):
+        self.inputs, self.outputs, self.alive, self.log = inputs, outputs, alive, log
+
+    def get_inputs(self):
+        return [type("I", (), {"name": n})() for n in self.inputs]
+
+    def get_outputs(self):
+        return [type("O", (), {"name": n})() for n in self.outputs]
+
+    def run(self, _names, feeds, _options):
+        self.log.append(sum(r() is not None for r in self.alive))
+        out = [np.full(1000, float(len(self.alive)), np.float32) for _ in self.outputs]
+        self.alive.extend(weakref.ref(o) for o in out)
+        return out
+
+
+def test_run_chain_drops_values_no_later_session_needs():
+    alive: list = []
+    log: list[int] = []
+    # ten sessions in a line: each takes the previous one's "out" only; "side" outputs are never taken
+    sessions = [_FakeSession([f"out{i - 1}" if i else "x"], [f"out{i}", f"side{i}"], alive, log) for i in range(10)]
+    stats: dict[str, list] = {}
+    child.run_chain(np, sessions, {"x": np.ones(3, np.float32)}, None, stats)
+    assert len(stats) == 20  # every output folded
+    assert max(log) <= 1  # while a session runs, only the value it takes is alive
+    assert all(r() is None for r in alive)  # and nothing is held once the chain ran
+
+
+@pytest.mark.parametrize("raw", [None, [], {"t": [1, 2]}, {"t": ["a", 1, 2, 3, 4, 5, 6]}, {"t": [True] * 7}])
+def test_statistics_outside_the_protocol_are_a_crash(raw):
+    with pytest.raises(ModelCrashError):
+        _checked_statistics(raw)
