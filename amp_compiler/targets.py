@@ -94,9 +94,12 @@ class Target(enum.Enum):
 #: Defaults of the FP8 options (``ConvertOptions.fp8_*``; the command line shows them in its help).
 FP8_MARGIN = 1
 FP8_BUDGET = 0.1
-# The share of the calibration samples --tolerance and the FP8 budget hold out (a quarter: of the 8
-# samples benchmarks.fp8_protocol calibrates with, 2 held out and 6 to choose on).
-HOLDOUT = 0.25
+# The share of the calibration samples --tolerance and the FP8 budget hold out: half, so that the
+# held-out error is measured as precisely as the one the choice is made on. On ppocr-cls (2 images a
+# batch, per-batch FP8 errors from 0.4% to 26%) at the FP8 budget 10%, holding out a quarter of the 8
+# calibration batches chose 41 FP8 GEMMs that moved 8 unseen batches by 13.2% (relative L2); half,
+# 21 GEMMs and 4.6% (benchmarks.fp8_table).
+HOLDOUT = 0.5
 FP8_MAX_ERROR = 0.1
 FP8_MAX_SUBNORMAL = 0.01
 FP8_CALIBRATION = "max"

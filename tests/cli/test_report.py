@@ -114,7 +114,7 @@ def test_convert_tolerance_reports_held_out_samples_the_metric_and_why_nothing_s
     code, stdout, err = _run([*args, "--metric", "max-range"], capsys)
     assert code == 0, err
     line = next(x for x in stdout.splitlines() if x.startswith("--tolerance 1e-12: "))
-    assert re.search(r"\(worst output max-range [\d.e+-]+, [\d.e+-]+ on 1 held-out sample\(s\)\)", line), line
+    assert re.search(r"\(worst output max-range [\d.e+-]+, [\d.e+-]+ on 2 held-out sample\(s\)\)", line), line
     warning = [x for x in err.splitlines() if "no unit can stay fp16 within --tolerance 1e-12" in x]
     assert len(warning) == 1 and warning[0].startswith("amp-compiler: warning: ") and "output 'y' by " in warning[0]
     code, stdout, err = _run([*args, "--holdout", "0"], capsys)
