@@ -182,15 +182,15 @@ def _measure(
     decisions = _attach_rules(fp32, converted, errors)
     growth = sorted(sorted(errors, key=lambda e: -e.growth)[:top], key=lambda e: e.position)
     first_bad = next((e for e in errors if e.nonfinite), None)
-    errors = dict(zip(floats or [], by_metric.relative() if by_metric is not None else [], strict=True))
+    by_output = dict(zip(floats or [], by_metric.relative() if by_metric is not None else [], strict=True))
     return Comparison(
         fp32=names[0], converted=names[1], provider=provider.value, emulated=emulated,
         samples=len(samples), generated_inputs=generated,
-        outputs=[_output(name, out_stats[name], agree[name], errors.get(name, 0.0))
+        outputs=[_output(name, out_stats[name], agree[name], by_output.get(name, 0.0))
                  for name in outputs if out_stats[name].count],
         growth=[e for e in growth if e.growth > 0], first_nonfinite=first_bad,
         tensors_compared=len(tensors), decisions=decisions, warnings=warnings,
-        metric=metric_name(metric), error=max(errors.values(), default=0.0),
+        metric=metric_name(metric), error=max(by_output.values(), default=0.0),
     )
 
 
