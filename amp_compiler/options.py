@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from amp_compiler import targets
+from amp_compiler.core.tensor_error import ErrorMetric, Metric, parse_metric
 from amp_compiler.errors import OptionError
 from amp_compiler.policy import PolicyTable, schemas
 from amp_compiler.targets import Provider, Target
@@ -83,6 +84,12 @@ class ConvertOptions:
     # types): ((op, "fp16" | "bf16" | "fp32"), ...), op as "Op" or "domain::Op". Their float inputs and
     # outputs take that type instead of keeping FP32 with Casts around them.
     custom_op_precision: tuple[tuple[str, str], ...] = ()
+    # --tolerance and the FP8 budget: how the error at the outputs is measured (--metric: a Metric or,
+    # from Python, a callable (FP32 outputs, converted outputs) -> error), and the share of the
+    # calibration samples held out: the choice is made on the rest and tightened until it holds on the
+    # held-out ones too (none are held out from fewer than 2 samples; 0 holds none out).
+    metric: ErrorMetric = Metric.REL_L2
+    holdout: float = targets.HOLDOUT
 
     def __post_init__(self) -> None:
         """Take the plain types people write (``target="bf16"``, ``block_ops=["Softmax"]``,
@@ -112,6 +119,9 @@ class ConvertOptions:
                 set_(name, tuple((k, tuple(v)) for k, v in getattr(self, name).items()))
         if isinstance(self.custom_op_precision, Mapping):
             set_("custom_op_precision", tuple(self.custom_op_precision.items()))
+        set_("metric", parse_metric(self.metric))
+        if not (math.isfinite(self.holdout) and 0 <= self.holdout < 1):
+            raise OptionError(f"expected a share in [0, 1), got {self.holdout}", option="holdout")
 
     @property
     def low_target(self) -> Target:

@@ -93,6 +93,8 @@ class ConvertCommand(Command):
             print(line + (load_check_note(check.disabled) if check is not None else ""))
             if analysis and analysis.refinement:
                 print(tolerance_line(analysis, self.analysis.tolerance))
+                if analysis.refinement.why_fp32:
+                    warnings.append(analysis.refinement.why_fp32)
             for warning in warnings:
                 print(f"amp-compiler: warning: {warning}", file=sys.stderr)
         return 0
@@ -165,9 +167,12 @@ def tolerance_line(analysis: Analysis, tolerance: float | None) -> str:
     fp8 = f" ({_share(r.fp8_flops_share)} in fp8)" if analysis.result.options.target.value == "fp8" else ""
     kept = (f", {_share(r.low_flops_share)} of their Tensor Core FLOPs kept {low} or lower{fp8} (at most "
             f"{_share(r.ceiling)} could be)" if r.units else "")
+    what = "relative L2" if r.metric == "rel-l2" else r.metric
+    held = (f", {max(r.held_out_errors.values(), default=0.0):.3g} on {r.held_out} held-out sample(s)"
+            if r.held_out else "")
     return (
         f"--tolerance {tolerance:g}: {'met' if r.met else 'NOT met'} (worst output "
-        f"relative L2 {worst:.3g}) after {r.rounds} conversions, {r.model_runs} model runs; "
+        f"{what} {worst:.3g}{held}) after {r.rounds} conversions, {r.model_runs} model runs; "
         f"{len(r.pinned)} node(s) pinned to FP32{kept}"
     )
 

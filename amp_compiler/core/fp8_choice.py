@@ -15,7 +15,8 @@ Guarantees:
   the share of nonzero scaled activation values below the format's smallest normal).
 - :func:`choose_within_budget` is the FP8 budget as :class:`amp_compiler.core.choice.VerifiedChoice`
   with two options per GEMM (its fallback, and FP8 with its error alone and its FLOPs): the set's
-  measured error is within the budget (empty when no set is).
+  measured error is within the budget (empty when no set is), on the held-out samples too when
+  some are (a set that misses there is tightened: :mod:`amp_compiler.core.choice`).
 - Reasons are built once, from their parts as data (:class:`LocalChoice`, :func:`budget_reason`):
   nothing reads a sentence back.
 """
@@ -29,9 +30,9 @@ from collections.abc import Callable, Sequence
 from amp_compiler.core.choice import VerifiedChoice
 from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.core.knapsack import Option
-from amp_compiler.core.tensor_error import relative_l2
+from amp_compiler.core.tensor_error import ErrorMetric, Metric, metric_name, relative_l2
 
-__all__ = ["Fp8Stats", "LocalChoice", "budget_reason", "choose_within_budget"]
+__all__ = ["BudgetChoice", "Fp8Stats", "LocalChoice", "budget_reason", "choose_within_budget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,27 +90,41 @@ class LocalChoice:
         return f"FP8 E4M3 inputs{self.via}: {self.statistics}"
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetChoice:
+    """The GEMMs (indices) in FP8 and their measured error together, on the calibration samples and
+    on the held-out ones (None: none held out)."""
+
+    chosen: frozenset[int]
+    error: float
+    held: float | None = None
+
+
 def choose_within_budget(
     error: Callable[[frozenset[int]], float], singles: Sequence[float], flops: Sequence[int], budget: float,
-    base: float = 0.0,
-) -> tuple[frozenset[int], float]:
-    """The GEMMs (indices) in FP8 and their measured error (see module doc): ``error`` measures a set
-    in FP8, ``singles`` are each GEMM's error alone, ``base`` the error with none in FP8."""
+    base: float = 0.0, *, held: Callable[[frozenset[int]], float] | None = None,
+) -> BudgetChoice:
+    """The GEMMs in FP8 (see module doc): ``error`` measures a set in FP8, ``singles`` are each GEMM's
+    error alone, ``base`` the error with none in FP8; ``held`` measures a set on held-out samples."""
     items = [[Option(0.0, 0), Option(e, f)] for e, f in zip(singles, flops, strict=True)]
 
-    def measure(picks: tuple[int, ...]) -> float:
-        return error(frozenset(k for k, pick in enumerate(picks) if pick))
+    def on(picks: tuple[int, ...]) -> frozenset[int]:
+        return frozenset(k for k, pick in enumerate(picks) if pick)
 
-    found = VerifiedChoice(items, measure, budget, base).choose()
-    return frozenset(k for k, pick in enumerate(found.picks) if pick), found.error
+    found = VerifiedChoice(items, lambda picks: error(on(picks)), budget, base,
+                           held=(lambda picks: held(on(picks))) if held is not None else None).choose()
+    return BudgetChoice(on(found.picks), found.error, found.held)
 
 
-def budget_reason(local: LocalChoice, single: float, flops: int, budget: float, total: float, chosen: bool) -> str:
+def budget_reason(local: LocalChoice, single: float, flops: int, budget: float, total: BudgetChoice, chosen: bool,
+                  metric: ErrorMetric = Metric.REL_L2) -> str:
     """Why a GEMM whose local statistics passed is in FP8 or not, with its end-to-end numbers."""
-    alone = f"alone in FP8 it moves the model's outputs by {single:.2%} (relative L2 vs FP32, worst output)"
+    what = "relative L2" if metric is Metric.REL_L2 else metric_name(metric)
+    alone = f"alone in FP8 it moves the model's outputs by {single:.2%} ({what} vs FP32, worst output)"
+    together = f"{total.error:.2%}" + (f", {total.held:.2%} on held-out samples" if total.held is not None else "")
     if chosen:
-        return f"{local.reason}; {alone}, all FP8 GEMMs together {total:.2%} (budget {budget:.0%})"
+        return f"{local.reason}; {alone}, all FP8 GEMMs together {together} (budget {budget:.0%})"
     return (
         f"kept {local.low}: {alone}, too much for its {flops:.3g} FLOPs within the FP8 error budget "
-        f"{budget:.0%} (the FP8 GEMMs together: {total:.2%}); its own statistics: {local.statistics}"
+        f"{budget:.0%} (the FP8 GEMMs together: {together}); its own statistics: {local.statistics}"
     )

@@ -6,18 +6,48 @@ and the values that are NaN or infinite where the reference is finite. ``--toler
 (:mod:`amp_compiler.onnx.tolerance.refine`) and ``compare`` (:mod:`amp_compiler.onnx.compare`) read the same numbers.
 :func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
 statistics of both paths use it too); :class:`OutputErrors` is how the switched probes compare a
-model's outputs, the one place a run's error at the outputs is computed.
+model's outputs, the one place a run's error at the outputs is computed, under an error metric
+(:data:`ErrorMetric`: a :class:`Metric` by name, or the user's callable).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ErrorStats", "OutputErrors", "relative_l2"]
+from amp_compiler.errors import OptionError
+from amp_compiler.targets import Metric
+
+__all__ = ["ErrorMetric", "ErrorStats", "Metric", "MetricFunction", "OutputErrors", "metric_name", "parse_metric",
+           "relative_l2"]
+
+# The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
+# Each mapping holds every float output by name, one float64 array per sample.
+MetricFunction = Callable[[Mapping[str, Sequence[np.ndarray]], Mapping[str, Sequence[np.ndarray]]], float]
+
+
+ErrorMetric = Metric | MetricFunction
+
+
+def parse_metric(metric: ErrorMetric | str, option: str = "metric") -> ErrorMetric:
+    """``metric`` as an :data:`ErrorMetric`: a name (``"rel-l2"``...), a :class:`Metric` or a callable."""
+    if isinstance(metric, Metric) or (callable(metric) and not isinstance(metric, str)):
+        return metric
+    try:
+        return Metric(str(metric))
+    except ValueError:
+        names = ", ".join(m.value for m in Metric)
+        raise OptionError(f"unknown metric {metric!r}: expected {names} or a callable", option=option) from None
+
+
+def metric_name(metric: ErrorMetric) -> str:
+    """The metric in words, for reasons and reports: its name, or the callable's."""
+    if isinstance(metric, Metric):
+        return metric.value
+    return getattr(metric, "__name__", type(metric).__name__)
 
 
 def relative_l2(err2: float, ref2: float) -> float:
@@ -95,15 +125,23 @@ class ErrorStats:
 
 
 class OutputErrors:
-    """A model's float outputs against their references, over samples: the relative L2 of each,
-    leaving out the positions where the reference is not finite; an output that is not finite where
-    its reference is has an infinite error. What the switched probe of ``--tolerance`` and the FP8
-    budget (:mod:`amp_compiler.onnx.measure.probe`) and the FX path's end-to-end runs
-    (:mod:`amp_compiler.fx.fp8.stats`) compare their runs by."""
+    """A model's float outputs against their references, over samples, under ``metric`` (default
+    relative L2): each output's error leaves out the positions where the reference is not finite; an
+    output that is not finite where its reference is has an infinite error. What the switched probe
+    of ``--tolerance`` and the FP8 budget (:mod:`amp_compiler.onnx.measure.probe`), the FX path's
+    end-to-end runs (:mod:`amp_compiler.fx.fp8.stats`) and ``--tolerance``'s conversions compare
+    their runs by. A callable metric sees every output (``names``, default ``output0``...) and gives
+    one error: :meth:`relative` repeats it per output."""
 
-    def __init__(self, outputs: int):
+    def __init__(self, outputs: int, metric: ErrorMetric = Metric.REL_L2, names: Sequence[str] | None = None):
+        self.metric = metric
+        self.names = list(names) if names is not None else [f"output{j}" for j in range(outputs)]
         self.err2 = [0.0] * outputs
         self.ref2 = [0.0] * outputs
+        self.stats = [ErrorStats() for _ in range(outputs)]
+        self.argmax = [[0, 0] for _ in range(outputs)]  # positions agreeing, positions
+        self.kept: tuple[list[list[np.ndarray]], list[list[np.ndarray]]] = ([[] for _ in range(outputs)],
+                                                                             [[] for _ in range(outputs)])
 
     def add(self, reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> bool:
         """One sample's outputs (float64); False when one is not finite where its reference is."""
@@ -114,13 +152,39 @@ class OutputErrors:
                 self.err2[j] = math.inf
                 finite_everywhere = False
                 continue
-            self.err2[j] += float(np.sum((g[finite] - r[finite]) ** 2))
-            self.ref2[j] += float(np.sum(r[finite] ** 2))
+            if self.metric is Metric.REL_L2:
+                self.err2[j] += float(np.sum((g[finite] - r[finite]) ** 2))
+                self.ref2[j] += float(np.sum(r[finite] ** 2))
+            elif self.metric is Metric.ARGMAX:
+                agree = np.argmax(r, axis=-1) == np.argmax(g, axis=-1) if r.ndim else np.array(True)
+                self.argmax[j][0] += int(np.count_nonzero(agree))
+                self.argmax[j][1] += int(agree.size)
+            elif isinstance(self.metric, Metric):
+                self.stats[j].add(np.where(finite, r, 0.0), np.where(finite, g, 0.0))
+            else:
+                self.kept[0][j].append(r)
+                self.kept[1][j].append(g)
         return finite_everywhere
 
     def relative(self) -> list[float]:
-        """Each output's relative L2 (0 when both sums are 0, infinite for an error on a zero reference)."""
-        return [relative_l2(e, r) for e, r in zip(self.err2, self.ref2, strict=True)]
+        """Each output's error under the metric (relative L2: 0 when both sums are 0, infinite for an
+        error on a zero reference); infinite where the output was not finite where FP32 is."""
+        if self.metric is Metric.REL_L2:
+            return [relative_l2(e, r) for e, r in zip(self.err2, self.ref2, strict=True)]
+        failed = [math.isinf(e) for e in self.err2]
+        if self.metric is Metric.ARGMAX:
+            found = [1.0 - agree / total if total else 0.0 for agree, total in self.argmax]
+        elif self.metric is Metric.MAX_RANGE:
+            found = [s.error_of_range for s in self.stats]
+        elif self.metric is Metric.COSINE:
+            found = [max(1.0 - s.cosine, 0.0) for s in self.stats]
+        else:
+            if any(failed):
+                return [math.inf] * len(self.err2)
+            one = float(self.metric(dict(zip(self.names, self.kept[0], strict=True)),
+                                    dict(zip(self.names, self.kept[1], strict=True))))
+            return [math.inf if math.isnan(one) else one] * len(self.err2)
+        return [math.inf if bad else e for e, bad in zip(found, failed, strict=True)]
 
     def worst(self) -> float:
         return max(self.relative(), default=0.0)

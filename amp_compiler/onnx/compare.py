@@ -1,7 +1,9 @@
 """Compare a converted model with its FP32 original: the outputs, and where in the graph the error grows.
 
     samples (or generated inputs) -> both models run with every main-graph float tensor exposed
-    -> per output: cosine, max error of range, NaN/Inf, argmax agreement
+    -> per output: cosine, max error of range, NaN/Inf, argmax agreement, and its error under the
+       metric (``metric``: relative L2 by default, or any other :data:`amp_compiler.core.tensor_error.ErrorMetric`,
+       the user's callable included: the one error ``--tolerance`` and the FP8 budget hold)
     -> per tensor of the FP32 graph matched by name in the converted one: its error against FP32 and
        how much it grew over the node's inputs -> the nodes where it grows most, with the rule that
        decided each (when a default conversion of the FP32 model reproduces that node)
@@ -23,7 +25,7 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-from amp_compiler.core.tensor_error import ErrorStats
+from amp_compiler.core.tensor_error import ErrorMetric, ErrorStats, Metric, OutputErrors, metric_name, parse_metric
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.convert import convert
@@ -35,7 +37,7 @@ from amp_compiler.targets import Provider, Target
 
 __all__ = ["Comparison", "NodeComparison", "OutputComparison", "SCHEMA_VERSION", "compare_models"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the metric, and each output's error under it
 
 
 @dataclasses.dataclass
@@ -48,6 +50,7 @@ class OutputComparison:
     error_of_range: float  # max |error| / (max - min) of the FP32 output
     nonfinite: int  # NaN/inf values where FP32 is finite
     argmax_agreement: float | None  # share of positions whose argmax over the last axis agrees
+    error: float = 0.0  # under the comparison's metric (a callable metric's one value, for every output)
 
 
 @dataclasses.dataclass
@@ -81,6 +84,8 @@ class Comparison:
     tensors_compared: int
     decisions: str  # where the rules come from
     warnings: list[str] = dataclasses.field(default_factory=list)
+    metric: str = Metric.REL_L2.value  # the metric of ``error`` and each output's ``error``
+    error: float = 0.0  # the worst output's error under the metric
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -97,14 +102,18 @@ def compare_models(
     names: tuple[str, str] = ("fp32", "converted"),
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     runner: Runner | None = None,
+    metric: ErrorMetric | str = Metric.REL_L2,
 ) -> Comparison:
     """Run both models on ``samples`` (default: one generated sample, ``input_shapes`` fixing dynamic
     dims) and compare them (see the module docstring). ``top``: how many nodes of largest error growth
     to name. ``runner``: where the models run (default: a child process with the default budget).
+    ``metric``: the outputs' error (a :class:`~amp_compiler.targets.Metric` or its name, or a callable
+    ``(fp32_outputs, converted_outputs) -> float`` over dicts of float outputs, one array per sample).
     Raises :class:`ModelRunError` when onnxruntime cannot run either model."""
+    metric = parse_metric(metric)
     runner, owned = default_runner(runner)
     try:
-        return _compare(fp32, converted, samples, provider, top, names, input_shapes, runner)
+        return _compare(fp32, converted, samples, provider, top, names, input_shapes, runner, metric)
     finally:
         if owned:
             runner.close()
@@ -113,7 +122,7 @@ def compare_models(
 def _compare(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]] | None,
     provider: Provider, top: int, names: tuple[str, str], input_shapes: dict[str, tuple[int, ...]] | None,
-    runner: Runner,
+    runner: Runner, metric: ErrorMetric = Metric.REL_L2,
 ) -> Comparison:
     generated = not samples
     samples = list(samples) if samples else random_samples(fp32, input_shapes)
@@ -126,7 +135,7 @@ def _compare(
         reference.close()
         raise
     try:
-        return _measure(fp32, converted, samples, reference, candidate, provider, top, names, generated)
+        return _measure(fp32, converted, samples, reference, candidate, provider, top, names, generated, metric)
     finally:
         reference.close()
         candidate.close()
@@ -135,11 +144,13 @@ def _compare(
 def _measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
     reference: IntermediateRunner, candidate: IntermediateRunner, provider: Provider, top: int,
-    names: tuple[str, str], generated: bool,
+    names: tuple[str, str], generated: bool, metric: ErrorMetric = Metric.REL_L2,
 ) -> Comparison:
     emulated = provider is Provider.CPU
 
     outputs = [o.name for o in fp32.graph.output]
+    floats: list[str] | None = None  # the float outputs both models give (the first sample tells)
+    by_metric: OutputErrors | None = None
     out_stats = {name: ErrorStats() for name in outputs}
     agree: dict[str, list[int]] = {name: [0, 0] for name in outputs}
     tensors: dict[str, ErrorStats] = {}
@@ -153,6 +164,13 @@ def _measure(
             if name in ref and name in got and np.issubdtype(np.asarray(ref[name]).dtype, np.floating):
                 out_stats[name].add(ref[name], got[name])
                 _count_argmax(agree[name], ref[name], got[name])
+        if floats is None:
+            floats = [n for n in outputs
+                      if n in ref and n in got and np.issubdtype(np.asarray(ref[n]).dtype, np.floating)]
+            by_metric = OutputErrors(len(floats), metric, floats)
+        assert by_metric is not None
+        by_metric.add([np.asarray(ref[n], dtype=np.float64) for n in floats],
+                      [np.asarray(got[n], dtype=np.float64) for n in floats])
 
     warnings = []
     if generated:
@@ -164,12 +182,15 @@ def _measure(
     decisions = _attach_rules(fp32, converted, errors)
     growth = sorted(sorted(errors, key=lambda e: -e.growth)[:top], key=lambda e: e.position)
     first_bad = next((e for e in errors if e.nonfinite), None)
+    by_output = dict(zip(floats or [], by_metric.relative() if by_metric is not None else [], strict=True))
     return Comparison(
         fp32=names[0], converted=names[1], provider=provider.value, emulated=emulated,
         samples=len(samples), generated_inputs=generated,
-        outputs=[_output(name, out_stats[name], agree[name]) for name in outputs if out_stats[name].count],
+        outputs=[_output(name, out_stats[name], agree[name], by_output.get(name, 0.0))
+                 for name in outputs if out_stats[name].count],
         growth=[e for e in growth if e.growth > 0], first_nonfinite=first_bad,
         tensors_compared=len(tensors), decisions=decisions, warnings=warnings,
+        metric=metric_name(metric), error=max(by_output.values(), default=0.0),
     )
 
 
@@ -205,9 +226,9 @@ def _count_argmax(counts: list[int], ref: np.ndarray, got: np.ndarray) -> None:
     counts[1] += same.size
 
 
-def _output(name: str, s: ErrorStats, agree: list[int]) -> OutputComparison:
+def _output(name: str, s: ErrorStats, agree: list[int], error: float) -> OutputComparison:
     return OutputComparison(
-        name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, agree[0] / agree[1] if agree[1] else None
+        name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, agree[0] / agree[1] if agree[1] else None, error
     )
 
 

@@ -46,6 +46,7 @@ def _terminal(c: Comparison) -> list[str]:
             f"{fit_middle(o.name, 30):<30} {cosine_str(o.cosine):>10} {pct(o.error_of_range):>14} "
             f"{o.nonfinite:>8} {argmax:>8}"
         )
+    lines.append(f"worst output error ({c.metric}): {sci(c.error)}")
     if c.growth:
         lines += ["", "where the error grows most (relative L2 error; growth over the node's inputs):",
                   f"{'#':>3} {'node':<20} {'op':<9} {'prec':<4} {'rel L2':>7} {'growth':>7} {'err/rng':>7}  rule"]

@@ -103,6 +103,26 @@ def test_convert_tolerance_line_says_what_it_kept_and_what_could_be(tmp_path, ca
     assert 99.0 <= share <= ceiling < 100.0
 
 
+def test_convert_tolerance_reports_held_out_samples_the_metric_and_why_nothing_stays_low(tmp_path, capsys):
+    entry = catalog.get("mlp-softmax")
+    path, out, data = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "cal"
+    onnx.save(catalog.load(entry), path)
+    data.mkdir()
+    for k in range(4):
+        np.savez(data / f"{k}.npz", **entry.make_inputs(np.random.default_rng(k)))
+    args = ["convert", path, "-o", out, "--calibration-data", data, "--no-load-check", "--tolerance", "1e-12"]
+    code, stdout, err = _run([*args, "--metric", "max-range"], capsys)
+    assert code == 0, err
+    line = next(x for x in stdout.splitlines() if x.startswith("--tolerance 1e-12: "))
+    assert re.search(r"\(worst output max-range [\d.e+-]+, [\d.e+-]+ on 2 held-out sample\(s\)\)", line), line
+    warning = [x for x in err.splitlines() if "no unit can stay fp16 within --tolerance 1e-12" in x]
+    assert len(warning) == 1 and warning[0].startswith("amp-compiler: warning: ") and "output 'y' by " in warning[0]
+    code, stdout, err = _run([*args, "--holdout", "0"], capsys)
+    assert code == 0 and "held-out" not in stdout and "(worst output relative L2 " in stdout
+    code, _, err = _run([*args, "--holdout", "1.5"], capsys)
+    assert code == 2 and err.strip() == "amp-compiler: error: --holdout: expected a share in [0, 1), got 1.5"
+
+
 def test_report_csv_single_file_calibration(ffn, tmp_path, capsys):
     path, samples = ffn
     one = samples / "0.npz"

@@ -111,3 +111,34 @@ def test_the_choice_stays_within_the_limit_and_leaves_no_upgrade_that_fits(seed,
                if measured(picks) <= limit)
     assert choice.value(found.picks) >= 0.9 * best  # near the exhaustive optimum, in at most 25 measurements
     assert choice.runs <= 1 + 8 + FILL_TRIES
+
+
+def test_hold_out_keeps_the_last_share_of_the_samples():
+    from amp_compiler.core.choice import hold_out
+
+    assert hold_out([1, 2, 3, 4, 5, 6, 7, 8], 0.25) == ([1, 2, 3, 4, 5, 6], [7, 8])
+    assert hold_out([1, 2, 3], 0.25) == ([1, 2], [3])  # at least one
+    assert hold_out([1], 0.5) == ([1], []) and hold_out([1, 2], 0.0) == ([1, 2], [])
+
+
+def test_a_choice_that_misses_on_held_out_samples_is_tightened_until_it_holds():
+    """Held-out samples see 1.6 times the calibration samples' error: the choice filled to the limit on
+    the calibration samples misses there, and the limit there is tightened until it holds."""
+    items = [[Option(0.0, 0), Option(0.3, 10)] for _ in range(8)]
+
+    def fit(picks):
+        return math.sqrt(sum(0.09 for p in picks if p))
+
+    loose = VerifiedChoice(items, fit, 1.0).choose()
+    assert sum(loose.picks) == 8 or 1.6 * loose.error > 1.0
+    choice = VerifiedChoice(items, fit, 1.0, held=lambda picks: 1.6 * fit(picks))
+    found = choice.choose()
+    assert found.held is not None and found.held <= 1.0 and found.error <= found.limit < 1.0
+    assert sum(found.picks) == 4  # 4 x 0.3 in quadrature: 0.6 calibration, 0.96 held out
+    assert sum(loose.picks) > sum(found.picks)
+
+
+def test_a_held_out_miss_that_no_tightening_fixes_gives_option_zero():
+    items = [[Option(0.0, 0), Option(0.1, 10)] for _ in range(3)]
+    found = VerifiedChoice(items, lambda picks: 0.1 * any(picks), 1.0, held=lambda picks: 2.0 * any(picks)).choose()
+    assert found.picks == (0, 0, 0) and found.held == 0.0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from amp_compiler.core.choice import VerifiedChoice
-from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice, budget_reason, choose_within_budget
+from amp_compiler.core.fp8_choice import BudgetChoice, Fp8Stats, LocalChoice, budget_reason, choose_within_budget
 from amp_compiler.core.knapsack import Option
 
 
@@ -20,7 +20,7 @@ def _quadrature(errors):
 
 
 def _chosen(errors, flops, budget):
-    return choose_within_budget(_quadrature(errors), errors, flops, budget)[0]
+    return choose_within_budget(_quadrature(errors), errors, flops, budget).chosen
 
 
 def test_budget_choice_is_an_exact_knapsack():
@@ -81,7 +81,8 @@ def test_a_budget_the_prediction_misses_is_met_as_measured():
         e2e.runs += 1
         return 1.3 * float(np.sqrt(sum(errors[k] ** 2 for k in on)))
 
-    chosen, total = choose_within_budget(measured, errors, flops, 0.1)
+    found = choose_within_budget(measured, errors, flops, 0.1)
+    chosen, total = found.chosen, found.error
     # every set worth more than 900 FLOPs measures over 10%, and so does {0, 3} (predicted 7.8%,
     # measured 10.2%); {0, 1, 2}, as many FLOPs, measures 9.2%
     assert chosen == {0, 1, 2} and total == pytest.approx(1.3 * math.sqrt(0.005)) and total <= 0.1
@@ -90,7 +91,8 @@ def test_a_budget_the_prediction_misses_is_met_as_measured():
 def test_the_whole_set_within_the_budget_costs_one_run():
     errors = [0.01, 0.02]
     e2e = _FakeEndToEnd(errors)
-    chosen, total = choose_within_budget(e2e.error, errors, [10, 20], 0.1)
+    found = choose_within_budget(e2e.error, errors, [10, 20], 0.1)
+    chosen, total = found.chosen, found.error
     assert chosen == {0, 1} and total == pytest.approx(0.9 * math.hypot(0.01, 0.02))
     assert e2e.runs == 1
 
@@ -110,10 +112,29 @@ def test_reasons_are_built_from_their_parts():
     assert local.statistics.startswith("output error 3.00% with FP8 inputs vs BF16 inputs")
     assert "smallest normal 2^-6 (limit 1%)" in local.statistics and local.statistics.endswith("(axis 1)")
     assert local.reason == f"FP8 E4M3 inputs through Q/DQ: {local.statistics}"
-    chosen = budget_reason(local, 0.02, 1000, 0.1, 0.05, True)
+    chosen = budget_reason(local, 0.02, 1000, 0.1, BudgetChoice(frozenset({0}), 0.05), True)
     assert chosen.startswith(local.reason + "; alone in FP8 it moves the model's outputs by 2.00%")
     assert chosen.endswith("all FP8 GEMMs together 5.00% (budget 10%)")
-    kept = budget_reason(local, 0.09, 1000, 0.1, 0.095, False)
+    kept = budget_reason(local, 0.09, 1000, 0.1, BudgetChoice(frozenset(), 0.095), False)
     assert kept.startswith("kept BF16: alone in FP8") and kept.endswith(f"its own statistics: {local.statistics}")
     refused = LocalChoice(Fp8Stats(0.2, 0.0), 0.1, 0.01, ())
     assert not refused.allowed and refused.reason.startswith("kept FP16: FP8 E4M3 inputs would cost too much: ")
+
+
+def test_a_set_that_misses_the_budget_on_held_out_samples_is_tightened():
+    """The calibration samples see each GEMM's error in quadrature; the held-out ones see 1.5 times
+    as much: the set filled up to the budget on the calibration samples misses it held out, and
+    the choice is made again under a tightened limit until it holds there too."""
+    errors, flops = [0.04, 0.04, 0.04, 0.04, 0.04, 0.04], [10] * 6
+    fit = _quadrature(errors)
+
+    def held(on):
+        return 1.5 * fit(on)
+
+    loose = choose_within_budget(fit, errors, flops, 0.1)
+    assert len(loose.chosen) == 6 and 1.5 * loose.error > 0.1  # without held-out samples: every GEMM
+    found = choose_within_budget(fit, errors, flops, 0.1, held=held)
+    assert found.held is not None and found.held <= 0.1 and found.error <= 0.1
+    assert 0 < len(found.chosen) < 6
+    reason = budget_reason(LocalChoice(Fp8Stats(0.03, 0.0), 0.1, 0.01, ()), 0.04, 10, 0.1, found, True)
+    assert f"{found.held:.2%} on held-out samples" in reason

@@ -106,7 +106,8 @@ def test_cli_json_and_terminal(tmp_path, capsys):
         np.savez(data / f"{i}.npz", **sample)
     assert main(["compare", str(a), str(b), "--data", str(data), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema_version"] == 1 and out["samples"] == 3 and out["outputs"][0]["name"] == "y"
+    assert out["schema_version"] == 2 and out["metric"] == "rel-l2" and out["samples"] == 3
+    assert out["outputs"][0]["name"] == "y" and out["error"] == out["outputs"][0]["error"] > 0
     assert main(["compare", str(a), str(b), "--top", "2"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("fp16.onnx vs fp32.onnx: cpu") and "where the error grows most" in text

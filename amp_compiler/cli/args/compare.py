@@ -7,7 +7,7 @@ from pathlib import Path
 
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OptionError
-from amp_compiler.targets import Provider
+from amp_compiler.targets import Metric, Provider
 
 __all__ = ["CompareArgs", "FORMATS"]
 
@@ -17,11 +17,11 @@ FORMATS = ("terminal", "json")
 
 
 class CompareArgs(ArgGroup):
-    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--provider``, ``--top``, ``--format``, ``-o``.
-    Depends on nothing."""
+    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--provider``, ``--top``, ``--metric``, ``--format``,
+    ``-o``. Depends on nothing."""
 
     title = "comparison"
-    flags = {"provider": "--provider", "data": "--data", "top": "--top"}
+    flags = {"provider": "--provider", "data": "--data", "top": "--top", "metric": "--metric"}
 
     def __init__(self) -> None:
         self.fp32 = Path()
@@ -29,6 +29,7 @@ class CompareArgs(ArgGroup):
         self.data: Path | None = None
         self.provider = Provider.CPU
         self.top = 5
+        self.metric = Metric.REL_L2
         self.format = "terminal"
         self.output: Path | None = None
 
@@ -47,6 +48,11 @@ class CompareArgs(ArgGroup):
         group.add_argument(
             "--top", type=int, default=5, metavar="N", help="name the N nodes where the error grows most"
         )
+        group.add_argument(
+            "--metric", choices=[m.value for m in Metric], default=Metric.REL_L2.value,
+            help="the outputs' error reported as 'worst output error' (the one --tolerance holds; "
+            "default: %(default)s)",
+        )
         group.add_argument("--format", default="terminal", choices=list(FORMATS), help="output format (json for CI)")
         group.add_argument("-o", "--output", metavar="FILE", help="write the comparison here instead of stdout")
 
@@ -56,5 +62,5 @@ class CompareArgs(ArgGroup):
         self.provider = Provider.parse(args.provider)
         if args.top < 0:
             raise OptionError(f"must be 0 or more, got {args.top}", option="top")
-        self.top, self.format = args.top, args.format
+        self.top, self.format, self.metric = args.top, args.format, Metric(args.metric)
         self.output = Path(args.output) if args.output else None

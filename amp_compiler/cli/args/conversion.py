@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from amp_compiler import targets
 from amp_compiler.cli.args.group import ArgGroup
 from amp_compiler.errors import OptionError
-from amp_compiler.targets import Provider, Target
+from amp_compiler.targets import Metric, Provider, Target
 
 if TYPE_CHECKING:  # imported once the options are read back, not to build the parser
     from amp_compiler.options import ConvertOptions
@@ -21,7 +21,7 @@ class ConversionArgs(ArgGroup):
     ``--keep-io-types``, ``--no-keep-io-types``,
     ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fallback``, ``--fp8-margin``,
     ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``,
-    ``--custom-op-precision``.
+    ``--custom-op-precision``, ``--metric``, ``--holdout``.
     Depends on nothing.
     The ``--input-shape`` values are checked against the model in one place, by the conversion
     (:func:`amp_compiler.onnx.costs.costs.bind_input_shapes`), for the plain and the analysis path alike."""
@@ -46,6 +46,8 @@ class ConversionArgs(ArgGroup):
         "fp8_max_error": "--fp8-max-error",
         "fp8_budget": "--fp8-budget",
         "custom_op_precision": "--custom-op-precision",
+        "metric": "--metric",
+        "holdout": "--holdout",
     }
 
     def __init__(self) -> None:
@@ -141,6 +143,18 @@ class ConversionArgs(ArgGroup):
             "output types): its float inputs and outputs take it instead of FP32 with Casts around it (repeatable)",
         )
         group.add_argument(
+            "--metric", choices=[m.value for m in Metric], default=Metric.REL_L2.value,
+            help="how --tolerance and --fp8-budget measure an output's error against FP32: relative L2, max "
+            "|error| as a share of FP32's range, 1 - cosine, or the share of argmax (top-1) changes over the "
+            "last axis; the worst output counts (default: %(default)s)",
+        )
+        group.add_argument(
+            "--holdout", type=float, default=targets.HOLDOUT, metavar="SHARE",
+            help="--tolerance and --fp8-budget choose on the calibration samples less this share of them, "
+            "and tighten the choice until it holds on the held-out ones too (none from fewer than 2 "
+            "samples; 0: none) (default: %(default)s)",
+        )
+        group.add_argument(
             "--strict", action="store_true",
             help="fail (exit 2) instead of warning when nodes would be left as they are because the "
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
@@ -192,4 +206,6 @@ class ConversionArgs(ArgGroup):
             fp8_max_error=args.fp8_max_error,
             fp8_budget=args.fp8_budget,
             custom_op_precision=declared,
+            metric=Metric(args.metric),
+            holdout=args.holdout,
         )

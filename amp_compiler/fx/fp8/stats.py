@@ -27,9 +27,10 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from amp_compiler.core.choice import hold_out
 from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice, budget_reason, choose_within_budget
 from amp_compiler.core.fp8_numbers import Fp8Format
-from amp_compiler.core.tensor_error import OutputErrors
+from amp_compiler.core.tensor_error import ErrorMetric, Metric, OutputErrors
 from amp_compiler.fx.fp8.candidates import FALLBACK, Candidate, argument_values
 from amp_compiler.options import ConvertOptions
 
@@ -112,8 +113,9 @@ def _numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
 class EndToEnd:
     """The FP32 graph with a set of candidates in FP8: its outputs' worst relative L2 against FP32."""
 
-    def __init__(self, gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Sequence[tuple]):
-        self.gm, self.candidates, self.samples = gm, list(candidates), list(samples)
+    def __init__(self, gm: fx.GraphModule, candidates: Sequence[Candidate], samples: Sequence[tuple],
+                 metric: ErrorMetric = Metric.REL_L2):
+        self.gm, self.candidates, self.samples, self.metric = gm, list(candidates), list(samples), metric
         self.reference = [_numpy(_run(gm, [], _plain, s)) for s in self.samples]
         self.runs = len(self.samples)
 
@@ -125,7 +127,7 @@ class EndToEnd:
         def fp8(cand: Candidate, args: tuple, kwargs: dict) -> Any:
             return cand.fp8_output(argument_values(cand.node, args, kwargs))
 
-        found = OutputErrors(len(self.reference[0]) if self.reference else 0)
+        found = OutputErrors(len(self.reference[0]) if self.reference else 0, self.metric)
         for sample, reference in zip(self.samples, self.reference, strict=True):
             self.runs += 1
             if not found.add(reference, _numpy(_run(self.gm, chosen, fp8, sample))):
@@ -164,10 +166,15 @@ def choose(
     runs = 2 * len(samples)
     if not passed:
         return Fp8Choice(candidates, [], reasons, runs)
-    e2e = EndToEnd(gm, [c for c, _ in passed], samples)
+    fit, held = hold_out(samples, opts.holdout)
+    e2e = EndToEnd(gm, [c for c, _ in passed], fit, opts.metric)
+    check = EndToEnd(gm, [c for c, _ in passed], held, opts.metric) if held else None
     singles = [e2e.error(frozenset({k})) for k in range(len(passed))]
     flops = [max(c.flops, 1) for c, _ in passed]
-    chosen, total = choose_within_budget(e2e.error, singles, flops, opts.fp8_budget)
+    found = choose_within_budget(e2e.error, singles, flops, opts.fp8_budget,
+                                 held=check.error if check is not None else None)
     for k, (cand, local) in enumerate(passed):
-        reasons[cand.node] = budget_reason(local, singles[k], flops[k], opts.fp8_budget, total, k in chosen)
-    return Fp8Choice(candidates, [passed[k][0] for k in sorted(chosen)], reasons, runs + e2e.runs, total)
+        reasons[cand.node] = budget_reason(local, singles[k], flops[k], opts.fp8_budget, found, k in found.chosen,
+                                           opts.metric)
+    runs += e2e.runs + (check.runs if check is not None else 0)
+    return Fp8Choice(candidates, [passed[k][0] for k in sorted(found.chosen)], reasons, runs, found.error)

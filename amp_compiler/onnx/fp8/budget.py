@@ -4,8 +4,11 @@ the most FLOPs within the error budget, verified by measurement.
 Guarantees: :func:`within_budget` runs one switched probe (:mod:`amp_compiler.onnx.measure.probe`: the
 FP32 model with an FP8 switch per candidate GEMM) over the samples: once with every switch off (the
 reference), once per candidate with its switch alone on, then for the sets the verified choice
-(:func:`amp_compiler.core.fp8_choice.choose_within_budget`) measures. The error of a run is the worst
-relative L2 over the float outputs, against the all-off run; the chosen set's is within the budget.
+(:func:`amp_compiler.core.fp8_choice.choose_within_budget`) measures. The samples are split
+(:func:`amp_compiler.core.choice.hold_out`, ``holdout``): the choice is made on the calibration part
+and its set measured on the held-out part, tightened when it misses the budget there. The error of a
+run is the worst output error under ``metric`` (relative L2 by default) over the float outputs,
+against the all-off run; the chosen set's is within the budget on both parts.
 Every candidate's reason carries its numbers, built once from their parts.
 """
 
@@ -16,7 +19,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from amp_compiler.core.choice import hold_out
 from amp_compiler.core.fp8_choice import LocalChoice, budget_reason, choose_within_budget
+from amp_compiler.core.tensor_error import ErrorMetric, Metric
 from amp_compiler.onnx.costs.costs import estimate, iter_nodes
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
 from amp_compiler.passes.onnx.qdq import Fp8Candidate
@@ -36,23 +41,29 @@ def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
 
 def within_budget(
     model: onnx.ModelProto, passed: Sequence[Fp8Candidate], local: Mapping[int, LocalChoice],
-    samples: Sequence[dict[str, np.ndarray]], runner: Runner, budget: float,
+    samples: Sequence[dict[str, np.ndarray]], runner: Runner, budget: float, *,
+    metric: ErrorMetric = Metric.REL_L2, holdout: float = 0.0,
 ) -> tuple[list[Fp8Candidate], dict[int, str]]:
     """Of the candidates that passed their local statistics (``local``: their choices by ``id`` of
     the node), those in FP8 (see module doc) and every one's reason (by ``id`` of its node).
-    ``model``: the FP32 model they come from."""
+    ``model``: the FP32 model they come from; ``holdout``: the share of ``samples`` held out."""
     if not passed:
         return [], {}
     position = {node.output[0]: i for i, node in enumerate(model.graph.node) if node.output}
     at = {position[c.node.outputs[0].name]: c for c in passed}
     switch = {p: k for k, p in enumerate(position[c.node.outputs[0].name] for c in passed)}
-    probe = SwitchProbe(None, build_probe(model, fp8=at, fp8_switches=switch), len(passed), samples, runner)
+    fit, held = hold_out(samples, holdout)
+    probe = SwitchProbe(None, build_probe(model, fp8=at, fp8_switches=switch), len(passed), fit, runner,
+                        held=held, metric=metric)
     try:
         singles = [probe.error({k}) for k in range(len(passed))]
         flops = candidate_flops(model, passed, samples[0])
-        chosen, total = choose_within_budget(probe.error, singles, flops, budget, probe.base)
+        found = choose_within_budget(probe.error, singles, flops, budget, probe.base,
+                                     held=probe.held_error if held else None)
     finally:
         probe.close()
-    reasons = {id(c.node): budget_reason(local[id(c.node)], singles[k], flops[k], budget, total, k in chosen)
+    reasons = {id(c.node): budget_reason(local[id(c.node)], singles[k], flops[k], budget, found, k in found.chosen,
+                                         metric)
                for k, c in enumerate(passed)}
+    chosen = found.chosen
     return [c for k, c in enumerate(passed) if k in chosen], reasons

@@ -108,7 +108,8 @@ def plan_fp8(
             chosen = [c for c in candidates if position[id(c.node)] in given]
             return Fp8Plan(chosen, {id(c.node): (True, given[position[id(c.node)]]) for c in chosen}, skipped), ranges
         passed, local = local_choice(ir_model, proto, samples, ranges, opts, runner, skipped)
-        chosen, budgeted = within_budget(proto, passed, local, samples, runner, opts.fp8_budget)
+        chosen, budgeted = within_budget(proto, passed, local, samples, runner, opts.fp8_budget,
+                                         metric=opts.metric, holdout=opts.holdout)
     finally:
         if owned:
             runner.close()

@@ -28,10 +28,11 @@ The probe computes
   If/Loop bodies, tables stored low for FP32 readers). :attr:`SwitchProbe.base` measures the error
   left with every switch off; without a conversion it is 0: the all-off run is the reference.
 
-Guarantees: :meth:`SwitchProbe.error` is the worst relative L2 error of the float graph outputs
-against the FP32 model on the samples (summed over samples per output:
-:class:`amp_compiler.core.tensor_error.OutputErrors`, the one place the error of a run is computed);
-infinite when an output is not finite where FP32 is. The probe never changes the models it is
+Guarantees: :meth:`SwitchProbe.error` is the worst error of the float graph outputs against the
+FP32 model on the calibration samples under the probe's metric (relative L2 by default, summed over
+samples per output: :class:`amp_compiler.core.tensor_error.OutputErrors`, the one place the error of
+a run is computed); :meth:`SwitchProbe.held_error` the same on the held-out samples; infinite when
+an output is not finite where FP32 is. The probe never changes the models it is
 given, and holds each weight once.
 """
 
@@ -46,7 +47,7 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from amp_compiler.core.decision import NodeDecision
-from amp_compiler.core.tensor_error import OutputErrors
+from amp_compiler.core.tensor_error import ErrorMetric, Metric, OutputErrors, relative_l2
 from amp_compiler.onnx.ir.walk import node_order
 from amp_compiler.onnx.measure.emulate import emulate_in_place, typed_model
 from amp_compiler.onnx.measure.fp8_view import fp8_view
@@ -266,31 +267,45 @@ class _Switches:
 
 
 class SwitchProbe:
-    """A loaded probe and the reference outputs on the samples; :meth:`error` runs it."""
+    """A loaded probe and the reference outputs on the samples; :meth:`error` runs it on the
+    calibration samples, :meth:`held_error` on the held-out ones."""
 
     def __init__(self, fp32: onnx.ModelProto | None, probe: onnx.ModelProto, n_switches: int,
-                 samples: Sequence[dict[str, np.ndarray]], runner: Runner):
+                 samples: Sequence[dict[str, np.ndarray]], runner: Runner, *,
+                 held: Sequence[dict[str, np.ndarray]] = (), metric: ErrorMetric = Metric.REL_L2):
         """``fp32``: the FP32 model, run once per sample for the reference; None when the probe with
         every switch off is that model (a probe without a conversion: its all-off runs are the
-        reference, and :attr:`base` is 0)."""
-        self.n_switches, self.samples = n_switches, list(samples)
+        reference, and :attr:`base` is 0). ``held``: held-out samples (:meth:`held_error`);
+        ``metric``: the error metric of a run (:class:`amp_compiler.core.tensor_error.OutputErrors`)."""
+        self.n_switches, self.metric = n_switches, metric
+        self.sets = [list(samples), list(held)]  # calibration, held out
         outputs = (fp32 if fp32 is not None else probe).graph.output
         self.outputs = [o.name for o in outputs if o.type.tensor_type.elem_type in _FLOATS]
         self.runs = 0
         if fp32 is not None:
             reference = runner.load(fp32, basic=True)
             try:
-                self.reference = [self._floats(reference, sample, {}) for sample in self.samples]
+                self.references = [[self._floats(reference, sample, {}) for sample in s] for s in self.sets]
             finally:
                 reference.close()
         self.session = runner.load(probe, basic=True)
         if fp32 is None:
             off = self._switches(())
-            self.reference = [self._floats(self.session, sample, off) for sample in self.samples]
-            self.runs += len(self.samples)
-            self.base = 0.0
-        else:
+            self.references = [[self._floats(self.session, sample, off) for sample in s] for s in self.sets]
+            self.runs += sum(len(s) for s in self.sets)
+            self.base = self.held_base = 0.0
+        # Per set and output: the sum of squared finite reference values over every sample (what a
+        # relative L2 divides by at the end: the error of the samples run so far over it bounds it below).
+        self.totals = [[sum(float(np.sum(np.square(r[j][np.isfinite(r[j])]))) for r in refs)
+                        for j in range(len(self.outputs))] for refs in self.references]
+        if fp32 is not None:
             self.base = self.error(())
+            self.held_base = self.held_error(()) if held else 0.0
+
+    @property
+    def samples(self) -> list[dict[str, np.ndarray]]:
+        """The calibration samples."""
+        return self.sets[0]
 
     def _switches(self, on: Iterable[int]) -> dict[str, np.ndarray]:
         on = frozenset(on)
@@ -302,26 +317,42 @@ class SwitchProbe:
         outs = dict(zip(session.output_names, session.run(feeds), strict=True))
         return [np.asarray(outs[name], dtype=np.float64) for name in self.outputs]
 
-    def _measure(self, on: Iterable[int], to_the_end: bool) -> OutputErrors:
-        """The outputs' errors with the switches ``on``, over the samples (until one is not finite
-        where the reference is, unless ``to_the_end``)."""
+    def _measure(self, on: Iterable[int], to_the_end: bool, held: bool = False,
+                 above: float | None = None) -> OutputErrors | float:
+        """The outputs' errors with the switches ``on``, over the calibration (or ``held``-out) samples
+        (until one is not finite where the reference is, unless ``to_the_end``). With ``above`` (relative
+        L2 only): as soon as the samples run so far prove the worst error beyond it, that lower bound."""
         switches = self._switches(on)
-        found = OutputErrors(len(self.outputs))
-        for sample, reference in zip(self.samples, self.reference, strict=True):
+        found = OutputErrors(len(self.outputs), self.metric, self.outputs)
+        k = 1 if held else 0
+        for sample, reference in zip(self.sets[k], self.references[k], strict=True):
             self.runs += 1
             if not found.add(reference, self._floats(self.session, sample, switches)) and not to_the_end:
                 break
+            if above is not None and self.metric is Metric.REL_L2:
+                bound = max((relative_l2(e, t) for e, t in zip(found.err2, self.totals[k], strict=True)), default=0.0)
+                if bound > above:
+                    return bound
         return found
 
-    def errors(self, on: Iterable[int]) -> dict[str, float]:
-        """Relative L2 error of each float output against FP32, with the switches ``on`` and the
-        others off."""
-        return dict(zip(self.outputs, self._measure(on, True).relative(), strict=True))
+    def errors(self, on: Iterable[int], held: bool = False) -> dict[str, float]:
+        """The error of each float output against FP32 (under the metric), with the switches ``on``
+        and the others off, on the calibration (or ``held``-out) samples."""
+        found = self._measure(on, True, held)
+        assert isinstance(found, OutputErrors)
+        return dict(zip(self.outputs, found.relative(), strict=True))
 
-    def error(self, on: Iterable[int]) -> float:
-        """The worst of :meth:`errors` (infinite as soon as a sample's output is not finite where
-        FP32's is: the other samples are not run)."""
-        return self._measure(on, False).worst()
+    def error(self, on: Iterable[int], above: float | None = None) -> float:
+        """The worst of :meth:`errors` on the calibration samples (infinite as soon as a sample's output
+        is not finite where FP32's is: the other samples are not run). With ``above``: a lower bound
+        beyond it, as soon as the samples run so far prove the error beyond it (relative L2)."""
+        found = self._measure(on, False, above=above)
+        return found if isinstance(found, float) else found.worst()
+
+    def held_error(self, on: Iterable[int], above: float | None = None) -> float:
+        """:meth:`error` on the held-out samples."""
+        found = self._measure(on, False, held=True, above=above)
+        return found if isinstance(found, float) else found.worst()
 
     def close(self) -> None:
         self.session.close()

@@ -16,12 +16,20 @@ With ``--target fp8`` the units come from the fallback (FP16/BF16) conversion of
 opset, and a unit whose Tensor Core op is an FP8 candidate may also take FP8: the plain conversion
 is not tried first (its FP8 choice follows ``fp8_budget``, not the tolerance).
 
+Held-out samples: ``options.holdout`` of the samples (:func:`amp_compiler.core.choice.hold_out`) are
+held out: the choice is made on the rest (the calibration part) and tightened when it misses the
+tolerance on the held-out part (:mod:`amp_compiler.core.choice`); the result's error is reported on
+both. The error is ``options.metric``'s (relative L2 by default; :class:`amp_compiler.core.tensor_error.OutputErrors`).
+
 Guarantees: the result is the conversion with the recorded choice; ``met`` is true only when its
 measured worst output error (exact FP16/BF16 storage emulated, FP8 Q/DQ as onnxruntime computes it,
-against FP32, on the samples) is within the tolerance. When the conversion misses what the probe
-measured, the choice is made again below that budget (at most three times, and not when it gives a
-choice already converted). Model runs: about two to four per unit and sample in the probe's session,
-plus one per conversion; conversions: usually 2.
+against FP32, on the calibration samples and on the held-out ones) is within the tolerance. When the
+conversion misses what the probe measured, the choice is made again below that budget (at most three
+times, and not when it gives a choice already converted). When no unit is left low although the plain
+conversion missed, ``why_fp32`` says why in one line (the output, and how far off the unit that moves
+it least is on its own). Model runs: at most two per unit and sample in the probe's session (a level's
+runs stop as soon as its samples so far prove it beyond the tolerance), plus one per conversion;
+conversions: usually 2.
 """
 
 from __future__ import annotations
@@ -34,10 +42,10 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-from amp_compiler.core.choice import VerifiedChoice
+from amp_compiler.core.choice import VerifiedChoice, hold_out
 from amp_compiler.core.measures import NodeError, TensorRange
 from amp_compiler.core.plan import Rule
-from amp_compiler.core.tensor_error import ErrorStats
+from amp_compiler.core.tensor_error import ErrorMetric, ErrorStats, Metric, OutputErrors, metric_name
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.costs.costs import estimate
@@ -80,18 +88,23 @@ class Refinement:
     # low-precision option alone keeps the outputs within the tolerance (no choice keeps more low).
     ceiling: float = 1.0
     fp32: onnx.ModelProto | None = dataclasses.field(default=None, repr=False)  # the FP32 model it refers to
+    held_out_errors: dict[str, float] = dataclasses.field(default_factory=dict)  # ... on the held-out samples
+    held_out: int = 0  # samples held out (the choice was made on the others)
+    metric: str = Metric.REL_L2.value  # the error metric of output_errors and held_out_errors, in words
+    why_fp32: str | None = None  # when no unit could stay low: why, in one line
 
 
 def measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
     target: Target, fp32_runner: IntermediateRunner | None = None, *, runner: Runner | None = None,
+    metric: ErrorMetric = Metric.REL_L2,
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
     """Per main-graph node of ``fp32``: the error of its output in ``converted``; per float output:
-    its relative L2 error. Also returns the number of converted-model runs. ``runner``: where the
-    models run (default: a child process with the default budget)."""
+    its error under ``metric`` (default relative L2). Also returns the number of converted-model
+    runs. ``runner``: where the models run (default: a child process with the default budget)."""
     runner, owned = default_runner(runner)
     try:
-        return _measure(fp32, converted, samples, fp32_runner or IntermediateRunner(fp32, runner), runner)
+        return _measure(fp32, converted, samples, fp32_runner or IntermediateRunner(fp32, runner), runner, metric)
     finally:
         if owned:
             runner.close()
@@ -99,17 +112,25 @@ def measure(
 
 def _measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-    fp32_runner: IntermediateRunner, runner: Runner,
+    fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric = Metric.REL_L2,
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     intermediates = IntermediateRunner(runnable, runner)
     accs: dict[str, ErrorStats] = {}
+    graph_outputs: list[str] | None = None
+    at_outputs: OutputErrors | None = None
     for sample in samples:
         ref = fp32_runner.run(sample)
         got = stored_values(intermediates.run(sample))
         for name, value in ref.items():
             if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
                 accs.setdefault(name, ErrorStats()).add(value, got[name])
+        if graph_outputs is None:
+            graph_outputs = [o.name for o in fp32.graph.output if o.name in accs]
+            at_outputs = OutputErrors(len(graph_outputs), metric, graph_outputs)
+        assert at_outputs is not None
+        at_outputs.add([np.asarray(ref[n], dtype=np.float64) for n in graph_outputs],
+                       [np.asarray(got[n], dtype=np.float64) for n in graph_outputs])
         del ref, got
     intermediates.close()
     rel = {name: acc.rel_l2 for name, acc in accs.items()}
@@ -120,7 +141,7 @@ def _measure(
             continue
         worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
         errors[i] = NodeError(rel_l2=rel[out], max_abs=accs[out].max_abs, added=rel[out] - worst_in)
-    outputs = {o.name: rel[o.name] for o in fp32.graph.output if o.name in rel}
+    outputs = dict(zip(graph_outputs or [], at_outputs.relative() if at_outputs is not None else [], strict=True))
     return errors, outputs, intermediates.runs
 
 
@@ -154,6 +175,7 @@ class _Refiner:
                  opts: ConvertOptions, ranges: dict[str, TensorRange] | None, policy: PolicyTable | None,
                  runner: Runner):
         self.fp32, self.samples, self.tolerance, self.opts = fp32, samples, tolerance, opts
+        self.fit, self.held = hold_out(samples, opts.holdout)
         self.policy, self.runner = policy, runner
         self.fp8 = opts.target is Target.FP8
         if self.fp8 and ranges is None:
@@ -164,22 +186,32 @@ class _Refiner:
         self.runs = 0
 
     def convert(self, decided: Decided | None = None):
-        """A conversion with ``decided`` fixed, and its measurement: (result, node errors, output errors)."""
+        """A conversion with ``decided`` fixed, and its measurement: (result, node errors, output
+        errors on the calibration samples, output errors on the held-out ones)."""
         decided = decided or Decided()
         opts = dataclasses.replace(self.opts, pinned_nodes=tuple(decided.pinned), kept_nodes=tuple(decided.kept))
         if self.fp8:
             opts = dataclasses.replace(opts, fp8_nodes=tuple(decided.fp8))
         result = convert(self.fp32, opts, policy=self.policy, ranges=self.ranges,
                          samples=self.samples if self.fp8 else None, runner=self.runner if self.fp8 else None)
-        errors, outputs, n = _measure(self.fp32, result.model, self.samples, self.fp32_runner, self.runner)
+        metric = self.opts.metric
+        errors, outputs, n = _measure(self.fp32, result.model, self.fit, self.fp32_runner, self.runner, metric)
+        held: dict[str, float] = {}
+        if self.held:
+            _, held, m = _measure(self.fp32, result.model, self.held, self.fp32_runner, self.runner, metric)
+            n += m
         self.runs += n
-        self.history.append((len(decided.pinned), max(outputs.values(), default=0.0)))
-        return result, errors, outputs
+        self.history.append((len(decided.pinned), max([*outputs.values(), *held.values()], default=0.0)))
+        return result, errors, outputs, held
 
-    def done(self, result, errors, outputs, pinned, **shares: float) -> Refinement:
-        met = max(outputs.values(), default=0.0) <= self.tolerance
+    def within(self, outputs: dict[str, float], held: dict[str, float]) -> bool:
+        """Whether every output is within the tolerance on both sample sets."""
+        return max([*outputs.values(), *held.values()], default=0.0) <= self.tolerance
+
+    def done(self, result, errors, outputs, held, pinned, **extra) -> Refinement:
         return Refinement(result, len(self.history), self.runs, self.fp32_runner.runs, pinned, errors, outputs,
-                          self.history, met, fp32=self.fp32, **shares)  # type: ignore[arg-type]
+                          self.history, self.within(outputs, held), fp32=self.fp32, held_out_errors=held,
+                          held_out=len(self.held), metric=metric_name(self.opts.metric), **extra)
 
     def run(self) -> Refinement:
         low = self.opts.low_target
@@ -187,9 +219,9 @@ class _Refiner:
             plain = convert(self.fp32, dataclasses.replace(self.opts, target=low, fallback=None),
                             policy=self.policy, ranges=self.ranges)
         else:
-            plain, errors, outputs = self.convert()
-            if max(outputs.values(), default=0.0) <= self.tolerance:
-                return self.done(plain, errors, outputs, [])
+            plain, errors, outputs, held = self.convert()
+            if self.within(outputs, held):
+                return self.done(plain, errors, outputs, held, [])
         units = self.units(plain)
         # Switch groups: a Tensor Core unit's root, and its followers; a cheap unit whole; FP8 switches.
         groups: list[tuple[int, ...]] = []
@@ -203,38 +235,65 @@ class _Refiner:
         fp8_group = {root: len(groups) + k for k, root in enumerate(sorted(candidates))}
         probe_model = build_probe(self.fp32, plain.model, plain.decisions, groups, fp8=candidates,
                                   fp8_switches=fp8_group)
-        probe = SwitchProbe(self.fp32, probe_model, len(groups) + len(fp8_group), self.samples, self.runner)
+        probe = SwitchProbe(self.fp32, probe_model, len(groups) + len(fp8_group), self.fit, self.runner,
+                            held=self.held, metric=self.opts.metric)
         try:
-            items = [unit_choices(self.alone(probe), unit, part, fp8_group.get(unit.root), low)
-                     for unit, part in zip(units, parts, strict=True)]
             room = math.sqrt(max(self.tolerance ** 2 - probe.base ** 2, 0.0))
-            choice = VerifiedChoice([[c.option for c in item] for item in items],
-                                    lambda picks: probe.error(switches_on(items, picks)), self.tolerance, probe.base)
+            items = [unit_choices(self.alone(probe, room), unit, part, fp8_group.get(unit.root), low)
+                     for unit, part in zip(units, parts, strict=True)]
+            def error(picks: tuple[int, ...]) -> float:
+                return probe.error(switches_on(items, picks), above=self.tolerance)
+
+            def held_error(picks: tuple[int, ...]) -> float:
+                return probe.held_error(switches_on(items, picks), above=self.tolerance)
+
+            choice = VerifiedChoice([[c.option for c in item] for item in items], error, self.tolerance, probe.base,
+                                    held=held_error if self.held else None, held_base=probe.held_base)
             found = choice.choose(room)
             converted: set[tuple[int, ...]] = set()
             while True:
                 picks = list(found.picks)
                 decided = decide(self.fp32.graph, units, items, picks, self.tolerance, low)
-                result, errors, outputs = self.convert(decided)
+                result, errors, outputs, held = self.convert(decided)
                 converted.add(found.picks)
-                if (max(outputs.values(), default=0.0) <= self.tolerance or not any(picks)
-                        or len(converted) > _CONVERSION_RETRIES):
+                if self.within(outputs, held) or not any(picks) or len(converted) > _CONVERSION_RETRIES:
                     break
                 found = choice.choose(room, found.budget)  # the conversion missed what the probe measured
                 if found.picks in converted:
                     break  # the same choice below that budget: the same conversion
+            why = None if any(picks) or not units else self.why_fp32(probe, units, items, room)
         finally:
             self.runs += probe.runs
             probe.close()
         shares = _shares(units, items, picks, room)
-        return self.done(result, errors, outputs, decided.pinned, units=len(units), **shares)
+        return self.done(result, errors, outputs, held, decided.pinned, units=len(units), why_fp32=why, **shares)
+
+    def why_fp32(self, probe: SwitchProbe, units: list[Unit], items: list[list[Choice]], room: float) -> str:
+        """One line: no unit stays low, the output the unit that moves the outputs least moves most,
+        and by how much, on its own."""
+        best = min(range(len(units)), key=lambda i: min(c.option.error for c in items[i][1:]))
+        level = min(items[best][1:], key=lambda c: c.option.error)
+        moved = probe.errors(level.groups)
+        output = max(moved, key=lambda name: moved[name])
+        node = self.fp32.graph.node[units[best].root]
+        name = f"{node.op_type} '{node.name}'" if node.name else node.op_type
+        what = "relative L2" if self.opts.metric is Metric.REL_L2 else metric_name(self.opts.metric)
+        below = f" beyond what no unit controls ({probe.base:.3g})" if probe.base > 0 else ""
+        return (
+            f"no unit can stay {self.opts.low_target.value} within --tolerance {self.tolerance:g}: the one that moves "
+            f"the outputs least, {name}, alone moves output '{output}' by {moved[output]:.3g} ({what}){below}; "
+            f"inputs unlike the model's real ones (e.g. noise) can cause this"
+        )
 
     @staticmethod
-    def alone(probe: SwitchProbe):
+    def alone(probe: SwitchProbe, room: float):
         """What groups switched on alone add at the outputs, beyond what no group controls (squares
-        add: see :mod:`amp_compiler.core.knapsack`)."""
+        add: see :mod:`amp_compiler.core.knapsack`); beyond ``room`` at least (a lower bound: the
+        runs stop once it is proven)."""
+        above = math.sqrt(room ** 2 + probe.base ** 2)
+
         def error(on: frozenset[int]) -> float:
-            e = probe.error(on)
+            e = probe.error(on, above=above)
             return math.sqrt(max(e * e - probe.base ** 2, 0.0)) if math.isfinite(e) else math.inf
         return error
 

@@ -22,6 +22,7 @@ from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe, switch_nam
 from amp_compiler.onnx.tolerance.units import partition
 from amp_compiler.policy import default_table
 from amp_compiler.runtime.runner import InProcessRunner
+from amp_compiler.targets import Metric
 from models import catalog
 from tests.support.fp8_builders import conv_net, mlp
 
@@ -143,3 +144,35 @@ def test_the_fp32_probe_is_its_own_reference_and_counts_its_runs():
     assert probe.base == 0.0 and probe.error(()) == 0.0 and probe.runs == 2 * len(samples)
     singles = [probe.error({k}) for k in range(len(switches))]
     assert all(0 < s < 0.1 for s in singles) and probe.error(set(range(len(switches)))) > max(singles)
+
+
+def test_held_out_samples_are_measured_apart_and_a_bound_stops_the_runs():
+    fp32, samples, result, groups = _setup("decomposed-activations")
+    model = build_probe(fp32, result.model, result.decisions, groups)
+    runner = InProcessRunner()
+    both = SwitchProbe(fp32, model, len(groups), samples, runner)
+    split = SwitchProbe(fp32, model, len(groups), samples[:1], runner, held=samples[1:])
+    every = range(len(groups))
+    assert split.error(every) == pytest.approx(SwitchProbe(fp32, model, len(groups), samples[:1], runner).error(every))
+    assert split.held_error(every) == pytest.approx(SwitchProbe(fp32, model, len(groups), samples[1:], runner).error(every))
+    assert split.held_error(every) != split.error(every)
+    # a bound below the error: the runs stop at the first sample that proves it, with a lower bound
+    whole = both.error(every)
+    runs = both.runs
+    bound = both.error(every, above=whole / 100)
+    assert both.runs == runs + 1 and whole / 100 < bound <= whole
+    assert both.error(every, above=2 * whole) == pytest.approx(whole)  # not proven beyond: every sample
+
+
+def test_the_probe_measures_with_the_metric_it_is_given():
+    fp32, samples, result, groups = _setup("mlp-softmax")
+    model = build_probe(fp32, result.model, result.decisions, groups)
+    runner = InProcessRunner()
+    every = range(len(groups))
+    by_range = SwitchProbe(fp32, model, len(groups), samples, runner, metric=Metric.MAX_RANGE).error(every)
+    by_l2 = SwitchProbe(fp32, model, len(groups), samples, runner).error(every)
+    assert by_range > 0 and by_l2 > 0 and by_range != pytest.approx(by_l2)
+    calls = []
+    custom = SwitchProbe(fp32, model, len(groups), samples, runner,
+                         metric=lambda ref, got: calls.append(len(ref)) or 0.125).error(every)
+    assert custom == 0.125 and calls

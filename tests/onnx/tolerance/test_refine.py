@@ -1,0 +1,51 @@
+"""--tolerance on held-out samples and under other metrics: the choice is made on the calibration
+part, measured on both, and when no unit can stay low the refinement says why in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from amp_compiler.onnx.tolerance.refine import refine
+from amp_compiler.options import ConvertOptions
+from amp_compiler.runtime.runner import InProcessRunner
+from amp_compiler.targets import Metric
+from models import catalog
+
+
+def _model(name: str, n: int):
+    entry = catalog.get(name)
+    return catalog.load(entry), [entry.make_inputs(np.random.default_rng(s)) for s in range(n)]
+
+
+def test_the_tolerance_is_reported_and_met_on_the_held_out_samples_too():
+    fp32, samples = _model("decomposed-activations", 4)
+    with InProcessRunner() as runner:
+        plain = refine(fp32, samples, 1.0, runner=runner)  # the plain conversion meets it
+        tol = max([*plain.output_errors.values(), *plain.held_out_errors.values()]) / 2
+        r = refine(fp32, samples, tol, runner=runner)
+    assert plain.held_out == r.held_out == 2 and set(r.held_out_errors) == set(r.output_errors)
+    assert r.met and max(r.output_errors.values()) <= tol and max(r.held_out_errors.values()) <= tol
+    assert r.units and r.pinned and r.why_fp32 is None and r.metric == "rel-l2"
+
+
+def test_no_unit_low_says_which_output_and_how_far_off_in_one_line():
+    fp32, samples = _model("mlp-softmax", 3)
+    with InProcessRunner() as runner:
+        r = refine(fp32, samples, 1e-12, runner=runner)
+    assert r.units and r.low_flops_share == 0
+    assert r.why_fp32 is not None and "\n" not in r.why_fp32
+    assert r.why_fp32.startswith("no unit can stay fp16 within --tolerance 1e-12: the one that moves the outputs least")
+    assert f"output '{fp32.graph.output[0].name}' by " in r.why_fp32
+
+
+@pytest.mark.parametrize("metric", [Metric.ARGMAX, lambda fp32, converted: 0.0])
+def test_a_metric_the_plain_conversion_meets_needs_no_units(metric):
+    """A classifier held to its top-1 agreement: FP16 moves no argmax, so the plain conversion meets
+    a tolerance its relative L2 misses."""
+    fp32, samples = _model("mlp-softmax", 3)
+    with InProcessRunner() as runner:
+        by_l2 = refine(fp32, samples, 1e-9, runner=runner)
+        r = refine(fp32, samples, 1e-9, ConvertOptions(metric=metric), runner=runner)
+    assert not by_l2.met or by_l2.pinned
+    assert r.met and r.units == 0 and not r.pinned and max(r.output_errors.values()) == 0.0
