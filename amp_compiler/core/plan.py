@@ -11,7 +11,7 @@ import enum
 
 import onnx_ir as ir
 
-__all__ = ["Decision", "PrecisionPlan", "Role", "Rule"]
+__all__ = ["RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule"]
 
 
 class Role(enum.Enum):
@@ -74,6 +74,19 @@ class Rule(enum.Enum):
     OBSERVER = "observer"  # FX: reads a tensor's metadata only
 
 
+#: The rules that keep a vertex out of FP16 only because its values do not fit FP16's range: BF16,
+#: with FP32's range, holds them (``--range-fallback``, :mod:`amp_compiler.passes.analysis.range_fallback`).
+#: Arithmetic rules (``policy.high.*``: sums, norms, Exp/Log) are not here. A range probe's rule
+#: ("moved by the probe", issue 23) joins this set when it lands.
+RANGE_ONLY_RULES = frozenset({
+    Rule.CONSTANT_OVERFLOW,  # a constant beyond FP16's 65504
+    Rule.CONSTANT_UNDERFLOW,  # a constant below FP16's smallest subnormal (BF16's is 9.2e-41)
+    Rule.RANGE_OVERFLOW,  # provably beyond FP16 for the inputs' stated ranges
+    Rule.CALIBRATION_OVERFLOW,  # observed beyond FP16 on calibration data
+    Rule.CALIBRATION_UNDERFLOW,  # observed flushing to zero in FP16
+})
+
+
 @dataclasses.dataclass
 class Decision:
     dtype: ir.DataType
@@ -95,6 +108,10 @@ class PrecisionPlan:
     # HIGH vertices whose provider kernel computes in FP32 inside (rule ``policy.fp32-inside``): the
     # source that says so, for the reasons of the vertices painting decides next to them.
     fp32_inside: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Vertices painting made FP32 downstream of range-only DENY vertices alone (none of them reached
+    # from a DENY vertex for arithmetic), each with the range-pinned vertex it came from: what a BF16
+    # range fallback may take to BF16 with it.
+    range_denied: dict[int, int] = dataclasses.field(default_factory=dict)
     # Bytes moved by Casts: as painted, and after cast placement (None when placement did not run).
     cast_bytes_painting: int | None = None
     cast_bytes_final: int | None = None
@@ -111,4 +128,5 @@ class PrecisionPlan:
         return dataclasses.replace(
             self, roles=dict(self.roles), role_rules=dict(self.role_rules), decisions=dict(self.decisions),
             constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes), fp32_inside=dict(self.fp32_inside),
+            range_denied=dict(self.range_denied),
         )
