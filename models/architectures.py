@@ -298,6 +298,17 @@ def cached(path: Path, build: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
 # --------------------------------------------------------------------------------------------------
 
 
+def grow_residual(model, channels: list[int], base: float, growth: float) -> None:
+    """Scale rows ``channels`` of layer ``l``'s MLP down projection by ``base * growth**l``: those
+    channels of the residual stream grow layer by layer (the massive activations of trained LLMs,
+    a few channels thousands of times the others), past FP16's 65504 in the last layers."""
+    import torch
+
+    with torch.no_grad():
+        for layer, block in enumerate(model.model.layers):
+            block.mlp.down_proj.weight[channels, :] *= base * growth**layer
+
+
 def _wrap(forward: Callable, model):
     """An nn.Module holding ``model`` whose forward is ``forward(model, **inputs)``."""
     import torch
@@ -327,6 +338,10 @@ class Arch:
     vocab: int = 0  # for token-id inputs
     weight_dominated: bool = True
     tolerance: Tolerance = Tolerance()
+    # Massive activations (a decoder's residual stream growing layer by layer, as in trained LLMs):
+    # the rows ``channels`` of every layer's MLP down projection scaled by ``base * growth**layer``
+    # (:func:`grow_residual`); None: the weights as initialised.
+    residual_growth: dict | None = None
 
     def key(self) -> str:
         """Cache key: changes with the builder version, config, inputs and library versions."""
@@ -336,7 +351,8 @@ class Arch:
         blob = json.dumps(
             [BUILDER_VERSION, self.model_class, self.config_class, self.config,
              [(n, dataclasses.astuple(i)) for n, i in self.inputs.items()], self.output_names,
-             self.vocab, torch.__version__, transformers.__version__, OPSET, SEED],
+             self.vocab, torch.__version__, transformers.__version__, OPSET, SEED]
+            + ([self.residual_growth] if self.residual_growth else []),
             sort_keys=True,
             default=str,
         )
@@ -399,6 +415,8 @@ class Arch:
         config._attn_implementation = "eager"  # the classic MatMul/Softmax attention pattern
         model = getattr(transformers, self.model_class)(config)
         realistic_init(model, SEED)
+        if self.residual_growth:
+            grow_residual(model, **self.residual_growth)
         return _wrap(self.forward, model.eval())
 
     def torch_example(self) -> tuple:
@@ -556,6 +574,17 @@ ARCHS: list[Arch] = [
     Arch("gpt2", "full", "GPT2LMHeadModel", "GPT2Config", dict(use_cache=False),
          _text(1, 128, ("input_ids", "ids")), ("logits",), _gpt2,
          "GPT-2 124M LM (published config), sequence 128, no KV cache", vocab=50257),
+    # ---- A Llama decoder with massive activations ------------------------------------------------
+    Arch("llama-massive-activations-small", "small", "LlamaForCausalLM", "LlamaConfig",
+         dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=1024, max_position_embeddings=64, use_cache=False,
+              tie_word_embeddings=False),
+         _text(2, 16, ("input_ids", "ids")), ("logits",), _logits,
+         "Llama decoder (RMS norm, SwiGLU, rotary) with 4 layers, hidden 64, vocab 1024, sequence 16, "
+         "whose residual stream grows layer by layer in two channels (down projections scaled by "
+         "3000 * 15^layer): tens after layer 0, past FP16's 65504 after layer 3, as trained LLMs' "
+         "massive activations; every other channel fits FP16",
+         vocab=1024, residual_growth={"channels": [3, 17], "base": 3000.0, "growth": 15.0}),
     # ---- T5-small encoder ------------------------------------------------------------------------
     Arch("t5-small-encoder-small", "small", "T5EncoderModel", "T5Config",
          dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, vocab_size=1024),

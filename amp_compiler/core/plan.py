@@ -108,10 +108,6 @@ class PrecisionPlan:
     # HIGH vertices whose provider kernel computes in FP32 inside (rule ``policy.fp32-inside``): the
     # source that says so, for the reasons of the vertices painting decides next to them.
     fp32_inside: dict[int, str] = dataclasses.field(default_factory=dict)
-    # Vertices painting made FP32 downstream of range-only DENY vertices alone (none of them reached
-    # from a DENY vertex for arithmetic), each with the range-pinned vertex it came from: what a BF16
-    # range fallback may take to BF16 with it.
-    range_denied: dict[int, int] = dataclasses.field(default_factory=dict)
     # Bytes moved by Casts: as painted, and after cast placement (None when placement did not run).
     cast_bytes_painting: int | None = None
     cast_bytes_final: int | None = None
@@ -128,5 +124,4 @@ class PrecisionPlan:
         return dataclasses.replace(
             self, roles=dict(self.roles), role_rules=dict(self.role_rules), decisions=dict(self.decisions),
             constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes), fp32_inside=dict(self.fp32_inside),
-            range_denied=dict(self.range_denied),
         )

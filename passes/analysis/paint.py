@@ -4,9 +4,7 @@ Steps (TensorFlow's auto_mixed_precision painting, with the refinements ARCHITEC
 are made" describes):
 1. ALLOW vertices start low precision.
 2. DENY spreads forward through INFER vertices, and through CLEAR vertices that lead to a DENY or
-   INFER vertex, stopping at ALLOW vertices: an Add fed by Exp stays FP32. What DENY vertices pinned
-   by a range rule alone reach (and no other DENY vertex) is recorded (``plan.range_denied``): a BF16
-   range fallback may take it to BF16 with them.
+   INFER vertex, stopping at ALLOW vertices: an Add fed by Exp stays FP32.
 3. INFER/CLEAR vertices with a low-precision ancestor and a low-precision descendant (through
    INFER/CLEAR vertices not painted DENY) become low precision. Vertices that read no other vertex
    (their float inputs are constants, or they make floats from integers: a Cast from int64) count as
@@ -32,7 +30,7 @@ from collections.abc import Callable, Iterable
 import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
-from amp_compiler.core.plan import RANGE_ONLY_RULES, PrecisionPlan, Role, Rule
+from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require, require_roles
 
 __all__ = ["PaintPass"]
@@ -104,19 +102,11 @@ class PaintPass(AnalysisPass):
             pred,
             lambda w: roles[w] is Role.CLEAR,
         )
-        def admit_deny(w: int) -> bool:
-            return roles[w] is Role.INFER or (roles[w] is Role.CLEAR and w in upstream)
-
-        # Range-only DENY vertices spread apart from arithmetic ones: what they alone reach may hold
-        # its values in BF16 (a range fallback), what an arithmetic one reaches stays FP32.
-        painted_deny = _bfs(deny_seeds, succ, admit_deny)
-        by_range = [v for v in deny_seeds if plan.role_rules[v][0] in RANGE_ONLY_RULES]
-        if by_range:
-            by_arithmetic = [v for v in deny_seeds if plan.role_rules[v][0] not in RANGE_ONLY_RULES]
-            arithmetic = _bfs(by_arithmetic, succ, admit_deny)
-            plan.range_denied = {
-                v: src for v, src in _bfs(by_range, succ, admit_deny).items() if v not in arithmetic and v != src
-            }
+        painted_deny = _bfs(
+            deny_seeds,
+            succ,
+            lambda w: roles[w] is Role.INFER or (roles[w] is Role.CLEAR and w in upstream),
+        )
 
         def open_(w: int) -> bool:
             return roles[w] in (Role.INFER, Role.CLEAR) and w not in painted_deny

@@ -170,13 +170,13 @@ def test_a_constant_the_target_cannot_hold_wins():
         [tensor("big", np.full((4,), 1e6, np.float32)), tensor("one", np.ones((4,), np.float32))],
     )
     d = _decisions(convert(m, allow_ops=["Add"]))
-    assert (d["add_big"].precision, d["add_big"].rule) == ("bf16", "constant.overflow")  # the range fallback
+    assert (d["add_big"].precision, d["add_big"].rule) == ("fp32", "constant.overflow")
     assert (d["add_one"].precision, d["add_one"].rule) == ("fp16", "user.allow")
 
 
 def test_observed_overflow_wins():
     ranges = {"a": TensorRange(-20.0, 20.0, 20.0, 0.0, 0.0, 16), "e": TensorRange(0.0, 5e8, 5e8, 0.0, 0.0, 16)}
-    d = _decisions(convert(_exp_model(), allow_ops=["Exp"], ranges=ranges, range_fallback="fp32"))["block0/exp"]
+    d = _decisions(convert(_exp_model(), allow_ops=["Exp"], ranges=ranges))["block0/exp"]
     assert (d.precision, d.rule) == ("fp32", "calibration.overflow")
 
 

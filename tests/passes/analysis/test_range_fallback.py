@@ -1,5 +1,5 @@
-"""The range fallback: what only FP16's range keeps out of FP16 runs in BF16 where the provider has
-the kernel; what needs FP32 arithmetic stays FP32."""
+"""The range fallback: Tensor Core ops that only FP16's range keeps out of FP16 run in BF16 where the
+provider has the kernel; other range-pinned ops, and what needs FP32 arithmetic, stay FP32."""
 
 from __future__ import annotations
 
@@ -23,16 +23,18 @@ FP16 = onnx.TensorProto.FLOAT16
 
 
 def _scaled():
-    """MatMul -> Mul(1e5) -> Add -> MatMul: the Mul's constant is beyond FP16, the Add reads its result."""
+    """MatMul -> MatMul(weights up to 1e5) -> Add -> Mul(1e-5) -> MatMul: the second MatMul's weights
+    are beyond FP16 (a folded scale), the Add and the Mul read its large result."""
+    w_big = weights((8, 8), seed=2) * np.float32(1e5)
     return model(
         [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm1"),
-         helper.make_node("Mul", ["a", "big"], ["b"], name="scale"),
-         helper.make_node("Add", ["b", "a"], ["c"], name="add"),
+         helper.make_node("MatMul", ["a", "w_big"], ["b"], name="big_mm"),
+         helper.make_node("Add", ["b", "bias"], ["c"], name="add"),
          helper.make_node("Mul", ["c", "small"], ["s"], name="unscale"),
          helper.make_node("MatMul", ["s", "w2"], ["y"], name="mm2")],
         [vi("x", F32, [4, 8])], [vi("y", F32, [4, 8])],
-        [tensor("w", weights((8, 8))), tensor("w2", weights((8, 8), seed=1)),
-         tensor("big", np.array([1e5], np.float32)), tensor("small", np.array([1e-5], np.float32))],
+        [tensor("w", weights((8, 8))), tensor("w2", weights((8, 8), seed=1)), tensor("w_big", w_big),
+         tensor("bias", np.full((8,), 1e5, np.float32)), tensor("small", np.array([1e-5], np.float32))],
     )
 
 
@@ -40,24 +42,24 @@ def _decisions(result):
     return {d.node: d for d in result.decisions}
 
 
-def test_a_constant_beyond_fp16_takes_bf16_and_so_does_what_reads_its_result():
+def test_a_tensor_core_op_beyond_fp16_takes_bf16_an_elementwise_one_fp32():
     r = convert(_scaled())
     d = _decisions(r)
-    assert (d["scale"].precision, d["scale"].rule) == ("bf16", "constant.overflow")
-    assert "range fallback" in d["scale"].reason
-    assert (d["add"].precision, d["add"].rule) == ("bf16", "paint.deny-forward")
+    assert (d["big_mm"].precision, d["big_mm"].rule) == ("bf16", "constant.overflow")
+    assert "range fallback" in d["big_mm"].reason
+    # BF16 buys the Add no Tensor Core FLOPs and costs it 16 mantissa bits: FP32
+    assert (d["add"].precision, d["add"].rule) == ("fp32", "constant.overflow")
     assert d["mm1"].precision == d["mm2"].precision == "fp16"
-    # the Cast between the FP16 MatMul and the BF16 Mul converts directly, no FP32 hop
+    # the Cast between the FP16 MatMul and the BF16 one converts directly, no FP32 hop
     producers = {o: n for n in r.model.graph.node for o in n.output}
     casts = [n for n in r.model.graph.node if n.op_type == "Cast" and n.attribute[0].i == BF16]
-    assert casts and all(producers[c.input[0]].op_type == "MatMul" for c in casts)
+    assert [producers[c.input[0]].name for c in casts] == ["mm1"]
 
 
 def test_fp32_fallback_and_the_cpu_provider_keep_fp32():
     for kw in ({"range_fallback": "fp32"}, {"provider": "cpu"}):
         d = _decisions(convert(_scaled(), **kw))
-        assert (d["scale"].precision, d["scale"].rule) == ("fp32", "constant.overflow"), kw
-        assert d["add"].precision == "fp32", kw
+        assert (d["big_mm"].precision, d["big_mm"].rule) == ("fp32", "constant.overflow"), kw
 
 
 def test_bf16_fallback_is_as_accurate_and_finite_under_exact_emulation():
@@ -70,21 +72,19 @@ def test_bf16_fallback_is_as_accurate_and_finite_under_exact_emulation():
 
 
 def test_an_op_that_needs_fp32_arithmetic_stays_fp32_whatever_its_range():
-    """Exp (HIGH arithmetic) overflowing FP16 on calibration data stays FP32, and so does the Add it
-    feeds next to a range-pinned Mul: only range-alone pins move."""
+    """Exp (HIGH) overflowing FP16 on calibration data stays FP32; the MatMul reading its result
+    (pinned by calibration.overflow) takes BF16."""
     m = model(
         [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
          helper.make_node("Exp", ["a"], ["e"], name="exp"),
-         helper.make_node("Mul", ["a", "big"], ["b"], name="scale"),
-         helper.make_node("Add", ["e", "b"], ["y"], name="add")],
+         helper.make_node("MatMul", ["e", "w"], ["y"], name="mm_e")],
         [vi("x", F32, [4, 8])], [vi("y", F32, [4, 8])],
-        [tensor("w", weights((8, 8))), tensor("big", np.array([1e5], np.float32))],
+        [tensor("w", weights((8, 8)))],
     )
     ranges = {"e": TensorRange(0.0, 1e6, 1e6, 0.0, 0.0, 32)}
     d = _decisions(convert(m, ranges=ranges))
     assert d["exp"].precision == "fp32" and d["exp"].rule.startswith("policy.high")
-    assert d["scale"].precision == "bf16"
-    assert d["add"].precision == "fp32"
+    assert (d["mm_e"].precision, d["mm_e"].rule) == ("bf16", "calibration.overflow")
 
 
 def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
@@ -95,6 +95,7 @@ def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
     assert (d["stft"].precision, d["stft"].rule) == ("fp32", "input-range.overflow")
     assert "provider.no-kernel" in d["stft"].reason and "BF16" in d["stft"].reason
     assert d["mel"].precision == "bf16" and d["fc1"].precision == "fp16"
+    assert d["square"].precision == "fp32"  # elementwise: FP32
     x = _int16_audio()
     ref = run_onnxruntime(fp32, x)[0]
     err = {}
@@ -102,7 +103,7 @@ def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
         got = run_onnxruntime(emulate(converted.model), x)[0]
         assert np.isfinite(got).all()
         err[name] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-    assert err["mixed"] < err["bf16"]
+    assert err["mixed"] < err["bf16"] / 5
 
 
 def test_unknown_fallback_and_bf16_with_tolerance_are_one_line_errors():
