@@ -582,9 +582,9 @@ ARCHS: list[Arch] = [
          _text(2, 16, ("input_ids", "ids")), ("logits",), _logits,
          "Llama decoder (RMS norm, SwiGLU, rotary) with 4 layers, hidden 64, vocab 1024, sequence 16, "
          "whose residual stream grows layer by layer in two channels (down projections scaled by "
-         "3000 * 15^layer): tens after layer 0, past FP16's 65504 after layer 3, as trained LLMs' "
+         "9000 * 15^layer): about a hundred after layer 0, past FP16's 65504 in layer 3, as trained LLMs' "
          "massive activations; every other channel fits FP16",
-         vocab=1024, residual_growth={"channels": [3, 17], "base": 3000.0, "growth": 15.0}),
+         vocab=1024, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 15.0}),
     # ---- T5-small encoder ------------------------------------------------------------------------
     Arch("t5-small-encoder-small", "small", "T5EncoderModel", "T5Config",
          dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, vocab_size=1024),

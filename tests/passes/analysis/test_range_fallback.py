@@ -112,3 +112,15 @@ def test_unknown_fallback_and_bf16_with_tolerance_are_one_line_errors():
     x = {"x": np.ones((4, 8), np.float32)}
     with pytest.raises(OptionError, match="not combined with --tolerance"):
         refine(_scaled(), [x], 1e-3, ConvertOptions(range_fallback="bf16"))
+
+
+def test_fp8_with_an_fp16_fallback_keeps_the_range_fallback_and_its_rule():
+    """--target fp8 --fallback fp16: a GEMM beyond FP16 kept out of FP8 runs in BF16 under its range
+    rule (not fp8.kept-fp16), and the mixed FP8/FP16/BF16 model emulates finite."""
+    m = _scaled()
+    samples = [{"x": np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32)} for i in range(3)]
+    r = convert(m, target="fp8", fallback="fp16", samples=samples)
+    d = _decisions(r)
+    assert (d["big_mm"].precision, d["big_mm"].rule) == ("bf16", "constant.overflow")
+    got = run_onnxruntime(emulate(r.model), samples[0])[0]
+    assert np.isfinite(got).all()
