@@ -31,7 +31,6 @@ from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
-from benchmarks.cold import write_section
 from models import catalog
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -39,6 +38,18 @@ BEGIN = "<!-- range-fallback:begin (python -m benchmarks.range_fallback_table --
 END = "<!-- range-fallback:end -->"
 INT16 = (-32768.0, 32767.0)
 _RANGE_RULES = {r.value for r in RANGE_ONLY_RULES}
+
+
+HEADER = (
+    "Command: `python -m benchmarks.range_fallback_table --results`. Per model, conversions for the provider "
+    "named (CUDA unless `tensorrt:`) with the same range information (calibration ranges of two samples; "
+    "stft-power-mel: the int16 range stated for its input), measured on a third sample under exact emulation "
+    "(every tensor rounded to its own type): the worst relative L2 error of a float output against FP32, "
+    "NaN/Inf in an output, the share of Tensor Core FLOPs (MatMul/Gemm/Conv) whose input is FP32, and the "
+    "Cast nodes. onnxruntime 1.32's `convert_float_to_float16(..., node_block_list=..., "
+    "use_bfloat16_as_blocked_nodes_dtype=True)` gets as blocked nodes those amp-compiler kept out of FP16 "
+    "for their range (BF16 or FP32): the same blocked nodes."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +173,17 @@ def table(all_rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def write_section(path: Path, text: str) -> None:
+    """``text`` between this benchmark's markers in ``path``: in place of its section, else at the end."""
+    old = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        path.write_text(head + block + rest.split(END, 1)[1].lstrip("\n"))
+    else:
+        path.write_text(old.rstrip("\n") + "\n\n" + block)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", action="store_true", help=f"write the table into {RESULTS.name}")
@@ -170,7 +192,7 @@ def main() -> None:
     text = table(all_rows)
     print(text)
     if args.results:
-        write_section(RESULTS, "## FP16 with BF16 range fallbacks (issue 26)\n\n" + text, BEGIN, END)
+        write_section(RESULTS, f"## FP16 with BF16 range fallbacks (issue 26)\n\n{HEADER}\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -298,15 +298,22 @@ def cached(path: Path, build: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
 # --------------------------------------------------------------------------------------------------
 
 
-def grow_residual(model, channels: list[int], base: float, growth: float) -> None:
-    """Scale rows ``channels`` of layer ``l``'s MLP down projection by ``base * growth**l``: those
-    channels of the residual stream grow layer by layer (the massive activations of trained LLMs,
-    a few channels thousands of times the others), past FP16's 65504 in the last layers."""
+def grow_residual(model, channels: list[int], base: float, growth: float, unit: int = 0) -> None:
+    """Massive activations, made by activations, not weights: in layer ``l`` the gate and up rows of
+    MLP unit ``unit`` are scaled by ``sqrt(base * growth**l)`` each (their SwiGLU product by
+    ``base * growth**l``) and the down projection writes that unit into the residual stream's
+    ``channels`` only, with weight 1. Those channels grow layer by layer (trained LLMs show a few
+    channels thousands of times the others), past FP16's 65504 in the last layers, while every weight
+    stays within FP16's range."""
     import torch
 
     with torch.no_grad():
         for layer, block in enumerate(model.model.layers):
-            block.mlp.down_proj.weight[channels, :] *= base * growth**layer
+            scale = (base * growth**layer) ** 0.5
+            block.mlp.gate_proj.weight[unit, :] *= scale
+            block.mlp.up_proj.weight[unit, :] *= scale
+            block.mlp.down_proj.weight[:, unit] = 0.0
+            block.mlp.down_proj.weight[channels, unit] = 1.0
 
 
 def _wrap(forward: Callable, model):
@@ -581,10 +588,11 @@ ARCHS: list[Arch] = [
               tie_word_embeddings=False),
          _text(2, 16, ("input_ids", "ids")), ("logits",), _logits,
          "Llama decoder (RMS norm, SwiGLU, rotary) with 4 layers, hidden 64, vocab 1024, sequence 16, "
-         "whose residual stream grows layer by layer in two channels (down projections scaled by "
-         "9000 * 15^layer): about a hundred after layer 0, past FP16's 65504 in layer 3, as trained LLMs' "
-         "massive activations; every other channel fits FP16",
-         vocab=1024, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 15.0}),
+         "whose residual stream grows layer by layer in two channels, as trained LLMs' massive "
+         "activations (one SwiGLU unit per layer scaled by 9000 * 15^layer, written into those "
+         "channels: down projection outputs of about 7e3, 5e4 and 1.5e6 in layers 1 to 3, every weight "
+         "within FP16); every other channel fits FP16",
+         vocab=1024, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 15.0, "unit": 5}),
     # ---- T5-small encoder ------------------------------------------------------------------------
     Arch("t5-small-encoder-small", "small", "T5EncoderModel", "T5Config",
          dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, vocab_size=1024),
