@@ -124,3 +124,12 @@ def test_fp8_with_an_fp16_fallback_keeps_the_range_fallback_and_its_rule():
     assert (d["big_mm"].precision, d["big_mm"].rule) == ("bf16", "constant.overflow")
     got = run_onnxruntime(emulate(r.model), samples[0])[0]
     assert np.isfinite(got).all()
+
+
+def test_the_summary_line_counts_bf16_tensor_core_ops(tmp_path, capsys):
+    from amp_compiler.cli import main
+
+    onnx.save(_scaled(), tmp_path / "m.onnx")
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "nodes: bf16 1," in out and "Tensor Core ops in fp16: 2/3 (bf16 range fallback: 1)" in out
