@@ -349,6 +349,7 @@ class Arch:
     # the rows ``channels`` of every layer's MLP down projection scaled by ``base * growth**layer``
     # (:func:`grow_residual`); None: the weights as initialised.
     residual_growth: dict | None = None
+    calibrate: bool = False  # its activations leave FP16 on its own inputs (models.entry.CatalogModel)
 
     def key(self) -> str:
         """Cache key: changes with the builder version, config, inputs and library versions."""
@@ -592,7 +593,18 @@ ARCHS: list[Arch] = [
          "activations (one SwiGLU unit per layer scaled by 9000 * 15^layer, written into those "
          "channels: down projection outputs of about 7e3, 5e4 and 1.5e6 in layers 1 to 3, every weight "
          "within FP16); every other channel fits FP16",
-         vocab=1024, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 15.0, "unit": 5}),
+         vocab=1024, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 15.0, "unit": 5},
+         calibrate=True),
+    Arch("llama-massive-activations", "full", "LlamaForCausalLM", "LlamaConfig",
+         dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+              intermediate_size=1408, vocab_size=32000, max_position_embeddings=256, use_cache=False,
+              tie_word_embeddings=False),
+         _text(1, 128, ("input_ids", "ids")), ("logits",), _logits,
+         "Llama decoder with 8 layers, hidden 512, vocab 32000, sequence 128, grouped-query attention, "
+         "whose residual stream grows layer by layer in two channels (one SwiGLU unit per layer scaled "
+         "by 9000 * 4^layer) past FP16's range in the last layers",
+         vocab=32000, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 4.0, "unit": 5},
+         calibrate=True),
     # ---- T5-small encoder ------------------------------------------------------------------------
     Arch("t5-small-encoder-small", "small", "T5EncoderModel", "T5Config",
          dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, vocab_size=1024),

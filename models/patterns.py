@@ -31,10 +31,11 @@ from models.handbuilt import F32, _Graph, _model, _seed, _vi
 ENTRIES: list[CatalogModel] = []
 
 
-def _register(name: str, build, make_inputs, description: str, tolerance: Tolerance | None = None) -> None:
+def _register(name: str, build, make_inputs, description: str, tolerance: Tolerance | None = None,
+              calibrate: bool = False) -> None:
     ENTRIES.append(CatalogModel(
         name=name, kind="rule", size="small", build=lambda _cache, _b=build: _b(), make_inputs=make_inputs,
-        tolerance=tolerance or Tolerance(), description=description,
+        tolerance=tolerance or Tolerance(), description=description, calibrate=calibrate,
     ))
 
 
@@ -235,6 +236,7 @@ _register(
     "a tiny variance folded into it) reaches about 3.4e5 on ordinary images, beyond FP16's range, "
     "before class (Sigmoid) and box convolutions that scale it back to ordinary values: calibration "
     "keeps the hidden convolution and its readers out of FP16, everything else fits it.",
+    calibrate=True,
 )
 
 

@@ -21,9 +21,9 @@ from onnx import TensorProto, numpy_helper
 
 from amp_compiler import convert
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
-from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate
 from models import catalog
+from models.entry import calibration_ranges
 
 ENTRIES = catalog.entries(size="small", kind="rule")
 NAMES = [e.name for e in ENTRIES]
@@ -34,9 +34,6 @@ EXPECTED = {
     "layernorm-gelu-erf", "reductions", "resize-topk", "lstm-gru", "convtranspose-einsum",
     "shared-initializer", "pool-pad-concat", "constant-nodes",
 }
-
-# Patterns whose values leave FP16's range on ordinary inputs, which only calibration sees.
-NEEDS_CALIBRATION = {"detection-head-overflow"}
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 
@@ -54,7 +51,7 @@ def _fp32(name: str) -> onnx.ModelProto:
 @functools.cache
 def _converted(name: str, target: str):
     # Entries whose overflow only observed values show are converted with calibration ranges.
-    ranges = collect_ranges(_fp32(name), [_feeds(name)]) if name in NEEDS_CALIBRATION else None
+    ranges = calibration_ranges(catalog.get(name), _fp32(name))
     return convert(_fp32(name), target=target, provider="cuda", keep_io_types=True, ranges=ranges)
 
 
