@@ -16,7 +16,9 @@ later GPUs (sm_80+), where FP32 GEMMs run at TF32's half speed or worse. Which v
 - the provider has a BF16 kernel for its node (the one kernel lookup,
   :meth:`~amp_compiler.passes.analysis.coverage.KernelCoveragePass.kernel_missing`: onnxruntime's CUDA
   registry snapshot, TensorRT's type table) and its Cast converts FP16 and BF16 directly in both
-  directions at the model's opset. Without them it stays FP32 under its range rule, its reason
+  directions at the model's opset, and onnx's schema of the op takes BF16 at that opset (TensorRT's
+  table lists BF16 Conv, onnx's Conv takes it from opset 22). Without them it stays FP32 under its
+  range rule, its reason
   naming what is missing (``provider.no-kernel``: onnxruntime's CUDA provider has no BF16 Conv);
 - not tied to a Transpose by ``runtime.ort-transpose-matmul``: a Cast between the two is what
   onnxruntime crashes on.
@@ -51,6 +53,25 @@ def direct_cast_missing(coverage: KernelCoverage, opset: int) -> str | None:
     for a, b in (("float16", "bfloat16"), ("bfloat16", "float16")):
         if not coverage.supports("", "Cast", since, [("T1", (a,)), ("T2", (b,))]):
             return f"the {SHORT_NAMES[coverage.provider]} provider's Cast-{since} does not convert {a} to {b}"
+    return None
+
+
+def _schema_missing(vertex: Vertex, opsets) -> str | None:
+    """Why onnx's schema of the vertex's node takes no BF16 at the model's opset (Conv before opset 22:
+    TensorRT's table would take it, the ONNX file could not hold it), or None."""
+    node = vertex.node
+    if node is None:
+        return None
+    domain = node.domain or ""
+    if not schemas.is_onnx_domain(domain):
+        return None
+    opset = opsets.get("", opsets.get("ai.onnx", 1))
+    sig = schemas.lookup(domain, node.op_type, opset)
+    if sig is None:
+        return None
+    for allowed in sig.allowed.values():
+        if "tensor(float)" in allowed and "tensor(bfloat16)" not in allowed:
+            return f"onnx's {node.op_type}-{sig.since_version} (the model's opset {opset}) takes no bfloat16"
     return None
 
 
@@ -99,7 +120,7 @@ class RangeFallbackPass(AnalysisPass):
             rule, reason = plan.role_rules[vid]
             if tied & (set(graph.digraph.pred[vid]) | set(graph.digraph.succ[vid])):
                 continue  # a Cast between a tied Transpose and its MatMul crashes onnxruntime
-            missing = cast_missing
+            missing = cast_missing or _schema_missing(vertex, graph.model.opset_imports)
             if missing is None:
                 found = lookup.kernel_missing(graph, vertex, "bfloat16")
                 missing = None if found is None else f"{found[0]} ({found[1]})"

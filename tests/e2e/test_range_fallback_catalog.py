@@ -17,10 +17,10 @@ def test_mixed_fp16_bf16_is_finite_beats_all_bf16_and_keeps_tensor_cores_low(cas
     # as accurate as all-BF16 at least, and within 2x of FP32 fallbacks (BF16 GEMMs against FP32 ones)
     assert mixed.error <= max(all_bf16.error, fp32_fallback.error)
     assert mixed.error <= 2 * fp32_fallback.error and trt.error < 1e-2
-    # no Tensor Core FLOPs left in FP32 where a BF16 kernel exists (TensorRT: every one here)
-    assert trt.fp32_tc == 0.0
-    assert mixed.fp32_tc <= fp32_fallback.fp32_tc
+    # no Tensor Core FLOPs left in FP32 where a BF16 kernel exists (the Convs here are below opset 22,
+    # where onnx's Conv takes no BF16: they stay FP32 on every provider)
+    assert mixed.fp32_tc <= fp32_fallback.fp32_tc and trt.fp32_tc <= fp32_fallback.fp32_tc
     if case.name == "llama-massive-activations-small":
-        assert mixed.fp32_tc == 0.0 < fp32_fallback.fp32_tc
+        assert mixed.fp32_tc == trt.fp32_tc == 0.0 < fp32_fallback.fp32_tc
         assert mixed.error < all_bf16.error / 5  # most values fit FP16: mixed clearly beats all-BF16
         assert not by_way["fp16, no range information"].finite
