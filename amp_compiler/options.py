@@ -17,7 +17,8 @@ from amp_compiler.targets import Provider, Target
 __all__ = [
     "CUSTOM_OP_PRECISIONS", "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops",
     "check_custom_op_precision", "check_fallback", "check_fp8_options", "check_input_ranges", "check_keep_io_types",
-    "parse_custom_op_precision", "parse_input_range", "resolve_options",
+    "RANGE_FALLBACKS", "RANGE_FALLBACK_DEFAULTS", "parse_custom_op_precision", "parse_input_range", "range_fallback",
+    "resolve_options",
 ]
 
 
@@ -90,6 +91,11 @@ class ConvertOptions:
     # held-out ones too (none are held out from fewer than 2 samples; 0 holds none out).
     metric: ErrorMetric = Metric.REL_L2
     holdout: float = targets.HOLDOUT
+    # FP16 conversions: the type of nodes kept out of FP16 only by their range (constants, observed or
+    # provable overflow: core.plan.RANGE_ONLY_RULES): "bf16" (where the provider has a BF16 kernel;
+    # BF16 Tensor Cores: Ampere sm_80 and later, not Turing/Volta) or "fp32". None: the provider's
+    # default, RANGE_FALLBACK_DEFAULTS.
+    range_fallback: str | None = None
 
     def __post_init__(self) -> None:
         """Take the plain types people write (``target="bf16"``, ``block_ops=["Softmax"]``,
@@ -129,6 +135,24 @@ class ConvertOptions:
         if self.target is Target.FP8:
             return self.fallback or Target.FP16
         return self.target
+
+
+#: ``range_fallback`` per provider when not given: BF16 on the GPU providers (the catalog's range-pinned
+#: models: as accurate as FP32 fallbacks, no Tensor Core FLOPs left in FP32; benchmarks/RESULTS.md),
+#: FP32 on the CPU provider (it has almost no BF16 kernels).
+RANGE_FALLBACK_DEFAULTS = {Provider.CUDA: "bf16", Provider.TENSORRT: "bf16", Provider.CPU: "fp32"}
+RANGE_FALLBACKS = ("bf16", "fp32")
+
+
+def range_fallback(opts: ConvertOptions) -> str:
+    """The range fallback ``opts`` ask for (their provider's default when not given), checked: an
+    :class:`OptionError` for anything but ``bf16``/``fp32``."""
+    if opts.range_fallback is None:
+        return RANGE_FALLBACK_DEFAULTS[opts.provider]
+    if opts.range_fallback not in RANGE_FALLBACKS:
+        raise OptionError(f"unknown range fallback {opts.range_fallback!r}: expected bf16 or fp32",
+                          option="range_fallback")
+    return opts.range_fallback
 
 
 def resolve_options(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:

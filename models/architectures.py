@@ -298,6 +298,24 @@ def cached(path: Path, build: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
 # --------------------------------------------------------------------------------------------------
 
 
+def grow_residual(model, channels: list[int], base: float, growth: float, unit: int = 0) -> None:
+    """Massive activations, made by activations, not weights: in layer ``l`` the gate and up rows of
+    MLP unit ``unit`` are scaled by ``sqrt(base * growth**l)`` each (their SwiGLU product by
+    ``base * growth**l``) and the down projection writes that unit into the residual stream's
+    ``channels`` only, with weight 1. Those channels grow layer by layer (trained LLMs show a few
+    channels thousands of times the others), past FP16's 65504 in the last layers, while every weight
+    stays within FP16's range."""
+    import torch
+
+    with torch.no_grad():
+        for layer, block in enumerate(model.model.layers):
+            scale = (base * growth**layer) ** 0.5
+            block.mlp.gate_proj.weight[unit, :] *= scale
+            block.mlp.up_proj.weight[unit, :] *= scale
+            block.mlp.down_proj.weight[:, unit] = 0.0
+            block.mlp.down_proj.weight[channels, unit] = 1.0
+
+
 def _wrap(forward: Callable, model):
     """An nn.Module holding ``model`` whose forward is ``forward(model, **inputs)``."""
     import torch
@@ -327,6 +345,11 @@ class Arch:
     vocab: int = 0  # for token-id inputs
     weight_dominated: bool = True
     tolerance: Tolerance = Tolerance()
+    # Massive activations (a decoder's residual stream growing layer by layer, as in trained LLMs):
+    # the rows ``channels`` of every layer's MLP down projection scaled by ``base * growth**layer``
+    # (:func:`grow_residual`); None: the weights as initialised.
+    residual_growth: dict | None = None
+    calibrate: bool = False  # its activations leave FP16 on its own inputs (models.entry.CatalogModel)
 
     def key(self) -> str:
         """Cache key: changes with the builder version, config, inputs and library versions."""
@@ -336,7 +359,8 @@ class Arch:
         blob = json.dumps(
             [BUILDER_VERSION, self.model_class, self.config_class, self.config,
              [(n, dataclasses.astuple(i)) for n, i in self.inputs.items()], self.output_names,
-             self.vocab, torch.__version__, transformers.__version__, OPSET, SEED],
+             self.vocab, torch.__version__, transformers.__version__, OPSET, SEED]
+            + ([self.residual_growth] if self.residual_growth else []),
             sort_keys=True,
             default=str,
         )
@@ -399,6 +423,8 @@ class Arch:
         config._attn_implementation = "eager"  # the classic MatMul/Softmax attention pattern
         model = getattr(transformers, self.model_class)(config)
         realistic_init(model, SEED)
+        if self.residual_growth:
+            grow_residual(model, **self.residual_growth)
         return _wrap(self.forward, model.eval())
 
     def torch_example(self) -> tuple:
@@ -556,6 +582,29 @@ ARCHS: list[Arch] = [
     Arch("gpt2", "full", "GPT2LMHeadModel", "GPT2Config", dict(use_cache=False),
          _text(1, 128, ("input_ids", "ids")), ("logits",), _gpt2,
          "GPT-2 124M LM (published config), sequence 128, no KV cache", vocab=50257),
+    # ---- A Llama decoder with massive activations ------------------------------------------------
+    Arch("llama-massive-activations-small", "small", "LlamaForCausalLM", "LlamaConfig",
+         dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=1024, max_position_embeddings=64, use_cache=False,
+              tie_word_embeddings=False),
+         _text(2, 16, ("input_ids", "ids")), ("logits",), _logits,
+         "Llama decoder (RMS norm, SwiGLU, rotary) with 4 layers, hidden 64, vocab 1024, sequence 16, "
+         "whose residual stream grows layer by layer in two channels, as trained LLMs' massive "
+         "activations (one SwiGLU unit per layer scaled by 9000 * 15^layer, written into those "
+         "channels: down projection outputs of about 7e3, 5e4 and 1.5e6 in layers 1 to 3, every weight "
+         "within FP16); every other channel fits FP16",
+         vocab=1024, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 15.0, "unit": 5},
+         calibrate=True),
+    Arch("llama-massive-activations", "full", "LlamaForCausalLM", "LlamaConfig",
+         dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+              intermediate_size=1408, vocab_size=32000, max_position_embeddings=256, use_cache=False,
+              tie_word_embeddings=False),
+         _text(1, 128, ("input_ids", "ids")), ("logits",), _logits,
+         "Llama decoder with 8 layers, hidden 512, vocab 32000, sequence 128, grouped-query attention, "
+         "whose residual stream grows layer by layer in two channels (one SwiGLU unit per layer scaled "
+         "by 9000 * 4^layer) past FP16's range in the last layers",
+         vocab=32000, residual_growth={"channels": [3, 17], "base": 9000.0, "growth": 4.0, "unit": 5},
+         calibrate=True),
     # ---- T5-small encoder ------------------------------------------------------------------------
     Arch("t5-small-encoder-small", "small", "T5EncoderModel", "T5Config",
          dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, vocab_size=1024),

@@ -38,6 +38,19 @@ class CatalogModel:
     tolerance: Tolerance = Tolerance()
     weight_dominated: bool = False  # file size is mostly float weights (shrinks ~2x in FP16)
     description: str = ""
+    # Its values leave FP16's range on its own inputs, which only calibration sees: tests convert it
+    # with calibration ranges (``calibration_ranges``), as a user would with --calibration-data.
+    calibrate: bool = False
+
+
+def calibration_ranges(entry: CatalogModel, model: onnx.ModelProto) -> dict | None:
+    """Calibration ranges of ``model`` on two of the entry's inputs (seeds 1000, 1001) where the entry
+    needs them (``calibrate``), else None."""
+    if not entry.calibrate:
+        return None
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
+
+    return collect_ranges(model, [entry.make_inputs(np.random.default_rng(1000 + k)) for k in range(2)])
 
 
 def entries_from_specs(
@@ -54,6 +67,7 @@ def entries_from_specs(
             make_inputs=spec.make_inputs,
             tolerance=spec.tolerance,
             weight_dominated=spec.weight_dominated,
+            calibrate=getattr(spec, "calibrate", False),
         )
         for spec in specs
     ]

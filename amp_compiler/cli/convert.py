@@ -117,6 +117,8 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     policy = default_table()
     heavy = [d for d in decisions if policy.is_tensor_core(d.domain, d.op_type)]
     heavy_low = sum(1 for d in heavy if d.precision == target)
+    # FP16 conversions: Tensor Core ops in BF16 (the range fallback) are on Tensor Cores too
+    heavy_bf16 = sum(1 for d in heavy if d.precision == Target.BF16.value) if target == Target.FP16.value else 0
     by_precision = Counter(d.precision for d in decisions if d.rule != Rule.LOWERING_CAST.value)
     size_in = sum(Path(f).stat().st_size for f in input_files)
     size_out = sum(Path(f).stat().st_size for f in output_files)
@@ -125,6 +127,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
         + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
+        + (f" (bf16 range fallback: {heavy_bf16})" if heavy_bf16 else "")
         + (f" ({fp8_flop_share(result):.0%} of their FLOPs)" if target == Target.FP8.value else "")
         + f" | casts inserted: {result.casts_inserted}"
         + (f" (the model's own removed: {result.casts_removed})" if result.casts_removed else "")

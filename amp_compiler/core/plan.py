@@ -11,7 +11,7 @@ import enum
 
 import onnx_ir as ir
 
-__all__ = ["Decision", "PrecisionPlan", "Role", "Rule"]
+__all__ = ["RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule"]
 
 
 class Role(enum.Enum):
@@ -72,6 +72,19 @@ class Rule(enum.Enum):
     NONFLOAT = "nonfloat"  # no float inputs or outputs
     SHAPE_ONLY = "nonfloat.shape-only"  # reads only the shape of its float inputs: any float type, no Cast
     OBSERVER = "observer"  # FX: reads a tensor's metadata only
+
+
+#: The rules that keep a vertex out of FP16 only because its values do not fit FP16's range: BF16,
+#: with FP32's range, holds them (``--range-fallback``, :mod:`amp_compiler.passes.analysis.range_fallback`).
+#: Arithmetic rules (``policy.high.*``: sums, norms, Exp/Log) are not here. A range probe's rule
+#: ("moved by the probe", issue 23) joins this set when it lands.
+RANGE_ONLY_RULES = frozenset({
+    Rule.CONSTANT_OVERFLOW,  # a constant beyond FP16's 65504
+    Rule.CONSTANT_UNDERFLOW,  # a constant below FP16's smallest subnormal (BF16's is 9.2e-41)
+    Rule.RANGE_OVERFLOW,  # provably beyond FP16 for the inputs' stated ranges
+    Rule.CALIBRATION_OVERFLOW,  # observed beyond FP16 on calibration data
+    Rule.CALIBRATION_UNDERFLOW,  # observed flushing to zero in FP16
+})
 
 
 @dataclasses.dataclass

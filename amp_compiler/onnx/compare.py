@@ -263,7 +263,10 @@ def _node_errors(
 
 
 def _target_of(types: dict[str, int]) -> Target:
-    return Target.BF16 if onnx.TensorProto.BFLOAT16 in types.values() else Target.FP16
+    """BF16 for a model with BF16 tensors and no FP16 ones; FP16 otherwise (FP16 and BF16 together: an
+    FP16 conversion with BF16 range fallbacks)."""
+    found = set(types.values())
+    return Target.BF16 if onnx.TensorProto.BFLOAT16 in found and onnx.TensorProto.FLOAT16 not in found else Target.FP16
 
 
 def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: list[NodeComparison]) -> str:

@@ -50,6 +50,7 @@ from amp_compiler.options import (
     check_fallback,
     check_fp8_options,
     check_keep_io_types,
+    range_fallback,
     resolve_options,
 )
 from amp_compiler.passes.analysis import UserChoices, compile_patterns
@@ -102,6 +103,7 @@ def convert(
     check_placement(opts.placement)
     check_fallback(opts)
     check_custom_op_precision(opts.custom_op_precision)
+    fallback_for_range = range_fallback(opts)
     fp8 = opts.target is Target.FP8
     if fp8:
         check_fp8_options(opts)
@@ -147,6 +149,7 @@ def convert(
         kept={nodes[i]: why for i, why in opts.kept_nodes if i < len(nodes)},
         ranges=ranges,
         placement=opts.placement,
+        range_fallback=fallback_for_range,
         reached=reached_magnitudes(bounds) or None,
         elements=(
             placement_elements(with_small_weights(source), unshaped, shapes)

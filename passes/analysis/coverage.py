@@ -101,6 +101,14 @@ class KernelCoveragePass(AnalysisPass):
                 note = f"{missing} ({consequence})"
                 plan.notes[vertex.id] = f"{plan.notes[vertex.id]}; {note}" if vertex.id in plan.notes else note
 
+    def kernel_missing(self, graph: PrecisionGraph, vertex, type_name: str) -> tuple[str, str] | None:
+        """Why the provider has no kernel taking ``type_name`` ("bfloat16") for the vertex's nodes, and
+        the coverage that says so; None when it has one (or no coverage is known)."""
+        coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
+        if coverage is None or not isinstance(graph.model, ir.Model):
+            return None
+        return self._missing(vertex, coverage, type_name, graph.model.opset_imports)
+
     def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> tuple[str, str] | None:
         """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ...") and
         the coverage that says so, or None."""

@@ -13,6 +13,19 @@ The cost is the bytes Casts move: a tensor whose producer and users differ needs
 infinite) and ``b_t`` (an FP32 copy exists, mirrored). A tensor with a single user needs no
 auxiliary vertex: one edge each way.
 
+Three types (FP16 conversions with BF16 range fallbacks,
+:mod:`amp_compiler.passes.analysis.range_fallback`): an exact reduction to this two-label cut, not a
+three-label cut. The BF16 set is fixed by the range rules before placement (those vertices are
+terminals of neither side); the free vertices still choose FP32 or FP16, so the problem solved is:
+given the BF16 vertices, colour the free ones FP32/FP16 to move the fewest cast bytes, a Cast between
+FP32 and a 16-bit type moving 6 bytes per element, one between FP16 and BF16 (direct: the fallback
+requires the provider's Cast to convert them) 4. Its terms stay representable exactly: a BF16 tensor
+pays a Cast to FP32 when any user is FP32 (``b_t``: users -> b_t infinite, b_t -> sink its cost) and
+one to FP16 when any user is FP16 (``a_t``: source -> a_t its cost, a_t -> users infinite); a tensor
+that BF16 vertices read pays one Cast to BF16, from FP16 (4) or from FP32 (6): the difference is a
+unary term on its producer (producer -> sink). ``tests/passes/analysis/test_mincut_three_types.py``
+checks the optimum against exhaustive search on small random graphs.
+
 How it stays fast on 100,000-node graphs, exactly:
 
 - Only connected free regions where painting pays for a Cast are solved; elsewhere painting costs
@@ -65,6 +78,10 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, 
 __all__ = ["MinCutPlacementPass", "total_cast_bytes", "unshaped_tensors"]
 
 _SOURCE, _SINK = "s", "t"  # FP32 side, low-precision side
+_THIRD = "bf16"  # the fixed vertices of the third type (BF16 range fallbacks in an FP16 conversion)
+#: Colours of a vertex: the FP32 side (FP32, and other fixed types), the target's low type, and the
+#: third type: BF16 where the target is FP16 (:mod:`amp_compiler.passes.analysis.range_fallback`).
+FP32, LOW, THIRD = 0, 1, 2
 
 
 def tensor_elements(value: ValueView) -> int:
@@ -86,9 +103,21 @@ class _Tensor:
     users: set[int]
     bytes: int = 0  # what a Cast of it moves
 
-    def needs_cast(self, low_of: dict[int, bool]) -> bool:
+    def needs_cast(self, low_of: Mapping[int, int]) -> bool:
         p = low_of.get(self.producer)
         return p is not None and any(low_of.get(u, p) != p for u in self.users)
+
+    def cost(self, low_of: Mapping[int, int]) -> int:
+        """Bytes its Casts move under a colouring (one Cast per dtype its users need but its producer's):
+        a Cast from or to FP32 moves 6 bytes per element, one between two 16-bit types 4."""
+        p = low_of.get(self.producer)
+        if p is None:
+            return 0
+        return sum(self.cast(p, c) for c in {low_of.get(u, p) for u in self.users} - {p})
+
+    def cast(self, a: int, b: int) -> int:
+        """Bytes one Cast of it between colours ``a`` and ``b`` moves."""
+        return self.bytes if FP32 in (a, b) else self.bytes * 2 // 3
 
 
 def _tensors(graph: PrecisionGraph, elements: Mapping[str, int] | None = None) -> list[_Tensor]:
@@ -119,9 +148,22 @@ def unshaped_tensors(graph: PrecisionGraph) -> set[str]:
     }
 
 
-def total_cast_bytes(tensors: Iterable[_Tensor], low_of: dict[int, bool]) -> int:
-    """Bytes moved by the Casts a colouring needs (one per tensor and dtype)."""
-    return sum(t.bytes for t in tensors if t.needs_cast(low_of))
+def total_cast_bytes(tensors: Iterable[_Tensor], low_of: Mapping[int, int]) -> int:
+    """Bytes moved by the Casts a colouring needs (one per tensor and dtype; colours :data:`FP32`,
+    :data:`LOW`, :data:`THIRD`, or booleans for low precision or not)."""
+    return sum(t.cost(low_of) for t in tensors)
+
+
+def colours(graph: PrecisionGraph, plan: PrecisionPlan) -> dict[int, int]:
+    """Every vertex's colour as decided: the target's low type, BF16 where the target is FP16 (a
+    range fallback), else the FP32 side."""
+    low = graph.target.dtype
+    third = ir.DataType.BFLOAT16 if low is ir.DataType.FLOAT16 else None
+
+    def colour(dtype: ir.DataType) -> int:
+        return LOW if dtype == low else THIRD if dtype == third else FP32
+
+    return {v.id: colour(plan.decisions[v.id].dtype) for v in graph.vertices}
 
 
 def _free(plan: PrecisionPlan, vid: int) -> bool:
@@ -166,12 +208,12 @@ class MinCutPlacementPass(AnalysisPass):
         )
         tensors = _tensors(graph, self.elements)
         for name, total, decided in (("painting", painting, before), ("placement", final, plan)):
-            recount = total_cast_bytes(tensors, {v.id: decided.decisions[v.id].dtype == low for v in graph.vertices})
+            recount = total_cast_bytes(tensors, colours(graph, decided))
             ensure(recount == total, self, f"{name}'s Casts move {recount} bytes, {total} are recorded")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         low = graph.target.dtype
-        low_of = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
+        low_of = colours(graph, plan)
         free = {v.id for v in graph.vertices if _free(plan, v.id)}
         incident: dict[int, list[_Tensor]] = {}
         regions = nx.utils.UnionFind(free)
@@ -181,8 +223,7 @@ class MinCutPlacementPass(AnalysisPass):
         penalties = _output_penalties(graph, plan, tensors)
         for t in tensors:
             stake = t.needs_cast(low_of)
-            if stake:
-                painting += t.bytes
+            painting += t.cost(low_of)
             members = [v for v in (t.producer, *t.users) if v in free]
             for v in members:
                 incident.setdefault(v, []).append(t)
@@ -204,7 +245,7 @@ class MinCutPlacementPass(AnalysisPass):
         name = graph.target.value
         for v in changed:
             now_low = new_low[v]
-            low_of[v] = now_low
+            low_of[v] = LOW if now_low else FP32
             why = (
                 "at most one Cast of its result more this way, and its result is an FP32 graph output: "
                 "computing it in low precision would round what the output reads" if v in penalties and not now_low
@@ -239,7 +280,7 @@ def _output_penalties(graph: PrecisionGraph, plan: PrecisionPlan, tensors: Itera
 
 
 def _solve_region(
-    seeds: set[int], incident: dict[int, list[_Tensor]], low_of: dict[int, bool], penalties: dict[int, int]
+    seeds: set[int], incident: dict[int, list[_Tensor]], low_of: dict[int, int], penalties: dict[int, int]
 ) -> dict[int, bool]:
     """The optimal colouring of the free vertices of one region, grown from ``seeds`` as a band
     until the band's upper bound meets the lower bound (see the module docstring)."""
@@ -273,7 +314,7 @@ def _unique(tensors: Iterable[_Tensor]) -> list[_Tensor]:
 
 
 def _min_cut(
-    tensors: list[_Tensor], variables: set[int], low_of: dict[int, bool], penalties: dict[int, int],
+    tensors: list[_Tensor], variables: set[int], low_of: dict[int, int], penalties: dict[int, int],
     tie_break: bool,
 ) -> tuple[int, dict[int, bool]]:
     """Minimum cost (cast bytes, plus ``penalties`` of the vertices left low) over ``tensors`` with
@@ -284,7 +325,7 @@ def _min_cut(
     def node(v: int):
         if v in variables:
             return v
-        return _SINK if low_of[v] else _SOURCE
+        return (_SOURCE, _SINK, _THIRD)[low_of[v]]
 
     g = nx.DiGraph()
     g.add_nodes_from((_SOURCE, _SINK))
@@ -294,7 +335,7 @@ def _min_cut(
     for v in sorted(ends.intersection(penalties)):
         if v in variables:
             _edge(g, _SOURCE, v, penalties[v])
-        elif low_of[v]:
+        elif low_of[v] == LOW:
             fixed += penalties[v]
     for k, t in enumerate(tensors):
         p = node(t.producer)
@@ -302,6 +343,20 @@ def _min_cut(
         if not users:
             continue
         w = t.bytes
+        if p == _THIRD:  # one Cast to FP32 if a user is FP32, one to the low type if one is low
+            fixed += _third_producer(g, k, users, t)
+            continue
+        if _THIRD in users:  # one Cast to the third type: from FP32 costs more than from the low type
+            users.discard(_THIRD)
+            to_low, to_fp32 = t.cast(THIRD, LOW), t.cast(THIRD, FP32)
+            if p == _SOURCE:
+                fixed += to_fp32
+            else:
+                fixed += to_low
+                if p != _SINK:
+                    _edge(g, p, _SINK, to_fp32 - to_low)  # paid when p takes the FP32 side
+            if not users:
+                continue
         if p in (_SOURCE, _SINK) and users <= {_SOURCE, _SINK}:
             fixed += w
             continue
@@ -331,6 +386,32 @@ def _min_cut(
     ]
     fp32_side = _reach(seeds, lambda u: (v for v in residual.succ[u] if open_(u, v)))
     return value, {v: v not in fp32_side for v in variables}
+
+
+def _third_producer(g: nx.DiGraph, k: int, users: set, t: _Tensor) -> int:
+    """Edges for a tensor made by a vertex of the third type (fixed), whose ``users`` are variables or
+    the two terminals: a Cast to FP32 exists when a user is on the FP32 side (``b_t``: every user ->
+    b_t infinite, b_t -> sink its cost), a Cast to the low type when one is on the low side
+    (``a_t``: source -> a_t its cost, a_t -> every user infinite). Returns what the terminals among
+    the users pay whatever the variables do."""
+    fixed = 0
+    to_fp32, to_low = t.cast(THIRD, FP32), t.cast(THIRD, LOW)
+    variables = users - {_SOURCE, _SINK}
+    if _SOURCE in users:
+        fixed += to_fp32
+    elif variables:
+        b = ("b", k)
+        _edge(g, b, _SINK, to_fp32)
+        for u in variables:
+            _edge(g, u, b, None)
+    if _SINK in users:
+        fixed += to_low
+    elif variables:
+        a = ("a", k)
+        _edge(g, _SOURCE, a, to_low)
+        for u in variables:
+            _edge(g, a, u, None)
+    return fixed
 
 
 def _edge(g: nx.DiGraph, u, v, capacity: int | None) -> None:

@@ -2,8 +2,10 @@
 
     classify -> tolerance choices -> kernel coverage -> signal paths -> quantized islands -> constant ranges
                 (--tolerance)        (ONNX frontends)
-             -> static ranges -> calibration ranges -> runtime hazards -> paint -> min-cut placement
-                (input ranges)   (with ranges)         (ONNX frontends)     (placement="mincut")
+             -> static ranges -> calibration ranges -> runtime hazards -> paint -> range fallback
+                (input ranges)   (with ranges)         (ONNX frontends)        (BF16, FP16 targets)
+             -> min-cut placement
+                (placement="mincut")
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -33,6 +35,7 @@ from amp_compiler.passes.analysis import (
     MinCutPlacementPass,
     PaintPass,
     QuantizedIslandPass,
+    RangeFallbackPass,
     RuntimeHazardPass,
     SignalPathPass,
     StaticRangePass,
@@ -63,7 +66,8 @@ class AnalysisSettings:
     the cast costs, where the model's dims are dynamic. ``kernel_coverage``: whether ops without a
     low-precision kernel on the provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
     ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them get no
-    Cast there (ONNX models).
+    Cast there (ONNX models). ``range_fallback``: the type of what only FP16's range keeps out of FP16
+    (``"bf16"``: BF16 where the provider has the kernel, ONNX models of an FP16 target; ``"fp32"``).
     """
 
     target: Target
@@ -80,6 +84,7 @@ class AnalysisSettings:
     elements: Mapping[str, int] | None = None
     kernel_coverage: bool = True
     runtime_hazards: bool = True
+    range_fallback: str = "fp32"
 
 
 def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
@@ -103,6 +108,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.runtime_hazards:
         passes.append(RuntimeHazardPass(settings.provider))  # once every role is final
     passes.append(PaintPass())
+    if settings.range_fallback == "bf16" and settings.target is Target.FP16:
+        passes.append(RangeFallbackPass(settings.provider))
     if settings.placement == "mincut":
         passes.append(MinCutPlacementPass(settings.elements))
     return passes

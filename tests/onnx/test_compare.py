@@ -36,6 +36,20 @@ def test_our_conversion_compares_close_with_rules():
     assert [e.position for e in c.growth] == sorted(e.position for e in c.growth)
 
 
+def test_a_mixed_fp16_bf16_model_compares_as_the_fp16_conversion_it_is():
+    """FP16 with a BF16 range fallback: emulated tensor by tensor, and its rules are those of the
+    default FP16 conversion (not BF16's, though it holds BF16 tensors)."""
+    from tests.passes.analysis.test_range_fallback import _scaled
+
+    fp32 = _scaled()
+    samples = [{"x": np.random.default_rng(s).standard_normal((4, 8)).astype(np.float32)} for s in range(2)]
+    c = compare_models(fp32, convert(fp32).model, samples)
+    (out,) = c.outputs
+    assert out.nonfinite == 0 and out.cosine > 0.999
+    assert "is what a default fp16 conversion" in c.decisions
+    assert {e.node: e.precision for e in c.growth}.get("big_mm") == "bf16"
+
+
 def test_other_tools_output_first_nonfinite_named():
     """onnxconverter-common runs Exp in FP16: e^40 overflows, and compare names the Exp as the first
     NaN/Inf; its precision differs from ours, so no rule is claimed for it."""

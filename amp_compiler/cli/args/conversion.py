@@ -19,7 +19,8 @@ __all__ = ["ConversionArgs"]
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--allow-op``, ``--allow-node``,
     ``--keep-io-types``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--fallback``, ``--fp8-margin``,
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--range-fallback``, ``--fallback``,
+    ``--fp8-margin``,
     ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``,
     ``--custom-op-precision``, ``--metric``, ``--holdout``.
     Depends on nothing.
@@ -40,6 +41,7 @@ class ConversionArgs(ArgGroup):
         "strict": "--strict",
         "input_ranges": "--input-range",
         "fallback": "--fallback",
+        "range_fallback": "--range-fallback",
         "fp8_margin": "--fp8-margin",
         "fp8_calibration": "--fp8-calibration",
         "fp8_percentile": "--fp8-percentile",
@@ -106,6 +108,13 @@ class ConversionArgs(ArgGroup):
             "--pad-tensor-cores", action="store_true",
             help="pad FP16/BF16 MatMul/Gemm/Conv weights to multiples of 8 with zeros and slice the "
             "outputs back (exact; off by default)",
+        )
+        group.add_argument(
+            "--range-fallback", choices=["bf16", "fp32"], default=None,
+            help="--target fp16: the type of nodes kept out of FP16 only by their range (constants, "
+            "calibration or input-range overflow): bf16 where the provider has a BF16 kernel (BF16 Tensor "
+            "Cores: Ampere sm_80 and later, Ada, Hopper, Blackwell; not Turing/T4 or Volta/V100: give "
+            "fp32 there), or fp32 (default: bf16 for cuda and tensorrt, fp32 for cpu and with --tolerance)",
         )
         group.add_argument(
             "--fallback", choices=[Target.FP16.value, Target.BF16.value], default=None,
@@ -200,6 +209,7 @@ class ConversionArgs(ArgGroup):
             strict=args.strict,
             input_ranges=tuple(parse_input_range(text) for text in args.input_range),
             fallback=Target.parse(args.fallback, option="fallback") if args.fallback else None,
+            range_fallback=args.range_fallback,
             fp8_margin=args.fp8_margin,
             fp8_calibration=args.fp8_calibration,
             fp8_percentile=args.fp8_percentile,

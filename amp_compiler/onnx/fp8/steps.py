@@ -25,7 +25,7 @@ import onnx_ir as ir
 from amp_compiler.core.decision import NodeDecision
 from amp_compiler.core.fp8_choice import LocalChoice
 from amp_compiler.core.measures import TensorRange
-from amp_compiler.core.plan import Rule
+from amp_compiler.core.plan import RANGE_ONLY_RULES, Rule
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.costs.costs import estimate
@@ -44,6 +44,7 @@ from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
 
 _FALLBACKS = {short_name(Target.FP16.dtype), short_name(Target.BF16.dtype)}  # precisions of GEMMs kept out of FP8
+_RANGE_RULES = frozenset(r.value for r in RANGE_ONLY_RULES)
 
 
 __all__ = ["Fp8Plan", "fp8_decisions", "fp8_flop_share", "local_choice", "lower_fp8", "plan_fp8", "require_samples",
@@ -179,6 +180,8 @@ def fp8_decisions(
             )
         elif id(node) in quantized:
             d = dataclasses.replace(d, precision="fp8", rule=Rule.FP8_GEMM.value, reason=plan.reasons[id(node)][1])
+        elif d.rule in _RANGE_RULES:
+            pass  # kept out of the fallback type by its range (BF16 or FP32 under --range-fallback): that rule says why
         elif id(node) in plan.reasons and not plan.reasons[id(node)][0] and d.precision in _FALLBACKS:
             d = dataclasses.replace(d, rule=Rule.FP8_KEPT.value, reason=plan.reasons[id(node)][1])
         elif d.precision in _FALLBACKS and id(node) not in plan.reasons:

@@ -117,7 +117,7 @@ def test_bounds_are_sound(ops, lo, width, seed):
 # ---------------------------------------------------------------------------------- the pass and options
 def test_stated_int16_range_keeps_the_front_end_fp32():
     fp32 = catalog.load("stft-power-mel")
-    result = convert(fp32, input_ranges={"audio": INT16})
+    result = convert(fp32, input_ranges={"audio": INT16}, range_fallback="fp32")
     by_node = {d.node: d for d in result.decisions}
     for name in ("stft", "square", "mel", "magnitude", "normalize"):
         assert (by_node[name].precision, by_node[name].rule) == ("fp32", "input-range.overflow"), name
