@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from amp_compiler.core.decision import allow_message
@@ -34,9 +33,8 @@ from amp_compiler.errors import (
 )
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.measure.calibrate import collect_ranges
-from amp_compiler.onnx.measure.checks import compare
-from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
+from amp_compiler.onnx.measure.output_error import output_accuracy
 from amp_compiler.onnx.tolerance.refine import Refinement, measure, refine
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
@@ -59,30 +57,6 @@ class Analysis:
     result: ConversionResult
     report: PrecisionReport
     refinement: Refinement | None = None
-
-
-def _accuracy(
-    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list, runner: Runner,
-    refs: list[list[np.ndarray]] | None = None,
-) -> list:
-    """Each float output's accuracy on ``samples`` (``refs``: the FP32 outputs, when already run)."""
-    if refs is None:
-        reference = runner.load(fp32)
-        refs = [reference.run(sample) for sample in samples]
-        reference.close()
-    mixed = runner.load(emulate(converted))  # exact FP16/BF16 storage, whatever the CPU kernels do
-    gots = [mixed.run(sample) for sample in samples]
-    mixed.close()
-    out = []
-    for k, info in enumerate(fp32.graph.output):
-        ref = [r[k] for r in refs]
-        if not all(np.issubdtype(np.asarray(r).dtype, np.floating) for r in ref):
-            continue
-        got = [g[k] for g in gots]
-        out.append(
-            compare(info.name, np.concatenate([np.ravel(r) for r in ref]), np.concatenate([np.ravel(g) for g in got]))
-        )
-    return out
 
 
 def analyze(
@@ -185,9 +159,9 @@ def _measure_accuracy(
     generated = None
     try:
         if samples:
-            return _accuracy(model, result.model, samples, runner), "", None
+            return output_accuracy(model, result.model, samples, runner), "", None
         generated = runnable_inputs(model, runner, given)
-        return _accuracy(model, result.model, generated.samples, runner, generated.outputs), "", generated
+        return output_accuracy(model, result.model, generated.samples, runner, generated.outputs), "", generated
     except ModelRunError as exc:
         shapes_fault = not isinstance(exc, (ModelRefusedError, ModelUnsupportedError, RunBudgetError, ModelCrashError))
         if given and not samples and shapes_fault and generated is None:

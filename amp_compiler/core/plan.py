@@ -48,6 +48,10 @@ class Rule(enum.Enum):
     RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"
+    # The same two rules on the ranges the range probe observed on generated inputs (no data given):
+    # FP32 for range alone, kept apart from calibration's so the report (and a BF16 fallback) can tell.
+    PROBE_OVERFLOW = "probe.overflow"
+    PROBE_UNDERFLOW = "probe.underflow"
     TOLERANCE_PINNED = "tolerance.pinned"
     TOLERANCE_KEPT = "tolerance.kept-low"  # kept low by --tolerance, as it measured the node
     FP8_GEMM = "fp8.gemm"  # a Tensor Core op reading FP8 E4M3 inputs: its statistics allow it

@@ -11,6 +11,10 @@ Guarantees, given per-tensor ranges observed on the FP32 model (``amp_compiler.o
   (float32's lowest becomes -32768: calibration data with padding observes -3.4e38 there), observed
   values at or below half of the rewritten constant come from the mask and do not count.
 ``ensures`` checks the overflow rule and that only free vertices changed, and only to DENY.
+
+With ``generated`` the ranges come from the range probe's run on generated inputs
+(:mod:`amp_compiler.onnx.measure.range_probe`): the same two rules, as ``probe.overflow`` and
+``probe.underflow``, with reasons that say so.
 """
 
 from __future__ import annotations
@@ -44,12 +48,20 @@ class CalibrationRangePass(AnalysisPass):
     target: Target
     margin: float = 2.0
     max_underflow_share: float = 0.25
+    generated: bool = False  # the ranges come from generated inputs (the range probe), not data
+
+    @property
+    def rules(self) -> tuple[Rule, Rule]:
+        """The (overflow, underflow) rule ids this pass decides with."""
+        if self.generated:
+            return Rule.PROBE_OVERFLOW, Rule.PROBE_UNDERFLOW
+        return Rule.CALIBRATION_OVERFLOW, Rule.CALIBRATION_UNDERFLOW
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require_roles(self, graph, plan)
 
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
-        rules = frozenset({Rule.CALIBRATION_OVERFLOW, Rule.CALIBRATION_UNDERFLOW})
+        rules = frozenset(self.rules)
         ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, rules)
         masks = mask_paths(graph, plan)
 
@@ -65,6 +77,8 @@ class CalibrationRangePass(AnalysisPass):
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         name = self.target.value.upper()
         masks = mask_paths(graph, plan)
+        overflow, underflow = self.rules
+        seen = "generated inputs (the range probe)" if self.generated else "the calibration data"
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
                 continue
@@ -77,15 +91,15 @@ class CalibrationRangePass(AnalysisPass):
                 magnitude = _magnitude(r, masks.get(vertex.id))
                 if magnitude * self.margin > self.target.max:
                     plan.set_role(
-                        vertex.id, Role.DENY, Rule.CALIBRATION_OVERFLOW,
-                        f"HIGH: {where} {value.name!r} reaches |x| = {magnitude:.3g} on the calibration "
-                        f"data, beyond {name}'s range ({self.target.max:g}) with a {self.margin:g}x margin",
+                        vertex.id, Role.DENY, overflow,
+                        f"HIGH: {where} {value.name!r} reaches |x| = {magnitude:.3g} on {seen}, beyond "
+                        f"{name}'s range ({self.target.max:g}) with a {self.margin:g}x margin",
                     )
                     break
                 if self.target is Target.FP16 and r.underflow_share > self.max_underflow_share:
                     plan.set_role(
-                        vertex.id, Role.DENY, Rule.CALIBRATION_UNDERFLOW,
+                        vertex.id, Role.DENY, underflow,
                         f"HIGH: {r.underflow_share:.0%} of the non-zero values of {where} "
-                        f"{value.name!r} would flush to zero in FP16",
+                        f"{value.name!r} would flush to zero in FP16 on {seen}",
                     )
                     break

@@ -25,11 +25,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
+from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.onnx.ir.constants import SCREEN_BYTES, constant_array, raw_float32_bytes
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
@@ -168,6 +170,8 @@ def overflows(value: ir.Value, target: Target) -> bool:
 class ConstantRangePass(AnalysisPass):
     target: Target
     significant: float = 2.0**-10
+    # Observed ranges (calibration's or the range probe's) by tensor name: a node's output scale.
+    ranges: Mapping[str, TensorRange] | None = None
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require_roles(self, graph, plan)

@@ -141,6 +141,11 @@ class ConversionArgs(ArgGroup):
             "output types): its float inputs and outputs take it instead of FP32 with Casts around it (repeatable)",
         )
         group.add_argument(
+            "--no-probe", dest="probe", action="store_false",
+            help="without --calibration-data, do not run the FP32 model on generated inputs first (the range "
+            "probe: what overflows or flushes on them stays FP32, and the output error is measured on them)",
+        )
+        group.add_argument(
             "--strict", action="store_true",
             help="fail (exit 2) instead of warning when nodes would be left as they are because the "
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
@@ -192,4 +197,5 @@ class ConversionArgs(ArgGroup):
             fp8_max_error=args.fp8_max_error,
             fp8_budget=args.fp8_budget,
             custom_op_precision=declared,
+            probe=args.probe,
         )
