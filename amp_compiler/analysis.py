@@ -23,6 +23,7 @@ from pathlib import Path
 import onnx
 
 from amp_compiler.core.decision import allow_message
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import (
     ModelCrashError,
     ModelRefusedError,
@@ -103,7 +104,7 @@ def _analyze(
     else:
         fp8 = options.target is Target.FP8  # the per-layer FP8 choice runs the samples
         result = convert(model, options, policy=policy, ranges=ranges, samples=samples if fp8 else None,
-                         runner=runner if fp8 else None)
+                         runner=runner)  # the FP8 choice's runs, or the range probe's
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
@@ -116,9 +117,19 @@ def _analyze(
             "overflows that depend on an input's scale (--input-range NAME:LO,HI keeps them FP32): "
             + "; ".join(result.warnings)
         )
-    accuracy, not_measured, generated = _measure_accuracy(model, result, samples, options, runner)
+    if result.probe_skipped:
+        warnings.append(f"converted without the range probe: {result.probe_skipped}")
+    generated: Generated | None = None
+    if result.probe_inputs:  # the range probe measured the written model on its generated inputs
+        accuracy, not_measured = result.accuracy, result.accuracy_not_measured
+        warnings.append(_probe_warning(result))
+    else:
+        accuracy, not_measured, generated = _measure_accuracy(model, result, samples, options, runner)
     if not_measured:
         warnings.append(f"output accuracy not measured: {not_measured}")
+    elif result.probe_inputs:
+        warnings.append("output accuracy measured on the range probe's generated inputs: pass --calibration-data "
+                        "for real ones")
     elif not samples:
         used = f" (dynamic dims: {generated.describe()})" if generated is not None and generated.dims else ""
         warnings.append(f"output accuracy measured on random inputs{used}: pass --calibration-data for real ones")
@@ -142,6 +153,15 @@ def _analyze(
         generated_dims=generated.dims if generated is not None else None,
     )
     return Analysis(result, report, refinement)
+
+
+def _probe_warning(result: ConversionResult) -> str:
+    """The report's word on the range probe: where ranges came from, and the nodes they kept FP32."""
+    moved = [d for d in result.decisions if d.rule in (Rule.PROBE_OVERFLOW.value, Rule.PROBE_UNDERFLOW.value)]
+    names = ", ".join(f"{d.node} ({d.rule})" for d in moved[:8])
+    names += f", and {len(moved) - 8} more" if len(moved) > 8 else ""
+    return (f"ranges from generated inputs ({result.probe_inputs}), not calibration data: "
+            + (f"{len(moved)} node(s) kept FP32 by them: {names}" if moved else "no node kept FP32 by them"))
 
 
 def _measure_accuracy(
