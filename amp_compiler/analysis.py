@@ -135,6 +135,8 @@ def _analyze(
         warnings.append(f"output accuracy measured on random inputs{used}: pass --calibration-data for real ones")
     if generated is not None and generated.refused:  # costs at the sizes the model runs with, not 1
         shapes = {k: v.shape for k, v in generated.samples[0].items()}
+    elif result.probe_inputs and not shapes:
+        shapes = dict(result.probe_shapes)
     report = build_report(
         model,
         result,
@@ -150,7 +152,7 @@ def _analyze(
         warnings=warnings,
         policy=policy,
         accuracy_not_measured=not_measured,
-        generated_dims=generated.dims if generated is not None else None,
+        generated_dims=generated.dims if generated is not None else (result.probe_dims or None),
     )
     return Analysis(result, report, refinement)
 

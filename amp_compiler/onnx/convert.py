@@ -257,7 +257,8 @@ def _probe_model(proto: onnx.ModelProto, origin: str, locations) -> tuple[onnx.M
 def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto, runner: Runner) -> None:
     """The written model's output error on the probe's inputs, against the FP32 outputs the probe kept
     (one run of the emulated model per sample)."""
-    result.probe_inputs, result.probe_runs = probe.inputs, probe.runs
+    result.probe_inputs, result.probe_runs, result.probe_dims = probe.inputs, probe.runs, probe.dims
+    result.probe_shapes = {k: tuple(v.shape) for k, v in probe.samples[0].items()}
     try:
         result.accuracy = output_accuracy(fp32, result.model, probe.samples, runner, probe.outputs)
         result.probe_runs += len(probe.samples)

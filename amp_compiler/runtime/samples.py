@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import stat
 import zipfile
 import zlib
@@ -240,6 +241,8 @@ def random_samples(
             kind = kinds.get(info.name)
             if kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.uniform(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
+            elif kind is not None and kind.kind == "value":
+                sample[info.name] = np.full(shape, kind.bounds[0], dtype)
             elif kind is not None and kind.kind == "ids" and np.issubdtype(dtype, np.integer):
                 sample[info.name] = rng.integers(0, int(kind.bounds[1]), shape).astype(dtype)
             elif np.issubdtype(dtype, np.floating):
@@ -252,8 +255,9 @@ def random_samples(
 
 @dataclasses.dataclass(frozen=True)
 class InputKind:
-    """What generated values an input takes: ``range`` (uniform floats in ``bounds``) or ``ids``
-    (integers in ``[0, bounds[1])``), and why (``stated``, ``image 0..1``, ``vocabulary``...)."""
+    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids``
+    (integers in ``[0, bounds[1])``) or ``value`` (``bounds[0]`` everywhere), and why (``stated``,
+    ``image 0..1``, ``vocabulary``...)."""
 
     kind: str
     bounds: tuple[float, float]
@@ -263,6 +267,9 @@ class InputKind:
 #: Ops that normalize an image input; a constant operand above this says pixels are 0..255.
 _NORMALIZE_OPS = frozenset({"Sub", "Div", "Mul", "Add"})
 _PIXEL_SCALE = 2.0
+#: A scalar integer input named like an audio sample rate takes 16 kHz (speech models: Silero VAD
+#: refuses any other rate but 8 kHz).
+_SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
 #: Ops an index input may pass through on its way to an embedding Gather.
 _INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
 
@@ -277,7 +284,8 @@ def input_kinds(
     normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
     normalization exactly; half of ImageNet's mean/std range, -2.1..2.6, which the probe's 2x margin
     covers); an integer input read (through Casts and reshapes) as the indices of a Gather on an
-    initializer table is token ids below the table's first dim. Other inputs are not in the result
+    initializer table is token ids below the table's first dim; a scalar integer named like a sample
+    rate (``sr``) is 16000. Other inputs are not in the result
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -304,6 +312,8 @@ def input_kinds(
             vocab = _vocabulary(info.name, consumers, inits)
             if vocab:
                 kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
+            elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
+                kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
     return kinds
 
 

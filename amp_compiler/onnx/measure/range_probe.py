@@ -55,6 +55,7 @@ class RangeProbe:
     ranges: dict[str, TensorRange]
     runs: int
     inputs: str  # "x: image 0..1; batch=1" (what each input's values followed, and dynamic dims)
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)  # the dynamic dims' values (the search's)
 
 
 #: The sizes (height, width) an image input's dynamic spatial dims take first, in turn: a photo at
@@ -131,5 +132,5 @@ def probe_ranges(
                   if name in sized]
     return RangeProbe(
         generated.samples, generated.outputs, ranges, runs=1 + len(generated.refused) + len(generated.samples),
-        inputs="; ".join(described) or "N(0, 1) floats, integers 1",
+        inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
     )

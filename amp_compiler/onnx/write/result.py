@@ -67,6 +67,8 @@ class ConversionResult:
     probe_inputs: str = ""
     probe_runs: int = 0
     probe_skipped: str = ""
+    probe_dims: dict[str, int] = dataclasses.field(default_factory=dict)  # dynamic dims of its inputs
+    probe_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # its inputs' shapes
     # Each float output's error against FP32 on the probe's inputs (exact emulation), empty when
     # not measured; why it was not, when the probe ran ("" when it was).
     accuracy: list[OutputAccuracy] = dataclasses.field(default_factory=list)
