@@ -38,7 +38,13 @@ from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
 from amp_compiler.onnx.measure.output_error import output_accuracy
-from amp_compiler.onnx.measure.range_probe import PROBE_MAX_WEIGHT_BYTES, ProbeSkipped, RangeProbe, probe_ranges
+from amp_compiler.onnx.measure.range_probe import (
+    PROBE_MAX_NODES,
+    PROBE_MAX_WEIGHT_BYTES,
+    ProbeSkipped,
+    RangeProbe,
+    probe_ranges,
+)
 from amp_compiler.onnx.write.check_pieces import value_types
 from amp_compiler.onnx.write.decisions import node_decisions
 from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
@@ -235,12 +241,17 @@ def _convert_ranged(
 
 
 def _probe_model(proto: onnx.ModelProto, origin: str, locations) -> tuple[onnx.ModelProto | None, str]:
-    """The FP32 model the probe runs (weights in memory), or None and why it is skipped: weights over
-    :data:`PROBE_MAX_WEIGHT_BYTES` (they stay on disk for the conversion), or onnxruntime missing."""
+    """The FP32 model the probe runs (weights in memory), or None and why it is skipped: onnxruntime
+    missing, more than :data:`PROBE_MAX_NODES` nodes, or weights over :data:`PROBE_MAX_WEIGHT_BYTES`
+    (they stay on disk for the conversion)."""
     from amp_compiler import runtime
 
     if not runtime.is_installed():
         return None, f"onnxruntime is not installed; {runtime.INSTALL_HINT}"
+    if len(proto.graph.node) > PROBE_MAX_NODES:
+        nodes = len(proto.graph.node)
+        return None, (f"the graph has {nodes:,} nodes, more than the {PROBE_MAX_NODES:,} the probe runs on (it costs "
+                      "10-20x the conversion per node): pass --calibration-data to observe its ranges")
     if not locations:
         return proto, ""
     size = sum(Path(f).stat().st_size for f in set(locations.values()))

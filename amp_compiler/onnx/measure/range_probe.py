@@ -38,11 +38,18 @@ from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_input
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.runtime.samples import SampleSizeError, input_kinds, model_inputs
 
-__all__ = ["PROBE_MAX_WEIGHT_BYTES", "ProbeSkipped", "RangeProbe", "probe_ranges"]
+__all__ = ["PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSkipped", "RangeProbe", "probe_ranges"]
 
 #: Models whose weights take more than this are converted without the probe (one warning): their
 #: weights stay on disk for the conversion, and running them would read all of them into the child.
 PROBE_MAX_WEIGHT_BYTES = 1 << 30
+#: Graphs of more nodes are converted without the probe (one warning). Its cost is linear in nodes
+#: and about 10-20x the conversion's per node: three onnxruntime sessions (one with every tensor an
+#: output) and the emulation's rewrite. Measured on a generated 10,000-node transformer on a loaded
+#: 2-core machine: 10 s blind, 209 s with the probe (sessions 71 s, emulation 66 s, the dims search's
+#: first session 39 s). The catalog's real models have 100-900 nodes (probe: 0.1-18 s); a
+#: 48-layer encoder 2,450.
+PROBE_MAX_NODES = 3000
 
 
 @dataclasses.dataclass
