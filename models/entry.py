@@ -38,6 +38,11 @@ class CatalogModel:
     tolerance: Tolerance = Tolerance()
     weight_dominated: bool = False  # file size is mostly float weights (shrinks ~2x in FP16)
     description: str = ""
+    # Why a conversion that neither observes ranges nor has data (convert() as the library runs it,
+    # --no-probe) misses ``tolerance`` on this entry by design: a failure pattern that only the range
+    # probe fixes, or that the conversion can only measure and warn about (models/fresh_patterns.py).
+    # "" for every entry such a conversion must keep accurate.
+    blind_fails: str = ""
 
 
 def entries_from_specs(

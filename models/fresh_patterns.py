@@ -32,12 +32,14 @@ from models.handbuilt import F32, _Graph, _model, _seed, _vi
 __all__ = ["ENTRIES"]
 
 ENTRIES: list[CatalogModel] = []
+#: What the conversion does about the last three: measures and warns (tests/e2e/test_fresh_patterns.py).
+_WARNED = "FP16 storage misses 2% of range by design; the conversion measures it and warns"
 
 
-def _register(name: str, build, make_inputs, description: str) -> None:
+def _register(name: str, build, make_inputs, description: str, blind_fails: str) -> None:
     ENTRIES.append(CatalogModel(
         name=name, kind="rule", size="small", build=lambda _cache, _b=build: _b(), make_inputs=make_inputs,
-        tolerance=Tolerance(), description=description,
+        tolerance=Tolerance(), description=description, blind_fails=blind_fails,
     ))
 
 
@@ -95,6 +97,7 @@ _register(
     "(a large folded BatchNorm scale) while its logits fit FP16: in FP16 the hidden tensor is inf and "
     "the heatmap NaN. A run of the FP32 model on generated image-range inputs shows the overflow: the "
     "range probe keeps the head's hidden Conv FP32 (rule probe.overflow).",
+    "the heatmap is NaN without the range probe (tests/e2e/test_fresh_patterns.py holds the probe's fix)",
 )
 
 
@@ -139,6 +142,7 @@ _register(
     "BatchNorm shift), a 1x1 conv whose weights cancel that shift into logits of about +-90, and a "
     "Sigmoid (FP32): FP16 storage of the features moves the logits by about 0.5 and boundary pixels' "
     "probabilities by up to 0.1. Nothing overflows: the default conversion measures it and warns.",
+    _WARNED,
 )
 _register(
     "seg-sigmoid-edge",
@@ -147,6 +151,7 @@ _register(
     "A segmentation map at the edge: the text detector's structure with features near 250, so FP16 "
     "moves the logits by about 0.1 and a few pixels' probabilities just past 2% of the range: the "
     "default conversion measures it and warns.",
+    _WARNED,
 )
 
 
@@ -188,4 +193,5 @@ _register(
     "2), a hand-written LayerNorm and an 18,000-class Softmax per time step: FP16 storage of the "
     "features loses a few percent of their spread and the Softmax moves by more than 2% of its "
     "range. Nothing overflows: the default conversion measures it and warns.",
+    _WARNED,
 )

@@ -17,6 +17,7 @@ from amp_compiler.onnx.measure.checks import compare, run_onnxruntime, validate
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
 from models import catalog
+from tests.conftest import EXPECTED_SKIP
 
 SMALL = catalog.entries("small")
 FULL = catalog.entries("full")
@@ -49,6 +50,8 @@ def _is_float(a: np.ndarray) -> bool:
 def assert_matches_fp32(entry, model: onnx.ModelProto) -> list:
     feeds, ref = _reference(entry.name)
     got = run_onnxruntime(model, feeds)
+    if entry.blind_fails:  # a failure pattern: what the conversion does about it is tested with it
+        pytest.skip(f"{EXPECTED_SKIP}{entry.name}: {entry.blind_fails}")
     names = [o.name for o in _fp32(entry.name).graph.output]
     results = []
     for name, r, g in zip(names, ref, got):
