@@ -270,6 +270,8 @@ _PIXEL_SCALE = 2.0
 #: A scalar integer input named like an audio sample rate takes 16 kHz (speech models: Silero VAD
 #: refuses any other rate but 8 kHz).
 _SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
+#: An integer input named like bytes takes byte values 0..255 (a file-type classifier's input: Magika).
+_BYTES = re.compile(r"bytes?|byte_ids|input_bytes", re.IGNORECASE)
 #: Ops an index input may pass through on its way to an embedding Gather.
 _INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
 
@@ -282,10 +284,10 @@ def input_kinds(
     normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
     123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
     normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
-    normalization exactly; half of ImageNet's mean/std range, -2.1..2.6, which the probe's 2x margin
-    covers); an integer input read (through Casts and reshapes) as the indices of a Gather on an
-    initializer table is token ids below the table's first dim; a scalar integer named like a sample
-    rate (``sr``) is 16000. Other inputs are not in the result
+    normalization exactly; half of ImageNet's mean/std range, -2.1..2.6); an integer input read
+    (through Casts and reshapes) as the indices of a Gather on an initializer table is token ids below
+    the table's first dim; one named like bytes takes 0..255; a scalar integer named like a sample rate
+    (``sr``) is 16000. Other inputs are not in the result
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -312,6 +314,8 @@ def input_kinds(
             vocab = _vocabulary(info.name, consumers, inits)
             if vocab:
                 kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
+            elif _BYTES.fullmatch(info.name):
+                kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
             elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
                 kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
     return kinds
