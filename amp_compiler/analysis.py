@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from amp_compiler.core.decision import allow_message
+from amp_compiler.core.plan import Rule
 from amp_compiler.errors import (
     ModelCrashError,
     ModelRefusedError,
@@ -34,9 +34,8 @@ from amp_compiler.errors import (
 )
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.measure.calibrate import collect_ranges
-from amp_compiler.onnx.measure.checks import compare
-from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
+from amp_compiler.onnx.measure.output_error import output_accuracy
 from amp_compiler.onnx.tolerance.refine import Refinement, measure, refine
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
@@ -59,30 +58,6 @@ class Analysis:
     result: ConversionResult
     report: PrecisionReport
     refinement: Refinement | None = None
-
-
-def _accuracy(
-    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list, runner: Runner,
-    refs: list[list[np.ndarray]] | None = None,
-) -> list:
-    """Each float output's accuracy on ``samples`` (``refs``: the FP32 outputs, when already run)."""
-    if refs is None:
-        reference = runner.load(fp32)
-        refs = [reference.run(sample) for sample in samples]
-        reference.close()
-    mixed = runner.load(emulate(converted))  # exact FP16/BF16 storage, whatever the CPU kernels do
-    gots = [mixed.run(sample) for sample in samples]
-    mixed.close()
-    out = []
-    for k, info in enumerate(fp32.graph.output):
-        ref = [r[k] for r in refs]
-        if not all(np.issubdtype(np.asarray(r).dtype, np.floating) for r in ref):
-            continue
-        got = [g[k] for g in gots]
-        out.append(
-            compare(info.name, np.concatenate([np.ravel(r) for r in ref]), np.concatenate([np.ravel(g) for g in got]))
-        )
-    return out
 
 
 def analyze(
@@ -129,7 +104,7 @@ def _analyze(
     else:
         fp8 = options.target is Target.FP8  # the per-layer FP8 choice runs the samples
         result = convert(model, options, policy=policy, ranges=ranges, samples=samples if fp8 else None,
-                         runner=runner if fp8 else None)
+                         runner=runner)  # the FP8 choice's runs, or the range probe's
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
@@ -142,14 +117,26 @@ def _analyze(
             "overflows that depend on an input's scale (--input-range NAME:LO,HI keeps them FP32): "
             + "; ".join(result.warnings)
         )
-    accuracy, not_measured, generated = _measure_accuracy(model, result, samples, options, runner)
+    if result.probe_skipped:
+        warnings.append(f"converted without the range probe: {result.probe_skipped}")
+    generated: Generated | None = None
+    if result.probe_inputs:  # the range probe measured the written model on its generated inputs
+        accuracy, not_measured = result.accuracy, result.accuracy_not_measured
+        warnings.append(_probe_warning(result))
+    else:
+        accuracy, not_measured, generated = _measure_accuracy(model, result, samples, options, runner)
     if not_measured:
         warnings.append(f"output accuracy not measured: {not_measured}")
+    elif result.probe_inputs:
+        warnings.append("output accuracy measured on the range probe's generated inputs: pass --calibration-data "
+                        "for real ones")
     elif not samples:
         used = f" (dynamic dims: {generated.describe()})" if generated is not None and generated.dims else ""
         warnings.append(f"output accuracy measured on random inputs{used}: pass --calibration-data for real ones")
     if generated is not None and generated.refused:  # costs at the sizes the model runs with, not 1
         shapes = {k: v.shape for k, v in generated.samples[0].items()}
+    elif result.probe_inputs and not shapes:
+        shapes = dict(result.probe_shapes)
     report = build_report(
         model,
         result,
@@ -165,9 +152,18 @@ def _analyze(
         warnings=warnings,
         policy=policy,
         accuracy_not_measured=not_measured,
-        generated_dims=generated.dims if generated is not None else None,
+        generated_dims=generated.dims if generated is not None else (result.probe_dims or None),
     )
     return Analysis(result, report, refinement)
+
+
+def _probe_warning(result: ConversionResult) -> str:
+    """The report's word on the range probe: where ranges came from, and the nodes they kept FP32."""
+    moved = [d for d in result.decisions if d.rule in (Rule.PROBE_OVERFLOW.value, Rule.PROBE_UNDERFLOW.value)]
+    names = ", ".join(f"{d.node} ({d.rule})" for d in moved[:8])
+    names += f", and {len(moved) - 8} more" if len(moved) > 8 else ""
+    return (f"ranges from generated inputs ({result.probe_inputs}), not calibration data: "
+            + (f"{len(moved)} node(s) kept FP32 by them: {names}" if moved else "no node kept FP32 by them"))
 
 
 def _measure_accuracy(
@@ -185,9 +181,9 @@ def _measure_accuracy(
     generated = None
     try:
         if samples:
-            return _accuracy(model, result.model, samples, runner), "", None
+            return output_accuracy(model, result.model, samples, runner), "", None
         generated = runnable_inputs(model, runner, given)
-        return _accuracy(model, result.model, generated.samples, runner, generated.outputs), "", generated
+        return output_accuracy(model, result.model, generated.samples, runner, generated.outputs), "", generated
     except ModelRunError as exc:
         shapes_fault = not isinstance(exc, (ModelRefusedError, ModelUnsupportedError, RunBudgetError, ModelCrashError))
         if given and not samples and shapes_fault and generated is None:

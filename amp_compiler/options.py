@@ -85,6 +85,11 @@ class ConvertOptions:
     # types): ((op, "fp16" | "bf16" | "fp32"), ...), op as "Op" or "domain::Op". Their float inputs and
     # outputs take that type instead of keeping FP32 with Casts around them.
     custom_op_precision: tuple[tuple[str, str], ...] = ()
+    # Without ranges from calibration data: run the FP32 model on generated inputs first (the range
+    # probe, amp_compiler.onnx.measure.range_probe), keep FP32 what they show overflowing or flushing
+    # (rules probe.overflow, probe.underflow), and measure the written model's output error on them.
+    # The CLI's convert does by default (--no-probe skips it); the Python API when asked.
+    probe: bool = False
     # --tolerance and the FP8 budget: how the error at the outputs is measured (--metric: a Metric or,
     # from Python, a callable (FP32 outputs, converted outputs) -> error), and the share of the
     # calibration samples held out: the choice is made on the rest and tightened until it holds on the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -27,6 +28,7 @@ from amp_compiler.sizes import format_bytes
 
 if TYPE_CHECKING:  # the conversion's modules are imported when it runs, not to build the parser
     from amp_compiler.analysis import Analysis
+    from amp_compiler.core.measures import OutputAccuracy
     from amp_compiler.onnx.write.result import ConversionResult
 
 __all__ = ["ConvertCommand"]
@@ -61,7 +63,8 @@ class ConvertCommand(Command):
         load_checked = self.running.load_check and runtime.is_installed()
         if self.running.load_check and not load_checked:
             warnings.append(
-                f"the converted model was not checked: onnxruntime is not installed; {runtime.INSTALL_HINT}"
+                f"the converted model was not checked: onnxruntime is not installed (nor its ranges probed); "
+                f"{runtime.INSTALL_HINT}"
             )
         # onnxruntime's child process starts now: importing it overlaps the conversion.
         runner = self.running.runner() if explain or load_checked else None
@@ -75,7 +78,10 @@ class ConvertCommand(Command):
                 self.analysis.run(loaded.load(), model_name=files.source.name, runner=runner)
                 if explain and runner else None
             )
-            result = analysis.result if analysis else convert(loaded, self.conversion.options)
+            options = self.conversion.options
+            if options.probe and not runtime.is_installed():  # said in the load check's warning
+                options = dataclasses.replace(options, probe=False)
+            result = analysis.result if analysis else convert(loaded, options, runner=runner)
             if analysis:
                 self.report.write(analysis.report, files.source)
 
@@ -88,9 +94,14 @@ class ConvertCommand(Command):
             output_files = files.save(result, check)
             warnings.extend(result.provider_warnings)
             warnings.extend(check.warnings if check is not None else ())
+        accuracy, measured_on = _measured(result, analysis)
+        warnings.extend(accuracy_warnings(accuracy, measured_on, files.source, output_files[0]))
+        if result.probe_skipped:
+            warnings.append(f"converted without the range probe: {result.probe_skipped}")
         if not args.quiet:
             line = summary_line(result, files.files, output_files, time.perf_counter() - start)
-            print(line + (load_check_note(check.disabled) if check is not None else ""))
+            line += load_check_note(check.disabled) if check is not None else ""
+            print(line + accuracy_note(accuracy, measured_on))
             if analysis and analysis.refinement:
                 print(tolerance_line(analysis, self.analysis.tolerance))
                 if analysis.refinement.why_fp32:
@@ -138,6 +149,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         )
         + (f" | warning: {allowed}" if allowed else "")
         + overflow_note(result.warnings)
+        + probe_note(result)
     )
 
 
@@ -150,6 +162,67 @@ def load_check_note(disabled: tuple[str, ...]) -> str:
         f" | load check on onnxruntime's CPU provider without {', '.join(disabled)}: it trips only on the Cast "
         "that provider alone inserts around an FP16 MatMul"
     )
+
+
+def probe_note(result: ConversionResult) -> str:
+    """The summary line's word on the range probe: that ranges came from generated inputs, and how
+    many nodes they kept FP32."""
+    from amp_compiler.core.plan import Rule
+
+    if not result.probe_inputs:
+        return ""
+    rules = (Rule.PROBE_OVERFLOW.value, Rule.PROBE_UNDERFLOW.value)
+    moved = sum(d.rule in rules for d in result.decisions)
+    return (f" | ranges from generated inputs ({result.probe_inputs}): {moved} node(s) kept fp32 by them, "
+            f"{result.probe_runs} model run(s)")
+
+
+def _measured(result: ConversionResult, analysis: Analysis | None) -> tuple[list[OutputAccuracy], str]:
+    """The written model's output errors and what they were measured on: the report's (calibration
+    data, or the probe's or random inputs), else the conversion's own (the range probe's inputs)."""
+    if analysis is not None:
+        s = analysis.report.summary
+        return list(s.accuracy), "the calibration data" if s.calibration_samples else "generated inputs"
+    return list(result.accuracy), "generated inputs"
+
+
+def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str) -> str:
+    """The summary line's output error against FP32 (exact emulation): per output when there are
+    several, at most three, worst first (max error as a share of the output's range, rel-L2, cosine)."""
+    if not accuracy:
+        return ""
+    worst = sorted(accuracy, key=lambda a: (a.finite, -a.error_of_range))
+    shown = worst if len(worst) <= 3 else worst[:3]
+    parts = [_one_error(a, name=len(accuracy) > 1) for a in shown]
+    more = f" (+{len(accuracy) - 3} more)" if len(accuracy) > 3 else ""
+    return f" | output error vs fp32 on {measured_on}: " + "; ".join(parts) + more
+
+
+def _one_error(a: OutputAccuracy, *, name: bool) -> str:
+    who = f"{a.name} " if name else ""
+    if not a.finite:
+        return f"{who}NaN/Inf where FP32 is finite"
+    rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
+    return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}"
+
+
+def accuracy_warnings(accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path) -> list[str]:
+    """One warning when an output misses the line (:func:`~amp_compiler.onnx.measure.output_error.misses`):
+    the worst such output, how far, and the commands that help."""
+    from amp_compiler.onnx.measure.output_error import MAX_ERROR_OF_RANGE, misses
+
+    missed = sorted((a for a in accuracy if misses(a)), key=lambda a: (a.finite, -a.error_of_range))
+    if not missed:
+        return []
+    a = missed[0]
+    how = "holds NaN/Inf where FP32 does not" if not a.finite else (
+        f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
+    more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
+    return [
+        f"output {a.name!r} {how} on {measured_on}{more}, past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
+        f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
+        "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32"
+    ]
 
 
 def overflow_note(warnings: list[str]) -> str:

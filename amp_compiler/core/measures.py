@@ -42,6 +42,7 @@ class OutputAccuracy:
     max_abs_error: float  # inf when the output has NaN/inf where FP32 has a finite value
     value_range: float  # max - min of the FP32 output (its finite values)
     finite: bool  # no NaN/inf where FP32 has a finite value (or another one)
+    rel_l2: float | None = None  # ||converted - fp32|| / ||fp32|| (inf when not finite; None: not measured)
 
     @property
     def error_of_range(self) -> float:

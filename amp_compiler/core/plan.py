@@ -48,6 +48,10 @@ class Rule(enum.Enum):
     RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"
+    # The same two rules on the ranges the range probe observed on generated inputs (no data given):
+    # FP32 for range alone, kept apart from calibration's so the report (and a BF16 fallback) can tell.
+    PROBE_OVERFLOW = "probe.overflow"
+    PROBE_UNDERFLOW = "probe.underflow"
     TOLERANCE_PINNED = "tolerance.pinned"
     TOLERANCE_KEPT = "tolerance.kept-low"  # kept low by --tolerance, as it measured the node
     FP8_GEMM = "fp8.gemm"  # a Tensor Core op reading FP8 E4M3 inputs: its statistics allow it
@@ -76,14 +80,15 @@ class Rule(enum.Enum):
 
 #: The rules that keep a vertex out of FP16 only because its values do not fit FP16's range: BF16,
 #: with FP32's range, holds them (``--range-fallback``, :mod:`amp_compiler.passes.analysis.range_fallback`).
-#: Arithmetic rules (``policy.high.*``: sums, norms, Exp/Log) are not here. A range probe's rule
-#: ("moved by the probe", issue 23) joins this set when it lands.
+#: Arithmetic rules (``policy.high.*``: sums, norms, Exp/Log) are not here.
 RANGE_ONLY_RULES = frozenset({
     Rule.CONSTANT_OVERFLOW,  # a constant beyond FP16's 65504
     Rule.CONSTANT_UNDERFLOW,  # a constant below FP16's smallest subnormal (BF16's is 9.2e-41)
     Rule.RANGE_OVERFLOW,  # provably beyond FP16 for the inputs' stated ranges
     Rule.CALIBRATION_OVERFLOW,  # observed beyond FP16 on calibration data
     Rule.CALIBRATION_UNDERFLOW,  # observed flushing to zero in FP16
+    Rule.PROBE_OVERFLOW,  # observed beyond FP16 on the range probe's generated inputs
+    Rule.PROBE_UNDERFLOW,  # observed flushing to zero on them
 })
 
 

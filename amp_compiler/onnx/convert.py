@@ -23,7 +23,7 @@ from amp_compiler.core.decision import NodeDecision, untyped_message, untyped_no
 from amp_compiler.core.gc_pause import gc_paused
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Rule
-from amp_compiler.errors import UntypedTensorsError
+from amp_compiler.errors import ModelRunError, OptionError, UntypedTensorsError
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
 from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
@@ -35,7 +35,16 @@ from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, wit
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
 from amp_compiler.onnx.load.sparse import densify
+from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
+from amp_compiler.onnx.measure.output_error import output_accuracy
+from amp_compiler.onnx.measure.range_probe import (
+    PROBE_MAX_NODES,
+    PROBE_MAX_WEIGHT_BYTES,
+    ProbeSkipped,
+    RangeProbe,
+    probe_ranges,
+)
 from amp_compiler.onnx.write.check_pieces import value_types
 from amp_compiler.onnx.write.decisions import node_decisions
 from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
@@ -59,7 +68,8 @@ from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass
 from amp_compiler.policy import PolicyTable, default_table
-from amp_compiler.runtime.runner import Runner
+from amp_compiler.runtime.runner import Runner, default_runner
+from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Provider, Target
 
 __all__ = ["ConversionResult", "ConvertOptions", "NodeDecision", "convert"]
@@ -103,7 +113,7 @@ def convert(
     check_placement(opts.placement)
     check_fallback(opts)
     check_custom_op_precision(opts.custom_op_precision)
-    fallback_for_range = range_fallback(opts)
+    range_fallback(opts)  # checked before the model is read
     fp8 = opts.target is Target.FP8
     if fp8:
         check_fp8_options(opts)
@@ -130,8 +140,41 @@ def convert(
         fp8_plan, ranges = plan_fp8(ir_model, in_memory, list(samples or ()), ranges, opts, runner)
         del in_memory
 
-    # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound.
-    input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), ranges)
+    # The range probe: without calibration ranges, the FP32 model's ranges on generated inputs.
+    probe: RangeProbe | None = None
+    probe_skipped = ""
+    probe_model: onnx.ModelProto | None = None
+    probe_runner: tuple[Runner, bool] | None = None
+    if opts.probe and ranges is None and not fp8:
+        probe_model, probe_skipped = _probe_model(proto, origin, locations)
+        if probe_model is not None:
+            probe_runner = default_runner(runner)
+            try:
+                probe = probe_ranges(probe_model, probe_runner[0], input_shapes=shapes or None,
+                                     input_ranges=dict(opts.input_ranges))
+            except ProbeSkipped as exc:
+                probe_skipped = str(exc)
+    try:
+        return _convert_ranged(
+            source, proto, ir_model, locations, origin, checked, shapes, opts, policy, patterns, allow_patterns,
+            fp8_plan, probe.ranges if probe is not None else ranges, probe, probe_skipped, probe_model,
+            probe_runner[0] if probe_runner else None, declared, provider_warnings,
+        )
+    finally:
+        if probe_runner is not None and probe_runner[1]:
+            probe_runner[0].close()
+
+
+def _convert_ranged(
+    source: DeferredModel, proto: onnx.ModelProto, ir_model, locations, origin: str, checked: bool,
+    shapes: dict[str, tuple[int, ...]], opts: ConvertOptions, policy: PolicyTable, patterns, allow_patterns,
+    fp8_plan, ranges: dict[str, TensorRange] | None, probe: RangeProbe | None, probe_skipped: str,
+    probe_model: onnx.ModelProto | None, runner: Runner | None, declared, provider_warnings: list[str],
+) -> ConversionResult:
+    """The conversion from the static ranges on, with ``ranges`` (calibration's, or the probe's)."""
+    # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound;
+    # generated inputs' ranges are no bound (the probe's ranges do not feed it).
+    input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), None if probe is not None else ranges)
     bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
     target = opts.low_target
 
@@ -148,8 +191,9 @@ def convert(
         pinned={nodes[i]: why for i, why in opts.pinned_nodes if i < len(nodes)},
         kept={nodes[i]: why for i, why in opts.kept_nodes if i < len(nodes)},
         ranges=ranges,
+        ranges_generated=probe is not None,
         placement=opts.placement,
-        range_fallback=fallback_for_range,
+        range_fallback=range_fallback(opts),
         reached=reached_magnitudes(bounds) or None,
         elements=(
             placement_elements(with_small_weights(source), unshaped, shapes)
@@ -186,14 +230,54 @@ def convert(
     kept = sum(d.op_type == "Cast" and d.rule != Rule.LOWERING_CAST.value for d in decisions)
     types = value_types(ir_model)  # before the output drops the types the input did not describe
     output = _DeferredOutput(ir_model, proto, source.inline) if locations else None
-    return ConversionResult(
+    result = ConversionResult(
         None if output else _output_proto(ir_model, proto), decisions, inserted,  # type: ignore[arg-type]
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
         provider_warnings=provider_warnings,
-        load_check_skips=skips,
+        load_check_skips=skips, probe_skipped=probe_skipped,
     )
+    if probe is not None and probe_model is not None and runner is not None:
+        _measure(result, probe, probe_model, runner)
+    return result
+
+
+def _probe_model(proto: onnx.ModelProto, origin: str, locations) -> tuple[onnx.ModelProto | None, str]:
+    """The FP32 model the probe runs (weights in memory), or None and why it is skipped: onnxruntime
+    missing, more than :data:`PROBE_MAX_NODES` nodes, or weights over :data:`PROBE_MAX_WEIGHT_BYTES`
+    (they stay on disk for the conversion)."""
+    from amp_compiler import runtime
+
+    if not runtime.is_installed():
+        return None, f"onnxruntime is not installed; {runtime.INSTALL_HINT}"
+    if len(proto.graph.node) > PROBE_MAX_NODES:
+        nodes = len(proto.graph.node)
+        return None, (f"the graph has {nodes:,} nodes, more than the {PROBE_MAX_NODES:,} the probe runs on (it costs "
+                      "10-20x the conversion per node): pass --calibration-data to observe its ranges")
+    if not locations:
+        return proto, ""
+    size = sum(Path(f).stat().st_size for f in set(locations.values()))
+    try:
+        in_memory = weights_in_memory(proto, origin) if size <= PROBE_MAX_WEIGHT_BYTES else None
+    except OptionError:
+        in_memory = None
+    if in_memory is None or in_memory.ByteSize() > PROBE_MAX_WEIGHT_BYTES:
+        return None, (f"its weights take more than {format_bytes(PROBE_MAX_WEIGHT_BYTES)}: pass --calibration-data "
+                      "to observe its ranges")
+    return in_memory, ""
+
+
+def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto, runner: Runner) -> None:
+    """The written model's output error on the probe's inputs, against the FP32 outputs the probe kept
+    (one run of the emulated model per sample)."""
+    result.probe_inputs, result.probe_runs, result.probe_dims = probe.inputs, probe.runs, probe.dims
+    result.probe_shapes = {k: tuple(v.shape) for k, v in probe.samples[0].items()}
+    try:
+        result.accuracy = output_accuracy(fp32, result.model, probe.samples, runner, probe.outputs)
+        result.probe_runs += len(probe.samples)
+    except ModelRunError as exc:
+        result.accuracy_not_measured = first_line(exc)
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike | DeferredModel, *, all_weights: bool = False) -> DeferredModel:

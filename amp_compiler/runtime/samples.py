@@ -11,23 +11,27 @@ budget for all the samples together; only then are exactly that many bytes read.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 import stat
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from amp_compiler.errors import AmpUserError
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "MAX_SAMPLE_BYTES", "CalibrationDataError", "SampleSizeError", "load_samples", "model_inputs", "random_samples",
-    "sample_bytes",
+    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "input_kinds", "load_samples",
+    "model_inputs", "random_samples", "sample_bytes",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -206,10 +210,14 @@ def sample_bytes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]
 
 def random_samples(
     model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, n: int = 1, seed: int = 0,
-    *, max_bytes: int = MAX_SAMPLE_BYTES,
+    *, max_bytes: int = MAX_SAMPLE_BYTES, informed: bool = False,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Inputs for a model when no data is given: floats ~ N(0, 1), integers 1, booleans True.
 
+    With ``informed`` they follow what is known of each input (:func:`input_kinds`: a stated range,
+    an image's pixel range, token ids below the vocabulary); ``input_ranges`` (``--input-range``)
+    are drawn uniformly in any case.
     Dynamic dims take ``input_shapes`` (bound: :func:`amp_compiler.onnx.costs.costs.bind_input_shapes`) or 1.
     Samples that would hold more than ``max_bytes`` together are refused (:class:`SampleSizeError`)
     before anything is allocated.
@@ -220,6 +228,9 @@ def random_samples(
             f"random inputs of these shapes take {format_bytes(total)}, more than the {format_bytes(max_bytes)} "
             "generated or calibration inputs may take"
         )
+    kinds = input_kinds(model, input_ranges) if informed else {
+        name: InputKind("range", (lo, hi), "stated") for name, (lo, hi) in (input_ranges or {}).items()
+    }
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -227,9 +238,123 @@ def random_samples(
         for info in model_inputs(model):
             shape = input_shape(info, input_shapes)
             dtype = onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
-            if np.issubdtype(dtype, np.floating):
+            kind = kinds.get(info.name)
+            if kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.floating):
+                sample[info.name] = rng.uniform(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
+            elif kind is not None and kind.kind == "value":
+                sample[info.name] = np.full(shape, kind.bounds[0], dtype)
+            elif kind is not None and kind.kind == "ids" and np.issubdtype(dtype, np.integer):
+                sample[info.name] = rng.integers(0, int(kind.bounds[1]), shape).astype(dtype)
+            elif np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.standard_normal(shape).astype(dtype)
             else:
                 sample[info.name] = np.ones(shape, dtype)
         out.append(sample)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class InputKind:
+    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids``
+    (integers in ``[0, bounds[1])``) or ``value`` (``bounds[0]`` everywhere), and why (``stated``,
+    ``image 0..1``, ``vocabulary``...)."""
+
+    kind: str
+    bounds: tuple[float, float]
+    why: str
+
+
+#: Ops that normalize an image input; a constant operand above this says pixels are 0..255.
+_NORMALIZE_OPS = frozenset({"Sub", "Div", "Mul", "Add"})
+_PIXEL_SCALE = 2.0
+#: A scalar integer input named like an audio sample rate takes 16 kHz (speech models: Silero VAD
+#: refuses any other rate but 8 kHz).
+_SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
+#: An integer input named like bytes takes byte values 0..255 (a file-type classifier's input: Magika).
+_BYTES = re.compile(r"bytes?|byte_ids|input_bytes", re.IGNORECASE)
+#: Ops an index input may pass through on its way to an embedding Gather.
+_INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
+
+
+def input_kinds(
+    model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
+) -> dict[str, InputKind]:
+    """What is known of each graph input's values, from the options and the graph: a stated range
+    (``--input-range``); a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
+    normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
+    123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
+    normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
+    normalization exactly; half of ImageNet's mean/std range, -2.1..2.6); an integer input read
+    (through Casts and reshapes) as the indices of a Gather on an initializer table is token ids below
+    the table's first dim; one named like bytes takes 0..255; a scalar integer named like a sample rate
+    (``sr``) is 16000. Other inputs are not in the result
+    (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
+    stated = dict(input_ranges or {})
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    inits = {i.name: i for i in model.graph.initializer}
+    kinds: dict[str, InputKind] = {}
+    for info in model_inputs(model):
+        tt = info.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if info.name in stated:
+            kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
+        elif np.issubdtype(dtype, np.floating) and _image_like(tt):
+            readers = consumers.get(info.name, ())
+            top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)
+            if not any(n.op_type in _NORMALIZE_OPS for n in readers):
+                kinds[info.name] = InputKind("range", (-1.0, 1.0), "normalized image -1..1")
+            elif top > _PIXEL_SCALE:
+                kinds[info.name] = InputKind("range", (0.0, 255.0), "image 0..255")
+            else:
+                kinds[info.name] = InputKind("range", (0.0, 1.0), "image 0..1")
+        elif np.issubdtype(dtype, np.integer):
+            vocab = _vocabulary(info.name, consumers, inits)
+            if vocab:
+                kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
+            elif _BYTES.fullmatch(info.name):
+                kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
+            elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
+                kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
+    return kinds
+
+
+def _image_like(tt: onnx.TypeProto.Tensor) -> bool:
+    dims = tt.shape.dim if tt.HasField("shape") else []
+    return len(dims) == 4 and dims[1].HasField("dim_value") and dims[1].dim_value in (1, 3, 4)
+
+
+def _constant_absmax(node: onnx.NodeProto, name: str, inits: Mapping[str, onnx.TensorProto]) -> float:
+    """The largest |x| of an initializer operand of a normalizing ``node`` that reads ``name`` (0: none)."""
+    if node.op_type not in _NORMALIZE_OPS:
+        return 0.0
+    top = 0.0
+    for other in node.input:
+        init = inits.get(other)
+        if other != name and init is not None and math.prod(init.dims) <= 64:
+            array = onnx.numpy_helper.to_array(init)
+            if array.size and np.issubdtype(array.dtype, np.floating):
+                top = max(top, float(np.max(np.abs(array))))
+    return top
+
+
+def _vocabulary(name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto]) -> int:
+    """The smallest first dim of the initializer tables ``name`` indexes through Gathers (0: none)."""
+    sizes: list[int] = []
+    stack, seen = [name], {name}
+    while stack:
+        value = stack.pop()
+        for node in consumers.get(value, ()):
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
+                table = inits.get(node.input[0])
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if table is not None and axis == 0 and table.dims:
+                    sizes.append(int(table.dims[0]))
+            elif node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
+                for out in node.output:
+                    if out not in seen:
+                        seen.add(out)
+                        stack.append(out)
+    return min(sizes, default=0)

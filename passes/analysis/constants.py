@@ -18,6 +18,16 @@ fires when a flushed value is at least ``significant`` (2^-10) of the tensor's l
 epsilon, a clip bound, a scale: the tensor is all tiny values), or when the flushed values carry more
 than ``significant`` of the tensor's L2 norm. Tiny leftovers in a weight or bias tensor (a bias of
 1.8e-37 next to values of 0.1) flush harmlessly and do not pin.
+
+What the node computes decides too. A bias added by a Conv, ConvTranspose or Gemm (its third input)
+or a BatchNormalization (its bias) moves each output value by the flushed value itself, less
+than FP16's smallest subnormal (6e-8): below FP16's own rounding of any output of magnitude 2^-13
+(1.2e-4) or more. Such a flush pins only when the output, per channel, is smaller than that: its scale
+is the observed range of the node's output when calibration or the range probe observed it, else the
+largest weight of the channel (Conv/Gemm: the output for inputs of unit scale) or the BatchNorm's
+scale. A bias of 3e-10 (a BatchNorm folded into a Conv, mean and shift near zero) is not an epsilon:
+the Conv stays FP16 and the flush is noted on it. An epsilon added under a Sqrt, a Div or a Log, and a
+Clip bound, keep the tensor-relative test above (they decide what happens near zero).
 """
 
 from __future__ import annotations
@@ -25,11 +35,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
+from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.onnx.ir.constants import SCREEN_BYTES, constant_array, raw_float32_bytes
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
@@ -151,6 +163,10 @@ def range_stats(array: np.ndarray, target: Target) -> RangeStats:
 
 
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+#: Inputs that a node adds to its output (a bias), by op: a flush there moves the output by the flushed value.
+_ADDITIVE_SLOTS: dict[str, tuple[int, ...]] = {
+    "Conv": (2,), "ConvTranspose": (2,), "Gemm": (2,), "BatchNormalization": (2,),
+}
 
 
 def overflows(value: ir.Value, target: Target) -> bool:
@@ -168,6 +184,8 @@ def overflows(value: ir.Value, target: Target) -> bool:
 class ConstantRangePass(AnalysisPass):
     target: Target
     significant: float = 2.0**-10
+    # Observed ranges (calibration's or the range probe's) by tensor name: a node's output scale.
+    ranges: Mapping[str, TensorRange] | None = None
 
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require_roles(self, graph, plan)
@@ -214,9 +232,61 @@ class ConstantRangePass(AnalysisPass):
                     plan.notes[vertex.id] = note
                     continue
                 verdict = self._verdict(value, stats)
+                if verdict is not None and verdict[0] is Rule.CONSTANT_UNDERFLOW:
+                    note = self._flush_below_rounding(vertex, value, stats)
+                    if note:
+                        plan.notes[vertex.id] = f"{plan.notes[vertex.id]}; {note}" if vertex.id in plan.notes else note
+                        continue
                 if verdict is not None:
                     plan.set_role(vertex.id, Role.DENY, *verdict)
                     break
+
+    def _flush_below_rounding(self, vertex: Vertex, value: ir.Value, s: RangeStats) -> str:
+        """Why the flush of ``value``'s tiny values is below the target's rounding of ``vertex``'s output
+        (a bias a Conv, ConvTranspose, Gemm or BatchNormalization adds: see the module doc), or ""."""
+        node = vertex.node
+        if node is None or self.target is not Target.FP16:
+            return ""
+        slots = _ADDITIVE_SLOTS.get(node.op_type, ())
+        positions = [i for i, v in enumerate(node.inputs) if v is value]
+        if not positions or not all(i in slots for i in positions):
+            return ""
+        scale = self._output_scale(node)
+        if scale is None:
+            return ""
+        rounding = scale * 2.0**-11  # FP16's rounding of outputs of this scale (half an ulp)
+        if not s.flushed_max < rounding:
+            return ""
+        return (
+            f"constant {value.name!r}: {s.flushed} value(s) down to |x| = {s.min_nonzero_abs:.3g} flush to zero in "
+            f"FP16; a bias moves the output by at most {s.flushed_max:.2g}, below FP16's rounding ({rounding:.2g}) "
+            f"of outputs of scale {scale:.3g}: kept FP16"
+        )
+
+    def _output_scale(self, node: ir.Node) -> float | None:
+        """The smallest scale of the node's output over its channels: observed (ranges), else the
+        smallest per-channel largest weight (Conv/ConvTranspose/Gemm) or BatchNorm scale; None when unknown."""
+        out = node.outputs[0] if node.outputs else None
+        observed = self.ranges.get(out.name) if self.ranges is not None and out is not None and out.name else None
+        op = node.op_type
+        w = node.inputs[1] if len(node.inputs) > 1 else None  # the weights; a BatchNorm's scale
+        array = constant_array(w) if w is not None else None
+        if array is None:
+            return observed.absmax if observed is not None and observed.absmax > 0 else None
+        a = np.abs(np.asarray(array, dtype=np.float64))
+        if a.size == 0:
+            return None
+        if op in ("Conv", "BatchNormalization"):
+            per_channel = a.reshape(a.shape[0], -1).max(axis=1) if a.ndim else a
+        elif op == "ConvTranspose" and a.ndim >= 2:
+            per_channel = np.moveaxis(a, 1, 0).reshape(a.shape[1], -1).max(axis=1)
+        else:
+            per_channel = np.array([a.max()])
+        static = float(per_channel.min())
+        if observed is not None and observed.absmax > 0:
+            # The observed output, per channel in proportion to its weights.
+            return float(observed.absmax * static / float(per_channel.max())) if per_channel.max() > 0 else None
+        return static if static > 0 else None
 
     def _plainly_representable(self, graph: PrecisionGraph, plan: PrecisionPlan) -> list[int]:
         """The ids of FP32 initializers stored as raw little-endian bytes in the model whose every

@@ -63,7 +63,9 @@ class AnalysisSettings:
     ``block_nodes``, ``allow_nodes``: compiled patterns (:func:`~amp_compiler.passes.compile_patterns`).
     ``pinned``/``kept``: ops the ``--tolerance`` refinement keeps FP32 / low precision, with why.
     ``ranges``: calibration ranges by tensor name. ``elements``: element counts by tensor name for
-    the cast costs, where the model's dims are dynamic. ``kernel_coverage``: whether ops without a
+    the cast costs, where the model's dims are dynamic. ``ranges_generated``: ``ranges`` were observed
+    on generated inputs (the range probe), not calibration data: the rules say so (``probe.*``).
+    ``kernel_coverage``: whether ops without a
     low-precision kernel on the provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
     ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them get no
     Cast there (ONNX models). ``range_fallback``: the type of what only FP16's range keeps out of FP16
@@ -79,6 +81,7 @@ class AnalysisSettings:
     pinned: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     kept: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     ranges: Mapping[str, TensorRange] | None = None
+    ranges_generated: bool = False  # ``ranges`` come from the range probe's generated inputs
     placement: str = "mincut"
     reached: Mapping[str, float] | None = None
     elements: Mapping[str, int] | None = None
@@ -100,11 +103,11 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
     passes.append(QuantizedIslandPass())
-    passes.append(ConstantRangePass(settings.target))
+    passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))
     if settings.ranges:
-        passes.append(CalibrationRangePass(settings.ranges, settings.target))
+        passes.append(CalibrationRangePass(settings.ranges, settings.target, generated=settings.ranges_generated))
     if settings.runtime_hazards:
         passes.append(RuntimeHazardPass(settings.provider))  # once every role is final
     passes.append(PaintPass())

@@ -91,12 +91,25 @@ def watched(monkeypatch):
 
 def test_plain_convert_with_input_shape_runs_no_model_and_keeps_weights_on_disk(tmp_path, watched):
     src, out = _external_model(tmp_path / "in"), tmp_path / "out.onnx"
-    code, err = _run(["convert", src, "-o", out, "--input-shape", "x:64x160"])
+    code, err = _run(["convert", src, "-o", out, "--input-shape", "x:64x160", "--no-probe"])
     assert code == 0, err
     assert [o.input_shapes for o in watched["options"]] == [(("x", (64, 160)),)]  # reached the min-cut cost
     assert watched["sessions"] == ["file"] and watched["runs"] == []  # the output's load check only
     assert watched["loads"] == []
     assert (tmp_path / "out.onnx.data").exists()  # written with external data, as a deferred conversion is
+
+
+def test_plain_convert_probes_ranges_at_the_input_shape_and_still_writes_external_data(tmp_path, watched):
+    """The range probe (the default) runs the FP32 model (weights in memory, in the child) at the
+    shapes given; the conversion itself keeps the weights on disk."""
+    src, out = _external_model(tmp_path / "in"), tmp_path / "out.onnx"
+    code, err = _run(["convert", src, "-o", out, "--input-shape", "x:64x160"])
+    assert code == 0, err
+    assert [o.probe for o in watched["options"]] == [True]
+    assert watched["sessions"][:2] == ["proto", "proto"] and watched["sessions"][-1] == "file"  # probe, then check
+    assert len(watched["runs"]) >= 2  # FP32 outputs and the emulated conversion (ranges: the calibration chain)
+    assert watched["loads"] == []
+    assert (tmp_path / "out.onnx.data").exists()
 
 
 @pytest.mark.parametrize("ask", ["report", "calibration-data"])

@@ -18,6 +18,7 @@ from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
 from models import catalog
 from models.entry import calibration_ranges
+from tests.conftest import EXPECTED_SKIP
 
 SMALL = catalog.entries("small")
 FULL = catalog.entries("full")
@@ -51,6 +52,8 @@ def _is_float(a: np.ndarray) -> bool:
 def assert_matches_fp32(entry, model: onnx.ModelProto) -> list:
     feeds, ref = _reference(entry.name)
     got = run_onnxruntime(model, feeds)
+    if entry.blind_fails:  # a failure pattern: what the conversion does about it is tested with it
+        pytest.skip(f"{EXPECTED_SKIP}{entry.name}: {entry.blind_fails}")
     names = [o.name for o in _fp32(entry.name).graph.output]
     results = []
     for name, r, g in zip(names, ref, got):

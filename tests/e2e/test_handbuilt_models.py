@@ -24,6 +24,7 @@ from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.onnx.measure.emulate import emulate
 from models import catalog
 from models.entry import calibration_ranges
+from tests.conftest import EXPECTED_SKIP
 
 ENTRIES = catalog.entries(size="small", kind="rule")
 NAMES = [e.name for e in ENTRIES]
@@ -219,6 +220,8 @@ def test_fp16_conversion_matches_fp32(name):
     # FP32 and drops the rounding between them).
     ref, got = _reference(name), _run(emulate(model), _feeds(name))
     assert len(got) == len(ref)
+    if entry.blind_fails:  # a failure pattern: what the conversion does about it is tested with it
+        pytest.skip(f"{EXPECTED_SKIP}{name}: {entry.blind_fails}")
     for o, r, g in zip(_fp32(name).graph.output, ref, got):
         if not _is_float(r):
             np.testing.assert_array_equal(g, r, err_msg=f"non-float output {o.name} differs")

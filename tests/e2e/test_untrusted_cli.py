@@ -70,10 +70,15 @@ def test_report_of_a_model_that_never_ends_stops_at_the_time_budget_and_is_writt
 
 
 def test_convert_report_of_a_model_that_never_ends_checks_its_output_in_a_fresh_child(loop, tmp_path):
-    """The time budget killed the child that ran the accuracy; the load check runs in another one."""
+    """The time budget killed the child that ran the accuracy (the range probe's run first: one warning
+    line); the load check runs in another one."""
     out, report = tmp_path / "o.onnx", tmp_path / "r.json"
     code, stdout, err = _run(["convert", loop, "-o", out, "--report", report, "--max-run-seconds", "2"])
-    assert code == 0 and err == "" and "fp16 model written" in stdout, err
+    assert code == 0 and "fp16 model written" in stdout, err
+    assert err.strip().splitlines() == [
+        "amp-compiler: warning: converted without the range probe: its run exceeds the run budget (running the "
+        "model in onnxruntime took longer than its time budget of 2 s; stopped)"
+    ]
     assert "time budget" in json.loads(report.read_text())["summary"]["accuracy_not_measured"]
 
 
@@ -105,9 +110,13 @@ def test_bad_memory_budgets_name_their_flag(huge, value, needle):
 
 
 def test_a_plain_convert_runs_nothing_and_needs_no_budget(loop, tmp_path):
-    """Only the output's load check runs onnxruntime: a model that would run for ever converts."""
-    code, out, err = _run(["convert", loop, "-o", tmp_path / "o.onnx", "--max-run-seconds", "5"])
+    """Without the range probe only the output's load check runs onnxruntime: a model that would run
+    for ever converts; with it (the default), the probe's run stops at the budget and says so in one line."""
+    code, out, err = _run(["convert", loop, "-o", tmp_path / "o.onnx", "--max-run-seconds", "5", "--no-probe"])
     assert code == 0 and err == "" and "fp16 model written" in out
+    code, out, err = _run(["convert", loop, "-o", tmp_path / "o2.onnx", "--max-run-seconds", "2"])
+    assert code == 0 and "fp16 model written" in out
+    assert len(err.strip().splitlines()) == 1 and "without the range probe: its run exceeds the run budget" in err
 
 
 def _good(tmp_path: Path) -> Path:
@@ -151,7 +160,8 @@ def test_an_input_that_crashes_onnxruntime_too_is_converted_with_a_warning(tmp_p
     assert code == 0 and out.exists() and "model written" in stdout
     assert err.strip().splitlines() == [
         "amp-compiler: warning: the converted model was not checked: onnxruntime cannot load the input model "
-        "either (onnxruntime crashed (SIGSEGV) loading the model)"
+        "either (onnxruntime crashed (SIGSEGV) loading the model)",
+        "amp-compiler: warning: converted without the range probe: onnxruntime crashed (SIGSEGV) loading the model",
     ]
 
 

@@ -164,6 +164,11 @@ class ConversionArgs(ArgGroup):
             "samples; 0: none) (default: %(default)s)",
         )
         group.add_argument(
+            "--no-probe", dest="probe", action="store_false",
+            help="without --calibration-data, do not run the FP32 model on generated inputs first (the range "
+            "probe: what overflows or flushes on them stays FP32, and the output error is measured on them)",
+        )
+        group.add_argument(
             "--strict", action="store_true",
             help="fail (exit 2) instead of warning when nodes would be left as they are because the "
             "element type of a tensor of theirs is unknown (custom ops no schema describes)",
@@ -218,4 +223,5 @@ class ConversionArgs(ArgGroup):
             custom_op_precision=declared,
             metric=Metric(args.metric),
             holdout=args.holdout,
+            probe=args.probe,
         )

@@ -70,10 +70,10 @@ def compare(name: str, reference: np.ndarray, got: np.ndarray) -> OutputAccuracy
     both = np.isfinite(ref) & np.isfinite(out)
     same_inf = np.isinf(ref) & (ref == out)
     if not np.all(both | same_inf):  # a NaN or inf where FP32 has a finite value (or another one)
-        return OutputAccuracy(name, float("nan"), float("inf"), 0.0, False)
+        return OutputAccuracy(name, float("nan"), float("inf"), 0.0, False, float("inf"))
     r, o = ref[both], out[both]
     if r.size == 0:
-        return OutputAccuracy(name, 1.0, 0.0, 0.0, True)
+        return OutputAccuracy(name, 1.0, 0.0, 0.0, True, 0.0)
     nr, no = np.linalg.norm(r), np.linalg.norm(o)
     if nr == 0 and no == 0:
         cosine = 1.0
@@ -81,4 +81,6 @@ def compare(name: str, reference: np.ndarray, got: np.ndarray) -> OutputAccuracy
         cosine = 0.0
     else:
         cosine = float(np.dot(r, o) / (nr * no))
-    return OutputAccuracy(name, cosine, float(np.max(np.abs(r - o))), float(r.max() - r.min()), True)
+    diff = float(np.linalg.norm(r - o))
+    rel_l2 = diff / nr if nr > 0 else (0.0 if diff == 0 else float("inf"))
+    return OutputAccuracy(name, cosine, float(np.max(np.abs(r - o))), float(r.max() - r.min()), True, rel_l2)

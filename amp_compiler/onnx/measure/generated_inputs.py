@@ -177,10 +177,13 @@ class _Inference:
 
 def runnable_inputs(
     model: onnx.ModelProto, runner: Runner, fixed: Mapping[str, tuple[int, ...]] | None = None, *,
-    seed: int = 0, max_bytes: int = MAX_SAMPLE_BYTES,
+    seed: int = 0, max_bytes: int = MAX_SAMPLE_BYTES, informed: bool = False,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
 ) -> Generated:
     """One random sample the FP32 ``model`` runs on, and its outputs (see the module doc). ``fixed``:
-    input shapes the user gave (their dims are not searched). Raises the :class:`ModelRunError` that
+    input shapes the user gave (their dims are not searched). ``informed``, ``input_ranges``: values
+    that follow what is known of the inputs (:func:`amp_compiler.runtime.samples.random_samples`).
+    Raises the :class:`ModelRunError` that
     ended the search: onnxruntime's refusal of the last size tried, or what stopped it."""
     fixed = dict(fixed or {})
     keys = dynamic_dims(model, fixed)
@@ -201,7 +204,8 @@ def runnable_inputs(
                 inference = inference or _Inference(model)
                 if not inference.allows(shapes):
                     continue
-            samples = random_samples(model, shapes, seed=seed, max_bytes=max_bytes)
+            samples = random_samples(model, shapes, seed=seed, max_bytes=max_bytes, informed=informed,
+                                     input_ranges=input_ranges)
             try:
                 outputs = session.run(samples[0])
             except _STOPS:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from amp_compiler.core.decision import NodeDecision, count_by_rule
+from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.onnx.write.check_pieces import TypeTable
 from amp_compiler.onnx.write.save import Verify, check_output_path
 from amp_compiler.options import ConvertOptions
@@ -61,6 +62,17 @@ class ConversionResult:
     # that provider would insert, not on the model as the provider it is for runs it
     # (amp_compiler.passes.analysis.hazards.stand_in_skips).
     load_check_skips: tuple[str, ...] = ()
+    # The range probe (options.probe): how its generated inputs were made ("" when it did not run),
+    # the model runs it and the measure took, and why it was skipped ("" when it was not).
+    probe_inputs: str = ""
+    probe_runs: int = 0
+    probe_skipped: str = ""
+    probe_dims: dict[str, int] = dataclasses.field(default_factory=dict)  # dynamic dims of its inputs
+    probe_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # its inputs' shapes
+    # Each float output's error against FP32 on the probe's inputs (exact emulation), empty when
+    # not measured; why it was not, when the probe ran ("" when it was).
+    accuracy: list[OutputAccuracy] = dataclasses.field(default_factory=list)
+    accuracy_not_measured: str = ""
 
     def decisions_by_rule(self) -> dict[str, int]:
         return count_by_rule(self.decisions)

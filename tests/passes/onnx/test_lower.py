@@ -328,6 +328,27 @@ def test_underflow_rule_tells_intended_values_from_residue(bias, pinned):
     assert d["bias"].precision == ("fp32" if pinned else "fp16")
 
 
+@pytest.mark.parametrize("weights_known", [True, False])
+def test_a_conv_bias_flush_is_judged_against_the_conv_output_scale(weights_known):
+    """Issue 23, point 6: a Conv's bias whose values are all tiny (3e-10: BatchNorm folded in with mean
+    and shift near zero) used to pin the Conv (constant.underflow); flushing it moves each output by
+    less than FP16's rounding of outputs of the scale its weights give (0.1 here), so the Conv stays
+    FP16. Weights that are not a constant give no scale: the tensor-relative test pins it, as before."""
+    rng = np.random.default_rng(0)
+    w = (0.1 * rng.standard_normal((8, 4, 3, 3))).astype(np.float32)
+    b = (3e-10 * rng.uniform(0.5, 1.5, 8)).astype(np.float32)
+    inputs = [vi("x", F32, [1, 4, 8, 8])] + ([] if weights_known else [vi("w", F32, [8, 4, 3, 3])])
+    m = model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        inputs, [vi("y", F32, [1, 8, 8, 8])], [tensor("w", w), tensor("b", b)] if weights_known else [tensor("b", b)],
+    )
+    d = {x.node: x for x in _convert(m).decisions}["conv"]
+    assert (d.rule == "constant.underflow") is not weights_known, d.reason
+    assert d.precision == ("fp16" if weights_known else "fp32")
+    if weights_known:
+        assert "below FP16's rounding" in d.reason and "'b'" in d.reason
+
+
 def test_large_weights_with_a_few_flushed_values_stay_low_precision():
     w = weights((64, 64))
     w[0, :5] = 1e-9  # flushed, but a negligible share of the tensor's norm

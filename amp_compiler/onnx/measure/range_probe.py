@@ -1,0 +1,143 @@
+"""The range probe: observed value ranges of the FP32 model on generated inputs, when no data is given.
+
+    generated inputs (following what is known: --input-range, --input-shape, images, token ids) ->
+    one run of the FP32 model (its outputs kept: the reference the written model is measured against)
+    -> one run with every tensor observed (:func:`~amp_compiler.onnx.measure.calibrate.collect_ranges`)
+    -> ranges for the calibration rules, as ``probe.overflow``/``probe.underflow``
+
+A default conversion decides with these ranges what a calibration would decide with real data: a
+hidden activation that overflows FP16 on image-range inputs is seen, without data. Generated inputs are
+not real ones: what they show is evidence, not a bound, so the graph inputs' ranges they give never
+feed the static range analysis (which treats input ranges as proven), and the reasons say where the
+ranges came from. The margin is calibration's (2x, :class:`~amp_compiler.passes.analysis.calibration.
+CalibrationRangePass`): see ``docs/converting.md`` for the catalog figures that chose it.
+
+Whatever stops the run (the run budget, a crash, onnxruntime refusing the model or generated inputs that
+do not fit) leaves the conversion without the probe and one warning line (:class:`ProbeSkipped`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.errors import (
+    ModelCrashError,
+    ModelRefusedError,
+    ModelRunError,
+    ModelUnsupportedError,
+    RunBudgetError,
+)
+from amp_compiler.onnx.load.text import first_line
+from amp_compiler.onnx.measure.calibrate import collect_ranges
+from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
+from amp_compiler.runtime.runner import Runner
+from amp_compiler.runtime.samples import SampleSizeError, input_kinds, model_inputs
+
+__all__ = ["PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSkipped", "RangeProbe", "probe_ranges"]
+
+#: Models whose weights take more than this are converted without the probe (one warning): their
+#: weights stay on disk for the conversion, and running them would read all of them into the child.
+PROBE_MAX_WEIGHT_BYTES = 1 << 30
+#: Graphs of more nodes are converted without the probe (one warning). Its cost is linear in nodes
+#: and about 10-20x the conversion's per node: three onnxruntime sessions (one with every tensor an
+#: output) and the emulation's rewrite. Measured on a generated 10,000-node transformer on a loaded
+#: 2-core machine: 10 s blind, 209 s with the probe (sessions 71 s, emulation 66 s, the dims search's
+#: first session 39 s). The catalog's real models have 100-900 nodes (probe: 0.1-18 s); a
+#: 48-layer encoder 2,450.
+PROBE_MAX_NODES = 3000
+
+
+@dataclasses.dataclass
+class RangeProbe:
+    """What the probe observed: the generated samples, the FP32 model's outputs on them (graph output
+    order), every float tensor's range, the model runs it took, and how the inputs were made."""
+
+    samples: list[dict[str, np.ndarray]]
+    outputs: list[list[np.ndarray]]
+    ranges: dict[str, TensorRange]
+    runs: int
+    inputs: str  # "x: image 0..1; batch=1" (what each input's values followed, and dynamic dims)
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)  # the dynamic dims' values (the search's)
+
+
+#: The sizes (height, width) an image input's dynamic spatial dims take first, in turn: a photo at
+#: ImageNet's size, a text line at OCR's (48 high). Dims at 1 (the generic search's start) show
+#: nothing of a vision model's activations (a 1x1 image is all border).
+IMAGE_SIZES = ((224, 224), (48, 320))
+#: Failures that end the search for an image size (bigger or other inputs would not help).
+_STOPS = (RunBudgetError, ModelCrashError, ModelRefusedError, ModelUnsupportedError)
+
+
+def _generated(
+    model: onnx.ModelProto, runner: Runner, input_shapes: Mapping[str, tuple[int, ...]] | None,
+    input_ranges: Mapping[str, tuple[float, float]] | None, seed: int,
+) -> Generated:
+    """One runnable generated sample: image inputs with dynamic spatial dims at :data:`IMAGE_SIZES` in
+    turn, then the generic search (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
+    given = dict(input_shapes or {})
+    images = [info for info in model_inputs(model) if info.name not in given and _dynamic_image(info)]
+    for height, width in IMAGE_SIZES if images else ():
+        fixed = dict(given)
+        for info in images:
+            dims = info.type.tensor_type.shape.dim
+            fixed[info.name] = (
+                _static(dims[0], 1), dims[1].dim_value, _static(dims[2], height), _static(dims[3], width)
+            )
+        try:
+            return runnable_inputs(model, runner, fixed, seed=seed, informed=True, input_ranges=input_ranges)
+        except _STOPS:
+            raise
+        except (ModelRunError, SampleSizeError):
+            continue
+    return runnable_inputs(model, runner, given or None, seed=seed, informed=True, input_ranges=input_ranges)
+
+
+def _dynamic_image(info: onnx.ValueInfoProto) -> bool:
+    dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
+    return (
+        info.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+        and len(dims) == 4 and dims[1].HasField("dim_value") and dims[1].dim_value in (1, 3, 4)
+        and not (dims[2].HasField("dim_value") and dims[2].dim_value > 0
+                 and dims[3].HasField("dim_value") and dims[3].dim_value > 0)
+    )
+
+
+def _static(dim: onnx.TensorShapeProto.Dimension, default: int) -> int:
+    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else default
+
+
+class ProbeSkipped(Exception):
+    """The probe did not run; the message is the warning line's reason."""
+
+
+def probe_ranges(
+    model: onnx.ModelProto, runner: Runner, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None, seed: int = 0,
+) -> RangeProbe:
+    """Run the FP32 ``model`` (weights in memory) on one generated sample through ``runner`` and
+    observe every float tensor. Raises :class:`ProbeSkipped` when the model cannot be run on
+    generated inputs (over the run budget, crashed, refused, inputs too large)."""
+    try:
+        generated = _generated(model, runner, input_shapes, input_ranges, seed)
+        ranges = collect_ranges(model, generated.samples, runner=runner)
+    except RunBudgetError as exc:
+        raise ProbeSkipped(f"its run exceeds the run budget ({first_line(exc)})") from None
+    except (ModelRunError, SampleSizeError) as exc:
+        raise ProbeSkipped(first_line(exc)) from None
+    kinds = input_kinds(model, input_ranges)
+    described = [f"{name}: {kind.why}" for name, kind in kinds.items()]
+    if generated.dims:
+        described.append(generated.describe())
+    given = input_shapes or {}
+    sized = {info.name for info in model_inputs(model) if info.name not in given and _dynamic_image(info)}
+    described += [f"{name}: {'x'.join(map(str, array.shape))}" for name, array in generated.samples[0].items()
+                  if name in sized]
+    return RangeProbe(
+        generated.samples, generated.outputs, ranges, runs=1 + len(generated.refused) + len(generated.samples),
+        inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
+    )

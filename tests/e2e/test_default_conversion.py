@@ -1,0 +1,71 @@
+"""The default conversion (``amp-compiler convert`` as people run it: the range probe on) over the catalog
+(issue 23): no NaN/Inf where FP32 has none, a warning for every output that misses 2% of its range,
+and the Tensor Core ops it keeps low, per model, held to a record that says why any is FP32."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from amp_compiler import convert
+from amp_compiler.onnx.measure.output_error import misses, output_accuracy
+from amp_compiler.onnx.write.result import ConversionResult
+from amp_compiler.policy import default_table
+from amp_compiler.runtime.runner import InProcessRunner
+from models import catalog
+
+#: Tensor Core ops kept in FP16 by the default conversion, where fewer than all, and why (a model not
+#: listed keeps all of them low). A drop below a record fails with the model named; a change of a
+#: record needs a reason here.
+TENSOR_CORE_RECORD: dict[str, tuple[int, int, str]] = {
+    "cqt-log": (2, 5, "the constant-Q front end's Convs read raw audio into a Log (policy.high.signal-path)"),
+    "detect-head-overflow": (3, 5, "the head's hidden Conv reaches 3e5 and its logits Conv reads it (probe.overflow)"),
+    "ppocr-v4-rec": (50, 51, "a Conv 43% of whose outputs flush to zero in FP16, on real text lines as on "
+                     "generated ones (probe.underflow; calibration.underflow with data)"),
+    "quantized-encoder": (0, 4, "integer MatMuls whose results are quantized again (quantized.requantize)"),
+    "rnn-batch-first": (1, 2, "a MatMul onnxruntime crashes on with a Cast inside (runtime.ort-transpose-matmul)"),
+}
+
+#: Models whose default conversion misses 2% of range on their own inputs but whose generated inputs
+#: do not show it, so the summary line cannot warn (the gap, measured: the probe's error, real inputs').
+UNWARNED: dict[str, str] = {
+    "ppocr-v4-rec": "0.9% of range on generated text lines (uniform noise, 48x320) against 2.4% on real ones",
+}
+
+_ENTRIES = [e.name for e in catalog.entries("small")]
+
+
+@functools.cache
+def _default(name: str) -> ConversionResult:
+    return convert(catalog.load(name), probe=True, runner=InProcessRunner())  # the catalog's own models
+
+
+@pytest.mark.parametrize("name", _ENTRIES)
+def test_tensor_core_ops_kept_low_by_the_default_conversion(name):
+    result = _default(name)
+    table = default_table()
+    heavy = [d for d in result.decisions if table.is_tensor_core(d.domain, d.op_type)]
+    low = sum(d.precision == result.options.target.value for d in heavy)
+    recorded, total, why = TENSOR_CORE_RECORD.get(name, (len(heavy), len(heavy), ""))
+    assert len(heavy) == total, f"{name}: {len(heavy)} Tensor Core ops, the record has {total}"
+    assert low >= recorded, (
+        f"{name}: {low}/{len(heavy)} Tensor Core ops low, the record is {recorded} ({why or 'all'}); FP32: "
+        + ", ".join(f"{d.node} ({d.rule})" for d in heavy if d.precision != result.options.target.value)
+    )
+
+
+@pytest.mark.parametrize("name", _ENTRIES)
+def test_no_nan_where_fp32_has_none_and_a_warning_for_every_miss(name):
+    entry = catalog.get(name)
+    fp32, result = catalog.load(entry), _default(name)
+    samples = [entry.make_inputs(np.random.default_rng(100))]
+    accuracy = output_accuracy(fp32, result.model, samples, InProcessRunner())
+    assert all(a.finite for a in accuracy), f"{name}: NaN/Inf where FP32 is finite: {accuracy}"
+    missed = [a.name for a in accuracy if misses(a)]
+    warned = any(misses(a) for a in result.accuracy)
+    if name in UNWARNED:
+        assert missed and not warned, f"{name}: the recorded gap closed ({UNWARNED[name]}): drop it from UNWARNED"
+    elif missed:
+        assert warned, f"{name}: outputs {missed} miss 2% of range and the conversion does not warn ({result.accuracy})"

@@ -1,0 +1,79 @@
+"""The four failures of a default conversion on models nobody had tuned for (models/fresh_patterns.py,
+issue 23): the range probe fixes the overflow, and the conversion measures and warns about the rest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from amp_compiler import convert
+from amp_compiler.onnx.measure.output_error import misses, output_accuracy
+from amp_compiler.runtime.runner import InProcessRunner
+from models import catalog
+
+
+def _scored(name: str) -> list[dict[str, np.ndarray]]:
+    entry = catalog.get(name)
+    return [entry.make_inputs(np.random.default_rng(s)) for s in (100, 101)]
+
+
+def _accuracy(name: str, converted) -> list:
+    return output_accuracy(catalog.load(name), converted, _scored(name), InProcessRunner())
+
+
+def test_detect_head_overflows_without_the_probe():
+    """The pattern: the blind conversion's heatmap holds NaN/Inf under exact emulation."""
+    fp32 = catalog.load("detect-head-overflow")
+    blind = convert(fp32, runner=InProcessRunner())
+    assert not all(a.finite for a in _accuracy("detect-head-overflow", blind.model))
+
+
+def test_the_probe_keeps_the_detect_heads_hidden_conv_fp32_and_the_backbone_fp16():
+    fp32 = catalog.load("detect-head-overflow")
+    result = convert(fp32, probe=True, runner=InProcessRunner())
+    by_node = {d.node: d for d in result.decisions}
+    assert (by_node["head_hidden"].precision, by_node["head_hidden"].rule) == ("fp32", "probe.overflow")
+    assert "generated inputs" in by_node["head_hidden"].reason
+    assert all(by_node[f"stage{i}"].precision == "fp16" for i in range(3))
+    accuracy = _accuracy("detect-head-overflow", result.model)
+    assert accuracy and not any(misses(a) for a in accuracy), accuracy
+    assert result.accuracy and all(a.finite for a in result.accuracy)  # its own measure, on generated inputs
+    assert "image -1..1" in result.probe_inputs
+
+
+@pytest.mark.parametrize("name", ["text-det-sigmoid", "ctc-wide-softmax", "seg-sigmoid-edge"])
+def test_accuracy_the_probe_cannot_fix_is_measured_and_flagged(name):
+    """Nothing overflows: the conversion stays as it was, misses 2% of range on real-like inputs, and
+    its own measure on generated inputs says so (the summary line's warning)."""
+    fp32 = catalog.load(name)
+    result = convert(fp32, probe=True, runner=InProcessRunner())
+    assert any(misses(a) for a in _accuracy(name, result.model))
+    assert any(misses(a) for a in result.accuracy), result.accuracy
+    assert all(a.rel_l2 is not None and np.isfinite(a.rel_l2) for a in result.accuracy)
+
+
+def test_the_blind_conversion_measures_nothing():
+    result = convert(catalog.load("text-det-sigmoid"))
+    assert result.accuracy == [] and result.probe_inputs == ""
+
+
+def test_cli_convert_says_where_ranges_came_from_and_warns(tmp_path):
+    import onnx
+
+    source = tmp_path / "text_det.onnx"
+    onnx.save(catalog.load("text-det-sigmoid"), source)
+    out = tmp_path / "text_det.fp16.onnx"
+    run = subprocess.run([sys.executable, "-m", "amp_compiler", "convert", str(source), "-o", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "ranges from generated inputs (image: image 0..1)" in run.stdout  # it normalizes its input
+    assert "output error vs fp32 on generated inputs: max" in run.stdout
+    warnings = [line for line in run.stderr.splitlines() if "warning: output 'prob'" in line]
+    assert len(warnings) == 1 and "amp-compiler compare" in warnings[0] and "--tolerance" in warnings[0], run.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-m", "amp_compiler", "convert", str(source), "-o", str(out), "--force", "--no-probe"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "generated inputs" not in quiet.stdout and "warning: output" not in quiet.stderr

@@ -1,0 +1,68 @@
+"""The range probe's generated inputs follow what is known of the inputs, and what skips the probe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from amp_compiler import convert
+from amp_compiler.onnx.measure import range_probe
+from amp_compiler.runtime.runner import InProcessRunner
+from amp_compiler.runtime.samples import input_kinds, random_samples
+from tests.support.onnx_builders import F32, model, tensor, vi, weights
+
+
+def _image_model(normalize: float | None):
+    """image (1, 3, 8, 8) [-> Sub(normalize)] -> Conv -> y."""
+    nodes, inits, x = [], [tensor("w", weights((4, 3, 3, 3)))], "image"
+    if normalize is not None:
+        nodes.append(helper.make_node("Sub", ["image", "mean"], ["centred"], name="normalize"))
+        inits.append(tensor("mean", np.array([normalize], np.float32)))
+        x = "centred"
+    nodes.append(helper.make_node("Conv", [x, "w"], ["y"], name="conv", pads=[1, 1, 1, 1]))
+    return model(nodes, [vi("image", F32, [1, 3, 8, 8])], [vi("y", F32, [1, 4, 8, 8])], inits)
+
+
+@pytest.mark.parametrize(
+    "normalize, bounds, why",
+    [(127.5, (0.0, 255.0), "image 0..255"), (0.45, (0.0, 1.0), "image 0..1"), (None, (-1.0, 1.0), "normalized image -1..1")],
+)
+def test_an_image_takes_the_range_its_normalization_implies(normalize, bounds, why):
+    m = _image_model(normalize)
+    kind = input_kinds(m)["image"]
+    assert (kind.bounds, kind.why) == (bounds, why)
+    sample = random_samples(m, informed=True)[0]["image"]
+    assert bounds[0] <= sample.min() and sample.max() <= bounds[1] and sample.max() - sample.min() > 0.5 * (bounds[1] - bounds[0])
+
+
+def test_token_ids_stay_below_the_vocabulary_masks_are_ones_and_a_stated_range_wins():
+    m = model(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+         helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT, name="cast"),
+         helper.make_node("Unsqueeze", ["maskf", "axis"], ["mask3"], name="unsq"),
+         helper.make_node("Mul", ["emb", "mask3"], ["masked"], name="apply"),
+         helper.make_node("Add", ["masked", "x"], ["y"], name="add")],
+        [vi("ids", TensorProto.INT64, [1, 16]), vi("mask", TensorProto.INT64, [1, 16]), vi("x", F32, [1, 16, 8])],
+        [vi("y", F32, [1, 16, 8])],
+        [tensor("table", weights((30, 8))), tensor("axis", np.array([-1], np.int64))],
+    )
+    sample = random_samples(m, informed=True, input_ranges={"x": (-5.0, 5.0)}, seed=3)[0]
+    assert sample["ids"].max() < 30 and len(np.unique(sample["ids"])) > 3
+    assert (sample["mask"] == 1).all()
+    assert sample["x"].min() >= -5 and sample["x"].max() <= 5 and np.abs(sample["x"]).max() > 3
+
+
+def test_a_graph_over_the_node_limit_converts_without_the_probe(monkeypatch):
+    monkeypatch.setattr(range_probe, "PROBE_MAX_NODES", 1)
+    monkeypatch.setattr("amp_compiler.onnx.convert.PROBE_MAX_NODES", 1)
+    result = convert(_image_model(0.45), probe=True, runner=InProcessRunner())
+    assert result.probe_inputs == "" and result.accuracy == []
+    assert "the graph has 2 nodes" in result.probe_skipped and "--calibration-data" in result.probe_skipped
+
+
+def test_the_probe_measures_what_it_ran():
+    result = convert(_image_model(0.45), probe=True, runner=InProcessRunner())
+    assert result.probe_inputs == "image: image 0..1" and result.probe_runs == 3 and result.probe_skipped == ""
+    (accuracy,) = result.accuracy
+    assert accuracy.name == "y" and accuracy.finite and accuracy.error_of_range < 0.01
