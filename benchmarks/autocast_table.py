@@ -380,7 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.results is not None:
         import importlib.metadata as md
 
-        versions = ", ".join(f"{p} {md.version(p)}" for p in ("nvidia-modelopt", "onnxruntime", "onnx"))
+        def version(package: str) -> str:
+            try:
+                return f"{package} {md.version(package)}"
+            except md.PackageNotFoundError:
+                return f"{package} not installed"
+
+        versions = ", ".join(version(p) for p in ("nvidia-modelopt", "onnxruntime", "onnx"))
         head = [
             "## amp-compiler for TensorRT vs ModelOpt AutoCast",
             "",
