@@ -60,7 +60,7 @@ class Case:
 
 CASES = (
     Case("llama-massive-activations-small"),
-    Case("detection-head-overflow"),
+    Case("detect-head-overflow"),
     Case("stft-power-mel", audio=True),
 )
 
