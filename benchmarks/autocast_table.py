@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from benchmarks.cold import write_section
 from benchmarks.compare import ROOT, _cast_stats, _peak_rss, modelopt_status
 
 TOOLS = ("amp-compiler", "autocast")
@@ -343,15 +344,6 @@ def verdict(results: list[Result]) -> list[str]:
             f"of the three measures: {worse}."] + lines
 
 
-def write_section(path: Path, text: str) -> None:
-    """``text`` between this benchmark's markers in ``path``: in place of its section, else at the end."""
-    old = path.read_text() if path.exists() else ""
-    block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
-    if SECTION_BEGIN in old and SECTION_END in old:
-        head, rest = old.split(SECTION_BEGIN, 1)
-        path.write_text(head + block + rest.split(SECTION_END, 1)[1].lstrip("\n"))
-    else:
-        path.write_text(old.rstrip("\n") + "\n\n" + block)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             "`benchmarks/autocast_table.py`'s docstring.",
             "",
         ]
-        write_section(args.results, "\n".join(head + lines) + "\n")
+        write_section(args.results, "\n".join(head + lines) + "\n", SECTION_BEGIN, SECTION_END)
     return 0
 
 

@@ -42,6 +42,7 @@ import onnx.shape_inference
 from amp_compiler.onnx.measure.checks import compare
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy.table import default_table
+from benchmarks.cold import write_section
 from models import catalog
 from models.deployment import SPECS, feeds_for, run_cpu
 
@@ -320,16 +321,6 @@ def table(size: str, names: list[str], cache: Path) -> str:
     return "\n".join(header + rows) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Put ``text`` between the deployment markers of ``path`` (appended with them when absent)."""
-    old = path.read_text() if path.exists() else ""
-    block = f"{SECTION_BEGIN}\n{text.rstrip()}\n{SECTION_END}\n"
-    if SECTION_BEGIN in old and SECTION_END in old:
-        head, rest = old.split(SECTION_BEGIN, 1)
-        new = head + block + rest.split(SECTION_END, 1)[1].lstrip("\n")
-    else:
-        new = old.rstrip("\n") + "\n\n" + block
-    path.write_text(new)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         text = table(args.size, args.names, cache)
         print(text)
         if args.results:
-            write_section(args.results, text)
+            write_section(args.results, text, SECTION_BEGIN, SECTION_END)
         return 0
     rows = []
     for spec in SPECS:

@@ -31,6 +31,7 @@ from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.policy import default_table
+from benchmarks.cold import write_section
 from models import catalog
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -60,7 +61,7 @@ class Case:
 
 CASES = (
     Case("llama-massive-activations-small"),
-    Case("detection-head-overflow"),
+    Case("detect-head-overflow"),
     Case("stft-power-mel", audio=True),
 )
 
@@ -173,15 +174,6 @@ def table(all_rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    """``text`` between this benchmark's markers in ``path``: in place of its section, else at the end."""
-    old = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        path.write_text(head + block + rest.split(END, 1)[1].lstrip("\n"))
-    else:
-        path.write_text(old.rstrip("\n") + "\n\n" + block)
 
 
 def main() -> None:
@@ -192,7 +184,7 @@ def main() -> None:
     text = table(all_rows)
     print(text)
     if args.results:
-        write_section(RESULTS, f"## FP16 with BF16 range fallbacks (issue 26)\n\n{HEADER}\n\n{text}")
+        write_section(RESULTS, f"## FP16 with BF16 range fallbacks (issue 26)\n\n{HEADER}\n\n{text}", BEGIN, END)
 
 
 if __name__ == "__main__":
