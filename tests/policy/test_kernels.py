@@ -134,7 +134,7 @@ def test_a_listed_provider_is_probed(monkeypatch):
 # -- the coverage rule -------------------------------------------------------------------------
 
 
-def _gridsample_model():
+def _gridsample_model(opset: int = 17):
     """Conv -> GridSample -> Relu -> Conv: GridSample has no FP16 kernel on CUDA in onnxruntime 1.31."""
     rng = np.random.default_rng(0)
     return model(
@@ -151,7 +151,7 @@ def _gridsample_model():
             tensor("grid", rng.uniform(-1, 1, (1, 4, 4, 2)).astype(np.float32)),
             tensor("w2", weights((8, 8, 1, 1), seed=2)),
         ],
-        opset=17,
+        opset=opset, ir_version=10,
     )
 
 

@@ -4,7 +4,6 @@ provider, and what ``--provider tensorrt`` keeps FP32 because of it (``provider.
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
@@ -19,6 +18,7 @@ from amp_compiler.policy import kernels as providers
 from amp_compiler.policy.kernels import KernelCoverage, coverage_for, load_snapshot, load_trt_snapshot, trt_coverage
 from amp_compiler.policy.make_trt_snapshot import TableError, dump, parse, snapshot
 from amp_compiler.targets import Provider, Target
+from tests.policy.test_kernels import _gridsample_model
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 TABLE = """
@@ -113,23 +113,6 @@ def test_one_lookup_answers_per_op_and_type_for_both_providers(snapshot_only):
 
 
 # -- what --provider tensorrt keeps FP32 ---------------------------------------------------------
-
-
-def _gridsample_model(opset: int):
-    rng = np.random.default_rng(0)
-    return model(
-        [
-            helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-            helper.make_node("GridSample", ["c1", "grid"], ["gs"], name="gs"),
-            helper.make_node("Relu", ["gs"], ["r"], name="relu"),
-            helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
-        ],
-        [vi("x", F32, [1, 8, 6, 6])],
-        [vi("y", F32, [1, 8, 4, 4])],
-        [tensor("w1", weights((8, 8, 3, 3), seed=1)), tensor("grid", rng.uniform(-1, 1, (1, 4, 4, 2)).astype(np.float32)),
-         tensor("w2", weights((8, 8, 1, 1), seed=2))],
-        opset=opset, ir_version=10,
-    )
 
 
 def test_an_op_tensorrt_imports_without_bf16_stays_fp32_with_its_source(snapshot_only):

@@ -170,6 +170,15 @@ def _random_graph(seed: int):
     return model(nodes, inputs, outputs or [vi("x", F32, [8, 4])], inits)
 
 
+def free_vertices(graph, plan) -> list[int]:
+    """The vertices whose colour the min-cut may choose: INFER/CLEAR ones painting left free."""
+    return sorted(
+        v.id for v in graph.vertices
+        if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
+        and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
+    )
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_min_cut_finds_the_optimum_of_exhaustive_search(seed):
     """On random graphs, the pass finds the cheapest of every colouring of the free vertices (cast
@@ -178,11 +187,7 @@ def test_min_cut_finds_the_optimum_of_exhaustive_search(seed):
     graph, plan = _painted(_random_graph(seed))
     low = graph.target.dtype
     painted = {v.id: plan.decisions[v.id].dtype == low for v in graph.vertices}
-    free = sorted(
-        v.id for v in graph.vertices
-        if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
-        and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
-    )
+    free = free_vertices(graph, plan)
     tensors = _tensors(graph)
     penalties = _output_penalties(graph, plan, tensors)
 

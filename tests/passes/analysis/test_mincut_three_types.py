@@ -9,10 +9,10 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from amp_compiler.core.plan import Role, Rule
+from amp_compiler.core.plan import Role
 from amp_compiler.passes.analysis import MinCutPlacementPass
 from amp_compiler.passes.analysis.mincut import FP32, LOW, THIRD, _output_penalties, _tensors, colours, total_cast_bytes
-from tests.passes.analysis.test_mincut import _painted, _random_graph
+from tests.passes.analysis.test_mincut import _painted, _random_graph, free_vertices
 
 
 def _with_bf16(seed: int):
@@ -46,11 +46,7 @@ def test_three_type_min_cut_finds_the_optimum_of_exhaustive_search(seed):
     graph, plan = _with_bf16(seed)
     painted = colours(graph, plan)
     assert THIRD in painted.values()
-    free = sorted(
-        v.id for v in graph.vertices
-        if plan.roles[v.id] in (Role.INFER, Role.CLEAR)
-        and plan.decisions[v.id].rule not in (Rule.PAINT_DENY, Rule.PAINT_TABLE)
-    )
+    free = free_vertices(graph, plan)
     tensors = _tensors(graph)
     penalties = _output_penalties(graph, plan, tensors)
 
