@@ -1,5 +1,6 @@
 """Running a model in onnxruntime: the one place amp-compiler does it, in a child process with a
-time and memory budget (or, for trusted models only, in this process).
+time and memory budget (or, for trusted models only, in this process:
+:mod:`amp_compiler.runtime.in_process`; the interface both implement: :mod:`amp_compiler.runtime.session`).
 
 A model is untrusted input: a few hundred bytes can loop for ever (a Loop with a huge trip count),
 allocate tens of GB (ConstantOfShape), or crash onnxruntime itself. :class:`ChildRunner` runs every
@@ -21,7 +22,6 @@ a :class:`ChildRunner` with the default budget.
 
 from __future__ import annotations
 
-import abc
 import json
 import math
 import os
@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import onnx
@@ -46,145 +45,15 @@ from amp_compiler.errors import (
 )
 from amp_compiler.runtime import child as runner_child
 from amp_compiler.runtime.budget import RunBudget
+from amp_compiler.runtime.in_process import InProcessRunner
+from amp_compiler.runtime.session import CPU, Runner, Session, check_provider
 from amp_compiler.sizes import format_bytes
 
 __all__ = ["ChildRunner", "InProcessRunner", "Runner", "Session", "default_runner"]
 
-#: onnxruntime's CPU execution provider, where models run unless a load asks for another.
-CPU = runner_child.PROVIDERS[0]
 
 #: How long the child may take to start (import onnxruntime), whatever the budget.
 _START_SECONDS = 60.0
-
-
-class Session(abc.ABC):
-    """One loaded model: its inputs' names and onnxruntime types (``tensor(float16)``), its outputs'
-    names, and the execution providers onnxruntime started for it (the first one runs most ops)."""
-
-    input_names: list[str]
-    input_types: list[str]
-    output_names: list[str]
-    providers: list[str]
-
-    def _set_facts(self, facts: Mapping[str, list[str]]) -> None:
-        self.input_names, self.input_types = list(facts["inputs"]), list(facts["input_types"])
-        self.output_names, self.providers = list(facts["outputs"]), list(facts["providers"])
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """The graph outputs, in order, for ``feeds`` (entries that are not inputs of the model are ignored)."""
-        return self._run({k: np.asarray(v) for k, v in feeds.items() if k in self.input_names})
-
-    @abc.abstractmethod
-    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
-
-    def close(self) -> None:  # noqa: B027 - nothing to free by default
-        """Free the session."""
-
-
-class Runner(abc.ABC):
-    """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
-
-    onnxruntime_version = ""  # the version of the onnxruntime that loads the models, once known
-
-    @abc.abstractmethod
-    def load(
-        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
-        chained: bool = False,
-    ) -> Session:
-        """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
-        on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
-        to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
-        basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
-        thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
-        external data of a ModelProto lies (onnxruntime reads it from there); ``prepack``: False skips
-        the kernels' weight prepacking (a session only created, never run, need not pay for it);
-        ``disabled``: onnxruntime graph optimizers not to run (``MatmulTransposeFusion``); ``chained``: one
-        session of a chain that :meth:`fold` runs (:func:`runner_child.session_options`)."""
-
-    @abc.abstractmethod
-    def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
-        """Run the chain ``sessions`` (this runner's) on ``feeds`` where they run and fold their float
-        outputs into the running statistics ``key`` (:func:`runner_child.run_chain`): no tensor comes back."""
-
-    @abc.abstractmethod
-    def statistics(self, key: int) -> dict[str, list[float]]:
-        """The running statistics ``key`` (per tensor, :data:`runner_child.STAT_FIELDS`), then forgotten."""
-
-    def close(self) -> None:  # noqa: B027 - nothing to free by default
-        """Free every session (a child process is stopped)."""
-
-    def __enter__(self) -> Runner:
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self.close()
-
-
-def _check_provider(provider: str) -> None:
-    if provider not in runner_child.PROVIDERS:
-        raise ValueError(f"unknown execution provider {provider!r}")
-
-
-# ----------------------------------------------------------------------------- in this process
-
-
-class _LocalSession(Session):
-    def __init__(self, session: Any, run_options: Any):
-        self._session, self._options = session, run_options
-        self._set_facts(runner_child.session_facts(session))
-
-    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        try:
-            return self._session.run(None, feeds, self._options)
-        except Exception as exc:  # onnxruntime's own exception types
-            raise ModelRunError(f"onnxruntime could not run the model: {runner_child.first_line(exc)}") from exc
-
-
-class InProcessRunner(Runner):
-    """Sessions in this process, with no time or memory limit: for models the caller trusts only
-    (a hostile model can hang or crash the process). The test suite's own checks use it."""
-
-    def __init__(self) -> None:
-        self._folds: dict[int, dict[str, list]] = {}
-
-    def load(
-        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
-        data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
-        chained: bool = False,
-    ) -> Session:
-        ort = runtime.onnxruntime("run the model")
-        _check_provider(provider)
-        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-        folder = os.path.abspath(data_folder) if data_folder is not None else None
-        options = runner_child.session_options(
-            ort, basic=basic, threads=threads, data_folder=folder, prepack=prepack, chained=chained
-        )
-        try:
-            session = ort.InferenceSession(
-                source, options, providers=[provider], disabled_optimizers=list(disabled) or None
-            )
-        except Exception as exc:
-            error = ModelUnsupportedError if runner_child.error_kind(exc) == "unsupported" else ModelRefusedError
-            raise error(f"onnxruntime could not load the model: {runner_child.first_line(exc)}") from exc
-        return _LocalSession(session, runner_child.run_options(ort))
-
-    def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
-        ort = runtime.onnxruntime("run the model")
-        chain = [s._session for s in sessions if isinstance(s, _LocalSession)]
-        if len(chain) != len(sessions):
-            raise ValueError("fold runs sessions of this runner only")
-        try:
-            stats = self._folds.setdefault(key, {})
-            runner_child.run_chain(np, chain, dict(feeds), runner_child.run_options(ort), stats)
-        except Exception as exc:  # onnxruntime's own exception types
-            raise ModelRunError(f"onnxruntime could not run the model: {runner_child.first_line(exc)}") from exc
-
-    def statistics(self, key: int) -> dict[str, list[float]]:
-        return self._folds.pop(key, {})
-
-
-# ----------------------------------------------------------------------------- in a child process
 
 
 class _ChildSession(Session):
@@ -228,7 +97,7 @@ class ChildRunner(Runner):
         data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
         chained: bool = False,
     ) -> Session:
-        _check_provider(provider)
+        check_provider(provider)
         if isinstance(model, onnx.ModelProto):
             header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
         else:

@@ -1,0 +1,88 @@
+"""What running a model means here: :class:`Session` and :class:`Runner`, the interface that the
+child-process runner and the in-process runner (:mod:`amp_compiler.runtime.runner`) share."""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from amp_compiler.runtime import child as runner_child
+
+__all__ = ["CPU", "Runner", "Session", "check_provider"]
+
+
+#: onnxruntime's CPU execution provider, where models run unless a load asks for another.
+CPU = runner_child.PROVIDERS[0]
+
+
+class Session(abc.ABC):
+    """One loaded model: its inputs' names and onnxruntime types (``tensor(float16)``), its outputs'
+    names, and the execution providers onnxruntime started for it (the first one runs most ops)."""
+
+    input_names: list[str]
+    input_types: list[str]
+    output_names: list[str]
+    providers: list[str]
+
+    def _set_facts(self, facts: Mapping[str, list[str]]) -> None:
+        self.input_names, self.input_types = list(facts["inputs"]), list(facts["input_types"])
+        self.output_names, self.providers = list(facts["outputs"]), list(facts["providers"])
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The graph outputs, in order, for ``feeds`` (entries that are not inputs of the model are ignored)."""
+        return self._run({k: np.asarray(v) for k, v in feeds.items() if k in self.input_names})
+
+    @abc.abstractmethod
+    def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
+
+    def close(self) -> None:  # noqa: B027 - nothing to free by default
+        """Free the session."""
+
+
+class Runner(abc.ABC):
+    """Loads models into onnxruntime sessions; a context manager that frees them on exit."""
+
+    onnxruntime_version = ""  # the version of the onnxruntime that loads the models, once known
+
+    @abc.abstractmethod
+    def load(
+        self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True, disabled: Sequence[str] = (),
+        chained: bool = False,
+    ) -> Session:
+        """A session of ``model`` (a ModelProto, or a model file whose external data lies beside it)
+        on the execution ``provider`` (one of :data:`runner_child.PROVIDERS`; onnxruntime falls back
+        to the CPU when it cannot start it: see :attr:`Session.providers`); ``basic``: onnxruntime's
+        basic graph optimisations only (:func:`runner_child.session_options`); ``threads``: its
+        thread pool's size (0: onnxruntime's default, one per core); ``data_folder``: where the
+        external data of a ModelProto lies (onnxruntime reads it from there); ``prepack``: False skips
+        the kernels' weight prepacking (a session only created, never run, need not pay for it);
+        ``disabled``: onnxruntime graph optimizers not to run (``MatmulTransposeFusion``); ``chained``: one
+        session of a chain that :meth:`fold` runs (:func:`runner_child.session_options`)."""
+
+    @abc.abstractmethod
+    def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
+        """Run the chain ``sessions`` (this runner's) on ``feeds`` where they run and fold their float
+        outputs into the running statistics ``key`` (:func:`runner_child.run_chain`): no tensor comes back."""
+
+    @abc.abstractmethod
+    def statistics(self, key: int) -> dict[str, list[float]]:
+        """The running statistics ``key`` (per tensor, :data:`runner_child.STAT_FIELDS`), then forgotten."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to free by default
+        """Free every session (a child process is stopped)."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close()
+
+
+def check_provider(provider: str) -> None:
+    if provider not in runner_child.PROVIDERS:
+        raise ValueError(f"unknown execution provider {provider!r}")
