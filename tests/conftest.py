@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 # The model catalog lives in models/ at the repository root and is not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,3 +37,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"{len(skipped) - len(unexpected)} expected skips (reasons starting with {EXPECTED_SKIP.strip()!r}; "
             "-rs lists them)"
         )
+
+
+@pytest.fixture
+def snapshot_only(monkeypatch):
+    """Kernel lookups read the shipped snapshots, whatever onnxruntime is installed."""
+    from amp_compiler.policy import kernels
+
+    monkeypatch.setenv(kernels.SOURCE_ENV, "snapshot")
+    kernels.coverage_for.cache_clear()
+    yield
+    kernels.coverage_for.cache_clear()

@@ -22,15 +22,6 @@ from tests.support.onnx_builders import F32, model, tensor, vi, weights
 DEMO = REPO_ROOT / "models" / "demo.onnx"
 
 
-@pytest.fixture
-def snapshot_only(monkeypatch):
-    """Conversions read the shipped snapshot, whatever onnxruntime is installed."""
-    monkeypatch.setenv(providers.SOURCE_ENV, "snapshot")
-    coverage_for.cache_clear()
-    yield
-    coverage_for.cache_clear()
-
-
 def _decisions(result):
     return {d.node: d for d in result.decisions}
 

@@ -40,14 +40,6 @@ TensorRT 10.9 supports operators in the inclusive range of opset 9 to opset 22. 
 """
 
 
-@pytest.fixture
-def snapshot_only(monkeypatch):
-    monkeypatch.setenv(providers.SOURCE_ENV, "snapshot")
-    coverage_for.cache_clear()
-    yield
-    coverage_for.cache_clear()
-
-
 # -- the snapshot ------------------------------------------------------------------------------
 
 

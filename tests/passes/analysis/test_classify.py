@@ -19,8 +19,6 @@ from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Role, Rule
 from amp_compiler.errors import OptionError
 from amp_compiler.passes.analysis import UserChoices, compile_patterns
-from amp_compiler.policy import kernels as providers
-from amp_compiler.policy.kernels import coverage_for
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
@@ -130,14 +128,6 @@ def test_a_dtype_fixed_by_keep_io_types_wins():
     result = convert(_exp_model(), allow_ops=["Exp"], keep_io_types=["y"])
     assert result.model.graph.output[0].type.tensor_type.elem_type == F32
     assert _decisions(result)["block0/exp"].precision == "fp16"
-
-
-@pytest.fixture
-def snapshot_only(monkeypatch):
-    monkeypatch.setenv(providers.SOURCE_ENV, "snapshot")
-    coverage_for.cache_clear()
-    yield
-    coverage_for.cache_clear()
 
 
 def test_no_kernel_on_the_provider_wins(snapshot_only):
