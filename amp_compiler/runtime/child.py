@@ -130,7 +130,7 @@ def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
     min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
     own type (float16 in float32) gives what folding in float64 gives; the two sums of squares are
     float64 sums of float32 dot products of chunks (relative error below 1e-6 a chunk). Temporaries:
-    one array's size."""
+    one array's size and a mask of a quarter of it (a float32 array's)."""
     _merge(stats, name, _array_stats(np, a))
 
 
@@ -149,11 +149,16 @@ def _array_stats(np: Any, a: Any) -> list:
         mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
         nonzero = int(np.count_nonzero(mag))
         zeros = a.size - nonzero
-        subnormal = int(np.count_nonzero(mag < np.array(_SUBNORMAL, a.dtype).view(uint))) - zeros
-        # the flushed are among the subnormal: most tensors have none, and skip the pass
-        flushed = int(np.count_nonzero(mag < np.array(_FLUSHED, a.dtype).view(uint))) - zeros if subnormal else 0
-        small = a[(mag < np.array(_SUBNORMAL, a.dtype).view(uint)) & (mag > 0)] if subnormal else a[:0]
-        del mag
+        # 0 < |x| < t as |x|'s bits minus one below t's minus one: a zero wraps around to the largest
+        mag -= uint.type(1)
+        below = mag < np.array(_SUBNORMAL, a.dtype).view(uint) - uint.type(1)
+        subnormal = int(np.count_nonzero(below))
+        # the flushed are among the subnormal: counted there (most tensors have few)
+        small, flushed = a[:0], 0
+        if subnormal:
+            small = a[below]
+            flushed = int(np.count_nonzero(mag[below] < np.array(_FLUSHED, a.dtype).view(uint) - uint.type(1)))
+        del mag, below
         energy = _sum_squares(np, a)
     else:
         finite = a[np.isfinite(a)]
@@ -165,7 +170,7 @@ def _array_stats(np: Any, a: Any) -> list:
         zeros = mag.size - nonzero
         flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
         subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
-        small = mag[(mag < _SUBNORMAL) & (mag > 0)]
+        small = mag[mag < _SUBNORMAL]
         energy = _sum_squares(np, mag[np.isfinite(mag)])
         del mag
     lost = _storage_error(np, small) if small.size else 0.0
