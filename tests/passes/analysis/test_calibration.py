@@ -21,7 +21,8 @@ D = 32
 def _columns_model(tiny_columns: int, tail: str):
     """x -> Tanh -> Mul(1e-4) -> MatMul ``mixed``: ``tiny_columns`` of its 32 output columns ~3e-9 (weights
     1e-5: representable, their products flush in FP16), the others ~3e-4; then ``tail``: "linear" (Relu,
-    MatMul: what flushes stays negligible) or "log" (Abs, Log: a flushed value becomes -inf)."""
+    MatMul: what flushes stays negligible), "log" (Abs, Log: a flushed value becomes -inf) or "rsqrt"
+    (Abs, Sqrt, 1 / that: a flushed value becomes inf)."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((D, D)).astype(np.float32)
     w[:, :tiny_columns] *= 1e-5
@@ -35,9 +36,14 @@ def _columns_model(tiny_columns: int, tail: str):
         nodes += [helper.make_node("Relu", ["mixed"], ["act"], name="relu"),
                   helper.make_node("MatMul", ["act", "w2"], ["out"], name="head_mm")]
         inits.append(tensor("w2", (rng.standard_normal((D, D)) * 1e3).astype(np.float32)))
-    else:
+    elif tail == "log":
         nodes += [helper.make_node("Abs", ["mixed"], ["mag"], name="abs"),
                   helper.make_node("Log", ["mag"], ["out"], name="log")]
+    else:  # an inverse square root, as a hand-written norm divides by one
+        nodes += [helper.make_node("Abs", ["mixed"], ["mag"], name="abs"),
+                  helper.make_node("Sqrt", ["mag"], ["root"], name="sqrt"),
+                  helper.make_node("Div", ["one", "root"], ["out"], name="div")]
+        inits.append(tensor("one", np.array(1.0, np.float32)))
     return model(nodes, [vi("x", F32, [8, D])], [vi("out", F32, [8, D])], inits)
 
 
@@ -73,11 +79,14 @@ def test_whole_tensor_flushing_pins():
     assert "FP32 saves that error" in d["mixed_mm"].reason
 
 
+@pytest.mark.parametrize(("tail", "sink"), [("log", "input 0 of Log node 'log'"),
+                                            ("rsqrt", "input 1 of Div node 'div'")])
 @pytest.mark.parametrize("probe", [False, True])
-def test_few_flushed_values_into_a_log_pin(probe):
+def test_few_flushed_values_into_a_singular_input_pin(probe, tail, sink):
     """An eighth of ``mixed`` flushes (below the old rule's 25%, and far below FP16's rounding against
-    its norm), but Abs keeps zeros and Log(0) is -inf: the producer, the Abs and the Log stay FP32."""
-    m = _columns_model(D // 8, "log")
+    its norm), but Abs (and Sqrt) keep zeros and Log(0), 1/0 are infinite: the producer and the way
+    to the singular input stay FP32."""
+    m = _columns_model(D // 8, tail)
     samples = _samples()
     if probe:
         result = convert(m, probe=True, runner=InProcessRunner())
@@ -89,7 +98,9 @@ def test_few_flushed_values_into_a_log_pin(probe):
         rule = "calibration.underflow"
     d = {x.node: x for x in result.decisions}
     assert d["mixed_mm"].rule == d["abs"].rule == rule, (d["mixed_mm"].rule, d["abs"].rule)
-    assert "input 0 of Log node 'log' is singular at zero" in d["mixed_mm"].reason
+    assert f"{sink} is singular at zero" in d["mixed_mm"].reason
+    if tail == "rsqrt":
+        assert d["sqrt"].precision == d["div"].precision == "fp32"
     assert _accuracy(m, result.model, samples[0]).finite
 
 
