@@ -24,7 +24,7 @@ Guarantees, given per-tensor ranges observed on the FP32 model (``amp_compiler.o
 - on the path of an attention mask that :class:`~amp_compiler.passes.ConstantRangePass` rewrote
   (float32's lowest becomes -32768: calibration data with padding observes -3.4e38 there), observed
   values at or below half of the rewritten constant come from the mask and do not count.
-``ensures`` checks the overflow rule and that only free vertices changed, and only to DENY.
+``ensures`` checks both rules and that only free vertices changed, and only to DENY.
 
 With ``generated`` the ranges come from the range probe's run on generated inputs
 (:mod:`amp_compiler.onnx.measure.range_probe`): the same two rules, as ``probe.overflow`` and
@@ -34,7 +34,7 @@ With ``generated`` the ranges come from the range probe's run on generated input
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -103,6 +103,18 @@ class CalibrationRangePass(AnalysisPass):
 
         ensure_all(self, graph.vertices, within_range, "is left free with a tensor beyond the target's range")
 
+        def underflow_held(vertex: Vertex) -> bool:
+            return plan.roles[vertex.id] not in _PINNABLE or self.target is not Target.FP16 or not any(
+                self._moves(r) and not _constant(s.value)
+                for s in vertex.slots
+                if s.value is not None and s.value.name and (r := self.ranges.get(s.value.name)) is not None
+            )
+
+        ensure_all(self, graph.vertices, underflow_held, "is left free with a tensor FP16's underflow moves")
+        on_ways = [v for *_, vertices, _ in self._singular_ways(graph) for v in vertices]
+        ensure_all(self, on_ways, lambda v: plan.roles[v.id] not in _PINNABLE,
+                   "is left free on a flushed value's way to an input singular at zero")
+
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         name = self.target.value.upper()
         masks = mask_paths(graph, plan)
@@ -144,26 +156,34 @@ class CalibrationRangePass(AnalysisPass):
     def _pin_singular(self, graph: PrecisionGraph, plan: PrecisionPlan, rule: Rule, seen: str) -> None:
         """Pin the producer of each tensor with a value FP16 flushes to zero, and the vertices on its
         way through ops that keep zeros to an input singular at zero, with the singular input named."""
+        for name, r, vertices, sink in self._singular_ways(graph):
+            reason = (
+                f"HIGH: on {seen}, FP16 would flush {r.underflow_share:.0%} of the non-zero values of "
+                f"{name!r} to zero, and {sink} is singular at zero: FP32 saves an inf or NaN for each "
+                "flushed value"
+            )
+            for vertex in vertices:
+                if plan.roles[vertex.id] in _PINNABLE:
+                    plan.set_role(vertex.id, Role.DENY, rule, reason)
+
+    def _singular_ways(self, graph: PrecisionGraph) -> Iterator[tuple[str, TensorRange, list[Vertex], str]]:
+        """Each non-constant tensor with a value FP16 flushes (whose flush does not move it beyond
+        FP16's rounding: :meth:`_moves` pins every vertex of those) that reaches an input singular at
+        zero: its name, range, producer and the vertices on its way, and that input described."""
+        if self.target is not Target.FP16:
+            return
         slots = _slots_by_value(graph)
         for name, users in slots.items():
             r = self.ranges.get(name)
             if r is None or r.underflow_share <= 0 or self._moves(r):
-                continue  # nothing flushes, or the rule above already pinned every vertex it touches
+                continue
             value = users[0][1].value
             if value is None or _constant(value):
                 continue
             path = _singular_path(graph, slots, name)
-            if path is None:
-                continue
-            vertices, sink = path
-            producers = [v for v, s in users if s.defines]
-            reason = (
-                f"HIGH: on {seen}, FP16 would flush {r.underflow_share:.0%} of the non-zero values of "
-                f"{name!r} to zero, and {sink} is singular at zero: FP32 saves an inf or NaN for each"
-            )
-            for vertex in [*producers, *vertices]:
-                if plan.roles[vertex.id] in _PINNABLE:
-                    plan.set_role(vertex.id, Role.DENY, rule, reason)
+            if path is not None:
+                vertices, sink = path
+                yield name, r, [*(v for v, s in users if s.defines), *vertices], sink
 
 
 def _slots_by_value(graph: PrecisionGraph) -> dict[str, list[tuple[Vertex, SlotView]]]:
