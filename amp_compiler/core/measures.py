@@ -21,6 +21,9 @@ class TensorRange:
     underflow_share: float  # share of non-zeros that would flush to zero in FP16 (< 2^-24)
     subnormal_share: float  # share of non-zeros below FP16's smallest normal (6.1e-5)
     count: int  # values seen
+    # ||fp16(x) - x|| / ||x|| over the values below FP16's smallest normal (flushed or subnormal): what
+    # FP16's exponent range moves the tensor by, against the tensor's own L2 norm (0: not measured)
+    underflow_error: float = 0.0
 
 
 @dataclasses.dataclass

@@ -126,6 +126,12 @@ class OpPolicy:
     # Its results are probabilities that can be tiny and still matter (Sigmoid, Softmax): FP16 holds
     # them only as subnormals, so feeding an FP32 graph output it runs FP32 when that costs no more.
     tiny_outputs: bool = False
+    # Inputs at which a zero gives inf or NaN (a Div's divisor, Log, Reciprocal; Pow's base, for a
+    # negative exponent): a value FP16 flushes to zero there becomes inf (passes/analysis/calibration.py).
+    zero_singular: tuple[int, ...] = ()
+    # Elementwise zero in, zero out (Mul, Sqrt, Abs, Relu, data movement): a value FP16 flushed to zero
+    # stays zero through it, on its way to an input that is singular at zero.
+    keeps_zeros: bool = False
     # FP8 (--target fp8), for Tensor Core ops: the data inputs that take FP8 E4M3 through Q/DQ
     # (MatMul, Gemm, Conv), or why the op does not (every other Tensor Core op).
     fp8_inputs: tuple[int, ...] = ()
@@ -193,6 +199,8 @@ class PolicyTable:
                     quantizes=raw.get("quantizes"),
                     recurrent=bool(raw.get("recurrent", False)),
                     tiny_outputs=bool(raw.get("tiny_outputs", False)),
+                    zero_singular=tuple(raw.get("zero_singular", ())),
+                    keeps_zeros=bool(raw.get("keeps_zeros", False)),
                     fp8_inputs=tuple(raw.get("fp8_inputs", ())),
                     fp8_reason=raw.get("fp8_reason", ""),
                 )

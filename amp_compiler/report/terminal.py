@@ -276,6 +276,7 @@ def _details(i: int, n: NodeReport, width: int) -> list[str]:
         facts.append(
             f"range [{short_num(r.min)}, {short_num(r.max)}] absmax {short_num(r.absmax)}, "
             f"underflow {pct(r.underflow_share)}, subnormal {pct(r.subnormal_share)}"
+            + (f" (moving it by {sci(r.underflow_error)} of its L2 norm)" if r.underflow_error else "")
         )
     if n.error is not None:
         e = n.error

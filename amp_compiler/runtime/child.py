@@ -56,8 +56,11 @@ MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Can
 #: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
 #: finite value, its largest magnitude (inf included, NaN ignored), its non-zero values (NaN excluded),
 #: those of them below half FP16's smallest subnormal (2^-25: flushed to zero), below FP16's smallest
-#: normal (2^-14), and all its values.
-STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count")
+#: normal (2^-14), all its values, the sum of its finite values' squares (its energy), and the sum of
+#: the squared errors FP16 storage gives its values below 2^-14 (flushed or subnormal: the error FP16's
+#: exponent range adds to its rounding). ``sqrt(lost / energy)`` is what flushing moves the tensor by,
+#: relative to its own L2 norm.
+STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost")
 _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 
 
@@ -125,14 +128,16 @@ def array_header(arrays: list[Any]) -> list[dict]:
 def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
     """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
     min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
-    own type (float16 in float32) gives what folding in float64 gives. Temporaries: one array's size."""
+    own type (float16 in float32) gives what folding in float64 gives; the two sums of squares are
+    float64 sums of float32 dot products of chunks (relative error below 1e-6 a chunk). Temporaries:
+    one array's size and a mask of a quarter of it (a float32 array's)."""
     _merge(stats, name, _array_stats(np, a))
 
 
 def _array_stats(np: Any, a: Any) -> list:
     """One array's :data:`STAT_FIELDS` (see :func:`fold_array`)."""
     if a.size == 0:  # seen, no values
-        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0]
+        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0]
     if a.dtype.itemsize < 4:
         a = a.astype(np.float32)
     a = a.ravel()
@@ -144,10 +149,17 @@ def _array_stats(np: Any, a: Any) -> list:
         mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
         nonzero = int(np.count_nonzero(mag))
         zeros = a.size - nonzero
-        subnormal = int(np.count_nonzero(mag < np.array(_SUBNORMAL, a.dtype).view(uint))) - zeros
-        # the flushed are among the subnormal: most tensors have none, and skip the pass
-        flushed = int(np.count_nonzero(mag < np.array(_FLUSHED, a.dtype).view(uint))) - zeros if subnormal else 0
-        del mag
+        # 0 < |x| < t as |x|'s bits minus one below t's minus one: a zero wraps around to the largest
+        mag -= uint.type(1)
+        below = mag < np.array(_SUBNORMAL, a.dtype).view(uint) - uint.type(1)
+        subnormal = int(np.count_nonzero(below))
+        # the flushed are among the subnormal: counted there (most tensors have few)
+        small, flushed = a[:0], 0
+        if subnormal:
+            small = a[below]
+            flushed = int(np.count_nonzero(mag[below] < np.array(_FLUSHED, a.dtype).view(uint) - uint.type(1)))
+        del mag, below
+        energy = _sum_squares(np, a)
     else:
         finite = a[np.isfinite(a)]
         lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
@@ -158,8 +170,35 @@ def _array_stats(np: Any, a: Any) -> list:
         zeros = mag.size - nonzero
         flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
         subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
+        small = mag[mag < _SUBNORMAL]
+        energy = _sum_squares(np, mag[np.isfinite(mag)])
         del mag
-    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size)]
+    lost = _storage_error(np, small) if small.size else 0.0
+    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost]
+
+
+def _storage_error(np: Any, small: Any) -> float:
+    """The sum of the squared errors FP16 storage gives ``small`` (values below 2^-14): FP16 holds them
+    on the grid of multiples of 2^-24, rounding to nearest even, as ``rint`` does on ``small * 2^24``
+    (exact: a power of two; numpy's own float16 cast takes 0.5 us a subnormal)."""
+    scaled = small * small.dtype.type(2.0**24)
+    scaled -= np.rint(scaled)
+    return _sum_squares(np, scaled) * 2.0**-48
+
+
+#: Values per float32 dot product in :func:`_sum_squares`.
+_CHUNK = 1 << 16
+
+
+def _sum_squares(np: Any, a: Any) -> float:
+    """The sum of the squares of the flat float array ``a``: float64 sums of dot products of chunks (no
+    copy of ``a``; float64 arrays are dotted in float64). A square beyond float32's range is inf."""
+    total = 0.0
+    with np.errstate(over="ignore"):
+        for start in range(0, a.size, _CHUNK):
+            chunk = a[start:start + _CHUNK]
+            total += float(np.dot(chunk, chunk))
+    return total
 
 
 def _merge(stats: dict[str, list], name: str, new: list) -> None:
@@ -168,7 +207,7 @@ def _merge(stats: dict[str, list], name: str, new: list) -> None:
         stats[name] = new
     elif new[6]:
         stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
-                       old[4] + new[4], old[5] + new[5], old[6] + new[6]]
+                       old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8]]
 
 
 def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:

@@ -22,8 +22,6 @@ from models import catalog
 TENSOR_CORE_RECORD: dict[str, tuple[int, int, str]] = {
     "cqt-log": (2, 5, "the constant-Q front end's Convs read raw audio into a Log (policy.high.signal-path)"),
     "detect-head-overflow": (3, 5, "the head's hidden Conv reaches 3e5 and its logits Conv reads it (probe.overflow)"),
-    "ppocr-v4-rec": (50, 51, "a Conv 43% of whose outputs flush to zero in FP16, on real text lines as on "
-                     "generated ones (probe.underflow; calibration.underflow with data)"),
     "quantized-encoder": (0, 4, "integer MatMuls whose results are quantized again (quantized.requantize)"),
     "rnn-batch-first": (1, 2, "a MatMul onnxruntime crashes on with a Cast inside (runtime.ort-transpose-matmul)"),
 }

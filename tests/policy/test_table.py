@@ -21,7 +21,7 @@ PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
-    "gemm",
+    "gemm", "zero_singular", "keeps_zeros",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 
@@ -100,6 +100,18 @@ def test_entry_fields(entries):
             assert isinstance(e["refs"], str) and e["refs"].strip(), name
         if "dtype_attr" in e:
             assert isinstance(e["dtype_attr"], str) and e["dtype_attr"], name
+
+
+def test_zero_facts(entries):
+    """Inputs singular at zero are input indices; an op either keeps zeros or is singular at one, not both."""
+    singular = {e["op"] for e in entries if e.get("zero_singular")}
+    for e in entries:
+        name = f"{e['domain']}:{e['op']}"
+        idx = e.get("zero_singular", [])
+        assert isinstance(idx, list) and all(isinstance(i, int) and i >= 0 for i in idx), name
+        assert isinstance(e.get("keeps_zeros", False), bool), name
+        assert not (idx and e.get("keeps_zeros")), name
+    assert {"Div", "Log", "Reciprocal", "Pow"} <= singular
 
 
 def test_sensitivity_only_and_always_on_high(entries):

@@ -526,3 +526,12 @@ def test_html_renders_in_headless_chromium(tmp_path):
     assert dom.count("<circle") >= 4 and "<rect" in dom
     assert 'class="js"' in dom  # the inline script ran (sorting, filter)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+
+
+def test_terminal_verbose_says_what_underflow_moves():
+    report = small_report()
+    assert "of its L2 norm" not in render(report, "terminal", verbose=True, width=200)
+    ranged = next(n for n in report.nodes if n.range is not None)
+    ranged.range.underflow_error = 3e-6
+    text = render(report, "terminal", verbose=True, width=200)
+    assert "underflow 0.1%" in text and "(moving it by 3" in text and "of its L2 norm)" in text

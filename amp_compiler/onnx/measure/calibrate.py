@@ -15,6 +15,7 @@ converted and FP32 tensors.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable, Iterator
 
@@ -120,7 +121,7 @@ def _as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
 
 def _range(stats: list[float]) -> TensorRange:
     """A tensor's :class:`TensorRange` from its running statistics (:data:`runner_child.STAT_FIELDS`)."""
-    lo, hi, absmax, nonzero, flushed, subnormal, count = stats
+    lo, hi, absmax, nonzero, flushed, subnormal, count, energy, lost = stats
     return TensorRange(
         min=lo if count else 0.0,
         max=hi if count else 0.0,
@@ -128,7 +129,17 @@ def _range(stats: list[float]) -> TensorRange:
         underflow_share=flushed / nonzero if nonzero else 0.0,
         subnormal_share=subnormal / nonzero if nonzero else 0.0,
         count=int(count),
+        underflow_error=_underflow_error(energy, lost, flushed),
     )
+
+
+def _underflow_error(energy: float, lost: float, flushed: float) -> float:
+    """``sqrt(lost / energy)`` (:data:`runner_child.STAT_FIELDS`); a tensor whose every value is so
+    small that its float32 squares are zero (below 1e-19) is all lost when any flushes; a tensor whose
+    squares reach inf (beyond 1.8e19) overflows FP16 instead."""
+    if energy > 0:
+        return math.sqrt(lost / energy) if math.isfinite(energy) else 0.0
+    return 1.0 if lost > 0 or flushed > 0 else 0.0
 
 
 def _progress(items: list, label: str) -> Iterator:

@@ -175,6 +175,19 @@ def test_calibration_check_reads_the_ranges():
     _run(ClassifyPass(), CalibrationRangePass(ranges, Target.FP16), graph=graph)  # the real pass keeps it
 
 
+def test_calibration_check_reads_the_underflow_error():
+    """A tensor whose flush moves it by its whole norm is pinned; one whose flush moves it by less than
+    FP16's rounding (however many values flush) is not a breach."""
+    graph = _graph()
+    name = next(v.slots[0].value.name for v in graph.vertices if v.node is not None and v.node.op_type == "Relu")
+    moved = {name: TensorRange(0.0, 1e-8, 1e-8, 1.0, 1.0, 10, underflow_error=1.0)}
+    with pytest.raises(PostconditionError, match="FP16's underflow moves"):
+        _run(ClassifyPass(), _IgnoresRanges(moved, Target.FP16), graph=graph)
+    _run(ClassifyPass(), CalibrationRangePass(moved, Target.FP16), graph=graph)
+    harmless = {name: TensorRange(0.0, 1.0, 1.0, 0.9, 0.9, 10, underflow_error=1e-6)}
+    _run(ClassifyPass(), _IgnoresRanges(harmless, Target.FP16), graph=graph)
+
+
 def test_unchecked_runs_skip_the_checks():
     """Users' conversions run without the checks: a broken pass goes through."""
     run_passes(_graph(), [_LazyClassify()], check=False)
