@@ -26,6 +26,7 @@ import onnx.shape_inference
 
 from amp_compiler import convert
 from amp_compiler.core.plan import RANGE_ONLY_RULES
+from amp_compiler.core.tensor_error import accuracy
 from amp_compiler.onnx.costs.costs import estimate, iter_nodes
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import run_onnxruntime
@@ -100,19 +101,12 @@ def tensor_core_fp32_share(model: onnx.ModelProto) -> float:
 
 
 def _errors(fp32: onnx.ModelProto, converted: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[float, bool]:
+    """The worst float output's relative L2 (inf with NaN/Inf where FP32 is finite) and whether every
+    float output is finite where FP32 is (:func:`amp_compiler.core.tensor_error.accuracy`)."""
     ref = run_onnxruntime(fp32, feeds)
     got = run_onnxruntime(emulate(converted), feeds)
-    worst, finite = 0.0, True
-    for r, g in zip(ref, got, strict=True):
-        if not np.issubdtype(r.dtype, np.floating):
-            continue
-        g = np.asarray(g, np.float64)
-        finite &= bool(np.isfinite(g).all())
-        if np.isfinite(g).all():
-            worst = max(worst, float(np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)))
-        else:
-            worst = float("inf")
-    return worst, finite
+    found = [accuracy("output", [r], [g]) for r, g in zip(ref, got, strict=True) if np.issubdtype(r.dtype, np.floating)]
+    return max((a.rel_l2 or 0.0 for a in found), default=0.0), all(a.finite for a in found)
 
 
 def _casts(model: onnx.ModelProto) -> int:

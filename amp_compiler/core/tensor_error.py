@@ -2,8 +2,11 @@
 
 One :class:`ErrorStats` per tensor, fed one (reference, converted) pair per sample: relative L2,
 largest absolute error, cosine similarity, the reference's range (for the error as a share of it)
-and the values that are NaN or infinite where the reference is finite. ``--tolerance``
-(:mod:`amp_compiler.onnx.tolerance.refine`) and ``compare`` (:mod:`amp_compiler.onnx.compare`) read the same numbers.
+and the values that are NaN or infinite where the reference is finite. The one implementation of an
+output's error against FP32: ``--tolerance`` (:mod:`amp_compiler.onnx.tolerance.refine`), ``compare``
+(:mod:`amp_compiler.onnx.compare`), the error measured before writing
+(:mod:`amp_compiler.onnx.measure.output_error`) and the checks' ``compare``
+(:mod:`amp_compiler.onnx.measure.checks`, through :meth:`ErrorStats.accuracy`) read the same numbers.
 :func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
 statistics of both paths use it too); :class:`OutputErrors` is how the switched probes compare a
 model's outputs, the one place a run's error at the outputs is computed, under an error metric
@@ -18,11 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric
 
-__all__ = ["ErrorMetric", "ErrorStats", "Metric", "MetricFunction", "OutputErrors", "metric_name", "parse_metric",
-           "relative_l2"]
+__all__ = ["ErrorMetric", "ErrorStats", "Metric", "MetricFunction", "OutputErrors", "accuracy", "metric_name",
+           "parse_metric", "relative_l2"]
 
 # The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
 # Each mapping holds every float output by name, one float64 array per sample.
@@ -73,6 +77,7 @@ class ErrorStats:
     ref_min: float = math.inf
     ref_max: float = -math.inf
     nonfinite: int = 0  # NaN/inf where the reference is finite
+    unmatched: int = 0  # values other than the reference's where it is NaN/inf (a NaN matches nothing)
     count: int = 0
 
     def add(self, reference: np.ndarray, got: np.ndarray) -> None:
@@ -83,14 +88,15 @@ class ErrorStats:
         r, g = r.ravel(), g.ravel()
         self.count += r.size
         finite = np.isfinite(r)
-        d = np.where(finite, g - r, np.where(r == g, 0.0, np.inf))
         with np.errstate(over="ignore", invalid="ignore"):
+            d = np.where(finite, g - r, np.where(r == g, 0.0, np.inf))
             self.diff2 += float(np.sum(d * d))
             both = finite & np.isfinite(g)
             self.ref2 += float(np.sum(np.where(finite, r * r, 0.0)))
             self.got2 += float(np.sum(np.where(both, g * g, 0.0)))
             self.dot += float(np.sum(np.where(both, r * g, 0.0)))
         self.nonfinite += int(np.count_nonzero(finite & ~np.isfinite(g)))
+        self.unmatched += int(np.count_nonzero(~finite & (r != g)))
         if d.size:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(d))))
         if finite.any():
@@ -112,6 +118,18 @@ class ErrorStats:
         return self.dot / math.sqrt(self.ref2 * self.got2)
 
     @property
+    def finite(self) -> bool:
+        """No NaN/inf where the reference is finite, and the reference's own NaN/inf kept as they are."""
+        return self.nonfinite == 0 and self.unmatched == 0
+
+    def accuracy(self, name: str) -> OutputAccuracy:
+        """These statistics as an output's :class:`OutputAccuracy` (when not :attr:`finite`: NaN cosine,
+        infinite errors, range 0)."""
+        if not self.finite:
+            return OutputAccuracy(name, math.nan, math.inf, 0.0, False, math.inf)
+        return OutputAccuracy(name, self.cosine, self.max_abs, self.value_range, True, self.rel_l2)
+
+    @property
     def value_range(self) -> float:
         return self.ref_max - self.ref_min if self.ref_max >= self.ref_min else 0.0
 
@@ -122,6 +140,18 @@ class ErrorStats:
         if span > 0:
             return self.max_abs / span
         return 0.0 if self.max_abs == 0 else math.inf
+
+
+def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:
+    """One output's accuracy over samples (one reference and one converted array per sample, all their
+    values together): cosine, max error, the reference's range, NaN/Inf, relative L2."""
+    stats = ErrorStats()
+    for r, g in zip(references, converted, strict=True):
+        r, g = np.ravel(r), np.ravel(g)
+        if r.size != g.size:
+            raise ValueError(f"{name}: {g.size} values against the reference's {r.size}")
+        stats.add(r, g)
+    return stats.accuracy(name)
 
 
 class OutputErrors:

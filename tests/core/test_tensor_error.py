@@ -1,6 +1,7 @@
 """The error metrics of a run's outputs (OutputErrors): relative L2 as before, max error of range,
 1 - cosine, argmax changes, and the user's callable, each infinite where an output is not finite
-where FP32 is."""
+where FP32 is; an output's accuracy (cosine, max error of range, relative L2, NaN/Inf) from the same
+statistics."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from amp_compiler.core.tensor_error import Metric, OutputErrors, metric_name, parse_metric
+from amp_compiler.core.tensor_error import Metric, OutputErrors, accuracy, metric_name, parse_metric
 from amp_compiler.errors import OptionError
 
 REF = [np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]), np.array([10.0, -10.0])]
@@ -58,3 +59,27 @@ def test_metrics_parse_by_name_and_refuse_unknown_ones():
     assert parse_metric("argmax") is Metric.ARGMAX and parse_metric(Metric.COSINE) is Metric.COSINE
     with pytest.raises(OptionError, match="unknown metric 'l1'"):
         parse_metric("l1")
+
+
+def test_an_outputs_accuracy_over_samples_is_its_statistics_over_all_their_values():
+    ref = [np.array([1.0, -3.0]), np.array([2.0, 5.0])]
+    got = [np.array([1.5, -3.0]), np.array([2.0, 4.0])]
+    found = accuracy("y", ref, got)
+    r, g = np.concatenate(ref), np.concatenate(got)
+    assert found.finite and found.max_abs_error == 1.0 and found.value_range == 8.0
+    assert found.error_of_range == pytest.approx(1 / 8)
+    assert found.rel_l2 == pytest.approx(np.linalg.norm(g - r) / np.linalg.norm(r))
+    assert found.cosine == pytest.approx(r @ g / (np.linalg.norm(r) * np.linalg.norm(g)))
+
+
+@pytest.mark.parametrize(("ref", "got", "finite"), [
+    ([1.0, np.inf], [1.0, np.inf], True),  # FP32's own inf, kept
+    ([1.0, np.inf], [1.0, 65504.0], False),  # ... not kept
+    ([1.0, np.nan], [1.0, np.nan], False),  # a NaN in FP32 matches nothing
+    ([1.0, 2.0], [1.0, np.inf], False),
+])
+def test_an_output_is_finite_only_where_it_keeps_fp32s_values(ref, got, finite):
+    found = accuracy("y", [np.array(ref)], [np.array(got)])
+    assert found.finite is finite
+    if not finite:
+        assert found.max_abs_error == math.inf and math.isnan(found.cosine)

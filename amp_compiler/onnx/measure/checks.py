@@ -14,6 +14,7 @@ import onnx
 import onnx.shape_inference
 
 from amp_compiler.core.measures import OutputAccuracy
+from amp_compiler.core.tensor_error import accuracy
 from amp_compiler.onnx.load.foreign_ops import check_against_onnxruntime, for_onnx_checker, foreign_ops
 from amp_compiler.runtime.runner import InProcessRunner, Runner
 
@@ -64,23 +65,6 @@ def run_onnxruntime(
 
 
 def compare(name: str, reference: np.ndarray, got: np.ndarray) -> OutputAccuracy:
-    """Accuracy of one float output against its FP32 reference."""
-    ref = np.asarray(reference, dtype=np.float64).ravel()
-    out = np.asarray(got, dtype=np.float64).ravel()
-    both = np.isfinite(ref) & np.isfinite(out)
-    same_inf = np.isinf(ref) & (ref == out)
-    if not np.all(both | same_inf):  # a NaN or inf where FP32 has a finite value (or another one)
-        return OutputAccuracy(name, float("nan"), float("inf"), 0.0, False, float("inf"))
-    r, o = ref[both], out[both]
-    if r.size == 0:
-        return OutputAccuracy(name, 1.0, 0.0, 0.0, True, 0.0)
-    nr, no = np.linalg.norm(r), np.linalg.norm(o)
-    if nr == 0 and no == 0:
-        cosine = 1.0
-    elif nr == 0 or no == 0:
-        cosine = 0.0
-    else:
-        cosine = float(np.dot(r, o) / (nr * no))
-    diff = float(np.linalg.norm(r - o))
-    rel_l2 = diff / nr if nr > 0 else (0.0 if diff == 0 else float("inf"))
-    return OutputAccuracy(name, cosine, float(np.max(np.abs(r - o))), float(r.max() - r.min()), True, rel_l2)
+    """Accuracy of one float output against its FP32 reference
+    (:func:`amp_compiler.core.tensor_error.accuracy`)."""
+    return accuracy(name, [reference], [got])

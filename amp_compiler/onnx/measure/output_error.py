@@ -3,7 +3,7 @@
 One function for every conversion that ran the FP32 model (the range probe, calibration data): the
 converted model, emulated exactly (:func:`~amp_compiler.onnx.measure.emulate.emulate`), runs once per
 sample and each float output is compared with the FP32 outputs already in hand
-(:func:`~amp_compiler.onnx.measure.checks.compare`: rel-L2, max error of range, cosine, NaN/Inf).
+(:func:`~amp_compiler.core.tensor_error.accuracy`: rel-L2, max error of range, cosine, NaN/Inf).
 :func:`misses` is the line an output's error must stay within before a warning is due.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from amp_compiler.core.measures import OutputAccuracy
-from amp_compiler.onnx.measure.checks import compare
+from amp_compiler.core.tensor_error import accuracy
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import Runner
 
@@ -47,10 +47,7 @@ def output_accuracy(
         ref = [r[k] for r in refs]
         if not all(np.issubdtype(np.asarray(r).dtype, np.floating) for r in ref):
             continue
-        got = [g[k] for g in gots]
-        out.append(
-            compare(info.name, np.concatenate([np.ravel(r) for r in ref]), np.concatenate([np.ravel(g) for g in got]))
-        )
+        out.append(accuracy(info.name, ref, [g[k] for g in gots]))
     return out
 
 
