@@ -259,17 +259,28 @@ def _conditions(load_before: float, load_after: float) -> str:
 def write_section(path: Path, text: str, begin: str = SECTION_BEGIN, end: str = SECTION_END) -> None:
     """Put ``text`` between the markers ``begin`` and ``end`` (this benchmark's by default) in
     ``path``: in place of the section it has, else after its first paragraphs (before the first
-    ``## `` heading)."""
+    ``## `` heading that no other benchmark's markers enclose)."""
     old = path.read_text() if path.exists() else ""
     block = f"{begin}\n{text.rstrip()}\n{end}\n"
     if begin in old and end in old:
         head, rest = old.split(begin, 1)
         path.write_text(head + block + "\n" + rest.split(end, 1)[1].lstrip("\n"))
-    elif "\n## " in old:
-        head, rest = old.split("\n## ", 1)
-        path.write_text(head + "\n" + block + "\n## " + rest)
+    elif (at := _free_heading(old)) is not None:
+        path.write_text(old[: at + 1] + block + "\n" + old[at + 1 :])
     else:
         path.write_text(old + ("\n" if old else "") + block)
+
+
+def _free_heading(text: str) -> int | None:
+    """The position of the newline before the first ``## `` heading outside every marked section
+    (``<!-- name:begin ...`` ... ``<!-- name:end -->``), or None."""
+    at = text.find("\n## ")
+    while at >= 0:
+        before = text[:at]
+        if before.count(":begin") == before.count(":end -->"):
+            return at
+        at = text.find("\n## ", at + 1)
+    return None
 
 
 if __name__ == "__main__":

@@ -194,3 +194,14 @@ def test_autocast_table_writes_its_section_and_keeps_the_rest(tmp_path):
     (ours,) = [line for line in section.splitlines() if line.startswith("| mlp-softmax | rule | amp-compiler |")]
     assert "100.0%" in ours and "yes; runs: yes" in ours
     assert any(line.startswith("| mlp-softmax | rule | autocast |") for line in section.splitlines())
+
+
+def test_a_new_section_never_lands_inside_another_benchmarks_markers(tmp_path):
+    """A heading inside another benchmark's markers is not where a new section goes: the first free one is."""
+    from benchmarks.cold import write_section
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# R\n\nintro\n\n<!-- x:begin (cmd) -->\n## X\n\nx\n<!-- x:end -->\n\n## Headline\n\nh\n")
+    write_section(results, "## New\n\nn", "<!-- new:begin -->", "<!-- new:end -->")
+    text = results.read_text()
+    assert text.index("<!-- x:end -->") < text.index("<!-- new:begin -->") < text.index("## Headline")
