@@ -114,9 +114,19 @@ def _measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
     fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric = Metric.REL_L2,
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
-    """Both models run where the runner runs them, every tensor exposed; each (FP32, converted)
-    pair is folded there into running error sums (:func:`amp_compiler.runtime.child.compare_runs`):
-    only the sums and the graph outputs cross to this process."""
+    errors, outputs, _, runs = _measure_both(fp32, converted, samples, [], fp32_runner, runner, metric)
+    return errors, outputs, runs
+
+
+def _measure_both(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    held: list[dict[str, np.ndarray]], fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric,
+) -> tuple[dict[int, NodeError], dict[str, float], dict[str, float], int]:
+    """Node errors and output errors on ``samples``, output errors on ``held`` (empty when none), and
+    the converted model's runs. Both models run where the runner runs them, every tensor exposed; on
+    ``samples`` each (FP32, converted) pair is folded there into running error sums
+    (:func:`amp_compiler.runtime.child.compare_runs`): only the sums and the graph outputs cross to
+    this process. The converted model is emulated and loaded once for both sets."""
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     intermediates = IntermediateRunner(runnable, runner)
     try:
@@ -126,16 +136,17 @@ def _measure(
         pairs = [(name, stored[name]) for name in fp32_runner.names if name in stored]
         outputs = [(o.name, stored[o.name]) for o in fp32.graph.output if o.name in stored]
         key = id(intermediates)
-        at_outputs: OutputErrors | None = None
+        found: list[OutputErrors | None] = [None, None]  # on samples, on held
         graph_outputs: list[str] = []
-        for sample in samples:
+        for k, sample in [(0, s) for s in samples] + [(1, s) for s in held]:
             fp32_runner.runs += 1
             intermediates.runs += 1
-            ref, got = runner.compare(fp32_runner.session, intermediates.session, sample, pairs, outputs, key)
-            if at_outputs is None:  # the float outputs
-                floats = [j for j, r in enumerate(ref) if np.issubdtype(r.dtype, np.floating)]
-                graph_outputs = [outputs[j][0] for j in floats]
-                at_outputs = OutputErrors(len(graph_outputs), metric, graph_outputs)
+            # on held-out samples no pair is folded: node errors are the calibration samples'
+            ref, got = runner.compare(fp32_runner.session, intermediates.session, sample, pairs if k == 0 else [],
+                                      outputs, key)
+            floats = [j for j, r in enumerate(ref) if np.issubdtype(r.dtype, np.floating)]
+            graph_outputs = [outputs[j][0] for j in floats]
+            at_outputs = found[k] = found[k] or OutputErrors(len(graph_outputs), metric, graph_outputs)
             at_outputs.add([np.asarray(ref[j], dtype=np.float64) for j in floats],
                            [np.asarray(got[j], dtype=np.float64) for j in floats])
             del ref, got
@@ -150,8 +161,8 @@ def _measure(
             continue
         worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
         errors[i] = NodeError(rel_l2=rel[out], max_abs=accs[out].max_abs, added=rel[out] - worst_in)
-    outputs_error = dict(zip(graph_outputs, at_outputs.relative() if at_outputs is not None else [], strict=True))
-    return errors, outputs_error, intermediates.runs
+    errs = [dict(zip(graph_outputs, f.relative(), strict=True)) if f is not None else {} for f in found]
+    return errors, errs[0], errs[1], intermediates.runs
 
 
 def _error_stats(sums: list[float]) -> ErrorStats:
@@ -216,11 +227,8 @@ class _Refiner:
         result = convert(self.fp32, opts, policy=self.policy, ranges=self.ranges,
                          samples=self.samples if self.fp8 else None, runner=self.runner if self.fp8 else None)
         metric = self.opts.metric
-        errors, outputs, n = _measure(self.fp32, result.model, self.fit, self.fp32_runner, self.runner, metric)
-        held: dict[str, float] = {}
-        if self.held:
-            _, held, m = _measure(self.fp32, result.model, self.held, self.fp32_runner, self.runner, metric)
-            n += m
+        errors, outputs, held, n = _measure_both(self.fp32, result.model, self.fit, self.held, self.fp32_runner,
+                                                 self.runner, metric)
         self.runs += n
         self.history.append((len(decided.pinned), max([*outputs.values(), *held.values()], default=0.0)))
         return result, errors, outputs, held
