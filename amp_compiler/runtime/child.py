@@ -72,9 +72,10 @@ _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 #: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
 #: the sums of squared errors, of squared finite reference values, of squared converted and of the
 #: products where both are finite, the largest absolute error, the reference's smallest and largest
-#: finite value, the values not finite where the reference is, all its values. The fields of
+#: finite value, the values not finite where the reference is, those other than the reference's where
+#: it is not finite (a NaN matches nothing), all its values. The fields of
 #: :class:`amp_compiler.core.tensor_error.ErrorStats`, which computes them the same way.
-ERROR_FIELDS = ("diff2", "ref2", "got2", "dot", "max_abs", "ref_min", "ref_max", "nonfinite", "count")
+ERROR_FIELDS = ("diff2", "ref2", "got2", "dot", "max_abs", "ref_min", "ref_max", "nonfinite", "unmatched", "count")
 _CHUNK = 1 << 15  # values per pass of error_sums: its float64 temporaries (768 kB) stay in the cache
 
 
@@ -259,7 +260,7 @@ def error_sums(np: Any, reference: Any, got: Any) -> list | None:
     if reference.shape != got.shape:
         return None
     r_all, g_all = reference.ravel(), got.ravel()
-    out = [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, int(r_all.size)]
+    out = [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, int(r_all.size)]
     with np.errstate(over="ignore", invalid="ignore"):
         for lo in range(0, r_all.size, _CHUNK):
             r_own = r_all[lo:lo + _CHUNK]
@@ -268,7 +269,7 @@ def error_sums(np: Any, reference: Any, got: Any) -> list | None:
             ref2, diff2 = float(np.einsum("i,i->", r, r)), float(np.einsum("i,i->", d, d))
             if ref2 < float("inf") and diff2 < float("inf"):  # all finite (float32 squares cannot overflow)
                 part = [diff2, ref2, float(np.einsum("i,i->", g, g)), float(np.einsum("i,i->", r, g)),
-                        max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0]
+                        max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0, 0]
             else:
                 finite = np.isfinite(r)
                 d = np.where(finite, d, np.where(r == g, 0.0, np.inf))
@@ -278,7 +279,7 @@ def error_sums(np: Any, reference: Any, got: Any) -> list | None:
                         float(np.sum(np.where(both, g * g, 0.0))), float(np.sum(np.where(both, r * g, 0.0))),
                         float(np.max(np.abs(d))), float(fin.min()) if fin.size else float("inf"),
                         float(fin.max()) if fin.size else float("-inf"),
-                        int(np.count_nonzero(finite & ~np.isfinite(g)))]
+                        int(np.count_nonzero(finite & ~np.isfinite(g))), int(np.count_nonzero(~finite & (r != g)))]
             out = _add_sums(out, [*part, 0])
     return out
 
@@ -286,7 +287,7 @@ def error_sums(np: Any, reference: Any, got: Any) -> list | None:
 def _add_sums(old: list, new: list) -> list:
     """Two :data:`ERROR_FIELDS` lists as one."""
     return [old[0] + new[0], old[1] + new[1], old[2] + new[2], old[3] + new[3], max(old[4], new[4]),
-            min(old[5], new[5]), max(old[6], new[6]), old[7] + new[7], old[8] + new[8]]
+            min(old[5], new[5]), max(old[6], new[6]), old[7] + new[7], old[8] + new[8], old[9] + new[9]]
 
 
 def compare_runs(
@@ -305,7 +306,7 @@ def compare_runs(
         if r.dtype.kind != "f" or g.dtype.kind != "f":
             continue
         new = error_sums(np, r, g)  # None: shapes differ, nothing added (but the tensor was seen)
-        old = sums.get(r_name, [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0])
+        old = sums.get(r_name, [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, 0])
         sums[r_name] = _add_sums(old, new) if new is not None else old
     return [np.asarray(a) if a is not None else np.zeros(0, np.float32) for a in kept]
 
