@@ -16,12 +16,18 @@ Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or `
     {"op": "close", "session": S}                          -> {"ok": true}
     {"op": "fold", "sessions": [S...], "fold": K, "names": [...], "arrays": [...]} + bytes -> {"ok": true}
     {"op": "statistics", "fold": K}                        -> {"ok", "statistics": {name: [STAT_FIELDS...]}}
+    {"op": "compare", "reference": S, "converted": S2, "fold": K, "pairs": [[R, C]...], "outputs": [[R, C]...],
+     "reference_feeds": [...], "converted_feeds": [...], "half": [...], "names": [...], "arrays": [...]} + bytes
+                                                           -> {"ok", "arrays": [...]} + bytes
 
 ``fold`` runs a chain of sessions (each takes its inputs from the feeds and the earlier sessions'
 outputs, :func:`run_chain`), folds every float output into the running statistics ``K``
 (:func:`fold_array`) and drops each tensor once no later session needs it: nothing goes back but
 ``ok``. ``statistics`` answers ``K``'s statistics and forgets them. This is how calibration observes
-ranges at the cost of running the model: only statistics cross the pipe.
+ranges at the cost of running the model: only statistics cross the pipe. ``compare`` runs an FP32
+model and a converted one, each with every tensor exposed, and folds each pair of tensors into the
+running error sums ``K`` (:func:`compare_runs`, :data:`ERROR_FIELDS`; ``statistics`` answers them
+too): only the sums and the graph outputs asked for cross the pipe (how ``--tolerance`` measures).
 
 The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
 the same in the child and in-process (:func:`session_options`): onnxruntime's own log silenced
@@ -41,8 +47,8 @@ from functools import partial
 from typing import Any, BinaryIO
 
 __all__ = [
-    "PROVIDERS", "RAW_KINDS", "STAT_FIELDS", "array_header", "error_kind", "first_line", "fold_array", "run_chain",
-    "run_options", "session_facts", "session_options",
+    "ERROR_FIELDS", "PROVIDERS", "RAW_KINDS", "STAT_FIELDS", "array_header", "compare_runs", "error_kind", "error_sums",
+    "first_line", "fold_array", "run_chain", "run_options", "session_facts", "session_options",
 ]
 
 #: The execution providers a load may ask for.
@@ -62,6 +68,15 @@ MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Can
 #: relative to its own L2 norm.
 STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost")
 _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
+
+#: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
+#: the sums of squared errors, of squared finite reference values, of squared converted and of the
+#: products where both are finite, the largest absolute error, the reference's smallest and largest
+#: finite value, the values not finite where the reference is, those other than the reference's where
+#: it is not finite (a NaN matches nothing), all its values. The fields of
+#: :class:`amp_compiler.core.tensor_error.ErrorStats`, which computes them the same way.
+ERROR_FIELDS = ("diff2", "ref2", "got2", "dot", "max_abs", "ref_min", "ref_max", "nonfinite", "unmatched", "count")
+_CHUNK = 1 << 15  # values per pass of error_sums: its float64 temporaries (768 kB) stay in the cache
 
 
 def session_facts(session: Any) -> dict[str, list[str]]:
@@ -237,6 +252,65 @@ def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any,
                 del values[name]
 
 
+def error_sums(np: Any, reference: Any, got: Any) -> list | None:
+    """One (reference, converted) pair's :data:`ERROR_FIELDS` (None when their shapes differ), in float64
+    as ``ErrorStats.add`` computes them, a chunk at a time (equal up to the order of the sums). The
+    chunks stay in the CPU's cache across their passes; the sums are einsum's, not a BLAS dot (whose
+    threads, on a loaded machine, made each of them 8x slower)."""
+    if reference.shape != got.shape:
+        return None
+    r_all, g_all = reference.ravel(), got.ravel()
+    out = [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, int(r_all.size)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, r_all.size, _CHUNK):
+            r_own = r_all[lo:lo + _CHUNK]
+            r, g = r_own.astype(np.float64), g_all[lo:lo + _CHUNK].astype(np.float64)
+            d = g - r
+            ref2, diff2 = float(np.einsum("i,i->", r, r)), float(np.einsum("i,i->", d, d))
+            if ref2 < float("inf") and diff2 < float("inf"):  # all finite (float32 squares cannot overflow)
+                part = [diff2, ref2, float(np.einsum("i,i->", g, g)), float(np.einsum("i,i->", r, g)),
+                        max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0, 0]
+            else:
+                finite = np.isfinite(r)
+                d = np.where(finite, d, np.where(r == g, 0.0, np.inf))
+                both = finite & np.isfinite(g)
+                fin = r[finite]
+                part = [float(np.sum(d * d)), float(np.sum(np.where(finite, r * r, 0.0))),
+                        float(np.sum(np.where(both, g * g, 0.0))), float(np.sum(np.where(both, r * g, 0.0))),
+                        float(np.max(np.abs(d))), float(fin.min()) if fin.size else float("inf"),
+                        float(fin.max()) if fin.size else float("-inf"),
+                        int(np.count_nonzero(finite & ~np.isfinite(g))), int(np.count_nonzero(~finite & (r != g)))]
+            out = _add_sums(out, [*part, 0])
+    return out
+
+
+def _add_sums(old: list, new: list) -> list:
+    """Two :data:`ERROR_FIELDS` lists as one."""
+    return [old[0] + new[0], old[1] + new[1], old[2] + new[2], old[3] + new[3], max(old[4], new[4]),
+            min(old[5], new[5]), max(old[6], new[6]), old[7] + new[7], old[8] + new[8], old[9] + new[9]]
+
+
+def compare_runs(
+    np: Any, reference: Any, converted: Any, feeds: tuple[dict, dict], pairs: list, outputs: list, options: Any,
+    sums: dict[str, list],
+) -> list[Any]:
+    """Run the ``reference`` and the ``converted`` sessions (their ``feeds``), fold each float pair
+    ``(reference name, converted name)`` of ``pairs`` into ``sums`` (by the reference's name:
+    :func:`error_sums`, added over runs), and return the pairs ``outputs`` (their reference's
+    values, then the converted ones'). Each converted tensor is dropped once folded."""
+    ref = dict(zip((o.name for o in reference.get_outputs()), reference.run(None, feeds[0], options), strict=True))
+    got = dict(zip((o.name for o in converted.get_outputs()), converted.run(None, feeds[1], options), strict=True))
+    kept = [ref.get(r) for r, _ in outputs] + [got.get(c) for _, c in outputs]
+    for r_name, c_name in pairs:
+        r, g = np.asarray(ref.get(r_name)), np.asarray(got.pop(c_name, None))
+        if r.dtype.kind != "f" or g.dtype.kind != "f":
+            continue
+        new = error_sums(np, r, g)  # None: shapes differ, nothing added (but the tensor was seen)
+        old = sums.get(r_name, [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, 0])
+        sums[r_name] = _add_sums(old, new) if new is not None else old
+    return [np.asarray(a) if a is not None else np.zeros(0, np.float32) for a in kept]
+
+
 def write_message(stream: BinaryIO, header: dict, arrays: list[Any] = ()) -> None:  # type: ignore[assignment]
     """One message: ``header`` (with ``arrays`` described under "arrays") as a JSON line, then the bytes."""
     if arrays:
@@ -362,6 +436,20 @@ def _serve(limit: int) -> None:
                 run_chain(np, chain, feeds, run_options(ort), folds.setdefault(int(request["fold"]), {}))
                 del feeds
                 write_message(stdout, {"ok": True})
+            elif op == "compare":
+                arrays = _read_arrays(np, stdin, request.get("arrays", []))
+                both = dict(zip(request["names"], arrays, strict=True))
+                del arrays
+                half = set(request.get("half", []))  # the converted model's FP16 inputs (I/O types not kept)
+                pair = ({n: both[n] for n in request["reference_feeds"]},
+                        {n: both[n].astype(np.float16) if n in half else both[n] for n in request["converted_feeds"]})
+                del both
+                kept = compare_runs(np, sessions[int(request["reference"])], sessions[int(request["converted"])], pair,
+                                    request["pairs"], request["outputs"], run_options(ort),
+                                    folds.setdefault(int(request["fold"]), {}))
+                del pair
+                write_message(stdout, {"ok": True}, kept)
+                del kept
             elif op == "statistics":
                 write_message(stdout, {"ok": True, "statistics": folds.pop(int(request["fold"]), {})})
             else:

@@ -13,7 +13,7 @@ import onnx
 from amp_compiler import runtime
 from amp_compiler.errors import ModelRefusedError, ModelRunError, ModelUnsupportedError
 from amp_compiler.runtime import child as runner_child
-from amp_compiler.runtime.session import CPU, Runner, Session, check_provider
+from amp_compiler.runtime.session import CPU, Runner, Session, check_provider, compare_feeds
 
 __all__ = ["InProcessRunner"]
 
@@ -36,6 +36,7 @@ class InProcessRunner(Runner):
 
     def __init__(self) -> None:
         self._folds: dict[int, dict[str, list]] = {}
+        self._errors: dict[int, dict[str, list]] = {}
 
     def load(
         self, model: onnx.ModelProto | str | os.PathLike, *, provider: str = CPU, basic: bool = False, threads: int = 0,
@@ -71,3 +72,24 @@ class InProcessRunner(Runner):
 
     def statistics(self, key: int) -> dict[str, list[float]]:
         return self._folds.pop(key, {})
+
+    def compare(
+        self, reference: Session, converted: Session, feeds: Mapping[str, np.ndarray],
+        pairs: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, str]], key: int,
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        ort = runtime.onnxruntime("run the model")
+        if not isinstance(reference, _LocalSession) or not isinstance(converted, _LocalSession):
+            raise ValueError("compare runs sessions of this runner only")
+        ref_names, conv_names, half = compare_feeds(reference, converted, feeds)
+        both = ({n: np.asarray(feeds[n]) for n in ref_names},
+                {n: np.asarray(feeds[n]).astype(np.float16) if n in half else np.asarray(feeds[n]) for n in conv_names})
+        try:
+            kept = runner_child.compare_runs(np, reference._session, converted._session, both,
+                                             [list(p) for p in pairs], [list(p) for p in outputs],
+                                             runner_child.run_options(ort), self._errors.setdefault(key, {}))
+        except Exception as exc:  # onnxruntime's own exception types
+            raise ModelRunError(f"onnxruntime could not run the model: {runner_child.first_line(exc)}") from exc
+        return kept[: len(outputs)], kept[len(outputs):]
+
+    def errors(self, key: int) -> dict[str, list[float]]:
+        return self._errors.pop(key, {})

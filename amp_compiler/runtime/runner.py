@@ -46,7 +46,7 @@ from amp_compiler.errors import (
 from amp_compiler.runtime import child as runner_child
 from amp_compiler.runtime.budget import RunBudget
 from amp_compiler.runtime.in_process import InProcessRunner
-from amp_compiler.runtime.session import CPU, Runner, Session, check_provider
+from amp_compiler.runtime.session import CPU, Runner, Session, check_provider, compare_feeds
 from amp_compiler.sizes import format_bytes
 
 __all__ = ["ChildRunner", "InProcessRunner", "Runner", "Session", "default_runner"]
@@ -122,6 +122,28 @@ class ChildRunner(Runner):
     def statistics(self, key: int) -> dict[str, list[float]]:
         answer, _ = self._request({"op": "statistics", "fold": key}, doing="running")
         return _checked_statistics(answer.get("statistics"))
+
+    def compare(
+        self, reference: Session, converted: Session, feeds: Mapping[str, np.ndarray],
+        pairs: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, str]], key: int,
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        if not all(isinstance(s, _ChildSession) and s._runner is self for s in (reference, converted)):
+            raise ValueError("compare runs sessions of this runner only")
+        ref_names, conv_names, half = compare_feeds(reference, converted, feeds)
+        names = list(dict.fromkeys([*ref_names, *conv_names]))
+        _, kept = self._request(
+            {"op": "compare", "reference": reference._sid, "converted": converted._sid,  # type: ignore[attr-defined]
+             "fold": key, "pairs": [list(p) for p in pairs], "outputs": [list(p) for p in outputs],
+             "reference_feeds": ref_names, "converted_feeds": conv_names, "half": half, "names": names},
+            [np.asarray(feeds[n]) for n in names], doing="running",
+        )
+        if len(kept) != 2 * len(outputs):
+            raise ModelCrashError("onnxruntime's process answered something that is not outputs", how="protocol")
+        return kept[: len(outputs)], kept[len(outputs):]
+
+    def errors(self, key: int) -> dict[str, list[float]]:
+        answer, _ = self._request({"op": "statistics", "fold": key}, doing="running")
+        return _checked_statistics(answer.get("statistics"), len(runner_child.ERROR_FIELDS))
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is not None:  # an error or a signal: stop the child at once
@@ -312,10 +334,9 @@ class ChildRunner(Runner):
         return out
 
 
-def _checked_statistics(raw: object) -> dict[str, list[float]]:
-    """The child's statistics, checked (a name to :data:`runner_child.STAT_FIELDS` numbers each): a
-    child that answers anything else has left the protocol (:class:`ModelCrashError`)."""
-    fields = len(runner_child.STAT_FIELDS)
+def _checked_statistics(raw: object, fields: int = len(runner_child.STAT_FIELDS)) -> dict[str, list[float]]:
+    """The child's statistics, checked (a name to ``fields`` numbers each: :data:`runner_child.STAT_FIELDS`'s
+    by default): a child that answers anything else has left the protocol (:class:`ModelCrashError`)."""
     ok = isinstance(raw, dict) and all(
         isinstance(k, str) and isinstance(v, list) and len(v) == fields
         and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)

@@ -12,7 +12,7 @@ import onnx
 
 from amp_compiler.runtime import child as runner_child
 
-__all__ = ["CPU", "Runner", "Session", "check_provider"]
+__all__ = ["CPU", "Runner", "Session", "check_provider", "compare_feeds"]
 
 
 #: onnxruntime's CPU execution provider, where models run unless a load asks for another.
@@ -73,6 +73,21 @@ class Runner(abc.ABC):
     def statistics(self, key: int) -> dict[str, list[float]]:
         """The running statistics ``key`` (per tensor, :data:`runner_child.STAT_FIELDS`), then forgotten."""
 
+    @abc.abstractmethod
+    def compare(
+        self, reference: Session, converted: Session, feeds: Mapping[str, np.ndarray],
+        pairs: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, str]], key: int,
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Run ``reference`` and ``converted`` (this runner's) on ``feeds`` where they run (a float feed
+        that ``converted`` takes in FP16 is rounded to it) and add each float pair of ``pairs``
+        (reference tensor, converted tensor) to the running error sums ``key`` (per reference tensor,
+        :data:`runner_child.ERROR_FIELDS`: :meth:`errors`); only the pairs ``outputs`` come back: their
+        reference values and their converted values (:func:`runner_child.compare_runs`)."""
+
+    @abc.abstractmethod
+    def errors(self, key: int) -> dict[str, list[float]]:
+        """The running error sums ``key`` (per tensor, :data:`runner_child.ERROR_FIELDS`), then forgotten."""
+
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""
 
@@ -81,6 +96,16 @@ class Runner(abc.ABC):
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self.close()
+
+
+def compare_feeds(
+    reference: Session, converted: Session, feeds: Mapping[str, np.ndarray]
+) -> tuple[list[str], list[str], list[str]]:
+    """The names of ``feeds`` that ``reference`` and ``converted`` take, and the float ones that
+    ``converted`` takes in FP16 (a model converted without keeping its I/O types)."""
+    half = [n for n, t in zip(converted.input_names, converted.input_types, strict=True)
+            if t == "tensor(float16)" and n in feeds and np.asarray(feeds[n]).dtype.kind == "f"]
+    return ([n for n in feeds if n in reference.input_names], [n for n in feeds if n in converted.input_names], half)
 
 
 def check_provider(provider: str) -> None:

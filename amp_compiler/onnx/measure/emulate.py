@@ -32,7 +32,7 @@ import onnx_ir as ir
 from amp_compiler.onnx.ir.schema_typing import type_from_schemas
 from amp_compiler.onnx.ir.walk import iter_graphs
 
-__all__ = ["emulate", "emulate_bf16", "emulate_in_place", "stored_values", "typed_model"]
+__all__ = ["emulate", "emulate_bf16", "emulate_in_place", "rounded_origin", "stored_values", "typed_model"]
 
 # The rounded copy of a tensor ``X`` is named ``X__f32emu<n>`` (see rounded_origin).
 ROUNDED_TAG = "__f32emu"

@@ -181,7 +181,10 @@ def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
 
 
 class _Switches:
-    """Inserts the Where nodes that choose, per reading node, the rounded or the exact value."""
+    """Inserts the nodes that choose, per reading node, the rounded or the exact value: an If on the
+    switches whose branches are Identities (what a Where computes, bit for bit; onnxruntime's CPU
+    Where on a scalar condition took 56% of a probe run of ppocr-v4-det, its If with one Identity
+    per branch a copy: a probe run 0.6-0.7 s instead of 0.9-1.1 s at 320x448)."""
 
     def __init__(self, m: ir.Model, n_groups: int, group_of: dict[int, int],
                  fp32_inputs: dict[int, Sequence[str]], rounded: dict[ir.Value, ir.Value],
@@ -195,6 +198,7 @@ class _Switches:
         self.conditions: dict[frozenset[int], ir.Value] = {}
         self.chosen: dict[tuple[ir.Value, frozenset[int]], ir.Value] = {}
         self.exact_constants: dict[str, ir.Value] = {}
+        self.branches = 0  # the If branches made, for their values' names
 
     def insert(self, nodes: Iterable[ir.Node]) -> None:
         for node in nodes:
@@ -240,6 +244,14 @@ class _Switches:
             self.exact_constants[tensor.name] = value
         return value
 
+    def _branch(self, source: ir.Value) -> ir.Graph:
+        """A branch of the If that chooses: ``source`` (a value of the main graph) as it is."""
+        self.branches += 1
+        node = ir.Node("", "Identity", [source])
+        out = node.outputs[0]
+        out.name, out.type, out.shape = f"amp_switched{self.branches}", source.type, source.shape
+        return ir.Graph([], [out], nodes=[node], name=f"amp_branch{self.branches}")
+
     def _where(self, rounded: ir.Value, exact: ir.Value, on: frozenset[int], before: ir.Node | None) -> ir.Value:
         key = (rounded, on)
         chosen = self.chosen.get(key)
@@ -255,7 +267,8 @@ class _Switches:
                 new.append(node)
                 condition = node.outputs[0]
             self.conditions[on] = condition
-        where = ir.Node("", "Where", [condition, rounded, exact])
+        where = ir.Node("", "If", [condition], attributes=[
+            ir.AttrGraph("then_branch", self._branch(rounded)), ir.AttrGraph("else_branch", self._branch(exact))])
         where.outputs[0].type, where.outputs[0].shape = rounded.type, rounded.shape
         new.append(where)
         if before is None:

@@ -52,7 +52,7 @@ from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import local_choice
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
-from amp_compiler.onnx.measure.emulate import emulate, stored_values
+from amp_compiler.onnx.measure.emulate import emulate, rounded_origin
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
 from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, switches_on, unit_choices
 from amp_compiler.onnx.tolerance.units import Unit, partition
@@ -114,25 +114,45 @@ def _measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
     fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric = Metric.REL_L2,
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
+    errors, outputs, _, runs = _measure_both(fp32, converted, samples, [], fp32_runner, runner, metric)
+    return errors, outputs, runs
+
+
+def _measure_both(
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+    held: list[dict[str, np.ndarray]], fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric,
+) -> tuple[dict[int, NodeError], dict[str, float], dict[str, float], int]:
+    """Node errors and output errors on ``samples``, output errors on ``held`` (empty when none), and
+    the converted model's runs. Both models run where the runner runs them, every tensor exposed; on
+    ``samples`` each (FP32, converted) pair is folded there into running error sums
+    (:func:`amp_compiler.runtime.child.compare_runs`): only the sums and the graph outputs cross to
+    this process. The converted model is emulated and loaded once for both sets."""
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
     intermediates = IntermediateRunner(runnable, runner)
-    accs: dict[str, ErrorStats] = {}
-    graph_outputs: list[str] | None = None
-    at_outputs: OutputErrors | None = None
-    for sample in samples:
-        ref = fp32_runner.run(sample)
-        got = stored_values(intermediates.run(sample))
-        for name, value in ref.items():
-            if name in got and np.issubdtype(np.asarray(value).dtype, np.floating):
-                accs.setdefault(name, ErrorStats()).add(value, got[name])
-        if graph_outputs is None:
-            graph_outputs = [o.name for o in fp32.graph.output if o.name in accs]
-            at_outputs = OutputErrors(len(graph_outputs), metric, graph_outputs)
-        assert at_outputs is not None
-        at_outputs.add([np.asarray(ref[n], dtype=np.float64) for n in graph_outputs],
-                       [np.asarray(got[n], dtype=np.float64) for n in graph_outputs])
-        del ref, got
-    intermediates.close()
+    try:
+        # each FP32 tensor against what the converted model stores for it (its rounded copy, if any)
+        stored = {name: name for name in intermediates.names}
+        stored.update({origin: name for name in intermediates.names if (origin := rounded_origin(name)) is not None})
+        pairs = [(name, stored[name]) for name in fp32_runner.names if name in stored]
+        outputs = [(o.name, stored[o.name]) for o in fp32.graph.output if o.name in stored]
+        key = id(intermediates)
+        found: list[OutputErrors | None] = [None, None]  # on samples, on held
+        graph_outputs: list[str] = []
+        for k, sample in [(0, s) for s in samples] + [(1, s) for s in held]:
+            fp32_runner.runs += 1
+            intermediates.runs += 1
+            # on held-out samples no pair is folded: node errors are the calibration samples'
+            ref, got = runner.compare(fp32_runner.session, intermediates.session, sample, pairs if k == 0 else [],
+                                      outputs, key)
+            floats = [j for j, r in enumerate(ref) if np.issubdtype(r.dtype, np.floating)]
+            graph_outputs = [outputs[j][0] for j in floats]
+            at_outputs = found[k] = found[k] or OutputErrors(len(graph_outputs), metric, graph_outputs)
+            at_outputs.add([np.asarray(ref[j], dtype=np.float64) for j in floats],
+                           [np.asarray(got[j], dtype=np.float64) for j in floats])
+            del ref, got
+        accs = {name: _error_stats(sums) for name, sums in runner.errors(key).items()}
+    finally:
+        intermediates.close()
     rel = {name: acc.rel_l2 for name, acc in accs.items()}
     errors: dict[int, NodeError] = {}
     for i, node in enumerate(fp32.graph.node):
@@ -141,8 +161,15 @@ def _measure(
             continue
         worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
         errors[i] = NodeError(rel_l2=rel[out], max_abs=accs[out].max_abs, added=rel[out] - worst_in)
-    outputs = dict(zip(graph_outputs or [], at_outputs.relative() if at_outputs is not None else [], strict=True))
-    return errors, outputs, intermediates.runs
+    errs = [dict(zip(graph_outputs, f.relative(), strict=True)) if f is not None else {} for f in found]
+    return errors, errs[0], errs[1], intermediates.runs
+
+
+def _error_stats(sums: list[float]) -> ErrorStats:
+    """:class:`ErrorStats` from the runner's sums (:data:`amp_compiler.runtime.child.ERROR_FIELDS`)."""
+    diff2, ref2, got2, dot, max_abs, ref_min, ref_max, nonfinite, unmatched, count = sums
+    return ErrorStats(diff2, ref2, got2, dot, max_abs, ref_min, ref_max, nonfinite=int(nonfinite),
+                      unmatched=int(unmatched), count=int(count))
 
 
 def refine(
@@ -201,11 +228,8 @@ class _Refiner:
         result = convert(self.fp32, opts, policy=self.policy, ranges=self.ranges,
                          samples=self.samples if self.fp8 else None, runner=self.runner if self.fp8 else None)
         metric = self.opts.metric
-        errors, outputs, n = _measure(self.fp32, result.model, self.fit, self.fp32_runner, self.runner, metric)
-        held: dict[str, float] = {}
-        if self.held:
-            _, held, m = _measure(self.fp32, result.model, self.held, self.fp32_runner, self.runner, metric)
-            n += m
+        errors, outputs, held, n = _measure_both(self.fp32, result.model, self.fit, self.held, self.fp32_runner,
+                                                 self.runner, metric)
         self.runs += n
         self.history.append((len(decided.pinned), max([*outputs.values(), *held.values()], default=0.0)))
         return result, errors, outputs, held
