@@ -7,8 +7,8 @@ wants a few pixels, and onnxruntime refuses a smaller input (``Invalid input sha
 
 1. every dynamic dim takes 1, and the FP32 model runs on those inputs;
 2. if onnxruntime refuses them, the dims the user did not fix take the typical sizes of
-   :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch, or one found only as the
-   first dim of inputs of rank 2 or more), skipping a size the model's own
+   :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch, one found only as the
+   first dim of inputs of rank 2 or more, or a recurrent state's: :func:`batch_dims`), skipping a size the model's own
    constraints rule out: onnx's shape inference, given those input shapes, finds a dim below 1 (a
    Conv's kernel longer than its input) or fails. At most :data:`MAX_REFUSED` sizes are run and
    refused before the search stops; the first that runs is taken.
