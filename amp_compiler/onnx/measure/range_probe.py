@@ -80,8 +80,9 @@ def _generated(
 ) -> Generated:
     """One runnable generated sample: image inputs with dynamic spatial dims at :data:`IMAGE_SIZES` in
     turn, then token sequences, KV caches and waveforms at the sizes the graph says real inputs have
-    (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; over the run budget or refused, they
-    fall back), then the generic search (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
+    (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; refused or over the memory budget,
+    they fall back; over the time budget, the probe stops as for any run), then the generic search
+    (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
     given = dict(input_shapes or {})
     images = [info for info in model_inputs(model) if info.name not in given and _dynamic_image(info)]
     for height, width in IMAGE_SIZES if images else ():
@@ -104,15 +105,20 @@ def _generated(
                                         input_ranges=input_ranges)
         except (ModelCrashError, ModelRefusedError, ModelUnsupportedError):
             raise
-        except RunBudgetError:
-            break  # over the run budget at these sizes: the generic search's smallest ones
+        except RunBudgetError as exc:
+            if exc.option != "run_memory":
+                raise  # over the time budget: the runner's child was stopped, nothing more runs in it
+            refused.append((max(sized.values()), first_line(exc)))
+            break  # over the memory budget at these sizes: the generic search's smallest ones
         except (ModelRunError, SampleSizeError) as exc:
             refused.append((max(sized.values()), first_line(exc)))
             continue
         generated.refused[:0] = refused
         generated.dims = {**{k: v for k, v in sized.items() if k not in generated.dims}, **generated.dims}
         return generated
-    return runnable_inputs(model, runner, given or None, seed=seed, informed=True, input_ranges=input_ranges)
+    generated = runnable_inputs(model, runner, given or None, seed=seed, informed=True, input_ranges=input_ranges)
+    generated.refused[:0] = refused
+    return generated
 
 
 def _dynamic_image(info: onnx.ValueInfoProto) -> bool:

@@ -161,15 +161,25 @@ def test_the_catalogs_transformers_are_probed_at_a_real_length(name, length, cau
         assert softmax and all(probe.ranges[out].max < 1 for out in softmax)
 
 
-def test_a_sequence_over_the_run_budget_falls_back_to_the_smallest(monkeypatch):
+def test_a_sequence_over_the_memory_budget_falls_back_to_the_smallest(monkeypatch):
     m = _embedding(32)
     real = range_probe.runnable_inputs
 
     def over_budget(model, runner, fixed=None, **kwargs):
         if fixed and fixed.get("ids", (1, 1))[1] > 1:
-            raise RunBudgetError("the run took more than 60 s", option="run_seconds")
+            raise RunBudgetError("running the model needed more than its memory budget", option="run_memory")
         return real(model, runner, fixed, **kwargs)
 
     monkeypatch.setattr(range_probe, "runnable_inputs", over_budget)
     probe = range_probe.probe_ranges(m, InProcessRunner())
-    assert probe.samples[0]["ids"].shape == (1, 1)
+    assert probe.samples[0]["ids"].shape == (1, 1) and probe.runs == 3  # the refused, the kept, the observed
+
+
+def test_a_sequence_over_the_time_budget_stops_the_probe(monkeypatch):
+    """The child that ran over its time budget is stopped: the probe is skipped, one warning line."""
+    def over_time(model, runner, fixed=None, **kwargs):
+        raise RunBudgetError("running the model took longer than its time budget of 60 s", option="run_seconds")
+
+    monkeypatch.setattr(range_probe, "runnable_inputs", over_time)
+    with pytest.raises(range_probe.ProbeSkipped, match="run budget"):
+        range_probe.probe_ranges(_embedding(32), InProcessRunner())
