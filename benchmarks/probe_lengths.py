@@ -23,6 +23,7 @@ __all__ = ["main"]
 
 _MODELS = ("bert-base-small,gpt2-small,llama-massive-activations-small,t5-small-encoder-small,t5-small-decoder-small,"
            "llama-torch-kv-small,bert-fused-small,gpt2-fused-small,t5-encoder-fused-small,llama-genai-fp32-small,"
+           "llama-genai-int4-small,"
            "silero-vad")
 
 

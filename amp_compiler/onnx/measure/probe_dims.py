@@ -10,7 +10,9 @@ graph says a real input has:
   position ids; a dim named like a sequence or length elsewhere) takes the model's position table's
   size (:func:`position_table_size`) up to :data:`MAX_SEQUENCE`, else :data:`DEFAULT_SEQUENCE`;
 - a **KV cache**: a dim named like ``past`` takes 0 and one named like ``total`` the sequence's length
-  (the prompt step: the model computes every key itself, none is random);
+  (the prompt step: the model computes every key itself, none is random); the head size, where the
+  cache states it as a dim (onnxruntime GenAI's ``kv_cache_dim``), what its GroupQueryAttention's
+  projection says (:func:`head_sizes`);
 - a **waveform** (:func:`~amp_compiler.runtime.samples.waveform_inputs`: a float ``[batch, samples]``
   or ``[samples]`` input in a model with a sample-rate input, or named like audio) takes one second
   at 16 kHz, then, if the model refuses it, a streaming chunk of 512 samples (32 ms: what Silero VAD
@@ -30,7 +32,10 @@ import onnx
 from amp_compiler.onnx.measure.generated_inputs import batch_dims, dim_key, dynamic_dims
 from amp_compiler.runtime.samples import model_inputs, waveform_inputs
 
-__all__ = ["DEFAULT_SEQUENCE", "MAX_SEQUENCE", "WAVEFORM_SAMPLES", "position_table_size", "probe_dims", "probe_shapes"]
+__all__ = [
+    "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size", "probe_dims",
+    "probe_shapes",
+]
 
 #: A token sequence's length when the graph states none (no position table): a typical sentence-pair
 #: or chat-turn length, wide enough for attention's softmax and score peaks to show.
@@ -71,6 +76,45 @@ def position_table_size(model: onnx.ModelProto) -> int:
     return max(sizes)
 
 
+def head_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """The head size of each KV-cache input a GroupQueryAttention reads (``past_key``, ``past_value``),
+    by the key of its dynamic last dim: the query projection's width (a MatMul by an initializer, or
+    a MatMulNBits) over ``num_heads``, or, packed with the keys and values (no key input), over ``num_heads + 2 *
+    kv_num_heads``."""
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    inputs = {i.name: i for i in model_inputs(model)}
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention" or len(node.input) < 5:
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        width = _projection_width(producers.get(node.input[0]), inits)
+        if not width or not attrs.get("num_heads"):
+            continue
+        packed = len(node.input) < 2 or not node.input[1]
+        heads = attrs["num_heads"] + (2 * attrs.get("kv_num_heads", 0) if packed else 0)
+        if width % heads:
+            continue
+        for name in node.input[3:5]:
+            info = inputs.get(name)
+            dims = _dims(info) if info is not None else []
+            if dims and not (dims[-1].HasField("dim_value") and dims[-1].dim_value > 0):
+                out[dim_key(info, len(dims) - 1, dims[-1])] = width // heads  # type: ignore[arg-type]
+    return out
+
+
+def _projection_width(node: onnx.NodeProto | None, inits: Mapping[str, onnx.TensorProto]) -> int:
+    """The output features of a projection: a MatMul by a 2-D initializer (its last dim), or a
+    quantized one (onnxruntime's MatMulNBits: its ``N``); 0 for anything else."""
+    if node is None:
+        return 0
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "N"), 0)
+    weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+    return int(weight.dims[1]) if weight is not None and len(weight.dims) == 2 else 0
+
+
 def _is_arange(name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]) -> bool:
     for _ in range(8):
         if name in inits:
@@ -97,6 +141,7 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
     inputs = model_inputs(model)
     waveforms = waveform_inputs(model)
     table = position_table_size(model)
+    heads = head_sizes(model)
     sequence = min(table, MAX_SEQUENCE) if table else DEFAULT_SEQUENCE
     out: dict[str, int] = {}
     waves: set[str] = set()
@@ -111,6 +156,8 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
                 continue
             if key in batch:
                 out[key] = 1
+            elif key in heads:
+                out[key] = heads[key]
             elif _PAST.search(key):
                 out[key] = 0
             elif _TOTAL.search(key):

@@ -14,6 +14,7 @@ from amp_compiler.onnx.measure.probe_dims import (
     DEFAULT_SEQUENCE,
     MAX_SEQUENCE,
     WAVEFORM_SAMPLES,
+    head_sizes,
     position_table_size,
     probe_dims,
     probe_shapes,
@@ -151,11 +152,15 @@ def test_silero_vad_is_probed():
     ("bert-base-small", 64, False), ("gpt2-small", 64, True),
     ("llama-massive-activations-small", DEFAULT_SEQUENCE, True), ("t5-small-encoder-small", DEFAULT_SEQUENCE, False),
     ("llama-torch-kv-small", DEFAULT_SEQUENCE, True),
+    # the cos cache's 128 rows; kv_cache_dim (a named dim) the head size its QKV projection gives: 16
+    ("llama-genai-fp32-small", 128, True), ("llama-genai-int4-small", 128, True),
 ])
 def test_the_catalogs_transformers_are_probed_at_a_real_length(name, length, causal):
     m = catalog.load(name)
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.samples[0]["input_ids"].shape == (1, length)
+    if "genai" in name:
+        assert head_sizes(m) and set(head_sizes(m).values()) == {16} and probe.dims["kv_cache_dim"] == 16
     if not causal:  # a causal softmax's first row is one token wide: 1 at any length
         softmax = [n.output[0] for n in m.graph.node if n.op_type == "Softmax"]
         assert softmax and all(probe.ranges[out].max < 1 for out in softmax)
