@@ -31,7 +31,7 @@ from amp_compiler.sizes import format_bytes
 
 __all__ = [
     "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "input_kinds", "load_samples",
-    "model_inputs", "random_samples", "sample_bytes",
+    "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -243,6 +243,8 @@ def random_samples(
                 sample[info.name] = rng.uniform(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
             elif kind is not None and kind.kind == "value":
                 sample[info.name] = np.full(shape, kind.bounds[0], dtype)
+            elif kind is not None and kind.kind == "positions" and np.issubdtype(dtype, np.integer) and shape:
+                sample[info.name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
             elif kind is not None and kind.kind == "ids" and np.issubdtype(dtype, np.integer):
                 sample[info.name] = rng.integers(0, int(kind.bounds[1]), shape).astype(dtype)
             elif np.issubdtype(dtype, np.floating):
@@ -256,8 +258,8 @@ def random_samples(
 @dataclasses.dataclass(frozen=True)
 class InputKind:
     """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids``
-    (integers in ``[0, bounds[1])``) or ``value`` (``bounds[0]`` everywhere), and why (``stated``,
-    ``image 0..1``, ``vocabulary``...)."""
+    (integers in ``[0, bounds[1])``), ``positions`` (0, 1, 2... along the last dim) or ``value``
+    (``bounds[0]`` everywhere), and why (``stated``, ``image 0..1``, ``vocabulary``...)."""
 
     kind: str
     bounds: tuple[float, float]
@@ -272,6 +274,12 @@ _PIXEL_SCALE = 2.0
 _SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
 #: An integer input named like bytes takes byte values 0..255 (a file-type classifier's input: Magika).
 _BYTES = re.compile(r"bytes?|byte_ids|input_bytes", re.IGNORECASE)
+#: An integer input named like position ids counts 0, 1, 2... (a prompt's positions; a random id
+#: would put tokens at arbitrary places, ones all at the same one).
+_POSITIONS = re.compile(r"(\w*_)?pos(ition)?_?ids?", re.IGNORECASE)
+#: A float waveform (``[batch, samples]`` or ``[samples]``) in a model with a sample-rate input, or named
+#: like audio, is audio scaled to -1..1 (what decoders and speech front ends produce).
+_AUDIO = re.compile(r"audio|wave(form)?|speech|pcm|input_values|samples", re.IGNORECASE)
 #: Ops an index input may pass through on its way to an embedding Gather.
 _INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
 
@@ -284,10 +292,11 @@ def input_kinds(
     normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
     123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
     normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
-    normalization exactly; half of ImageNet's mean/std range, -2.1..2.6); an integer input read
-    (through Casts and reshapes) as the indices of a Gather on an initializer table is token ids below
-    the table's first dim; one named like bytes takes 0..255; a scalar integer named like a sample rate
-    (``sr``) is 16000. Other inputs are not in the result
+    normalization exactly; half of ImageNet's mean/std range, -2.1..2.6); a float waveform
+    (:func:`waveform_inputs`) is -1..1; an integer input named like position ids counts 0, 1, 2...;
+    one read (through Casts and reshapes) as the indices of a Gather on an initializer table is token
+    ids below the table's first dim; one named like bytes takes 0..255; a scalar integer named like a
+    sample rate (``sr``) is 16000. Other inputs are not in the result
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -296,6 +305,7 @@ def input_kinds(
             consumers.setdefault(name, []).append(node)
     inits = {i.name: i for i in model.graph.initializer}
     kinds: dict[str, InputKind] = {}
+    waveforms = waveform_inputs(model)
     for info in model_inputs(model):
         tt = info.type.tensor_type
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
@@ -310,15 +320,37 @@ def input_kinds(
                 kinds[info.name] = InputKind("range", (0.0, 255.0), "image 0..255")
             else:
                 kinds[info.name] = InputKind("range", (0.0, 1.0), "image 0..1")
+        elif info.name in waveforms:
+            kinds[info.name] = InputKind("range", (-1.0, 1.0), "waveform -1..1")
         elif np.issubdtype(dtype, np.integer):
             vocab = _vocabulary(info.name, consumers, inits)
-            if vocab:
+            if _POSITIONS.fullmatch(info.name) and _rank(info) >= 1:
+                kinds[info.name] = InputKind("positions", (0.0, 0.0), "positions 0, 1, 2...")
+            elif vocab:
                 kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
             elif _BYTES.fullmatch(info.name):
                 kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
             elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
                 kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
     return kinds
+
+
+def waveform_inputs(model: onnx.ModelProto) -> set[str]:
+    """The float inputs of rank 1 or 2 (``[samples]``, ``[batch, samples]``) that are audio: the model
+    has a scalar sample-rate input (``sr``), or the input is named like audio (``waveform``, ``speech``)."""
+    inputs = model_inputs(model)
+    rate = any(_SAMPLE_RATE.fullmatch(i.name) and _rank(i) == 0 for i in inputs)
+    return {
+        i.name for i in inputs
+        if 1 <= _rank(i) <= 2 and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
+                                                np.floating)
+        and (rate or _AUDIO.search(i.name))
+    }
+
+
+def _rank(info: onnx.ValueInfoProto) -> int:
+    tt = info.type.tensor_type
+    return len(tt.shape.dim) if tt.HasField("shape") else -1
 
 
 def _image_like(tt: onnx.TypeProto.Tensor) -> bool:

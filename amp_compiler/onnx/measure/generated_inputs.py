@@ -7,8 +7,8 @@ wants a few pixels, and onnxruntime refuses a smaller input (``Invalid input sha
 
 1. every dynamic dim takes 1, and the FP32 model runs on those inputs;
 2. if onnxruntime refuses them, the dims the user did not fix take the typical sizes of
-   :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch, or one found only as the
-   first dim of inputs of rank 2 or more), skipping a size the model's own
+   :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch, one found only as the
+   first dim of inputs of rank 2 or more, or a recurrent state's: :func:`batch_dims`), skipping a size the model's own
    constraints rule out: onnx's shape inference, given those input shapes, finds a dim below 1 (a
    Conv's kernel longer than its input) or fails. At most :data:`MAX_REFUSED` sizes are run and
    refused before the search stops; the first that runs is taken.
@@ -49,7 +49,9 @@ from amp_compiler.runtime.samples import (
 )
 from amp_compiler.sizes import format_bytes
 
-__all__ = ["MAX_REFUSED", "SIZES", "Generated", "dynamic_dims", "runnable_inputs", "shapes_for"]
+__all__ = [
+    "MAX_REFUSED", "SIZES", "Generated", "batch_dims", "dim_key", "dynamic_dims", "runnable_inputs", "shapes_for",
+]
 
 #: The sizes dynamic dims take after 1, smallest first: powers of two up to 16384 (a second of
 #: 16 kHz audio, a long context, a large image side).
@@ -58,6 +60,10 @@ SIZES = tuple(2**k for k in range(1, 15))
 MAX_REFUSED = 3
 #: Dims named like a batch keep 1 (the model's size per sample is what has a minimum).
 _BATCH = re.compile(r"batch|^(b|n|bs)$", re.IGNORECASE)
+#: A rank-3 input named like a recurrent state, its first and last dims fixed, is ``[num_directions,
+#: batch, hidden]`` (ONNX's LSTM, GRU and RNN layout of ``initial_h``/``initial_c``): its dim 1 is the
+#: batch (Silero VAD's ``state``: ``[2, ?, 128]``).
+_STATE = re.compile(r"(\w*[_.])?(states?|hidden|h0|c0|hn|cn|initial_[hc])", re.IGNORECASE)
 #: Failures that end the search: bigger inputs would not help.
 _STOPS = (RunBudgetError, ModelCrashError, ModelRefusedError, ModelUnsupportedError)
 
@@ -81,7 +87,8 @@ class Generated:
         return f"{taken} (sizes {sizes} did not run: {self.refused[0][1]})"
 
 
-def _key(info: onnx.ValueInfoProto, axis: int, dim: onnx.TensorShapeProto.Dimension) -> str:
+def dim_key(info: onnx.ValueInfoProto, axis: int, dim: onnx.TensorShapeProto.Dimension) -> str:
+    """The name a dynamic dim goes by: its ``dim_param``, or ``input[axis]`` for an unnamed one."""
     return dim.dim_param if dim.HasField("dim_param") else f"{info.name}[{axis}]"
 
 
@@ -98,7 +105,7 @@ def dynamic_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | 
         for axis, dim in enumerate(info.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
-            key = _key(info, axis, dim)
+            key = dim_key(info, axis, dim)
             if dim.HasField("dim_param") and (key in bound or not key.isidentifier()):
                 continue
             if key not in out:
@@ -106,17 +113,26 @@ def dynamic_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | 
     return out
 
 
-def _batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
-    """The keys that are batch dims: named like one, or found only as the first dim of inputs of rank 2
-    or more (exporters often leave a batch unnamed: ``unk__0``)."""
+def _static(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    return dim.HasField("dim_value") and dim.dim_value > 0
+
+
+def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
+    """The keys that are batch dims: named like one, found only as the first dim of inputs of rank 2
+    or more (exporters often leave a batch unnamed: ``unk__0``), or dim 1 of a rank-3 recurrent state
+    (an unnamed one; a named one shared with the inputs' batch is one already)."""
     places: dict[str, set[tuple[int, int]]] = {}
+    states: set[str] = set()
     for info in model_inputs(model):
         if not info.type.tensor_type.HasField("shape"):
             continue
         dims = info.type.tensor_type.shape.dim
         for axis, dim in enumerate(dims):
-            places.setdefault(_key(info, axis, dim), set()).add((axis, len(dims)))
-    return {k for k in keys if _BATCH.search(k) or all(axis == 0 and rank >= 2 for axis, rank in places.get(k, ()))}
+            places.setdefault(dim_key(info, axis, dim), set()).add((axis, len(dims)))
+        if len(dims) == 3 and _STATE.fullmatch(info.name) and _static(dims[0]) and _static(dims[2]):
+            states.add(dim_key(info, 1, dims[1]))
+    return {k for k in keys if _BATCH.search(k) or k in states
+            or all(axis == 0 and rank >= 2 for axis, rank in places.get(k, ()))}
 
 
 def shapes_for(
@@ -139,7 +155,7 @@ def shapes_for(
             elif dim.HasField("dim_param"):
                 shape.append(dim_exprs.evaluate(dim.dim_param, bound) or 1)
             else:
-                shape.append(values.get(_key(info, axis, dim), 1))
+                shape.append(values.get(dim_key(info, axis, dim), 1))
         shapes[info.name] = tuple(shape)
     return shapes
 
@@ -187,7 +203,7 @@ def runnable_inputs(
     ended the search: onnxruntime's refusal of the last size tried, or what stopped it."""
     fixed = dict(fixed or {})
     keys = dynamic_dims(model, fixed)
-    batch = _batch_dims(model, keys)
+    batch = batch_dims(model, keys)
     session = runner.load(model)
     try:
         refused: list[tuple[int, str]] = []

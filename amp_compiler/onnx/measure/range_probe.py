@@ -35,6 +35,7 @@ from amp_compiler.errors import (
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
+from amp_compiler.onnx.measure.probe_dims import probe_dims, probe_shapes
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.runtime.samples import SampleSizeError, input_kinds, model_inputs
 
@@ -78,7 +79,10 @@ def _generated(
     input_ranges: Mapping[str, tuple[float, float]] | None, seed: int,
 ) -> Generated:
     """One runnable generated sample: image inputs with dynamic spatial dims at :data:`IMAGE_SIZES` in
-    turn, then the generic search (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
+    turn, then token sequences, KV caches and waveforms at the sizes the graph says real inputs have
+    (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; refused or over the memory budget,
+    they fall back; over the time budget, the probe stops as for any run), then the generic search
+    (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
     given = dict(input_shapes or {})
     images = [info for info in model_inputs(model) if info.name not in given and _dynamic_image(info)]
     for height, width in IMAGE_SIZES if images else ():
@@ -94,7 +98,27 @@ def _generated(
             raise
         except (ModelRunError, SampleSizeError):
             continue
-    return runnable_inputs(model, runner, given or None, seed=seed, informed=True, input_ranges=input_ranges)
+    refused: list[tuple[int, str]] = []  # (a waveform's or sequence's size, onnxruntime's refusal)
+    for sized in probe_dims(model, given):
+        try:
+            generated = runnable_inputs(model, runner, probe_shapes(model, sized, given), seed=seed, informed=True,
+                                        input_ranges=input_ranges)
+        except (ModelCrashError, ModelRefusedError, ModelUnsupportedError):
+            raise
+        except RunBudgetError as exc:
+            if exc.option != "run_memory":
+                raise  # over the time budget: the runner's child was stopped, nothing more runs in it
+            refused.append((max(sized.values()), first_line(exc)))
+            break  # over the memory budget at these sizes: the generic search's smallest ones
+        except (ModelRunError, SampleSizeError) as exc:
+            refused.append((max(sized.values()), first_line(exc)))
+            continue
+        generated.refused[:0] = refused
+        generated.dims = {**{k: v for k, v in sized.items() if k not in generated.dims}, **generated.dims}
+        return generated
+    generated = runnable_inputs(model, runner, given or None, seed=seed, informed=True, input_ranges=input_ranges)
+    generated.refused[:0] = refused
+    return generated
 
 
 def _dynamic_image(info: onnx.ValueInfoProto) -> bool:

@@ -1,0 +1,200 @@
+"""The sizes the range probe gives a model's dynamic dims so that generated inputs run it as real ones do.
+
+The generic dims search (:mod:`~amp_compiler.onnx.measure.generated_inputs`) takes the smallest sizes a
+model runs with: 1 where it can. A transformer then sees a sequence of one token: no attention over
+other tokens (its softmax is one wide and always 1), one position embedding. A voice detector's
+waveform of 1 sample runs nothing at all. So, before the search, the probe gives these dims what the
+graph says a real input has:
+
+- a **token sequence** (the second dim of an integer ``[batch, sequence]`` input: token ids, masks,
+  position ids; a dim named like a sequence or length elsewhere) takes the model's position table's
+  size (:func:`position_table_size`) up to :data:`MAX_SEQUENCE`, else :data:`DEFAULT_SEQUENCE`;
+- a **KV cache**: a dim named like ``past`` takes 0 and one named like ``total`` the sequence's length
+  (the prompt step: the model computes every key itself, none is random); the head size, where the
+  cache states it as a dim (onnxruntime GenAI's ``kv_cache_dim``), what its GroupQueryAttention's
+  projection says (:func:`head_sizes`);
+- a **waveform** (:func:`~amp_compiler.runtime.samples.waveform_inputs`: a float ``[batch, samples]``
+  or ``[samples]`` input in a model with a sample-rate input, or named like audio) takes one second
+  at 16 kHz, then, if the model refuses it, a streaming chunk of 512 samples (32 ms: what Silero VAD
+  and other streaming detectors take, one frame of their recurrent state at a time);
+- a batch keeps 1 (:func:`~amp_compiler.onnx.measure.generated_inputs.batch_dims`).
+
+Only inputs all of whose dynamic dims get a size here are fixed; the search sizes the others.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import onnx
+
+from amp_compiler.onnx.measure.generated_inputs import batch_dims, dim_key, dynamic_dims
+from amp_compiler.runtime.samples import model_inputs, waveform_inputs
+
+__all__ = [
+    "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size", "probe_dims",
+    "probe_shapes",
+]
+
+#: A token sequence's length when the graph states none (no position table): a typical sentence-pair
+#: or chat-turn length, wide enough for attention's softmax and score peaks to show.
+DEFAULT_SEQUENCE = 128
+#: The longest sequence the probe runs, whatever the position table allows (a 4096-row rotary cache
+#: would make the probe's run, with every tensor observed, cost 32x a 128-token one in attention).
+MAX_SEQUENCE = 512
+#: A waveform's lengths, in turn: one second at 16 kHz (speech models' rate; Silero VAD refuses all
+#: but 8/16 kHz), then a 32 ms streaming chunk (a model that keeps a recurrent state between calls
+#: takes one chunk per call and refuses a whole second: Silero VAD).
+WAVEFORM_SAMPLES = (16000, 512)
+_PAST = re.compile(r"past", re.IGNORECASE)
+_TOTAL = re.compile(r"total|all_?seq|kv_?seq", re.IGNORECASE)
+_SEQUENCE = re.compile(r"seq|len|token", re.IGNORECASE)
+#: Ops an arange of positions passes through on its way to the position table's Gather.
+_POSITION_PATH = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Cast", "Identity", "Add"})
+#: Contrib ops that take a position table, and which input it is (its first dim is the positions).
+_TABLE_INPUTS = {"EmbedLayerNormalization": 3, "GroupQueryAttention": 7, "RotaryEmbedding": 2}
+
+
+def position_table_size(model: onnx.ModelProto) -> int:
+    """The rows of the model's position table (0: none found): the largest initializer table a Gather
+    indexes with an arange (a Range, or an integer initializer counting 0, 1, 2..., through reshapes,
+    slices and Casts), or the position input of a fused embedding or attention op (onnxruntime's
+    EmbedLayerNormalization, GroupQueryAttention's cos cache, RotaryEmbedding)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    sizes = [0]
+    for node in model.graph.node:
+        index = _TABLE_INPUTS.get(node.op_type)
+        if index is not None and len(node.input) > index and node.input[index] in inits:
+            table = inits[node.input[index]]
+            sizes.append(int(table.dims[0]) if table.dims else 0)
+        elif node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits:
+            table = inits[node.input[0]]
+            if len(table.dims) == 2 and _is_arange(node.input[1], producers, inits):
+                sizes.append(int(table.dims[0]))
+    return max(sizes)
+
+
+def head_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """The head size of each KV-cache input a GroupQueryAttention reads (``past_key``, ``past_value``),
+    by the key of its dynamic last dim: the query projection's width (a MatMul by an initializer, or
+    a MatMulNBits) over ``num_heads``, or, packed with the keys and values (no key input), over ``num_heads + 2 *
+    kv_num_heads``."""
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    inputs = {i.name: i for i in model_inputs(model)}
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention" or len(node.input) < 5:
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        width = _projection_width(producers.get(node.input[0]), inits)
+        if not width or not attrs.get("num_heads"):
+            continue
+        packed = len(node.input) < 2 or not node.input[1]
+        heads = attrs["num_heads"] + (2 * attrs.get("kv_num_heads", 0) if packed else 0)
+        if width % heads:
+            continue
+        for name in node.input[3:5]:
+            info = inputs.get(name)
+            dims = _dims(info) if info is not None else []
+            if dims and not (dims[-1].HasField("dim_value") and dims[-1].dim_value > 0):
+                out[dim_key(info, len(dims) - 1, dims[-1])] = width // heads  # type: ignore[arg-type]
+    return out
+
+
+def _projection_width(node: onnx.NodeProto | None, inits: Mapping[str, onnx.TensorProto]) -> int:
+    """The output features of a projection: a MatMul by a 2-D initializer (its last dim), or a
+    quantized one (onnxruntime's MatMulNBits: its ``N``); 0 for anything else."""
+    if node is None:
+        return 0
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "N"), 0)
+    weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+    return int(weight.dims[1]) if weight is not None and len(weight.dims) == 2 else 0
+
+
+def _is_arange(name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]) -> bool:
+    for _ in range(8):
+        if name in inits:
+            array = onnx.numpy_helper.to_array(inits[name]).ravel()
+            return array.size > 1 and array.dtype.kind in "iu" and bool((array == range(array.size)).all())
+        node = producers.get(name)
+        if node is None or not node.input:
+            return False
+        if node.op_type == "Range":
+            return True
+        if node.op_type not in _POSITION_PATH:
+            return False
+        name = node.input[0]
+    return False
+
+
+def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | None = None) -> list[dict[str, int]]:
+    """The sizes to try, in turn, for the dynamic dims (by :func:`~amp_compiler.onnx.measure.
+    generated_inputs.dynamic_dims`' keys) the graph says something of (see the module doc); dims it
+    says nothing of are not in them. Empty when it says nothing but batches."""
+    fixed = fixed or {}
+    keys = dynamic_dims(model, fixed)
+    batch = batch_dims(model, keys)
+    inputs = model_inputs(model)
+    waveforms = waveform_inputs(model)
+    table = position_table_size(model)
+    heads = head_sizes(model)
+    sequence = min(table, MAX_SEQUENCE) if table else DEFAULT_SEQUENCE
+    out: dict[str, int] = {}
+    waves: set[str] = set()
+    for info in inputs:
+        if info.name in fixed:
+            continue
+        dims = _dims(info)
+        integer = onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type).kind in "iu"
+        for axis, dim in enumerate(dims):
+            key = dim_key(info, axis, dim)
+            if key not in keys or key in out:
+                continue
+            if key in batch:
+                out[key] = 1
+            elif key in heads:
+                out[key] = heads[key]
+            elif _PAST.search(key):
+                out[key] = 0
+            elif _TOTAL.search(key):
+                out[key] = sequence
+            elif (integer and len(dims) == 2 and axis == 1) or (dim.HasField("dim_param") and _SEQUENCE.search(key)):
+                out[key] = sequence
+            elif info.name in waveforms and axis == len(dims) - 1:
+                out[key] = WAVEFORM_SAMPLES[0]
+                waves.add(key)
+    if not any(value > 1 or value == 0 for value in out.values()):
+        return []  # nothing but batches: the search's own start
+    return [out, *({**out, **dict.fromkeys(waves, size)} for size in WAVEFORM_SAMPLES[1:] if waves)]
+
+
+def probe_shapes(
+    model: onnx.ModelProto, values: Mapping[str, int], fixed: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """``fixed``'s shapes, and the shape of every other input all of whose dynamic dims ``values`` give
+    (0 allowed: an empty KV cache); inputs with a dim ``values`` does not give are left to the search."""
+    out = dict(fixed or {})
+    for info in model_inputs(model):
+        if info.name in out or not info.type.tensor_type.HasField("shape"):
+            continue
+        shape: list[int] = []
+        for axis, dim in enumerate(_dims(info)):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                shape.append(dim.dim_value)
+            elif dim_key(info, axis, dim) in values:
+                shape.append(values[dim_key(info, axis, dim)])
+            else:
+                break
+        else:
+            if any(dim_key(info, axis, dim) in values for axis, dim in enumerate(_dims(info))):
+                out[info.name] = tuple(shape)
+    return out
+
+
+def _dims(info: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension]:
+    tt = info.type.tensor_type
+    return list(tt.shape.dim) if tt.HasField("shape") else []

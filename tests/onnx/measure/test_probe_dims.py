@@ -1,0 +1,190 @@
+"""The range probe runs a model at the sizes real inputs have: token sequences at the position table's
+length, an empty KV cache, waveforms of a second or a chunk, a recurrent state's batch at 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from amp_compiler.errors import RunBudgetError
+from amp_compiler.onnx.measure import range_probe
+from amp_compiler.onnx.measure.generated_inputs import batch_dims, dynamic_dims
+from amp_compiler.onnx.measure.probe_dims import (
+    DEFAULT_SEQUENCE,
+    MAX_SEQUENCE,
+    WAVEFORM_SAMPLES,
+    head_sizes,
+    position_table_size,
+    probe_dims,
+    probe_shapes,
+)
+from amp_compiler.runtime.runner import InProcessRunner
+from amp_compiler.runtime.samples import input_kinds, random_samples
+from models import catalog
+from tests.support.onnx_builders import F32, model, tensor, vi, weights
+
+I64 = TensorProto.INT64
+
+
+def _embedding(positions: int | None, vocab: int = 50) -> object:
+    """ids [batch, sequence] -> token table (+ a position table indexed by Range(0, sequence)) ->
+    attention scores x x^T -> Softmax: a transformer's embedding and one attention, weights only."""
+    nodes = [helper.make_node("Gather", ["tokens", "ids"], ["emb"], name="embed")]
+    inits = [tensor("tokens", weights((vocab, 8)))]
+    x = "emb"
+    if positions is not None:
+        nodes += [
+            helper.make_node("Shape", ["ids"], ["shape"], name="shape", start=1, end=2),
+            helper.make_node("Squeeze", ["shape"], ["length"], name="length"),
+            helper.make_node("Range", ["zero", "length", "one"], ["arange"], name="arange"),
+            helper.make_node("Unsqueeze", ["arange", "axis0"], ["pos_ids"], name="unsq"),
+            helper.make_node("Gather", ["positions", "pos_ids"], ["pos"], name="embed_pos"),
+            helper.make_node("Add", ["emb", "pos"], ["x"], name="add_pos"),
+        ]
+        inits += [tensor("positions", weights((positions, 8), seed=1)), tensor("zero", np.array(0, np.int64)),
+                  tensor("one", np.array(1, np.int64)), tensor("axis0", np.array([0], np.int64))]
+        x = "x"
+    nodes += [helper.make_node("Transpose", [x], ["xt"], name="t", perm=[0, 2, 1]),
+              helper.make_node("MatMul", [x, "xt"], ["scores"], name="scores"),
+              helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", x], ["y"], name="attend")]
+    return model(nodes, [vi("ids", I64, ["batch", "sequence"])], [vi("y", F32, ["batch", "sequence", 8])], inits)
+
+
+@pytest.mark.parametrize("positions, expected", [(32, 32), (4096, MAX_SEQUENCE), (None, DEFAULT_SEQUENCE)])
+def test_a_token_sequence_takes_the_position_tables_length_else_a_default(positions, expected):
+    m = _embedding(positions)
+    assert position_table_size(m) == (positions or 0)
+    assert probe_dims(m) == [{"batch": 1, "sequence": expected}]
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["ids"].shape == (1, expected) and probe.dims == {"batch": 1, "sequence": expected}
+    # attention over the sequence: no probability is 1 any more (at one token every one is)
+    assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == expected * expected
+
+
+def _decoder_with_cache():
+    """ids [batch, sequence], mask [batch, total_sequence], past [batch, 2, past_sequence, 8]: the new
+    keys appended to the past ones (Concat), masked by the mask's length, as a KV-cache decoder."""
+    nodes = [
+        helper.make_node("Gather", ["tokens", "ids"], ["emb"], name="embed"),
+        helper.make_node("Reshape", ["emb", "kshape"], ["k"], name="heads"),
+        helper.make_node("Concat", ["past", "k"], ["present"], name="append", axis=2),
+        helper.make_node("Cast", ["mask"], ["maskf"], name="cast", to=F32),
+        helper.make_node("ReduceSum", ["present", "axes"], ["keys"], name="keys", keepdims=0),
+        helper.make_node("Mul", ["keys", "maskf"], ["y"], name="masked"),
+    ]
+    inits = [tensor("tokens", weights((50, 16))), tensor("kshape", np.array([1, 2, -1, 8], np.int64)),
+             tensor("axes", np.array([1, 3], np.int64))]
+    return model(
+        nodes,
+        [vi("ids", I64, ["batch", "sequence"]), vi("mask", I64, ["batch", "total_sequence"]),
+         vi("past", F32, ["batch", 2, "past_sequence", 8]), vi("position_ids", I64, ["batch", "sequence"])],
+        [vi("y", F32, ["batch", "total_sequence"])], inits,
+    )
+
+
+def test_a_kv_cache_is_probed_empty_at_the_prompts_length_with_positions_counting():
+    m = _decoder_with_cache()
+    (dims,) = probe_dims(m)
+    length = DEFAULT_SEQUENCE
+    assert dims == {"batch": 1, "sequence": length, "total_sequence": length, "past_sequence": 0}
+    shapes = probe_shapes(m, dims)
+    assert shapes == {"ids": (1, length), "mask": (1, length), "past": (1, 2, 0, 8), "position_ids": (1, length)}
+    assert input_kinds(m)["position_ids"].kind == "positions"
+    sample = random_samples(m, shapes, informed=True)[0]
+    assert (sample["position_ids"] == np.arange(length)).all() and (sample["mask"] == 1).all()
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["past"].shape == (1, 2, 0, 8) and probe.ranges["y"].count == length
+
+
+def _voice_detector():
+    """input [?, ?] (a waveform), state [2, ?, 128] (an LSTM's), sr (a sample rate): refuses a
+    waveform that is not one 512-sample chunk, as Silero VAD's graph does (through If branches)."""
+    nodes = [
+        helper.make_node("Shape", ["input"], ["n"], name="shape", start=1, end=2),
+        helper.make_node("Equal", ["n", "chunk"], ["ok"], name="is_chunk"),
+        helper.make_node("Squeeze", ["ok"], ["ok0"], name="squeeze"),
+        helper.make_node("If", ["ok0"], ["framed"], name="check",
+                         then_branch=helper.make_graph(
+                             [helper.make_node("Reshape", ["input", "frames"], ["f"], name="frame")], "then", [],
+                             [vi("f", F32, [1, 4, 128])]),
+                         else_branch=helper.make_graph(
+                             [helper.make_node("Reshape", ["input", "bad"], ["g"], name="refuse")], "else", [],
+                             [vi("g", F32, [1, 4, 128])])),
+        helper.make_node("ReduceMean", ["state", "axes0"], ["s"], name="state_mean", keepdims=0),
+        helper.make_node("MatMul", ["framed", "w"], ["h"], name="proj"),
+        helper.make_node("Add", ["h", "s"], ["y"], name="out"),
+    ]
+    inits = [tensor("chunk", np.array([512], np.int64)), tensor("frames", np.array([1, 4, 128], np.int64)),
+             tensor("bad", np.array([7, 7, -1], np.int64)), tensor("axes0", np.array([0], np.int64)),
+             tensor("w", weights((128, 128)))]
+    return model(
+        nodes, [vi("input", F32, [None, None]), vi("state", F32, [2, None, 128]), vi("sr", I64, [])],
+        [vi("y", F32, [1, 4, 128])], inits,
+    )
+
+
+def test_a_recurrent_states_dim_1_is_a_batch():
+    m = _voice_detector()
+    assert batch_dims(m, dynamic_dims(m)) == {"input[0]", "state[1]"}
+
+
+def test_a_streaming_waveform_is_probed_at_a_second_then_at_a_chunk():
+    m = _voice_detector()
+    assert input_kinds(m)["input"].bounds == (-1.0, 1.0)
+    assert [d["input[1]"] for d in probe_dims(m)] == list(WAVEFORM_SAMPLES)
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["input"].shape == (1, 512) and probe.samples[0]["state"].shape == (2, 1, 128)
+    assert probe.runs == 3  # the second refused, the chunk run, the observed run
+    assert probe.dims == {"input[0]": 1, "input[1]": 512, "state[1]": 1}
+
+
+def test_silero_vad_is_probed():
+    """Before: every dynamic dim at 1, 2, 4, 8 refused by its STFT's reflect Pad (inside an If, where
+    onnx's inference sees no constraint), and its LSTM state's batch grown with the waveform."""
+    probe = range_probe.probe_ranges(catalog.load("silero-vad"), InProcessRunner())
+    assert probe.samples[0]["input"].shape == (1, 512) and probe.samples[0]["state"].shape == (2, 1, 128)
+    assert np.abs(probe.samples[0]["input"]).max() <= 1.0
+
+
+@pytest.mark.parametrize("name, length, causal", [
+    ("bert-base-small", 64, False), ("gpt2-small", 64, True),
+    ("llama-massive-activations-small", DEFAULT_SEQUENCE, True), ("t5-small-encoder-small", DEFAULT_SEQUENCE, False),
+    ("llama-torch-kv-small", DEFAULT_SEQUENCE, True),
+    # the cos cache's 128 rows; kv_cache_dim (a named dim) the head size its QKV projection gives: 16
+    ("llama-genai-fp32-small", 128, True), ("llama-genai-int4-small", 128, True),
+])
+def test_the_catalogs_transformers_are_probed_at_a_real_length(name, length, causal):
+    m = catalog.load(name)
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["input_ids"].shape == (1, length)
+    if "genai" in name:
+        assert head_sizes(m) and set(head_sizes(m).values()) == {16} and probe.dims["kv_cache_dim"] == 16
+    if not causal:  # a causal softmax's first row is one token wide: 1 at any length
+        softmax = [n.output[0] for n in m.graph.node if n.op_type == "Softmax"]
+        assert softmax and all(probe.ranges[out].max < 1 for out in softmax)
+
+
+def test_a_sequence_over_the_memory_budget_falls_back_to_the_smallest(monkeypatch):
+    m = _embedding(32)
+    real = range_probe.runnable_inputs
+
+    def over_budget(model, runner, fixed=None, **kwargs):
+        if fixed and fixed.get("ids", (1, 1))[1] > 1:
+            raise RunBudgetError("running the model needed more than its memory budget", option="run_memory")
+        return real(model, runner, fixed, **kwargs)
+
+    monkeypatch.setattr(range_probe, "runnable_inputs", over_budget)
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["ids"].shape == (1, 1) and probe.runs == 3  # the refused, the kept, the observed
+
+
+def test_a_sequence_over_the_time_budget_stops_the_probe(monkeypatch):
+    """The child that ran over its time budget is stopped: the probe is skipped, one warning line."""
+    def over_time(model, runner, fixed=None, **kwargs):
+        raise RunBudgetError("running the model took longer than its time budget of 60 s", option="run_seconds")
+
+    monkeypatch.setattr(range_probe, "runnable_inputs", over_time)
+    with pytest.raises(range_probe.ProbeSkipped, match="run budget"):
+        range_probe.probe_ranges(_embedding(32), InProcessRunner())
