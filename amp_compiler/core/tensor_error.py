@@ -131,7 +131,11 @@ class ErrorStats:
 
     @property
     def value_range(self) -> float:
-        return self.ref_max - self.ref_min if self.ref_max >= self.ref_min else 0.0
+        """The reference's range (max - min); for an output that holds one value (a scalar, a single
+        probability) that value's magnitude: an error on it is judged against it, not against 0."""
+        if self.ref_max < self.ref_min:
+            return 0.0
+        return self.ref_max - self.ref_min or max(abs(self.ref_max), abs(self.ref_min))
 
     @property
     def error_of_range(self) -> float:

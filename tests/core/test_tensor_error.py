@@ -72,6 +72,13 @@ def test_an_outputs_accuracy_over_samples_is_its_statistics_over_all_their_value
     assert found.cosine == pytest.approx(r @ g / (np.linalg.norm(r) * np.linalg.norm(g)))
 
 
+def test_an_output_of_one_value_is_judged_against_that_value_not_against_a_range_of_zero():
+    """A scalar output (a speech probability) has no spread: its error is a share of its magnitude."""
+    found = accuracy("p", [np.array([0.5])], [np.array([0.5005])])
+    assert found.value_range == 0.5 and found.error_of_range == pytest.approx(1e-3)
+    assert math.isinf(accuracy("z", [np.zeros(3)], [np.full(3, 1e-3)]).error_of_range)
+
+
 @pytest.mark.parametrize(("ref", "got", "finite"), [
     ([1.0, np.inf], [1.0, np.inf], True),  # FP32's own inf, kept
     ([1.0, np.inf], [1.0, 65504.0], False),  # ... not kept
