@@ -84,7 +84,10 @@ class Generated:
         if not self.refused:
             return taken
         sizes = ", ".join(str(size) for size, _ in self.refused)
-        return f"{taken} (sizes {sizes} did not run: {self.refused[0][1]})"
+        # onnxruntime nests the failing node's own message in each enclosing subgraph's: the outer one
+        # names the node, which is what a summary line has room for.
+        why = self.refused[0][1].split(" Status Message:", 1)[0]
+        return f"{taken} (sizes {sizes} did not run: {why})"
 
 
 def dim_key(info: onnx.ValueInfoProto, axis: int, dim: onnx.TensorShapeProto.Dimension) -> str:

@@ -18,7 +18,7 @@ from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.errors import ModelRunError, OptionError
 from amp_compiler.onnx.measure import generated_inputs
-from amp_compiler.onnx.measure.generated_inputs import MAX_REFUSED, dynamic_dims, runnable_inputs, shapes_for
+from amp_compiler.onnx.measure.generated_inputs import MAX_REFUSED, Generated, dynamic_dims, runnable_inputs, shapes_for
 from amp_compiler.options import ConvertOptions
 from amp_compiler.runtime.runner import InProcessRunner
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
@@ -179,3 +179,14 @@ def test_the_given_shapes_keep_their_option_error_through_the_api():
     with InProcessRunner() as runner, pytest.raises(OptionError) as caught:
         analyze(_audio_front_end(), ConvertOptions(), input_shapes={"audio": (1, 10)}, runner=runner)
     assert caught.value.option == "input_shapes"
+
+
+def test_a_refusal_from_inside_a_subgraph_is_told_by_the_node_that_holds_it():
+    """onnxruntime repeats a failing node's message inside each enclosing If's: the summary names the If."""
+    nested = ("onnxruntime could not run the model: Non-zero status code returned while running If node. "
+              "Name:'If_0' Status Message: Non-zero status code returned while running If node. Name:'inner' "
+              "Status Message: bad shape")
+    generated = Generated(samples=[], dims={"n": 512}, outputs=[], refused=[(16000, nested)])
+    assert generated.describe() == (
+        "n=512 (sizes 16000 did not run: onnxruntime could not run the model: Non-zero status code returned "
+        "while running If node. Name:'If_0')")
