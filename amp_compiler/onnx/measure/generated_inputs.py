@@ -84,9 +84,10 @@ class Generated:
         if not self.refused:
             return taken
         sizes = ", ".join(str(size) for size, _ in self.refused)
-        # onnxruntime nests the failing node's own message in each enclosing subgraph's: the outer one
-        # names the node, which is what a summary line has room for.
-        why = self.refused[0][1].split(" Status Message:", 1)[0]
+        # onnxruntime nests the failing node's message in each enclosing subgraph node's: the outermost
+        # node and the innermost message are what a summary line has room for.
+        parts = self.refused[0][1].split(" Status Message:")
+        why = parts[0] + (" Status Message:" + parts[-1] if len(parts) > 1 else "")
         return f"{taken} (sizes {sizes} did not run: {why})"
 
 

@@ -182,11 +182,11 @@ def test_the_given_shapes_keep_their_option_error_through_the_api():
 
 
 def test_a_refusal_from_inside_a_subgraph_is_told_by_the_node_that_holds_it():
-    """onnxruntime repeats a failing node's message inside each enclosing If's: the summary names the If."""
+    """onnxruntime nests a failing node's message in each enclosing If's: the summary keeps the outer If and the message."""
     nested = ("onnxruntime could not run the model: Non-zero status code returned while running If node. "
               "Name:'If_0' Status Message: Non-zero status code returned while running If node. Name:'inner' "
               "Status Message: bad shape")
     generated = Generated(samples=[], dims={"n": 512}, outputs=[], refused=[(16000, nested)])
     assert generated.describe() == (
         "n=512 (sizes 16000 did not run: onnxruntime could not run the model: Non-zero status code returned "
-        "while running If node. Name:'If_0')")
+        "while running If node. Name:'If_0' Status Message: bad shape)")
