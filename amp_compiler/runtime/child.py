@@ -15,18 +15,18 @@ Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or `
     {"op": "run", "session": S, "names": [...], "arrays": [...]} + bytes -> {"ok", "arrays": [...]} + bytes
     {"op": "close", "session": S}                          -> {"ok": true}
     {"op": "fold", "sessions": [S...], "fold": K, "names": [...], "arrays": [...]} + bytes -> {"ok": true}
-    {"op": "statistics", "fold": K}                        -> {"ok", "statistics": {name: [STAT_FIELDS...]}}
+    {"op": "statistics", "fold": K}                        -> {"ok", "statistics": {name: [child_folds.STAT_FIELDS...]}}
     {"op": "compare", "reference": S, "converted": S2, "fold": K, "pairs": [[R, C]...], "outputs": [[R, C]...],
      "reference_feeds": [...], "converted_feeds": [...], "half": [...], "names": [...], "arrays": [...]} + bytes
                                                            -> {"ok", "arrays": [...]} + bytes
 
 ``fold`` runs a chain of sessions (each takes its inputs from the feeds and the earlier sessions'
 outputs, :func:`run_chain`), folds every float output into the running statistics ``K``
-(:func:`fold_array`) and drops each tensor once no later session needs it: nothing goes back but
+(:func:`child_folds.fold_array`) and drops each tensor once no later session needs it: nothing goes back but
 ``ok``. ``statistics`` answers ``K``'s statistics and forgets them. This is how calibration observes
 ranges at the cost of running the model: only statistics cross the pipe. ``compare`` runs an FP32
 model and a converted one, each with every tensor exposed, and folds each pair of tensors into the
-running error sums ``K`` (:func:`compare_runs`, :data:`ERROR_FIELDS`; ``statistics`` answers them
+running error sums ``K`` (:func:`compare_runs`, :data:`child_folds.ERROR_FIELDS`; ``statistics`` answers them
 too): only the sums and the graph outputs asked for cross the pipe (how ``--tolerance`` measures).
 
 The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
@@ -34,7 +34,9 @@ the same in the child and in-process (:func:`session_options`): onnxruntime's ow
 (its errors reach the caller as exceptions), default graph optimisations, the CPU provider unless
 a load names another of :data:`PROVIDERS` (``providers`` in the answer says which ones started).
 
-This file must import nothing from amp_compiler (nor numpy at the top): the child runs it as a script.
+This file must import nothing from amp_compiler but the statistics it folds into
+(:mod:`amp_compiler.runtime.child_folds`, loaded from its path beside this one), nor numpy at the
+top: the child runs it as a script.
 """
 
 from __future__ import annotations
@@ -47,9 +49,28 @@ from functools import partial
 from typing import Any, BinaryIO
 
 __all__ = [
-    "ERROR_FIELDS", "PROVIDERS", "RAW_KINDS", "STAT_FIELDS", "array_header", "compare_runs", "error_kind", "error_sums",
-    "first_line", "fold_array", "run_chain", "run_options", "session_facts", "session_options",
+    "PROVIDERS", "RAW_KINDS", "array_header", "compare_runs", "error_kind", "first_line", "run_chain", "run_options",
+    "session_facts", "session_options",
 ]
+
+
+def _beside(name: str) -> Any:
+    """The module in ``name``.py beside this file, loaded from its path: run as a script, the child has
+    no package to import it from (nothing of amp_compiler is on its path)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __package__:  # imported as amp_compiler.runtime.child
+    from amp_compiler.runtime import child_folds
+else:  # run as a script by the runner
+    child_folds = _beside("child_folds")
 
 #: The execution providers a load may ask for.
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
@@ -59,24 +80,6 @@ RAW_KINDS = frozenset("biufc")
 #: onnxruntime's words for an allocation that failed (the arena under RLIMIT_AS, or the system).
 MEMORY_WORDS = ("Failed to allocate memory", "bad_alloc", "std::bad_alloc", "Cannot allocate memory")
 
-#: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
-#: finite value, its largest magnitude (inf included, NaN ignored), its non-zero values (NaN excluded),
-#: those of them below half FP16's smallest subnormal (2^-25: flushed to zero), below FP16's smallest
-#: normal (2^-14), all its values, the sum of its finite values' squares (its energy), and the sum of
-#: the squared errors FP16 storage gives its values below 2^-14 (flushed or subnormal: the error FP16's
-#: exponent range adds to its rounding). ``sqrt(lost / energy)`` is what flushing moves the tensor by,
-#: relative to its own L2 norm.
-STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost")
-_FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
-
-#: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
-#: the sums of squared errors, of squared finite reference values, of squared converted and of the
-#: products where both are finite, the largest absolute error, the reference's smallest and largest
-#: finite value, the values not finite where the reference is, those other than the reference's where
-#: it is not finite (a NaN matches nothing), all its values. The fields of
-#: :class:`amp_compiler.core.tensor_error.ErrorStats`, which computes them the same way.
-ERROR_FIELDS = ("diff2", "ref2", "got2", "dot", "max_abs", "ref_min", "ref_max", "nonfinite", "unmatched", "count")
-_CHUNK = 1 << 15  # values per pass of error_sums: its float64 temporaries (768 kB) stay in the cache
 
 
 def session_facts(session: Any) -> dict[str, list[str]]:
@@ -140,94 +143,9 @@ def array_header(arrays: list[Any]) -> list[dict]:
     return out
 
 
-def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
-    """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
-    min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
-    own type (float16 in float32) gives what folding in float64 gives; the two sums of squares are
-    float64 sums of float32 dot products of chunks (relative error below 1e-6 a chunk). Temporaries:
-    one array's size and a mask of a quarter of it (a float32 array's)."""
-    _merge(stats, name, _array_stats(np, a))
-
-
-def _array_stats(np: Any, a: Any) -> list:
-    """One array's :data:`STAT_FIELDS` (see :func:`fold_array`)."""
-    if a.size == 0:  # seen, no values
-        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0]
-    if a.dtype.itemsize < 4:
-        a = a.astype(np.float32)
-    a = a.ravel()
-    lo, hi = a.min(), a.max()
-    if np.isfinite(lo) and np.isfinite(hi):  # no NaN (it would propagate) and no inf
-        absmax = max(-float(lo), float(hi))
-        # |x| < t as the bits of |x| (sign cleared) below t's: positive floats order as their bits
-        uint = np.dtype(f"u{a.dtype.itemsize}")
-        mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
-        nonzero = int(np.count_nonzero(mag))
-        zeros = a.size - nonzero
-        # 0 < |x| < t as |x|'s bits minus one below t's minus one: a zero wraps around to the largest
-        mag -= uint.type(1)
-        below = mag < np.array(_SUBNORMAL, a.dtype).view(uint) - uint.type(1)
-        subnormal = int(np.count_nonzero(below))
-        # the flushed are among the subnormal: counted there (most tensors have few)
-        small, flushed = a[:0], 0
-        if subnormal:
-            small = a[below]
-            flushed = int(np.count_nonzero(mag[below] < np.array(_FLUSHED, a.dtype).view(uint) - uint.type(1)))
-        del mag, below
-        energy = _sum_squares(np, a)
-    else:
-        finite = a[np.isfinite(a)]
-        lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
-        del finite
-        mag = np.abs(a[~np.isnan(a)])
-        absmax = float(mag.max()) if mag.size else 0.0
-        nonzero = int(np.count_nonzero(mag))
-        zeros = mag.size - nonzero
-        flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
-        subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
-        small = mag[mag < _SUBNORMAL]
-        energy = _sum_squares(np, mag[np.isfinite(mag)])
-        del mag
-    lost = _storage_error(np, small) if small.size else 0.0
-    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost]
-
-
-def _storage_error(np: Any, small: Any) -> float:
-    """The sum of the squared errors FP16 storage gives ``small`` (values below 2^-14): FP16 holds them
-    on the grid of multiples of 2^-24, rounding to nearest even, as ``rint`` does on ``small * 2^24``
-    (exact: a power of two; numpy's own float16 cast takes 0.5 us a subnormal)."""
-    scaled = small * small.dtype.type(2.0**24)
-    scaled -= np.rint(scaled)
-    return _sum_squares(np, scaled) * 2.0**-48
-
-
-#: Values per float32 dot product in :func:`_sum_squares`.
-_CHUNK = 1 << 16
-
-
-def _sum_squares(np: Any, a: Any) -> float:
-    """The sum of the squares of the flat float array ``a``: float64 sums of dot products of chunks (no
-    copy of ``a``; float64 arrays are dotted in float64). A square beyond float32's range is inf."""
-    total = 0.0
-    with np.errstate(over="ignore"):
-        for start in range(0, a.size, _CHUNK):
-            chunk = a[start:start + _CHUNK]
-            total += float(np.dot(chunk, chunk))
-    return total
-
-
-def _merge(stats: dict[str, list], name: str, new: list) -> None:
-    old = stats.get(name)
-    if old is None:
-        stats[name] = new
-    elif new[6]:
-        stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
-                       old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8]]
-
-
 def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:
     """Run onnxruntime ``sessions`` in order, each fed from ``feeds`` and the earlier ones' outputs;
-    fold every float output into ``stats`` (:func:`fold_array`) and drop each value once no later
+    fold every float output into ``stats`` (:func:`child_folds.fold_array`) and drop each value once no later
     session takes it, so that one session's outputs and the values between sessions are all it holds."""
     wanted = [{i.name for i in s.get_inputs()} for s in sessions]
     later: set[str] = set()
@@ -243,51 +161,13 @@ def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any,
                                session.run(None, {n: values[n] for n in names if n in values}, options), strict=True))
             floats = [n for n, v in outputs.items() if np.asarray(v).dtype.kind == "f"]
             arrays = [np.asarray(outputs[n]) for n in floats]
-            for name, new in zip(floats, pool.map(partial(_array_stats, np), arrays), strict=True):
-                _merge(stats, name, new)
+            for name, new in zip(floats, pool.map(partial(child_folds.array_stats, np), arrays), strict=True):
+                child_folds.merge_stats(stats, name, new)
             arrays.clear()
             values.update((n, v) for n, v in outputs.items() if n in keep)
             outputs.clear()  # nothing of this session's is held but what later sessions take
             for name in [n for n in values if n not in keep]:
                 del values[name]
-
-
-def error_sums(np: Any, reference: Any, got: Any) -> list | None:
-    """One (reference, converted) pair's :data:`ERROR_FIELDS` (None when their shapes differ), in float64
-    as ``ErrorStats.add`` computes them, a chunk at a time (equal up to the order of the sums). The
-    chunks stay in the CPU's cache across their passes; the sums are einsum's, not a BLAS dot (whose
-    threads, on a loaded machine, made each of them 8x slower)."""
-    if reference.shape != got.shape:
-        return None
-    r_all, g_all = reference.ravel(), got.ravel()
-    out = [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, int(r_all.size)]
-    with np.errstate(over="ignore", invalid="ignore"):
-        for lo in range(0, r_all.size, _CHUNK):
-            r_own = r_all[lo:lo + _CHUNK]
-            r, g = r_own.astype(np.float64), g_all[lo:lo + _CHUNK].astype(np.float64)
-            d = g - r
-            ref2, diff2 = float(np.einsum("i,i->", r, r)), float(np.einsum("i,i->", d, d))
-            if ref2 < float("inf") and diff2 < float("inf"):  # all finite (float32 squares cannot overflow)
-                part = [diff2, ref2, float(np.einsum("i,i->", g, g)), float(np.einsum("i,i->", r, g)),
-                        max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0, 0]
-            else:
-                finite = np.isfinite(r)
-                d = np.where(finite, d, np.where(r == g, 0.0, np.inf))
-                both = finite & np.isfinite(g)
-                fin = r[finite]
-                part = [float(np.sum(d * d)), float(np.sum(np.where(finite, r * r, 0.0))),
-                        float(np.sum(np.where(both, g * g, 0.0))), float(np.sum(np.where(both, r * g, 0.0))),
-                        float(np.max(np.abs(d))), float(fin.min()) if fin.size else float("inf"),
-                        float(fin.max()) if fin.size else float("-inf"),
-                        int(np.count_nonzero(finite & ~np.isfinite(g))), int(np.count_nonzero(~finite & (r != g)))]
-            out = _add_sums(out, [*part, 0])
-    return out
-
-
-def _add_sums(old: list, new: list) -> list:
-    """Two :data:`ERROR_FIELDS` lists as one."""
-    return [old[0] + new[0], old[1] + new[1], old[2] + new[2], old[3] + new[3], max(old[4], new[4]),
-            min(old[5], new[5]), max(old[6], new[6]), old[7] + new[7], old[8] + new[8], old[9] + new[9]]
 
 
 def compare_runs(
@@ -296,7 +176,7 @@ def compare_runs(
 ) -> list[Any]:
     """Run the ``reference`` and the ``converted`` sessions (their ``feeds``), fold each float pair
     ``(reference name, converted name)`` of ``pairs`` into ``sums`` (by the reference's name:
-    :func:`error_sums`, added over runs), and return the pairs ``outputs`` (their reference's
+    :func:`child_folds.error_sums`, added over runs), and return the pairs ``outputs`` (their reference's
     values, then the converted ones'). Each converted tensor is dropped once folded."""
     ref = dict(zip((o.name for o in reference.get_outputs()), reference.run(None, feeds[0], options), strict=True))
     got = dict(zip((o.name for o in converted.get_outputs()), converted.run(None, feeds[1], options), strict=True))
@@ -305,9 +185,9 @@ def compare_runs(
         r, g = np.asarray(ref.get(r_name)), np.asarray(got.pop(c_name, None))
         if r.dtype.kind != "f" or g.dtype.kind != "f":
             continue
-        new = error_sums(np, r, g)  # None: shapes differ, nothing added (but the tensor was seen)
+        new = child_folds.error_sums(np, r, g)  # None: shapes differ, nothing added (but the tensor was seen)
         old = sums.get(r_name, [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, 0])
-        sums[r_name] = _add_sums(old, new) if new is not None else old
+        sums[r_name] = child_folds.add_sums(old, new) if new is not None else old
     return [np.asarray(a) if a is not None else np.zeros(0, np.float32) for a in kept]
 
 

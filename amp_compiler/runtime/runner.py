@@ -44,6 +44,7 @@ from amp_compiler.errors import (
     RunBudgetError,
 )
 from amp_compiler.runtime import child as runner_child
+from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.budget import RunBudget
 from amp_compiler.runtime.in_process import InProcessRunner
 from amp_compiler.runtime.session import CPU, Runner, Session, check_provider, compare_feeds
@@ -143,7 +144,7 @@ class ChildRunner(Runner):
 
     def errors(self, key: int) -> dict[str, list[float]]:
         answer, _ = self._request({"op": "statistics", "fold": key}, doing="running")
-        return _checked_statistics(answer.get("statistics"), len(runner_child.ERROR_FIELDS))
+        return _checked_statistics(answer.get("statistics"), len(child_folds.ERROR_FIELDS))
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is not None:  # an error or a signal: stop the child at once
@@ -334,8 +335,8 @@ class ChildRunner(Runner):
         return out
 
 
-def _checked_statistics(raw: object, fields: int = len(runner_child.STAT_FIELDS)) -> dict[str, list[float]]:
-    """The child's statistics, checked (a name to ``fields`` numbers each: :data:`runner_child.STAT_FIELDS`'s
+def _checked_statistics(raw: object, fields: int = len(child_folds.STAT_FIELDS)) -> dict[str, list[float]]:
+    """The child's statistics, checked (a name to ``fields`` numbers each: :data:`child_folds.STAT_FIELDS`'s
     by default): a child that answers anything else has left the protocol (:class:`ModelCrashError`)."""
     ok = isinstance(raw, dict) and all(
         isinstance(k, str) and isinstance(v, list) and len(v) == fields

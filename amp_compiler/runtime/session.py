@@ -71,7 +71,7 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def statistics(self, key: int) -> dict[str, list[float]]:
-        """The running statistics ``key`` (per tensor, :data:`runner_child.STAT_FIELDS`), then forgotten."""
+        """The running statistics ``key`` (per tensor, :data:`child_folds.STAT_FIELDS`), then forgotten."""
 
     @abc.abstractmethod
     def compare(
@@ -81,12 +81,12 @@ class Runner(abc.ABC):
         """Run ``reference`` and ``converted`` (this runner's) on ``feeds`` where they run (a float feed
         that ``converted`` takes in FP16 is rounded to it) and add each float pair of ``pairs``
         (reference tensor, converted tensor) to the running error sums ``key`` (per reference tensor,
-        :data:`runner_child.ERROR_FIELDS`: :meth:`errors`); only the pairs ``outputs`` come back: their
+        :data:`child_folds.ERROR_FIELDS`: :meth:`errors`); only the pairs ``outputs`` come back: their
         reference values and their converted values (:func:`runner_child.compare_runs`)."""
 
     @abc.abstractmethod
     def errors(self, key: int) -> dict[str, list[float]]:
-        """The running error sums ``key`` (per tensor, :data:`runner_child.ERROR_FIELDS`), then forgotten."""
+        """The running error sums ``key`` (per tensor, :data:`child_folds.ERROR_FIELDS`), then forgotten."""
 
     def close(self) -> None:  # noqa: B027 - nothing to free by default
         """Free every session (a child process is stopped)."""

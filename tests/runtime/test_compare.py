@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from amp_compiler.core.tensor_error import ErrorStats
-from amp_compiler.runtime import child
+from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.runner import ChildRunner, InProcessRunner
 
 
@@ -29,7 +29,7 @@ def _close(a: ErrorStats, b: ErrorStats) -> bool:
 @pytest.mark.parametrize("special", ["none", "inf-got", "inf-both", "nan-ref", "all-nan", "empty"])
 @pytest.mark.parametrize("chunk", [7, 1 << 20])
 def test_error_sums_are_error_stats(special, chunk, monkeypatch):
-    monkeypatch.setattr(child, "_CHUNK", chunk)
+    monkeypatch.setattr(child_folds, "_ERROR_CHUNK", chunk)
     rng = np.random.default_rng(3)
     pairs = []
     for scale in (1e-3, 1.0, 1e4):
@@ -48,11 +48,11 @@ def test_error_sums_are_error_stats(special, chunk, monkeypatch):
     expected, sums = ErrorStats(), None
     for r, g in pairs:
         expected.add(r, g)
-        new = child.error_sums(np, r, g)
+        new = child_folds.error_sums(np, r, g)
         assert new is not None
-        sums = new if sums is None else child._add_sums(sums, new)
+        sums = new if sums is None else child_folds.add_sums(sums, new)
     assert sums is not None and _close(_stats(sums), expected)
-    assert child.error_sums(np, np.zeros(3), np.zeros(4)) is None  # shapes differ: nothing to compare
+    assert child_folds.error_sums(np, np.zeros(3), np.zeros(4)) is None  # shapes differ: nothing to compare
 
 
 def _models():

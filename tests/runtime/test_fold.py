@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from amp_compiler.errors import ModelCrashError
-from amp_compiler.runtime import child
+from amp_compiler.runtime import child, child_folds
 from amp_compiler.runtime.runner import ChildRunner, InProcessRunner, _checked_statistics
 
 
@@ -63,7 +63,7 @@ def test_fold_array_is_exact(dtype, special):
         arrays.append(np.zeros((0, 4), dtype))
     stats: dict[str, list] = {}
     for a in arrays:
-        child.fold_array(np, stats, "t", a)
+        child_folds.fold_array(np, stats, "t", a)
     _assert_matches(stats["t"], _reference(arrays))
     assert stats["t"][5] > stats["t"][4] > (0 if dtype != np.float16 else -1)  # flushed, subnormal values seen
     assert (stats["t"][8] > 0) is (dtype != np.float16)  # FP16 storage loses what FP16 values do not have

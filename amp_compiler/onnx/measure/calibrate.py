@@ -30,6 +30,7 @@ from amp_compiler.errors import OptionError
 from amp_compiler.onnx.measure.pieces import chain_pieces, live_bytes
 from amp_compiler.policy.kernels import ORT_NAMES
 from amp_compiler.runtime import child as runner_child
+from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.runner import Runner, Session, default_runner
 from amp_compiler.targets import Provider
 
@@ -120,7 +121,7 @@ def _as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
 
 
 def _range(stats: list[float]) -> TensorRange:
-    """A tensor's :class:`TensorRange` from its running statistics (:data:`runner_child.STAT_FIELDS`)."""
+    """A tensor's :class:`TensorRange` from its running statistics (:data:`child_folds.STAT_FIELDS`)."""
     lo, hi, absmax, nonzero, flushed, subnormal, count, energy, lost = stats
     return TensorRange(
         min=lo if count else 0.0,
@@ -134,7 +135,7 @@ def _range(stats: list[float]) -> TensorRange:
 
 
 def _underflow_error(energy: float, lost: float, flushed: float) -> float:
-    """``sqrt(lost / energy)`` (:data:`runner_child.STAT_FIELDS`); a tensor whose every value is so
+    """``sqrt(lost / energy)`` (:data:`child_folds.STAT_FIELDS`); a tensor whose every value is so
     small that its float32 squares are zero (below 1e-19) is all lost when any flushes; a tensor whose
     squares reach inf (beyond 1.8e19) overflows FP16 instead."""
     if energy > 0:
@@ -199,7 +200,7 @@ def _collect(
             runner.fold(sessions, {k: _as_input(v, feeds[k]) for k, v in sample.items() if k in feeds}, key)
             for name, value in sample.items():
                 if np.issubdtype(value.dtype, np.floating):
-                    runner_child.fold_array(np, inputs, name, np.asarray(value))
+                    child_folds.fold_array(np, inputs, name, np.asarray(value))
         observed = runner.statistics(key)
     finally:
         for session in sessions:

@@ -9,7 +9,7 @@ import pytest
 
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges, exposed_model
 from amp_compiler.onnx.measure.pieces import MAX_NODES, NODES_PER_PIECE, chain_pieces, live_bytes
-from amp_compiler.runtime import child
+from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.runner import InProcessRunner
 from models import catalog
 
@@ -29,10 +29,10 @@ def test_chain_ranges_are_the_whole_models(name):
     for sample in samples:
         for tensor, value in whole.run(sample).items():
             if np.asarray(value).dtype.kind == "f":
-                child.fold_array(np, expected, tensor, np.asarray(value))
+                child_folds.fold_array(np, expected, tensor, np.asarray(value))
         for tensor, value in sample.items():
             if value.dtype.kind == "f":
-                child.fold_array(np, expected, tensor, value)
+                child_folds.fold_array(np, expected, tensor, value)
     whole.close()
     ranges = collect_ranges(model, samples, runner=runner)
     assert set(ranges) == set(expected)

@@ -1,0 +1,156 @@
+"""The statistics the model-running child folds its tensors into: one tensor's running range and
+underflow statistics (:func:`fold_array`, :data:`STAT_FIELDS`: calibration and the range probe) and
+one tensor pair's running error sums against the FP32 reference (:func:`error_sums`,
+:data:`ERROR_FIELDS`: ``--tolerance``'s per-node errors). Only these cross the pipe.
+
+Like :mod:`amp_compiler.runtime.child`, which loads this file by its path when it runs as a script,
+it imports nothing (numpy is passed in as ``np``): the child has nothing of amp_compiler on its path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "error_sums", "fold_array", "merge_stats"]
+
+#: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
+#: finite value, its largest magnitude (inf included, NaN ignored), its non-zero values (NaN excluded),
+#: those of them below half FP16's smallest subnormal (2^-25: flushed to zero), below FP16's smallest
+#: normal (2^-14), all its values, the sum of its finite values' squares (its energy), and the sum of
+#: the squared errors FP16 storage gives its values below 2^-14 (flushed or subnormal: the error FP16's
+#: exponent range adds to its rounding). ``sqrt(lost / energy)`` is what flushing moves the tensor by,
+#: relative to its own L2 norm.
+STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost")
+_FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
+
+#: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
+#: the sums of squared errors, of squared finite reference values, of squared converted and of the
+#: products where both are finite, the largest absolute error, the reference's smallest and largest
+#: finite value, the values not finite where the reference is, those other than the reference's where
+#: it is not finite (a NaN matches nothing), all its values. The fields of
+#: :class:`amp_compiler.core.tensor_error.ErrorStats`, which computes them the same way.
+ERROR_FIELDS = ("diff2", "ref2", "got2", "dot", "max_abs", "ref_min", "ref_max", "nonfinite", "unmatched", "count")
+_ERROR_CHUNK = 1 << 15  # values per pass of error_sums: its float64 temporaries (768 kB) stay in the cache
+
+
+def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
+    """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
+    min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
+    own type (float16 in float32) gives what folding in float64 gives; the two sums of squares are
+    float64 sums of float32 dot products of chunks (relative error below 1e-6 a chunk). Temporaries:
+    one array's size and a mask of a quarter of it (a float32 array's)."""
+    merge_stats(stats, name, array_stats(np, a))
+
+
+def array_stats(np: Any, a: Any) -> list:
+    """One array's :data:`STAT_FIELDS` (see :func:`fold_array`)."""
+    if a.size == 0:  # seen, no values
+        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0]
+    if a.dtype.itemsize < 4:
+        a = a.astype(np.float32)
+    a = a.ravel()
+    lo, hi = a.min(), a.max()
+    if np.isfinite(lo) and np.isfinite(hi):  # no NaN (it would propagate) and no inf
+        absmax = max(-float(lo), float(hi))
+        # |x| < t as the bits of |x| (sign cleared) below t's: positive floats order as their bits
+        uint = np.dtype(f"u{a.dtype.itemsize}")
+        mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
+        nonzero = int(np.count_nonzero(mag))
+        zeros = a.size - nonzero
+        # 0 < |x| < t as |x|'s bits minus one below t's minus one: a zero wraps around to the largest
+        mag -= uint.type(1)
+        below = mag < np.array(_SUBNORMAL, a.dtype).view(uint) - uint.type(1)
+        subnormal = int(np.count_nonzero(below))
+        # the flushed are among the subnormal: counted there (most tensors have few)
+        small, flushed = a[:0], 0
+        if subnormal:
+            small = a[below]
+            flushed = int(np.count_nonzero(mag[below] < np.array(_FLUSHED, a.dtype).view(uint) - uint.type(1)))
+        del mag, below
+        energy = _sum_squares(np, a)
+    else:
+        finite = a[np.isfinite(a)]
+        lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
+        del finite
+        mag = np.abs(a[~np.isnan(a)])
+        absmax = float(mag.max()) if mag.size else 0.0
+        nonzero = int(np.count_nonzero(mag))
+        zeros = mag.size - nonzero
+        flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
+        subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
+        small = mag[mag < _SUBNORMAL]
+        energy = _sum_squares(np, mag[np.isfinite(mag)])
+        del mag
+    lost = _storage_error(np, small) if small.size else 0.0
+    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost]
+
+
+def _storage_error(np: Any, small: Any) -> float:
+    """The sum of the squared errors FP16 storage gives ``small`` (values below 2^-14): FP16 holds them
+    on the grid of multiples of 2^-24, rounding to nearest even, as ``rint`` does on ``small * 2^24``
+    (exact: a power of two; numpy's own float16 cast takes 0.5 us a subnormal)."""
+    scaled = small * small.dtype.type(2.0**24)
+    scaled -= np.rint(scaled)
+    return _sum_squares(np, scaled) * 2.0**-48
+
+
+#: Values per float32 dot product in :func:`_sum_squares`.
+_SQUARES_CHUNK = 1 << 16
+
+
+def _sum_squares(np: Any, a: Any) -> float:
+    """The sum of the squares of the flat float array ``a``: float64 sums of dot products of chunks (no
+    copy of ``a``; float64 arrays are dotted in float64). A square beyond float32's range is inf."""
+    total = 0.0
+    with np.errstate(over="ignore"):
+        for start in range(0, a.size, _SQUARES_CHUNK):
+            chunk = a[start:start + _SQUARES_CHUNK]
+            total += float(np.dot(chunk, chunk))
+    return total
+
+
+def merge_stats(stats: dict[str, list], name: str, new: list) -> None:
+    old = stats.get(name)
+    if old is None:
+        stats[name] = new
+    elif new[6]:
+        stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
+                       old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8]]
+
+
+def error_sums(np: Any, reference: Any, got: Any) -> list | None:
+    """One (reference, converted) pair's :data:`ERROR_FIELDS` (None when their shapes differ), in float64
+    as ``ErrorStats.add`` computes them, a chunk at a time (equal up to the order of the sums). The
+    chunks stay in the CPU's cache across their passes; the sums are einsum's, not a BLAS dot (whose
+    threads, on a loaded machine, made each of them 8x slower)."""
+    if reference.shape != got.shape:
+        return None
+    r_all, g_all = reference.ravel(), got.ravel()
+    out = [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, int(r_all.size)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, r_all.size, _ERROR_CHUNK):
+            r_own = r_all[lo:lo + _ERROR_CHUNK]
+            r, g = r_own.astype(np.float64), g_all[lo:lo + _ERROR_CHUNK].astype(np.float64)
+            d = g - r
+            ref2, diff2 = float(np.einsum("i,i->", r, r)), float(np.einsum("i,i->", d, d))
+            if ref2 < float("inf") and diff2 < float("inf"):  # all finite (float32 squares cannot overflow)
+                part = [diff2, ref2, float(np.einsum("i,i->", g, g)), float(np.einsum("i,i->", r, g)),
+                        max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0, 0]
+            else:
+                finite = np.isfinite(r)
+                d = np.where(finite, d, np.where(r == g, 0.0, np.inf))
+                both = finite & np.isfinite(g)
+                fin = r[finite]
+                part = [float(np.sum(d * d)), float(np.sum(np.where(finite, r * r, 0.0))),
+                        float(np.sum(np.where(both, g * g, 0.0))), float(np.sum(np.where(both, r * g, 0.0))),
+                        float(np.max(np.abs(d))), float(fin.min()) if fin.size else float("inf"),
+                        float(fin.max()) if fin.size else float("-inf"),
+                        int(np.count_nonzero(finite & ~np.isfinite(g))), int(np.count_nonzero(~finite & (r != g)))]
+            out = add_sums(out, [*part, 0])
+    return out
+
+
+def add_sums(old: list, new: list) -> list:
+    """Two :data:`ERROR_FIELDS` lists as one."""
+    return [old[0] + new[0], old[1] + new[1], old[2] + new[2], old[3] + new[3], max(old[4], new[4]),
+            min(old[5], new[5]), max(old[6], new[6]), old[7] + new[7], old[8] + new[8], old[9] + new[9]]
