@@ -4,7 +4,7 @@ Samples come from ``--calibration-data`` (:mod:`amp_compiler.runtime.samples` re
 them against the model's inputs before anything runs). Statistics are computed where the model runs
 (the runner's child process): the model, every main-graph float tensor exposed, is cut into a chain
 of pieces (:mod:`amp_compiler.onnx.measure.pieces`) run one after the other; each piece's tensors are
-folded into running min/max/counts (:func:`amp_compiler.runtime.child.fold_array`) and dropped, and only
+folded into running min/max/counts (:func:`amp_compiler.runtime.child_folds.fold_array`) and dropped, and only
 the statistics come back. Memory holds one piece's tensors and the values between pieces, not every
 activation of a run; time is one run of the model per sample plus the folding.
 

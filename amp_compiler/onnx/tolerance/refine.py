@@ -166,7 +166,7 @@ def _measure_both(
 
 
 def _error_stats(sums: list[float]) -> ErrorStats:
-    """:class:`ErrorStats` from the runner's sums (:data:`amp_compiler.runtime.child.ERROR_FIELDS`)."""
+    """:class:`ErrorStats` from the runner's sums (:data:`amp_compiler.runtime.child_folds.ERROR_FIELDS`)."""
     diff2, ref2, got2, dot, max_abs, ref_min, ref_max, nonfinite, unmatched, count = sums
     return ErrorStats(diff2, ref2, got2, dot, max_abs, ref_min, ref_max, nonfinite=int(nonfinite),
                       unmatched=int(unmatched), count=int(count))
