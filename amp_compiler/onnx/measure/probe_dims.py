@@ -19,6 +19,10 @@ graph says a real input has:
   and other streaming detectors take, one frame of their recurrent state at a time);
 - a batch keeps 1 (:func:`~amp_compiler.onnx.measure.generated_inputs.batch_dims`).
 
+An image's height and width are the range probe's to size (:data:`~amp_compiler.onnx.measure.range_probe.
+IMAGE_SIZES`): it passes the image's shape as ``fixed``, and a model's other inputs (a CLIP-like model's
+token ids) are sized here beside it.
+
 Only inputs all of whose dynamic dims get a size here are fixed; the search sizes the others.
 """
 

@@ -79,10 +79,9 @@ def _generated(
     input_ranges: Mapping[str, tuple[float, float]] | None, seed: int,
 ) -> Generated:
     """One runnable generated sample: image inputs with dynamic spatial dims at :data:`IMAGE_SIZES` in
-    turn, then token sequences, KV caches and waveforms at the sizes the graph says real inputs have
-    (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; refused or over the memory budget,
-    they fall back; over the time budget, the probe stops as for any run), then the generic search
-    (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
+    turn, each with the other inputs sized by :func:`_sized` (a CLIP-like model's token ids at its
+    position table's length beside its image); then, if no image size runs, the other inputs sized
+    alone."""
     given = dict(input_shapes or {})
     images = [info for info in model_inputs(model) if info.name not in given and _dynamic_image(info)]
     for height, width in IMAGE_SIZES if images else ():
@@ -93,15 +92,26 @@ def _generated(
                 _static(dims[0], 1), dims[1].dim_value, _static(dims[2], height), _static(dims[3], width)
             )
         try:
-            return runnable_inputs(model, runner, fixed, seed=seed, informed=True, input_ranges=input_ranges)
+            return _sized(model, runner, fixed, input_ranges, seed)
         except _STOPS:
             raise
         except (ModelRunError, SampleSizeError):
             continue
+    return _sized(model, runner, given, input_ranges, seed)
+
+
+def _sized(
+    model: onnx.ModelProto, runner: Runner, fixed: Mapping[str, tuple[int, ...]],
+    input_ranges: Mapping[str, tuple[float, float]] | None, seed: int,
+) -> Generated:
+    """One runnable sample with ``fixed``'s shapes: token sequences, KV caches and waveforms at the sizes
+    the graph says real inputs have (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; refused
+    or over the memory budget, they fall back; over the time budget, the probe stops as for any run),
+    then the generic search (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
     refused: list[tuple[int, str]] = []  # (a waveform's or sequence's size, onnxruntime's refusal)
-    for sized in probe_dims(model, given):
+    for sized in probe_dims(model, fixed):
         try:
-            generated = runnable_inputs(model, runner, probe_shapes(model, sized, given), seed=seed, informed=True,
+            generated = runnable_inputs(model, runner, probe_shapes(model, sized, fixed), seed=seed, informed=True,
                                         input_ranges=input_ranges)
         except (ModelCrashError, ModelRefusedError, ModelUnsupportedError):
             raise
@@ -116,7 +126,7 @@ def _generated(
         generated.refused[:0] = refused
         generated.dims = {**{k: v for k, v in sized.items() if k not in generated.dims}, **generated.dims}
         return generated
-    generated = runnable_inputs(model, runner, given or None, seed=seed, informed=True, input_ranges=input_ranges)
+    generated = runnable_inputs(model, runner, fixed or None, seed=seed, informed=True, input_ranges=input_ranges)
     generated.refused[:0] = refused
     return generated
 

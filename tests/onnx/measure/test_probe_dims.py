@@ -63,6 +63,53 @@ def test_a_token_sequence_takes_the_position_tables_length_else_a_default(positi
     assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == expected * expected
 
 
+def _clip_like(positions: int = 77):
+    """CLIP's two towers, weights only: pixel_values [image_batch_size, 3, height, width] -> patch Conv
+    -> mean over patches; input_ids [text_batch_size, sequence_length] -> token table + a position table
+    indexed by its position_ids buffer sliced to the sequence (HF CLIP's text embeddings), one attention,
+    mean over tokens; the two embeddings' products (logits_per_image)."""
+    nodes = [
+        helper.make_node("Conv", ["pixel_values", "patch"], ["patches"], name="patch_embed", strides=[16, 16]),
+        helper.make_node("ReduceMean", ["patches", "hw"], ["image_embeds"], name="image_pool", keepdims=0),
+        helper.make_node("Gather", ["tokens", "input_ids"], ["emb"], name="embed"),
+        helper.make_node("Shape", ["input_ids"], ["length"], name="shape", start=1, end=2),
+        helper.make_node("Slice", ["position_ids", "zero", "length", "one"], ["pos_ids"], name="positions"),
+        helper.make_node("Gather", ["position_table", "pos_ids"], ["pos"], name="embed_pos"),
+        helper.make_node("Add", ["emb", "pos"], ["x"], name="add_pos"),
+        helper.make_node("Transpose", ["x"], ["xt"], name="t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "xt"], ["scores"], name="scores"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "x"], ["attended"], name="attend"),
+        helper.make_node("ReduceMean", ["attended", "seq_axis"], ["text_embeds"], name="text_pool", keepdims=0),
+        helper.make_node("Transpose", ["text_embeds"], ["text_t"], name="text_t", perm=[1, 0]),
+        helper.make_node("MatMul", ["image_embeds", "text_t"], ["logits_per_image"], name="logits"),
+    ]
+    inits = [
+        tensor("patch", weights((8, 3, 16, 16), seed=2, scale=0.05)), tensor("hw", np.array([2, 3], np.int64)),
+        tensor("tokens", weights((50, 8))), tensor("position_table", weights((positions, 8), seed=1)),
+        tensor("position_ids", np.arange(positions, dtype=np.int64)[None]), tensor("zero", np.array([0], np.int64)),
+        tensor("one", np.array([1], np.int64)), tensor("seq_axis", np.array([1], np.int64)),
+    ]
+    return model(
+        nodes,
+        [vi("input_ids", I64, ["text_batch_size", "sequence_length"]),
+         vi("pixel_values", F32, ["image_batch_size", 3, "height", "width"])],
+        [vi("logits_per_image", F32, ["image_batch_size", "text_batch_size"])], inits,
+    )
+
+
+def test_a_model_with_an_image_and_token_ids_gets_both_sizings():
+    """Before: the image took 224x224 and the generic search gave the sequence 1 (one token: every
+    attention probability 1)."""
+    m = _clip_like(77)
+    assert position_table_size(m) == 77
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["pixel_values"].shape == (1, 3, 224, 224)
+    assert probe.samples[0]["input_ids"].shape == (1, 77) and probe.dims["sequence_length"] == 77
+    assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == 77 * 77
+    assert "pixel_values: 1x3x224x224" in probe.inputs and "sequence_length=77" in probe.inputs
+
+
 def _decoder_with_cache():
     """ids [batch, sequence], mask [batch, total_sequence], past [batch, 2, past_sequence, 8]: the new
     keys appended to the past ones (Concat), masked by the mask's length, as a KV-cache decoder."""
