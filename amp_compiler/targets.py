@@ -130,7 +130,8 @@ class Metric(enum.Enum):
     - ``max-range``: the largest |converted - FP32| as a share of FP32's range (max - min);
     - ``cosine``: 1 - the cosine similarity of converted and FP32;
     - ``argmax``: the share of positions whose argmax over the last axis differs from FP32's (1 -
-      top-1 agreement).
+      top-1 agreement; a row with a NaN never agrees, an output whose last axis holds fewer than 2
+      values has none: :class:`~amp_compiler.core.tensor_error.ArgmaxAgreement`).
     """
 
     REL_L2 = "rel-l2"

@@ -8,7 +8,8 @@ output's error against FP32: ``--tolerance`` (:mod:`amp_compiler.onnx.tolerance.
 (:mod:`amp_compiler.onnx.measure.output_error`) and the checks' ``compare``
 (:mod:`amp_compiler.onnx.measure.checks`, through :meth:`ErrorStats.accuracy`) read the same numbers.
 :func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
-statistics of both paths use it too); :class:`OutputErrors` is how the switched probes compare a
+statistics of both paths use it too); :class:`ArgmaxAgreement` is the one count of top-1 agreement
+(``compare``'s argmax column and the ``argmax`` metric); :class:`OutputErrors` is how the switched probes compare a
 model's outputs, the one place a run's error at the outputs is computed, under an error metric
 (:data:`ErrorMetric`: a :class:`Metric` by name, or the user's callable).
 """
@@ -25,8 +26,8 @@ from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric
 
-__all__ = ["ErrorMetric", "ErrorStats", "Metric", "MetricFunction", "OutputErrors", "accuracy", "metric_name",
-           "parse_metric", "relative_l2"]
+__all__ = ["ArgmaxAgreement", "ErrorMetric", "ErrorStats", "Metric", "MetricFunction", "OutputErrors", "accuracy",
+           "metric_name", "parse_metric", "relative_l2"]
 
 # The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
 # Each mapping holds every float output by name, one float64 array per sample.
@@ -146,6 +147,32 @@ class ErrorStats:
         return 0.0 if self.max_abs == 0 else math.inf
 
 
+@dataclasses.dataclass
+class ArgmaxAgreement:
+    """Top-1 agreement with FP32 over the last axis, over samples. Each row (the last axis at one
+    position of the others) agrees when its argmax is the reference's. A row holding a NaN, in the
+    reference or in the converted output, never agrees: a NaN has no rank (numpy's argmax takes it as
+    the largest value). An output whose last axis holds fewer than 2 values (a scalar, one logit) has
+    no argmax: its rows are not counted, and :attr:`share` stays None."""
+
+    agreeing: int = 0
+    rows: int = 0
+
+    def add(self, reference: np.ndarray, got: np.ndarray) -> None:
+        r, g = np.asarray(reference), np.asarray(got)
+        if r.ndim == 0 or r.shape[-1] < 2 or r.shape != g.shape:
+            return
+        ranked = ~(np.isnan(r).any(axis=-1) | np.isnan(g).any(axis=-1))
+        same = ranked & (np.argmax(r, axis=-1) == np.argmax(g, axis=-1))
+        self.agreeing += int(np.count_nonzero(same))
+        self.rows += same.size
+
+    @property
+    def share(self) -> float | None:
+        """The share of rows that agree; None when no row was counted (no argmax)."""
+        return self.agreeing / self.rows if self.rows else None
+
+
 def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:
     """One output's accuracy over samples (one reference and one converted array per sample, all their
     values together): cosine, max error, the reference's range, NaN/Inf, relative L2."""
@@ -165,7 +192,8 @@ class OutputErrors:
     of ``--tolerance`` and the FP8 budget (:mod:`amp_compiler.onnx.measure.probe`), the FX path's
     end-to-end runs (:mod:`amp_compiler.fx.fp8.stats`) and ``--tolerance``'s conversions compare
     their runs by. A callable metric sees every output (``names``, default ``output0``...) and gives
-    one error: :meth:`relative` repeats it per output."""
+    one error: :meth:`relative` repeats it per output. Under the argmax metric (:class:`ArgmaxAgreement`)
+    an output without an argmax (a last axis of fewer than 2 values) has no top-1 to change: error 0."""
 
     def __init__(self, outputs: int, metric: ErrorMetric = Metric.REL_L2, names: Sequence[str] | None = None):
         self.metric = metric
@@ -173,13 +201,15 @@ class OutputErrors:
         self.err2 = [0.0] * outputs
         self.ref2 = [0.0] * outputs
         self.stats = [ErrorStats() for _ in range(outputs)]
-        self.argmax = [[0, 0] for _ in range(outputs)]  # positions agreeing, positions
+        self.argmax = [ArgmaxAgreement() for _ in range(outputs)]
+        self.samples = 0
         self.kept: tuple[list[list[np.ndarray]], list[list[np.ndarray]]] = ([[] for _ in range(outputs)],
                                                                              [[] for _ in range(outputs)])
 
     def add(self, reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> bool:
         """One sample's outputs (float64); False when one is not finite where its reference is."""
         finite_everywhere = True
+        self.samples += 1
         for j, (r, g) in enumerate(zip(reference, got, strict=True)):
             finite = np.isfinite(r)
             if not np.all(np.isfinite(g[finite])):
@@ -190,9 +220,7 @@ class OutputErrors:
                 self.err2[j] += float(np.sum((g[finite] - r[finite]) ** 2))
                 self.ref2[j] += float(np.sum(r[finite] ** 2))
             elif self.metric is Metric.ARGMAX:
-                agree = np.argmax(r, axis=-1) == np.argmax(g, axis=-1) if r.ndim else np.array(True)
-                self.argmax[j][0] += int(np.count_nonzero(agree))
-                self.argmax[j][1] += int(agree.size)
+                self.argmax[j].add(r, g)
             elif isinstance(self.metric, Metric):
                 self.stats[j].add(np.where(finite, r, 0.0), np.where(finite, g, 0.0))
             else:
@@ -202,12 +230,20 @@ class OutputErrors:
 
     def relative(self) -> list[float]:
         """Each output's error under the metric (relative L2: 0 when both sums are 0, infinite for an
-        error on a zero reference); infinite where the output was not finite where FP32 is."""
+        error on a zero reference); infinite where the output was not finite where FP32 is. Raises
+        :class:`OptionError` when the argmax metric measured samples and none of the outputs has an
+        argmax."""
         if self.metric is Metric.REL_L2:
             return [relative_l2(e, r) for e, r in zip(self.err2, self.ref2, strict=True)]
         failed = [math.isinf(e) for e in self.err2]
         if self.metric is Metric.ARGMAX:
-            found = [1.0 - agree / total if total else 0.0 for agree, total in self.argmax]
+            shares = [a.share for a in self.argmax]
+            if self.samples and shares and not any(failed) and all(share is None for share in shares):
+                raise OptionError(
+                    "the argmax metric measures none of the outputs: the last axis of each holds fewer than 2 "
+                    "values (a scalar, one logit); choose another metric", option="metric",
+                )
+            found = [0.0 if share is None else 1.0 - share for share in shares]
         elif self.metric is Metric.MAX_RANGE:
             found = [s.error_of_range for s in self.stats]
         elif self.metric is Metric.COSINE:

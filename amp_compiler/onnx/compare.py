@@ -25,7 +25,15 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-from amp_compiler.core.tensor_error import ErrorMetric, ErrorStats, Metric, OutputErrors, metric_name, parse_metric
+from amp_compiler.core.tensor_error import (
+    ArgmaxAgreement,
+    ErrorMetric,
+    ErrorStats,
+    Metric,
+    OutputErrors,
+    metric_name,
+    parse_metric,
+)
 from amp_compiler.dtypes import short_name
 from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.convert import convert
@@ -49,7 +57,7 @@ class OutputComparison:
     max_abs_error: float
     error_of_range: float  # max |error| / (max - min) of the FP32 output
     nonfinite: int  # NaN/inf values where FP32 is finite
-    argmax_agreement: float | None  # share of positions whose argmax over the last axis agrees
+    argmax_agreement: float | None  # ArgmaxAgreement.share: rows whose argmax agrees (None: no argmax)
     error: float = 0.0  # under the comparison's metric (a callable metric's one value, for every output)
 
 
@@ -152,7 +160,7 @@ def _measure(
     floats: list[str] | None = None  # the float outputs both models give (the first sample tells)
     by_metric: OutputErrors | None = None
     out_stats = {name: ErrorStats() for name in outputs}
-    agree: dict[str, list[int]] = {name: [0, 0] for name in outputs}
+    agree = {name: ArgmaxAgreement() for name in outputs}
     tensors: dict[str, ErrorStats] = {}
     for sample in samples:
         ref = _run(reference, sample, names[0])
@@ -163,7 +171,7 @@ def _measure(
         for name in outputs:
             if name in ref and name in got and np.issubdtype(np.asarray(ref[name]).dtype, np.floating):
                 out_stats[name].add(ref[name], got[name])
-                _count_argmax(agree[name], ref[name], got[name])
+                agree[name].add(ref[name], got[name])
         if floats is None:
             floats = [n for n in outputs
                       if n in ref and n in got and np.issubdtype(np.asarray(ref[n]).dtype, np.floating)]
@@ -217,19 +225,8 @@ def _first_line(exc: Exception) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _count_argmax(counts: list[int], ref: np.ndarray, got: np.ndarray) -> None:
-    r, g = np.asarray(ref), np.asarray(got)
-    if r.ndim == 0 or r.shape != g.shape or r.shape[-1] < 2:
-        return
-    same = np.argmax(r, axis=-1) == np.argmax(np.nan_to_num(g, nan=-np.inf), axis=-1)
-    counts[0] += int(np.count_nonzero(same))
-    counts[1] += same.size
-
-
-def _output(name: str, s: ErrorStats, agree: list[int], error: float) -> OutputComparison:
-    return OutputComparison(
-        name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, agree[0] / agree[1] if agree[1] else None, error
-    )
+def _output(name: str, s: ErrorStats, agree: ArgmaxAgreement, error: float) -> OutputComparison:
+    return OutputComparison(name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, agree.share, error)
 
 
 def _types(model: onnx.ModelProto) -> dict[str, int]:

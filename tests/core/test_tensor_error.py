@@ -90,3 +90,25 @@ def test_an_output_is_finite_only_where_it_keeps_fp32s_values(ref, got, finite):
     assert found.finite is finite
     if not finite:
         assert found.max_abs_error == math.inf and math.isnan(found.cosine)
+
+
+def test_under_the_argmax_metric_a_row_with_a_nan_never_agrees():
+    """Before: numpy's argmax took FP32's NaN as the largest value, and the converted NaN at the same
+    place agreed with it."""
+    found = OutputErrors(1, Metric.ARGMAX)
+    nan_row = np.array([[1.0, np.nan, 3.0], [3.0, 2.0, 1.0]])
+    assert found.add([nan_row], [nan_row.copy()])
+    assert found.relative() == [0.5]
+
+
+def test_an_output_whose_last_axis_holds_one_value_has_no_argmax():
+    """One logit, a scalar: no top-1 to change. Left out beside an output that has one; alone, the
+    argmax metric measures nothing and says so (before: 0, a tolerance met by nothing measured)."""
+    one_logit, scalar = np.array([[0.2], [0.9]]), np.array(0.5)
+    found = OutputErrors(2, Metric.ARGMAX, ["p", "s"])
+    found.add([one_logit, scalar], [one_logit[::-1].copy(), scalar])
+    with pytest.raises(OptionError, match="the argmax metric measures none of the outputs"):
+        found.relative()
+    mixed = OutputErrors(2, Metric.ARGMAX, ["a", "p"])
+    mixed.add([REF[0], one_logit], [GOT[0], one_logit])
+    assert mixed.relative() == [0.5, 0.0]

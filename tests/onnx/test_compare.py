@@ -15,8 +15,10 @@ from amp_compiler.cli import main
 from amp_compiler.errors import ModelRunError
 from amp_compiler.onnx.compare import compare_models
 from amp_compiler.report.comparison import render_comparison
+from amp_compiler.runtime.runner import InProcessRunner
 from amp_compiler.targets import Provider
 from models import catalog
+from tests.support.onnx_builders import F32, model, tensor, vi
 
 
 def _samples(name: str, n: int = 2) -> list[dict[str, np.ndarray]]:
@@ -166,3 +168,19 @@ def test_output_errors_leave_out_non_finite_references_and_flag_non_finite_outpu
     assert found.relative() == [pytest.approx(0.1), 0.0]  # 0.5 / |(3, 4)|; zero against zero
     assert not found.add(ref, [np.array([np.inf, 1.0, 4.0]), np.array([0.0, 0.0])])
     assert found.relative()[0] == np.inf and found.worst() == np.inf
+
+
+def test_compares_argmax_is_the_metrics_a_nan_row_never_agrees_one_logit_has_none():
+    """Before: compare read the converted NaN as -inf, so the row still agreed (agreement 1.0)."""
+    def pair(offset):
+        return model(
+            [helper.make_node("Add", ["x", "offset"], ["y"], name="add"),
+             helper.make_node("ReduceMax", ["x", "last"], ["p"], name="top", keepdims=1)],
+            [vi("x", F32, [2, 3])], [vi("y", F32, [2, 3]), vi("p", F32, [2, 1])], [tensor("offset", offset), tensor("last", np.array([-1], np.int64))],
+        )
+
+    nan_offset = np.array([[0.0, np.nan, 0.0], [0.0, 0.0, 0.0]], np.float32)
+    sample = {"x": np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]], np.float32)}
+    c = compare_models(pair(np.zeros((2, 3), np.float32)), pair(nan_offset), [sample], runner=InProcessRunner())
+    by_name = {o.name: o for o in c.outputs}
+    assert by_name["y"].argmax_agreement == 0.5 and by_name["p"].argmax_agreement is None
