@@ -88,8 +88,9 @@ class ConvertOptions:
     # Without ranges from calibration data: run the FP32 model on generated inputs first (the range
     # probe, amp_compiler.onnx.measure.range_probe), keep FP32 what they show overflowing or flushing
     # (rules probe.overflow, probe.underflow), and measure the written model's output error on them.
-    # The CLI's convert does by default (--no-probe skips it); the Python API when asked.
-    probe: bool = False
+    # On by default, in the CLI and in Python, as issue 23 asks of every conversion (--no-probe or
+    # probe=False skips it); it runs in the budgeted child process, or in the runner passed to convert.
+    probe: bool = True
     # --tolerance and the FP8 budget: how the error at the outputs is measured (--metric: a Metric or,
     # from Python, a callable (FP32 outputs, converted outputs) -> error), and the share of the
     # calibration samples held out: the choice is made on the rest and tightened until it holds on the

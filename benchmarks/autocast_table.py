@@ -7,7 +7,8 @@ migration guide's replacement for ``--fp16`` is ModelOpt's AutoCast. Per catalog
 CNNs, transformers, If/Loop models, fused and decoder graphs), each tool converts it to FP16 with the
 graph inputs and outputs kept FP32, in a fresh child process:
 
-- amp-compiler: ``convert(path, target="fp16", provider="tensorrt")``;
+- amp-compiler: ``convert(path, target="fp16", provider="tensorrt", probe=False)`` (from the graph alone, as
+  the table was measured before the range probe was on by default in Python);
 - AutoCast: ``modelopt.onnx.autocast.convert_to_mixed_precision(path, "fp16", keep_io_types=True,
   providers=["cpu"])`` (``nvidia-modelopt`` installed with ``pip install --no-deps``, as
   ``benchmarks/compare.py`` runs it).
@@ -62,7 +63,7 @@ def _convert(tool: str, src: Path, out: Path) -> None:
     if tool == "amp-compiler":
         from amp_compiler import convert
 
-        convert(src, target="fp16", provider="tensorrt").save(out)
+        convert(src, target="fp16", provider="tensorrt", probe=False).save(out)
         return
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
@@ -274,7 +275,7 @@ def run(names: list[str], log=print, timeout: int = 900) -> list[Result]:
                 if tool == "amp-compiler":
                     from amp_compiler import convert
 
-                    result.warnings = convert(fp32, provider="tensorrt").provider_warnings
+                    result.warnings = convert(fp32, provider="tensorrt", probe=False).provider_warnings
                 try:
                     measure(result, fp32, out, feeds, reference)
                 except Exception as exc:  # noqa: BLE001 - a measurement failing is reported

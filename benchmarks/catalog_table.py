@@ -70,7 +70,7 @@ def main() -> None:
         row = {}
         for target in ("fp16", "bf16"):
             start = time.perf_counter()
-            result = convert(model, target=target)
+            result = convert(model, target=target, probe=False)
             seconds = time.perf_counter() - start
             heavy = [d for d in result.decisions if table.is_tensor_core(d.domain, d.op_type)]
             low = sum(d.precision == target for d in heavy)

@@ -55,7 +55,7 @@ import sys, time
 import amp_compiler.onnx.convert, amp_compiler.onnx.write.result
 from amp_compiler import convert
 start = time.perf_counter()
-convert(sys.argv[1]).save(sys.argv[2])
+convert(sys.argv[1], probe=False).save(sys.argv[2])
 print(time.perf_counter() - start)
 """
 
@@ -237,7 +237,7 @@ MEASURED = (
     "onnxconverter-common is `onnx.load`, `convert_float_to_float16(keep_io_types=True)`, `onnx.save` in a "
     "process of its own (speed-up: its time over amp-compiler's); `cp` copies the input files and syncs the "
     "copies (reading and writing their bytes once, as durably as amp-compiler's fsynced output: the physical "
-    "floor); \"amp in-process\" is `convert(path).save(out)` in a "
+    "floor); \"amp in-process\" is `convert(path, probe=False).save(out)` in a "
     "warm process, imports done (the figure `benchmarks.compare` reports)."
 )
 

@@ -10,7 +10,8 @@ first time they are built, then the catalog's cache) and generated transformer g
 saved with external data in a temporary folder.
 
 Tools, each converting to FP16 with graph inputs and outputs kept FP32:
-- amp-compiler: ``amp_compiler.convert`` (defaults: provider cuda, min-cut cast placement);
+- amp-compiler: ``amp_compiler.convert(probe=False)`` (defaults otherwise: provider cuda, min-cut cast
+  placement; from the graph alone, as the table's figures were measured);
 - onnxconverter-common: ``float16.convert_float_to_float16(model, keep_io_types=True)``;
 - ModelOpt AutoCast: ``modelopt.onnx.autocast.convert_to_mixed_precision(path, "fp16",
   keep_io_types=True, providers=["cpu"])``, where ``nvidia-modelopt`` imports (it is installed with
@@ -105,7 +106,7 @@ def convert_once(tool: str, src: Path, out: Path, external: bool) -> None:
     if tool == "amp-compiler":
         from amp_compiler import convert
 
-        result = convert(src)
+        result = convert(src, probe=False)
         if external or result.output is not None:
             result.save(out)
         else:

@@ -29,7 +29,7 @@ def main() -> None:
     for entry in catalog.entries(args.size):
         fp32 = catalog.load(entry)
         samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(args.samples)]
-        c = compare_models(fp32, convert(fp32, target=args.target).model, samples, top=1)
+        c = compare_models(fp32, convert(fp32, target=args.target, probe=False).model, samples, top=1)
         agree = [o.argmax_agreement for o in c.outputs if o.argmax_agreement is not None]
         worst = c.growth[0] if c.growth else None
         where = f"{worst.op_type} {worst.node!r} ({worst.precision}, {worst.rule})" if worst else "-"

@@ -265,9 +265,9 @@ def side_by_side(spec, cache: Path) -> list[str]:
     inputs = spec.make_inputs(np.random.default_rng(0))
     reference = run_cpu(model, inputs)
     t0 = time.perf_counter()
-    ours = convert(model).model
+    ours = convert(model, probe=False).model
     seconds = time.perf_counter() - t0
-    free_io = convert(model, keep_io_types=False).model
+    free_io = convert(model, keep_io_types=False, probe=False).model
     anchors = {label: build(cache) for label, build in spec.anchors().items()}
     rows = []
     for label, m, c, extra in [("amp-compiler", ours, counts(ours), f"{seconds:.2f} s"),

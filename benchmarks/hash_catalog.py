@@ -5,6 +5,9 @@ change must leave every fingerprint as it was (run it before and after, diff the
     python -m benchmarks.hash_catalog [--size small] > hashes.txt
     python -m benchmarks.hash_catalog --from-files > hashes.txt   # must print the same fingerprints
 
+The conversions decide from the graph alone (``probe=False``): the range probe's ranges come from
+onnxruntime runs, whose last bits may differ between CPUs, and a fingerprint must not.
+
 ``--from-files`` converts each model from a file (written to a temporary folder) with its weights of
 1 KiB or more left in the file (skimmed: amp_compiler.onnx.load.inline_weights), the path large model
 files take: its fingerprints must be those of the in-memory conversions.
@@ -32,7 +35,7 @@ def fingerprint(model, target: str, folder: Path | None = None) -> str:
         path = folder / "model.onnx"
         onnx.save(model, path)
         model = load_model_deferred(path, min_bytes=1024, check=False, skim_file_bytes=0)
-    result = convert(model, target=target)
+    result = convert(model, target=target, probe=False)
     h = hashlib.sha256(result.model.SerializeToString(deterministic=True))
     h.update(json.dumps([dataclasses.asdict(d) for d in result.decisions], sort_keys=True).encode())
     h.update(f"{result.casts_inserted}/{result.constants_converted}".encode())

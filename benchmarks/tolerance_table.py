@@ -66,7 +66,7 @@ def main() -> None:
         fp32 = catalog.load(entry)
         samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(args.samples)]
         shapes = {k: v.shape for k, v in samples[0].items()}
-        plain = convert(fp32)
+        plain = convert(fp32, probe=False)
         _, outputs, _ = measure(fp32, plain.model, samples, Target.FP16)
         base = max(outputs.values())
         tol = args.factor * base

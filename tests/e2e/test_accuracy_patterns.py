@@ -40,7 +40,7 @@ def _worst_error_of_range(fp32: onnx.ModelProto, converted: onnx.ModelProto, sam
 # ---------------------------------------------------------------------------------------- signal paths
 def test_cqt_front_end_stays_fp32_and_the_cnn_runs_fp16():
     fp32 = catalog.load("cqt-log")
-    by_node = {d.node: d for d in convert(fp32).decisions}
+    by_node = {d.node: d for d in convert(fp32, probe=False).decisions}
     for name in ("cqt_0", "downsample", "cqt_1", "octaves", "pairs", "square"):
         assert (by_node[name].precision, by_node[name].rule) == ("fp32", "policy.high.signal-path"), name
     assert "graph input 'audio'" in by_node["cqt_0"].reason and "68 dB" in by_node["cqt_0"].reason
@@ -49,8 +49,8 @@ def test_cqt_front_end_stays_fp32_and_the_cnn_runs_fp16():
 
 def test_cqt_front_end_in_fp32_is_what_keeps_the_notes_accurate():
     fp32, samples = catalog.load("cqt-log"), _samples("cqt-log")
-    with_rule = _worst_error_of_range(fp32, convert(fp32).model, samples)
-    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("dynamic_range")).model, samples)
+    with_rule = _worst_error_of_range(fp32, convert(fp32, probe=False).model, samples)
+    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("dynamic_range"), probe=False).model, samples)
     assert with_rule < 0.005 and without > 10 * with_rule, (with_rule, without)
 
 
@@ -81,7 +81,7 @@ def test_signal_path_needs_a_raw_input_and_linear_ops(prefix, out, pinned):
                   helper.make_node("Log", ["p"], ["y"], name="log")],
         [vi("x", F32, [16, 16])], [vi("y", F32, [16, 16])], [],
     )
-    rule = {d.node: d.rule for d in convert(m).decisions}["filter"]
+    rule = {d.node: d.rule for d in convert(m, probe=False).decisions}["filter"]
     assert (rule == "policy.high.signal-path") is pinned, rule
 
 
@@ -90,16 +90,16 @@ def _relative_error(name: str, **options) -> float:
     fp32 = catalog.load(name)
     feeds = catalog.get(name).make_inputs(np.random.default_rng(0))
     ref = run_onnxruntime(fp32, feeds)[0]
-    got = run_onnxruntime(emulate(convert(fp32, **options).model), feeds)[0]
+    got = run_onnxruntime(emulate(convert(fp32, probe=False, **options).model), feeds)[0]
     kept = ref > 1e-7
     return float(np.max(np.abs(got - ref)[kept] / ref[kept]))
 
 
 def test_probabilities_output_computed_in_fp32_at_one_cast_more():
-    decision = {d.node: d for d in convert(catalog.load("gated-softmax-output")).decisions}["softmax"]
+    decision = {d.node: d for d in convert(catalog.load("gated-softmax-output"), probe=False).decisions}["softmax"]
     assert (decision.precision, decision.rule) == ("fp32", "placement.min-cut")
     assert "FP32 graph output" in decision.reason
-    painted = {d.node: d for d in convert(catalog.load("gated-softmax-output"), placement="paint").decisions}
+    painted = {d.node: d for d in convert(catalog.load("gated-softmax-output"), placement="paint", probe=False).decisions}
     assert painted["softmax"].precision == "fp16"  # painting alone: between two low-precision ops
     assert _relative_error("gated-softmax-output") < 0.02 < 0.1 < _relative_error("gated-softmax-output", placement="paint")
 
@@ -111,7 +111,7 @@ def test_data_movement_before_an_output_has_no_rounding_cost():
         [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
         [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])], [tensor("W", weights((16, 16)))],
     )
-    assert {d.node: d.precision for d in convert(m).decisions}["relu"] == "fp16"
+    assert {d.node: d.precision for d in convert(m, probe=False).decisions}["relu"] == "fp16"
 
 
 # ------------------------------------------------------------------------------ calibration and masks
@@ -124,7 +124,7 @@ def test_padding_in_calibration_data_does_not_pin_the_mask_path():
     samples = _samples("attention-mask-padding")
     ranges = collect_ranges(fp32, samples)
     assert ranges["add_mask_out"].min < -1e38  # what calibration observes
-    result = convert(fp32, ranges=ranges)
+    result = convert(fp32, ranges=ranges, probe=False)
     by_node = {d.node: d for d in result.decisions}
     assert not [d.node for d in result.decisions if d.rule.startswith("calibration")]
     assert by_node["mask_scale"].precision == by_node["softmax"].precision == "fp16"
@@ -139,14 +139,14 @@ def test_a_real_overflow_on_the_mask_path_still_counts():
 
     fp32 = catalog.load("attention-mask-padding")
     samples = [{**s, "x": s["x"] * 300} for s in _samples("attention-mask-padding")]
-    result = convert(fp32, ranges=collect_ranges(fp32, samples))
+    result = convert(fp32, ranges=collect_ranges(fp32, samples), probe=False)
     add = {d.node: d for d in result.decisions}["add_mask"]
     assert add.rule == "calibration.overflow" and "e+38" not in add.reason  # the scores' maximum, not the mask
 
 
 # ------------------------------------------------------------------------------------- quantized models
 def test_quantized_islands_stay_fp32_with_reasons():
-    result = convert(catalog.load("quantized-encoder"))
+    result = convert(catalog.load("quantized-encoder"), probe=False)
     by_node = {d.node: d for d in result.decisions}
     assert by_node["attn_v_0"].rule == "quantized.requantize"  # its result is quantized for o_0
     assert by_node["scores_0"].rule == "quantized.requantize"  # upstream of it, in the same island
@@ -159,8 +159,8 @@ def test_quantized_islands_stay_fp32_with_reasons():
 def test_quantized_islands_in_fp32_keep_the_probabilities_exact():
     """Without the rule, FP16 in the islands flips int8 levels at the next quantizer."""
     fp32, samples = catalog.load("quantized-encoder"), _samples("quantized-encoder", 4)
-    assert _worst_error_of_range(fp32, convert(fp32).model, samples) == 0.0
-    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("quantizes")).model, samples)
+    assert _worst_error_of_range(fp32, convert(fp32, probe=False).model, samples) == 0.0
+    without = _worst_error_of_range(fp32, convert(fp32, policy=_table_without("quantizes"), probe=False).model, samples)
     assert without > 1e-3
 
 
@@ -175,7 +175,7 @@ def test_a_static_quantizer_keeps_only_what_it_reads_fp32():
         [vi("x", F32, [4, 16])], [vi("y", F32, [4, 16])],
         [t("W", weights((16, 16))), t("s", np.array(0.02, np.float32)), t("z", np.array(0, np.int8))], opset=19,
     )
-    rules = {d.node: d.rule for d in convert(m).decisions}
+    rules = {d.node: d.rule for d in convert(m, probe=False).decisions}
     assert rules["mm1"] == "quantized.requantize" and rules["mm0"] == "policy.low"
 
 
@@ -188,10 +188,10 @@ def test_onnx_lstm_stays_fp32_for_bf16_and_low_for_fp16():
         [vi("x", F32, [5, 2, 4])], [vi("y", F32, [5, 1, 2, hidden])],
         [tensor("W", weights((1, 4 * hidden, 4))), tensor("R", weights((1, 4 * hidden, hidden)))], opset=22, ir_version=10,
     )
-    bf16 = {d.node: d for d in convert(m, target="bf16").decisions}["lstm"]
+    bf16 = {d.node: d for d in convert(m, target="bf16", probe=False).decisions}["lstm"]
     assert (bf16.precision, bf16.rule) == ("fp32", "policy.high.bf16-recurrence")
     assert "0.9988" in bf16.reason
-    fp16 = {d.node: d for d in convert(m, target="fp16").decisions}["lstm"]
+    fp16 = {d.node: d for d in convert(m, target="fp16", probe=False).decisions}["lstm"]
     assert (fp16.precision, fp16.rule) == ("fp16", "policy.low")
 
 
@@ -241,7 +241,7 @@ def test_tolerance_pins_the_cheap_chains_and_keeps_every_convolution_fp16():
 
     fp32 = catalog.load("decomposed-activations")
     samples = _samples("decomposed-activations")
-    _, plain, _ = measure(fp32, convert(fp32).model, samples, Target.FP16)
+    _, plain, _ = measure(fp32, convert(fp32, probe=False).model, samples, Target.FP16)
     r = refine(fp32, samples, max(plain.values()) / 2)
     assert r.met and r.rounds == 2
     convs = [d for d in r.result.decisions if d.op_type == "Conv"]

@@ -46,7 +46,7 @@ def _fp32(name: str) -> onnx.ModelProto:
 
 @functools.cache
 def _converted(name: str, keep_io_types: bool) -> onnx.ModelProto:
-    return convert(_fp32(name), keep_io_types=keep_io_types).model
+    return convert(_fp32(name), keep_io_types=keep_io_types, probe=False).model
 
 
 @functools.cache

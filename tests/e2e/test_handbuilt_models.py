@@ -53,7 +53,7 @@ def _fp32(name: str) -> onnx.ModelProto:
 def _converted(name: str, target: str):
     # Entries whose overflow only observed values show are converted with calibration ranges.
     ranges = calibration_ranges(catalog.get(name), _fp32(name))
-    return convert(_fp32(name), target=target, provider="cuda", keep_io_types=True, ranges=ranges)
+    return convert(_fp32(name), target=target, provider="cuda", keep_io_types=True, ranges=ranges, probe=False)
 
 
 def _feeds(name: str) -> dict[str, np.ndarray]:

@@ -181,7 +181,7 @@ def test_mutated_model_bytes_never_crash(data):
             return
     assert model is not None
     try:  # it loaded: it must convert, or refuse with a user error
-        convert(loaded)
+        convert(loaded, probe=False)
     except ModelLoadError:
         pass
 
@@ -295,7 +295,7 @@ def test_custom_domain_op_without_schema_converts_and_stays_fp32(tmp_path):
     validate(converted)
     node = next(n for n in converted.graph.node if n.op_type == "Frobnicate")
     assert node.domain == "com.example"
-    result = convert(m)
+    result = convert(m, probe=False)
     decision = next(d for d in result.decisions if d.op_type == "Frobnicate")
     assert decision.rule == "policy.unknown-op" and decision.input_dtypes == ["fp32"]
     # it reads an FP32 tensor: a Cast back from the FP16 MatMul before it
@@ -615,7 +615,7 @@ def test_in_memory_model_with_unloaded_external_data_is_refused(tmp_path, monkey
     m = onnx.load(p, load_external_data=False)
     monkeypatch.chdir(p.parent)  # even where the relative location would resolve, nothing is read
     with pytest.raises(ModelLoadError, match="external data that is not loaded"):
-        convert(m)
+        convert(m, probe=False)
 
 
 def test_output_over_the_inputs_external_data_is_refused(tmp_path):
@@ -804,7 +804,7 @@ def test_external_data_that_shrinks_after_validation_is_a_clear_error(tmp_path):
     assert loaded.deferred
     data.write_bytes(_BIG_BYTES[:100])
     with pytest.raises(ModelLoadError, match="shorter than declared"):
-        convert(loaded)
+        convert(loaded, probe=False)
 
 
 def test_external_tensor_without_a_location_is_named(tmp_path):

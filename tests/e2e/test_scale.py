@@ -41,7 +41,7 @@ def test_generation_is_deterministic():
 @pytest.mark.parametrize("target", ["fp16", "bf16"])
 def test_generated_graph_converts_accurately(target):
     model = transformer_model(1000)
-    result = convert(model, target=target)
+    result = convert(model, target=target, probe=False)
     validate(result.model)
     matmuls = [d for d in result.decisions if d.op_type == "MatMul"]
     assert matmuls and all(d.precision == target for d in matmuls)
@@ -53,7 +53,7 @@ def test_generated_graph_converts_accurately(target):
 
 def test_ten_thousand_nodes_convert():
     model = transformer_model(10_000)
-    result = convert(model)
+    result = convert(model, probe=False)
     onnx.checker.check_model(result.model)
     assert len(result.decisions) == len(model.graph.node) + result.casts_inserted
 
@@ -73,6 +73,6 @@ def test_large_model_writes_its_weights_beside_it(tmp_path):
 @pytest.mark.slow
 def test_hundred_thousand_nodes_convert():
     model = transformer_model(100_000)
-    result = convert(model)
+    result = convert(model, probe=False)
     onnx.checker.check_model(result.model)
     assert sum(d.op_type == "MatMul" and d.precision == "fp16" for d in result.decisions) == 8 * round(100_000 / 30)

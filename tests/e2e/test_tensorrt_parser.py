@@ -35,7 +35,7 @@ SMALL = catalog.entries("small")
 @pytest.mark.parametrize("entry", SMALL, ids=lambda e: e.name)
 def test_tensorrt_builds_and_runs_the_strongly_typed_output(entry, tmp_path):
     fp32 = catalog.load(entry)
-    result = convert(fp32, target="fp16", provider="tensorrt")
+    result = convert(fp32, target="fp16", provider="tensorrt", probe=False)
     path = tmp_path / f"{entry.name}.onnx"
     result.save(path)
     feeds = entry.make_inputs(np.random.default_rng(0))

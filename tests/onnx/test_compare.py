@@ -28,7 +28,7 @@ def _samples(name: str, n: int = 2) -> list[dict[str, np.ndarray]]:
 
 def test_our_conversion_compares_close_with_rules():
     fp32 = catalog.load("mlp-softmax")
-    c = compare_models(fp32, convert(fp32).model, _samples("mlp-softmax"))
+    c = compare_models(fp32, convert(fp32, probe=False).model, _samples("mlp-softmax"))
     assert not c.generated_inputs and c.samples == 2 and c.emulated
     (out,) = c.outputs
     assert out.name == "y" and out.cosine > 0.999 and out.nonfinite == 0
@@ -45,7 +45,7 @@ def test_a_mixed_fp16_bf16_model_compares_as_the_fp16_conversion_it_is():
 
     fp32 = _scaled()
     samples = [{"x": np.random.default_rng(s).standard_normal((4, 8)).astype(np.float32)} for s in range(2)]
-    c = compare_models(fp32, convert(fp32).model, samples)
+    c = compare_models(fp32, convert(fp32, probe=False).model, samples)
     (out,) = c.outputs
     assert out.nonfinite == 0 and out.cosine > 0.999
     assert "is what a default fp16 conversion" in c.decisions
@@ -61,14 +61,14 @@ def test_other_tools_output_first_nonfinite_named():
     assert c.first_nonfinite is not None and c.first_nonfinite.node == "exp"
     assert c.first_nonfinite.precision == "fp16" and c.first_nonfinite.rule is None
     assert c.outputs[0].nonfinite > 0
-    ours = compare_models(fp32, convert(fp32).model, _samples("exp-range"))
+    ours = compare_models(fp32, convert(fp32, probe=False).model, _samples("exp-range"))
     assert ours.first_nonfinite is None and ours.outputs[0].nonfinite == 0
 
 
 def test_growth_names_the_node_that_adds_error():
     """A converted model with one weight perturbed: the error starts growing at that MatMul."""
     fp32 = catalog.load("mlp-softmax")
-    bad = convert(fp32).model
+    bad = convert(fp32, probe=False).model
     w = next(i for i in bad.graph.initializer if i.name == "W2")
     arr = numpy_helper.to_array(w).copy()
     arr.flat[0] += np.asarray(0.5, arr.dtype)
@@ -79,7 +79,7 @@ def test_growth_names_the_node_that_adds_error():
 
 def test_generated_inputs_are_said(tmp_path):
     fp32 = catalog.load("mlp-softmax")
-    c = compare_models(fp32, convert(fp32).model)
+    c = compare_models(fp32, convert(fp32, probe=False).model)
     assert c.generated_inputs and any("generated" in w for w in c.warnings)
     text = render_comparison(c)
     assert "generated inputs" in text and all(len(line) <= 80 for line in text.splitlines())
@@ -87,7 +87,7 @@ def test_generated_inputs_are_said(tmp_path):
 
 def test_unrunnable_converted_model_is_a_user_error():
     fp32 = catalog.load("mlp-softmax")
-    broken = convert(fp32).model
+    broken = convert(fp32, probe=False).model
     broken.graph.node[1].op_type = "NoSuchOp"
     with pytest.raises(ModelRunError, match="converted: onnxruntime could not load the model"):
         compare_models(fp32, broken)
@@ -102,7 +102,7 @@ def test_cuda_without_onnxruntime_gpu_is_an_option_error():
 
     fp32 = catalog.load("mlp-softmax")
     with pytest.raises(OptionError) as info:
-        compare_models(fp32, convert(fp32).model, provider=Provider.CUDA)
+        compare_models(fp32, convert(fp32, probe=False).model, provider=Provider.CUDA)
     assert info.value.option == "provider"
 
 
@@ -115,7 +115,7 @@ def _saved(tmp_path, name: str, model: onnx.ModelProto):
 def test_cli_json_and_terminal(tmp_path, capsys):
     fp32 = catalog.load("mlp-softmax")
     a = _saved(tmp_path, "fp32.onnx", fp32)
-    b = _saved(tmp_path, "fp16.onnx", convert(fp32).model)
+    b = _saved(tmp_path, "fp16.onnx", convert(fp32, probe=False).model)
     data = tmp_path / "data"
     data.mkdir()
     for i, sample in enumerate(_samples("mlp-softmax", 3)):
@@ -155,7 +155,7 @@ def test_the_fp32_reference_is_the_models_semantics_with_intermediates_exposed()
     entry = catalog.get("qdq")
     fp32 = catalog.load(entry)
     samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(2)]
-    (out,) = compare_models(fp32, convert(fp32).model, samples).outputs
+    (out,) = compare_models(fp32, convert(fp32, probe=False).model, samples).outputs
     assert out.cosine > 0.9999 and out.error_of_range < 0.01, out
 
 

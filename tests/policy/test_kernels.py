@@ -148,7 +148,7 @@ def _gridsample_model(opset: int = 17):
 
 def test_op_without_fp16_cuda_kernel_stays_fp32_and_its_neighbours_convert(snapshot_only):
     m = _gridsample_model()
-    r = convert(m, target="fp16", provider="cuda")
+    r = convert(m, target="fp16", provider="cuda", probe=False)
     d = _decisions(r)
     assert d["gs"].precision == "fp32" and d["gs"].rule == "provider.no-kernel"
     assert "no FP16 kernel for GridSample-16 on the CUDA provider" in d["gs"].reason
@@ -166,7 +166,7 @@ def test_op_without_fp16_cuda_kernel_stays_fp32_and_its_neighbours_convert(snaps
 def test_coverage_depends_on_provider_and_target(snapshot_only):
     m = _gridsample_model()
     # TensorRT builds GridSample itself in the graph's types: nothing to pin
-    assert _decisions(convert(m, provider="tensorrt"))["gs"].precision == "fp16"
+    assert _decisions(convert(m, provider="tensorrt", probe=False))["gs"].precision == "fp16"
     # Resize-19 has an FP16 CUDA kernel but no BF16 one
     r = model(
         [
@@ -185,8 +185,8 @@ def test_coverage_depends_on_provider_and_target(snapshot_only):
         ],
         opset=19,
     )
-    fp16 = _decisions(convert(r, target="fp16", provider="cuda"))
-    bf16 = _decisions(convert(r, target="bf16", provider="cuda"))
+    fp16 = _decisions(convert(r, target="fp16", provider="cuda", probe=False))
+    bf16 = _decisions(convert(r, target="bf16", provider="cuda", probe=False))
     assert fp16["resize"].output_dtypes == ["fp16"]  # "mixed": its scales stay float by the schema
     assert bf16["resize"].output_dtypes == ["fp32"] and bf16["resize"].rule == "provider.no-kernel"
     assert "no BF16 kernel for Resize-19 on the CUDA provider" in bf16["resize"].reason
@@ -195,7 +195,7 @@ def test_coverage_depends_on_provider_and_target(snapshot_only):
 
 def test_user_and_schema_decisions_are_not_overwritten(snapshot_only):
     m = _gridsample_model()
-    d = _decisions(convert(m, provider="cuda", block_ops=["GridSample"]))
+    d = _decisions(convert(m, provider="cuda", block_ops=["GridSample"], probe=False))
     assert d["gs"].rule == "user.block-op"
 
 
@@ -203,7 +203,7 @@ def test_cpu_provider_reports_missing_kernels_without_pinning():
     cov = coverage_for(Provider.CPU)
     if cov is None:
         pytest.skip("cannot read the installed CPU provider's registry")
-    d = _decisions(convert(_gridsample_model(), target="fp16", provider="cpu"))
+    d = _decisions(convert(_gridsample_model(), target="fp16", provider="cpu", probe=False))
     # onnxruntime's CPU provider inserts Casts around a node without an FP16 kernel itself
     assert d["gs"].precision == "fp16"
     assert "no FP16 kernel for GridSample-16 on the CPU provider" in d["gs"].reason
@@ -254,13 +254,13 @@ def _check_typed_as_decided(result):
 
 @pytest.mark.parametrize("target", ["fp16", "bf16"])
 def test_tensorrt_output_carries_every_precision_decision_in_its_types(target):
-    result = convert(onnx.load(DEMO), target=target, provider="tensorrt")
+    result = convert(onnx.load(DEMO), target=target, provider="tensorrt", probe=False)
     validate(result.model)
     _check_typed_as_decided(result)
 
 
 def test_tensorrt_gridsample_model_is_fully_typed():
-    _check_typed_as_decided(convert(_gridsample_model(), provider="tensorrt"))
+    _check_typed_as_decided(convert(_gridsample_model(), provider="tensorrt", probe=False))
 
 
 def test_undecided_values_finds_untyped_tensors():

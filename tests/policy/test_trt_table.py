@@ -109,12 +109,12 @@ def test_one_lookup_answers_per_op_and_type_for_both_providers(snapshot_only):
 
 def test_an_op_tensorrt_imports_without_bf16_stays_fp32_with_its_source(snapshot_only):
     m = _gridsample_model(22)
-    d = {x.node: x for x in convert(m, target="bf16", provider="tensorrt").decisions}
+    d = {x.node: x for x in convert(m, target="bf16", provider="tensorrt", probe=False).decisions}
     assert d["gs"].precision == "fp32" and d["gs"].rule == Rule.PROVIDER_NO_KERNEL.value
     assert "TensorRT's ONNX parser imports GridSample in FP32, FP16 only, not BF16" in d["gs"].reason
     assert "TensorRT 10.15 ONNX parser operator table" in d["gs"].reason
     assert d["conv1"].precision == d["conv2"].precision == "bf16"
-    fp16 = {x.node: x for x in convert(m, target="fp16", provider="tensorrt").decisions}
+    fp16 = {x.node: x for x in convert(m, target="fp16", provider="tensorrt", probe=False).decisions}
     assert fp16["gs"].precision == "fp16"  # FP16 it imports
 
 
@@ -141,7 +141,7 @@ def test_an_op_whose_tensorrt_type_list_lacks_fp16_stays_fp32_with_the_reason():
     reason = plan.role_rules[mish.id][1]
     assert reason == ("FP32: TensorRT's ONNX parser imports Mish in FP32 only, not FP16 "
                       "(TensorRT 10.9 ONNX parser operator table; its restrictions: made up: no FP16)")
-    shipped = {d.node: d.rule for d in convert(m, provider="tensorrt").decisions}
+    shipped = {d.node: d.rule for d in convert(m, provider="tensorrt", probe=False).decisions}
     assert shipped["mish"] != Rule.PROVIDER_NO_KERNEL.value  # the shipped table: FP16 it imports
 
 

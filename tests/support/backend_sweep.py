@@ -342,7 +342,7 @@ def run_case(case_dir: Path, target: str = "fp16") -> CaseResult:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            r = convert(model, target=target)
+            r = convert(model, target=target, probe=False)
     except Exception as exc:  # noqa: BLE001
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" [at {Path(tb[-1].filename).name}:{tb[-1].lineno}]" if tb else ""

@@ -1622,7 +1622,7 @@ def check_case(case: FuzzCase, stats: list | None = None) -> str:
     except Exception as exc:  # pragma: no cover - generator problems
         raise GeneratorBug(f"generated model is invalid: {type(exc).__name__}: {exc}") from exc
     try:
-        result = convert(case.model, **case.options())
+        result = convert(case.model, probe=False, **case.options())
     except AmpUserError as exc:
         text = str(exc)
         assert text and "\n" not in text, f"unclear refusal: {text!r}"
@@ -1658,7 +1658,7 @@ def check_case(case: FuzzCase, stats: list | None = None) -> str:
         assert worst <= tol, f"output {out.name!r}: max error {worst:.3g} > tolerance {tol:.3g}"
         if stats is not None:
             stats.append((worst, tol, float(np.abs(ref).max()) if ref.size else 0.0))
-    again = convert(case.model, **case.options()).model
+    again = convert(case.model, probe=False, **case.options()).model
     assert again.SerializeToString() == converted.SerializeToString(), "conversion is not deterministic"
     twice = convert(converted, **case.options()).model
     assert twice.SerializeToString() == converted.SerializeToString(), "converting twice changes the model"

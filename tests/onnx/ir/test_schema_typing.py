@@ -64,7 +64,7 @@ def test_the_schema_types_them() -> None:
 
 def test_a_contrib_op_typed_only_through_its_schema_converts() -> None:
     m = _contrib_model()
-    result = convert(m)
+    result = convert(m, probe=False)
     by_node = {d.node: d for d in result.decisions}
     assert by_node["gelu"].precision == "fp16" and by_node["mm2"].precision == "fp16"
     assert by_node["gelu"].output_dtypes == ["fp16"]
@@ -108,11 +108,11 @@ def test_a_custom_ops_output_is_typed_by_its_users() -> None:
     model = _custom_op_model()
     model.graph.node[4].input[1] = "w1"
     del model.graph.node[2]
-    assert not convert(model).untyped_nodes
+    assert not convert(model, probe=False).untyped_nodes
 
 
 def test_untyped_nodes_are_counted() -> None:
-    result = convert(_custom_op_model())
+    result = convert(_custom_op_model(), probe=False)
     assert result.untyped_nodes == (
         "mystery (Mystery)", "weights (Mystery)", "relu (Relu)", "mm2 (MatMul)", "riddle (Riddle)"
     )
@@ -124,7 +124,7 @@ def test_untyped_nodes_are_counted() -> None:
 
 def test_strict_refuses_them() -> None:
     with pytest.raises(UntypedTensorsError, match=r"5 node\(s\) left as they are .* mystery \(Mystery\)") as err:
-        convert(_custom_op_model(), strict=True)
+        convert(_custom_op_model(), strict=True, probe=False)
     assert err.value.option == "strict"
 
 

@@ -69,8 +69,8 @@ def test_large_weights_stay_on_disk_and_the_rest_is_validated(saved):
 
 
 def test_deferred_conversion_decides_and_converts_as_the_in_memory_one(saved):
-    eager = convert(load_model(saved))
-    deferred = convert(saved)
+    eager = convert(load_model(saved), probe=False)
+    deferred = convert(saved, probe=False)
     assert deferred.output is not None and eager.output is None
     assert deferred.decisions == eager.decisions
     assert (deferred.casts_inserted, deferred.constants_converted) == (eager.casts_inserted, eager.constants_converted)
@@ -108,7 +108,7 @@ def test_cli_writes_external_data_that_onnxruntime_loads_and_outputs_match(saved
     validate(back)
     emulated = run_onnxruntime(emulate(back), feeds)[0]
     assert compare("y", reference, emulated).cosine > 0.999
-    eager = convert(fp32).model
+    eager = convert(fp32, probe=False).model
     for t in eager.graph.initializer:
         u = next(x for x in back.graph.initializer if x.name == t.name)
         np.testing.assert_array_equal(numpy_helper.to_array(u), numpy_helper.to_array(t))
@@ -127,7 +127,7 @@ def test_bf16_through_the_same_path(saved, tmp_path):
 
 def test_weights_kept_fp32_are_copied_from_the_input_file(tmp_path):
     path, _ = _saved(tmp_path / "model")
-    result = convert(path, block_ops=["MatMul"])  # nothing converted: every weight stays on disk
+    result = convert(path, block_ops=["MatMul"], probe=False)  # nothing converted: every weight stays on disk
     kinds = [type(v.const_value) for v in result.output.ir_model.graph.initializers.values()]
     assert DeferredTensor in kinds
     out = tmp_path / "o.onnx"
@@ -186,7 +186,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     import amp_compiler.onnx.write.save as io  # the module that renames the written files into place
 
     path, _ = _saved(tmp_path / "model")
-    result = convert(path)
+    result = convert(path, probe=False)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     real = os.replace
@@ -203,7 +203,7 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.undo()
     # The result is intact: saving works now, and gives the in-memory conversion's weights.
     result.save(out_dir / "o.onnx")
-    eager = convert(load_model(path)).model
+    eager = convert(load_model(path), probe=False).model
     back = load_model(out_dir / "o.onnx")
     for t in eager.graph.initializer:
         u = next(x for x in back.graph.initializer if x.name == t.name)
@@ -223,7 +223,7 @@ def test_deferred_weights_are_still_validated(tmp_path):
     with open(data, "r+b") as f:
         f.truncate(data.stat().st_size - 4)  # the last weight is now short
     with pytest.raises(ModelLoadError, match="shorter than declared"):
-        convert(path)
+        convert(path, probe=False)
     escaping = onnx.load(path, load_external_data=False)
     t = next(t for t in escaping.graph.initializer if t.data_location == TensorProto.EXTERNAL)
     for e in t.external_data:
@@ -231,16 +231,16 @@ def test_deferred_weights_are_still_validated(tmp_path):
             e.value = "../m.onnx.data"
     onnx.save(escaping, path)
     with pytest.raises(ModelLoadError, match="escapes the model's folder"):
-        convert(path)
+        convert(path, probe=False)
 
 
 def test_a_model_without_external_data_is_converted_in_memory_as_before(tmp_path):
     model = transformer_model(60)
     path = tmp_path / "plain.onnx"
     onnx.save(model, path)
-    result = convert(path)
+    result = convert(path, probe=False)
     assert result.output is None
-    assert result.model.SerializeToString() == convert(model).model.SerializeToString()
+    assert result.model.SerializeToString() == convert(model, probe=False).model.SerializeToString()
     assert result.save(tmp_path / "o.onnx") is None and not (tmp_path / "o.onnx.data").exists()
     assert onnx.load(tmp_path / "o.onnx").SerializeToString() == result.model.SerializeToString()
 

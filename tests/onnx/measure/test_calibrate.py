@@ -79,11 +79,11 @@ def _accuracy(m, converted, samples):
 def test_ffn_overflow_breaks_plain_fp16_and_calibration_fixes_it():
     m = ffn_overflow_model()
     samples = _samples(m)
-    plain = convert(m)
+    plain = convert(m, probe=False)
     assert not _accuracy(m, plain.model, samples).finite  # inf/NaN without calibration
     ranges = collect_ranges(m, samples)
     assert ranges["y"].absmax > 65504
-    calibrated = convert(m, ranges=ranges)
+    calibrated = convert(m, ranges=ranges, probe=False)
     validate(calibrated.model)
     acc = _accuracy(m, calibrated.model, samples)
     assert acc.finite and acc.cosine >= 0.999
@@ -91,7 +91,7 @@ def test_ffn_overflow_breaks_plain_fp16_and_calibration_fixes_it():
     assert d["ffn_out"].precision == "bf16" and d["ffn_out"].rule == "calibration.overflow"  # range fallback
     assert "beyond FP16's range" in d["ffn_out"].reason
     assert d["proj_in"].precision == d["ffn_in"].precision == d["proj_out"].precision == "fp16"
-    report = analyze(m, ConvertOptions(), calibration_data=None).report  # static: no ranges
+    report = analyze(m, ConvertOptions(probe=False), calibration_data=None).report  # static: no ranges
     assert report.summary.accuracy and not report.summary.accuracy[0].finite
 
 
@@ -115,10 +115,10 @@ def test_ffn_overflow_keeps_most_tensor_core_flops_low(tmp_path):
 def test_underflow_breaks_plain_fp16_and_calibration_fixes_it():
     m = underflow_model()
     samples = _samples(m)
-    assert not _accuracy(m, convert(m).model, samples).finite  # Log(0) = -inf
+    assert not _accuracy(m, convert(m, probe=False).model, samples).finite  # Log(0) = -inf
     ranges = collect_ranges(m, samples)
     assert ranges["tiny"].underflow_share > 0.9
-    calibrated = convert(m, ranges=ranges)
+    calibrated = convert(m, ranges=ranges, probe=False)
     d = {x.node: x for x in calibrated.decisions}
     assert d["tiny_mm"].precision == "bf16" and d["tiny_mm"].rule == "calibration.underflow"  # range fallback
     acc = _accuracy(m, calibrated.model, samples)
@@ -128,11 +128,11 @@ def test_underflow_breaks_plain_fp16_and_calibration_fixes_it():
 def test_cnn_activation_overflow_needs_calibration():
     m = cnn_big_activation_model()
     samples = _samples(m)
-    plain = convert(m)
+    plain = convert(m, probe=False)
     d = {x.node: x for x in plain.decisions}
     assert d["bn"].rule == "constant.overflow"  # the static rule sees the variance...
     assert not _accuracy(m, plain.model, samples).finite  # ...but the conv output overflows first
-    calibrated = convert(m, ranges=collect_ranges(m, samples))
+    calibrated = convert(m, ranges=collect_ranges(m, samples), probe=False)
     d = {x.node: x for x in calibrated.decisions}
     # the observed input range bounds the stem statically: a conv over it provably overflows
     assert d["stem"].precision == "fp32" and d["stem"].rule == "input-range.overflow"
@@ -148,7 +148,7 @@ def test_clip_before_log_is_safe_with_and_without_calibration():
     m = catalog.load(entry)
     samples = [entry.make_inputs(_rng(s)) for s in range(2)]
     for ranges in (None, collect_ranges(m, samples)):
-        r = convert(m, ranges=ranges)
+        r = convert(m, ranges=ranges, probe=False)
         assert {x.node: x for x in r.decisions}["clip"].precision == "fp32"
         acc = _accuracy(m, r.model, samples)
         assert acc.finite and acc.cosine >= 0.999
@@ -157,7 +157,7 @@ def test_clip_before_log_is_safe_with_and_without_calibration():
 def test_bf16_needs_no_range_rules():
     m = ffn_overflow_model()
     ranges = collect_ranges(m, _samples(m))
-    d = {x.node: x for x in convert(m, target="bf16", ranges=ranges).decisions}
+    d = {x.node: x for x in convert(m, target="bf16", ranges=ranges, probe=False).decisions}
     assert d["ffn_out"].precision == "bf16"
 
 
@@ -196,7 +196,7 @@ def test_tolerance_meets_the_target_by_measuring_each_unit():
     entry = catalog.get("mobilenetv2-small")
     m = catalog.load(entry)
     samples = [entry.make_inputs(_rng(s)) for s in range(2)]
-    before = convert(m)
+    before = convert(m, probe=False)
     ref = run_onnxruntime(m, samples[0])[0]
     got = run_onnxruntime(emulate(before.model), samples[0])[0]
     baseline = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))

@@ -31,7 +31,7 @@ def _setup(name: str):
     entry = catalog.get(name)
     fp32 = catalog.load(entry)
     samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(2)]
-    result = convert(fp32)
+    result = convert(fp32, probe=False)
     n = len(fp32.graph.node)
     low = {d.index for d in result.decisions
            if d.index is not None and d.index < n and d.precision == "fp16" and d.rule not in ("constant", "nonfloat")}

@@ -66,3 +66,18 @@ def test_the_probe_measures_what_it_ran():
     assert result.probe_inputs == "image: image 0..1" and result.probe_runs == 3 and result.probe_skipped == ""
     (accuracy,) = result.accuracy
     assert accuracy.name == "y" and accuracy.finite and accuracy.error_of_range < 0.01
+
+
+def test_the_python_api_probes_by_default_as_the_cli_does():
+    """``convert(model)`` without ranges runs the probe (in the budgeted child, or the runner given)
+    and keeps FP32 what it shows overflowing; ``probe=False`` decides from the graph alone."""
+    from models import catalog
+
+    m = catalog.load("detect-head-overflow")
+    default = convert(m)
+    assert default.probe_inputs and default.probe_skipped == "" and default.accuracy
+    assert all(a.finite for a in default.accuracy)
+    assert any(d.rule == "probe.overflow" for d in default.decisions)
+    blind = convert(m, probe=False)
+    assert blind.probe_inputs == "" and blind.accuracy == []
+    assert not any(d.rule.startswith("probe.") for d in blind.decisions)

@@ -32,7 +32,7 @@ def _model_and_samples(name: str, n: int = 4):
 def test_every_switch_on_is_the_fp8_model_bit_for_bit():
     fp32, samples = _model_and_samples("mlp-softmax")
     runner = InProcessRunner()
-    plain = convert(fp32)  # the fallback conversion the probe is made of
+    plain = convert(fp32, probe=False)  # the fallback conversion the probe is made of
     low = [d.index for d in plain.decisions if d.index is not None and d.precision == "fp16"]
     ir_model = ir.from_proto(onnx.shape_inference.infer_shapes(fp32))
     from amp_compiler.onnx.measure.calibrate import collect_ranges
@@ -46,7 +46,7 @@ def test_every_switch_on_is_the_fp8_model_bit_for_bit():
     switches = {p: 1 + k for k, p in enumerate(sorted(candidates))}
     probe = build_probe(fp32, plain.model, plain.decisions, groups, fp8=candidates, fp8_switches=switches)
     fp8 = convert(fp32, target="fp8", samples=samples, ranges=ranges, runner=runner,
-                  fp8_nodes=[(p, "a test") for p in candidates], kept_nodes=[(i, "a test") for i in low])
+                  fp8_nodes=[(p, "a test") for p in candidates], kept_nodes=[(i, "a test") for i in low], probe=False)
     assert sum(d.rule == "fp8.gemm" for d in fp8.decisions) == 2
     probe_session, model_session = runner.load(probe, basic=True), runner.load(emulate(fp8.model), basic=True)
     on = {switch_name(k): np.array(True) for k in range(3)}

@@ -60,12 +60,12 @@ def _chain(n: int, elem: int = F32) -> onnx.ModelProto:
 
 
 def test_a_small_model_is_loaded_whole():
-    result = convert(_chain(SPAN + OVERLAP))
+    result = convert(_chain(SPAN + OVERLAP), probe=False)
     assert load_pieces(result.model, result.value_types) is None
 
 
 def test_every_stretch_of_overlap_plus_one_nodes_is_inside_one_piece():
-    result = convert(_chain(400))
+    result = convert(_chain(400), probe=False)
     pieces = load_pieces(result.model, result.value_types)
     assert pieces is not None and len(pieces) > 2
     order = _names(result.model)
@@ -80,7 +80,7 @@ def test_every_stretch_of_overlap_plus_one_nodes_is_inside_one_piece():
 
 
 def test_repeated_layers_are_loaded_once():
-    result = convert(transformer_model(blocks=40, batch="B"))
+    result = convert(transformer_model(blocks=40, batch="B"), probe=False)
     assert len(result.model.graph.node) > 1000
     pieces = load_pieces(result.model, result.value_types)
     assert pieces is not None and len(pieces) <= 4
@@ -113,7 +113,7 @@ def _crashing(tmp_path: Path, width: int = 3) -> Path:
 def test_the_crash_pattern_in_a_large_model_is_caught_by_its_pieces(tmp_path, width):
     path = _crashing(tmp_path, width)
     m = onnx.load(path)
-    types = convert(m, target="fp16", keep_io_types=False).value_types
+    types = convert(m, target="fp16", keep_io_types=False, probe=False).value_types
     pieces = load_pieces(m, types)
     assert pieces is not None and len(pieces) > 2
     assert sum(1 for p in pieces if "proj" in _names(p)) == 1
@@ -141,7 +141,7 @@ def test_an_output_with_external_data_is_checked_in_pieces_made_before_its_weigh
     src.parent.mkdir()
     big = transformer_model(blocks=12, hidden=128, batch="B")  # FFN weights of 128 KiB in FP16, others 32
     onnx.save(big, src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
-    result = convert(src)
+    result = convert(src, probe=False)
     assert result.output is not None  # weights left on disk, written to <output>.data
     made: list[list[onnx.ModelProto] | None] = []
 
@@ -178,7 +178,7 @@ def test_stand_in_weights_are_only_large_float_weights(tmp_path):
         tensor("w", big), tensor("idx", np.arange(256, dtype=np.int64)),
     ]
     m = model(nodes, [vi("x", F16, [2, 128])], [vi("h100", F16, [2, 256])], inits)
-    types = convert(m, keep_io_types=False).value_types
+    types = convert(m, keep_io_types=False, probe=False).value_types
     pieces = load_pieces(m, types)
     assert pieces is not None
     first = pieces[0]
@@ -226,7 +226,7 @@ def test_the_cli_refuses_a_large_output_that_crashes_onnxruntime(tmp_path, monke
     def converted(*args, **kwargs):
         result = real(*args, **kwargs)
         result.model = crashing
-        result.value_types = convert(crashing, keep_io_types=False).value_types
+        result.value_types = convert(crashing, keep_io_types=False, probe=False).value_types
         return result
 
     monkeypatch.setattr(command, "convert", converted)

@@ -42,7 +42,7 @@ def test_every_catalog_models_tensorrt_output_is_a_strongly_typed_network(entry)
     """Typed by the graph, branches alike, Q/DQ as TensorRT reads them; a model with onnxruntime
     contrib ops keeps them (its output is for onnxruntime's TensorRT provider) and says so once."""
     fp32 = _fp32(entry.name)
-    result = convert(fp32, provider="tensorrt")
+    result = convert(fp32, provider="tensorrt", probe=False)
     faults = strongly_typed_faults(result.model)
     contrib = [w for w in result.provider_warnings if w.startswith("onnxruntime contrib ops")]
     foreign = foreign_ops_of(fp32)
@@ -59,9 +59,9 @@ def test_every_catalog_models_tensorrt_output_is_a_strongly_typed_network(entry)
 
 def test_a_contrib_op_model_gets_one_line_for_tensorrt_and_none_for_cuda(tmp_path, capsys):
     fp32 = _fp32("bert-fused-small")
-    (line,) = convert(fp32, provider="tensorrt").provider_warnings
+    (line,) = convert(fp32, provider="tensorrt", probe=False).provider_warnings
     assert line.startswith("onnxruntime contrib ops (com.microsoft::") and "convert the unfused export" in line
-    assert "\n" not in line and convert(fp32, provider="cuda").provider_warnings == []
+    assert "\n" not in line and convert(fp32, provider="cuda", probe=False).provider_warnings == []
     src, out = tmp_path / "bert.onnx", tmp_path / "out.onnx"
     src.write_bytes(fp32.SerializeToString())
     assert main(["convert", str(src), "-o", str(out), "--provider", "tensorrt", "--no-load-check"]) == 0
@@ -74,7 +74,7 @@ def test_contrib_ops_are_decided_as_onnxruntimes_tensorrt_provider_runs_them():
     of SkipLayerNormalization and EmbedLayerNormalization compute in FP32 inside: they take FP16 in
     and out, as for --provider cuda, with no Cast around them."""
     fp32 = _fp32("bert-fused-small")
-    trt, cuda = convert(fp32, provider="tensorrt"), convert(fp32, provider="cuda")
+    trt, cuda = convert(fp32, provider="tensorrt", probe=False), convert(fp32, provider="cuda", probe=False)
     skip = [d for d in trt.decisions if d.op_type == "SkipLayerNormalization"]
     assert skip and all(d.precision == "fp16" for d in skip)
     assert all("TensorRT does not import it: onnxruntime's cuda provider runs it)" in d.reason for d in skip)
@@ -86,7 +86,7 @@ def test_onnx_ops_tensorrt_does_not_import_get_one_line():
         [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Det", ["h"], ["y"], name="det")],
         [vi("x", F32, [3, 4, 4])], [vi("y", F32, [3])], [tensor("w", weights((4, 4)))], opset=17,
     )
-    (line,) = convert(m, provider="tensorrt").provider_warnings
+    (line,) = convert(m, provider="tensorrt", probe=False).provider_warnings
     assert line.startswith("TensorRT 10.15's ONNX parser does not import Det (its operator table)")
     assert tensorrt_warnings(checked_typed_ir(m, "m", deferred=False, check=True)) == [line]
 
@@ -113,7 +113,7 @@ def _casts(m: onnx.ModelProto) -> list[tuple[str, str]]:
 
 
 def test_an_undeclared_custom_op_stays_fp32_between_casts_and_tensorrt_says_so():
-    result = convert(_custom_model(), provider="tensorrt")
+    result = convert(_custom_model(), provider="tensorrt", probe=False)
     d = {x.node: x for x in result.decisions}
     assert d["frob"].precision == "fp32" and d["frob"].rule == "policy.unknown-op"
     assert len(_casts(result.model)) == 4  # into and out of it, and at the graph's ends
@@ -123,7 +123,7 @@ def test_an_undeclared_custom_op_stays_fp32_between_casts_and_tensorrt_says_so()
 
 @pytest.mark.parametrize("op", ["Frobnicate", "com.example::Frobnicate"])
 def test_a_declared_custom_op_takes_the_precision_without_casts_around_it(op):
-    result = convert(_custom_model(), provider="tensorrt", custom_op_precision={op: "fp16"})
+    result = convert(_custom_model(), provider="tensorrt", custom_op_precision={op: "fp16"}, probe=False)
     d = {x.node: x for x in result.decisions}
     assert d["frob"].precision == "fp16" and d["frob"].rule == "user.custom-op-precision"
     assert "fp16 as the user declared for com.example::Frobnicate (custom_op_precision)" in d["frob"].reason
@@ -136,9 +136,9 @@ def test_a_declared_custom_op_takes_the_precision_without_casts_around_it(op):
 
 
 def test_a_custom_op_declared_fp32_or_bf16_keeps_that_type():
-    fp32 = {x.node: x for x in convert(_custom_model(), custom_op_precision={"Frobnicate": "fp32"}).decisions}
+    fp32 = {x.node: x for x in convert(_custom_model(), custom_op_precision={"Frobnicate": "fp32"}, probe=False).decisions}
     assert fp32["frob"].precision == "fp32" and fp32["frob"].rule == "user.custom-op-precision"
-    mixed = convert(_custom_model(), custom_op_precision={"Frobnicate": "bf16"})
+    mixed = convert(_custom_model(), custom_op_precision={"Frobnicate": "bf16"}, probe=False)
     assert {x.node: x.precision for x in mixed.decisions}["frob"] == "bf16"
     assert ("h", "h_bf16") in _casts(mixed.model)
 
@@ -151,7 +151,7 @@ def test_a_custom_op_declared_fp32_or_bf16_keeps_that_type():
 ])
 def test_a_declaration_that_fits_no_custom_op_is_one_clear_error(declared, message):
     with pytest.raises(OptionError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
-        convert(_custom_model(), custom_op_precision=declared)
+        convert(_custom_model(), custom_op_precision=declared, probe=False)
     assert err.value.option == "custom_op_precision"
 
 
@@ -175,7 +175,7 @@ def test_the_command_line_flag(tmp_path, capsys):
 def test_an_if_models_branches_end_typed_alike_for_tensorrt():
     """control_flow.py ties each If output to both branches' outputs (one vertex): whatever each
     branch computes inside, they end in the If's type."""
-    result = convert(_fp32("if-branches"), provider="tensorrt")
+    result = convert(_fp32("if-branches"), provider="tensorrt", probe=False)
     assert branch_faults(result.model) == []
     ifs = [n for n in result.model.graph.node if n.op_type == "If"]
     assert ifs and any(d.precision == "fp16" for d in result.decisions if d.op_type == "If")
@@ -184,7 +184,7 @@ def test_an_if_models_branches_end_typed_alike_for_tensorrt():
         then, other = (a.g for a in node.attribute if a.name in ("then_branch", "else_branch"))
         assert [o.type.tensor_type.elem_type for o in then.output] == [o.type.tensor_type.elem_type for o in other.output]
     assert strongly_typed_faults(inferred) == []
-    assert strongly_typed_faults(convert(_fp32("loop-carried"), provider="tensorrt").model) == []
+    assert strongly_typed_faults(convert(_fp32("loop-carried"), provider="tensorrt", probe=False).model) == []
 
 
 def _if_model(then_type: int) -> onnx.ModelProto:

@@ -63,7 +63,7 @@ def test_flush_below_fp16_rounding_stays_fp16():
     ranges = collect_ranges(m, samples, runner=InProcessRunner())
     r = ranges["mixed"]
     assert r.underflow_share > 0.45 and 0 < r.underflow_error < 2.0**-11 / 10
-    result = convert(m, ranges=ranges)
+    result = convert(m, ranges=ranges, probe=False)
     d = {x.node: x for x in result.decisions}
     assert d["mixed_mm"].precision == d["head_mm"].precision == "fp16", (d["mixed_mm"].reason, d["head_mm"].reason)
     acc = _accuracy(m, result.model, samples[0])
@@ -73,7 +73,7 @@ def test_flush_below_fp16_rounding_stays_fp16():
 def test_whole_tensor_flushing_pins():
     """Every value of ``mixed`` flushes: it moves by its whole norm, 2048 times FP16's rounding."""
     m = _columns_model(D, "linear")
-    result = convert(m, ranges=collect_ranges(m, _samples(), runner=InProcessRunner()))
+    result = convert(m, ranges=collect_ranges(m, _samples(), runner=InProcessRunner()), probe=False)
     d = {x.node: x for x in result.decisions}
     assert d["mixed_mm"].rule == "calibration.underflow"
     assert "FP32 saves that error" in d["mixed_mm"].reason
@@ -94,7 +94,7 @@ def test_few_flushed_values_into_a_singular_input_pin(probe, tail, sink):
     else:
         ranges = collect_ranges(m, samples, runner=InProcessRunner())
         assert ranges["mixed"].underflow_share < 0.25 and ranges["mixed"].underflow_error < 2.0**-11
-        result = convert(m, ranges=ranges)
+        result = convert(m, ranges=ranges, probe=False)
         rule = "calibration.underflow"
     d = {x.node: x for x in result.decisions}
     assert d["mixed_mm"].rule == d["abs"].rule == rule, (d["mixed_mm"].rule, d["abs"].rule)
@@ -112,6 +112,6 @@ def test_a_nonnegative_constant_exponent_is_not_singular():
             node.op_type, node.name = "Pow", "pow"
             node.input.append("two")
     m.graph.initializer.append(tensor("two", np.array(2.0, np.float32)))
-    result = convert(m, ranges=collect_ranges(m, _samples(), runner=InProcessRunner()))
+    result = convert(m, ranges=collect_ranges(m, _samples(), runner=InProcessRunner()), probe=False)
     d = {x.node: x for x in result.decisions}
     assert d["mixed_mm"].precision == "fp16", d["mixed_mm"].reason

@@ -40,9 +40,9 @@ def _exp_model():
 
 
 def test_an_allowed_op_goes_low_against_the_policy_with_its_own_rule_and_reason():
-    plain = _decisions(convert(_exp_model()))
+    plain = _decisions(convert(_exp_model(), probe=False))
     assert plain["block0/exp"].precision == "fp32" and plain["block0/exp"].rule == "policy.high.range"
-    result = convert(_exp_model(), allow_ops=["Exp"])
+    result = convert(_exp_model(), allow_ops=["Exp"], probe=False)
     d = _decisions(result)["block0/exp"]
     assert (d.precision, d.rule) == ("fp16", "user.allow")
     assert d.reason.startswith("FP16: forced low, user --allow-op Exp (without it: HIGH: Exp is range-sensitive")
@@ -54,7 +54,7 @@ def test_an_allowed_op_goes_low_against_the_policy_with_its_own_rule_and_reason(
 
 
 def test_an_allowed_node_name_goes_low_in_bf16_too():
-    d = _decisions(convert(_exp_model(), target="bf16", allow_nodes=[r"^block0/"]))["block0/exp"]
+    d = _decisions(convert(_exp_model(), target="bf16", allow_nodes=[r"^block0/"], probe=False))["block0/exp"]
     assert (d.precision, d.rule) == ("bf16", "user.allow")
     assert "node name matches --allow-node '^block0/'" in d.reason
 
@@ -69,13 +69,13 @@ def test_an_allowed_node_name_goes_low_in_bf16_too():
     ],
 )
 def test_precedence_between_the_block_and_allow_options(options, rule):
-    d = _decisions(convert(_exp_model(), **options))["block0/exp"]
+    d = _decisions(convert(_exp_model(), probe=False, **options))["block0/exp"]
     assert d.rule == rule and d.precision == ("fp16" if rule == "user.allow" else "fp32")
 
 
 def test_the_same_op_blocked_and_allowed_is_refused():
     with pytest.raises(OptionError, match="Exp: blocked too") as caught:
-        convert(_exp_model(), allow_ops=["Exp"], block_ops=["Exp"])
+        convert(_exp_model(), allow_ops=["Exp"], block_ops=["Exp"], probe=False)
     assert caught.value.option == "allow_ops"
 
 
@@ -86,7 +86,7 @@ def test_the_same_op_blocked_and_allowed_is_refused():
 )
 def test_bad_allow_options_name_their_keyword(options, option, needle):
     with pytest.raises(OptionError) as caught:
-        convert(_exp_model(), **options)
+        convert(_exp_model(), probe=False, **options)
     assert caught.value.option == option and needle in str(caught.value)
 
 
@@ -115,7 +115,7 @@ def test_a_dtype_fixed_by_the_model_wins():
          helper.make_node("Exp", ["e"], ["y"], name="exp")],
         [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])],
     )
-    result = convert(m, allow_ops=["Exp"], keep_io_types=False)
+    result = convert(m, allow_ops=["Exp"], keep_io_types=False, probe=False)
     d = _decisions(result)
     assert (d["exp64"].rule, d["exp64"].precision) == ("fixed", "fp64")
     assert (d["exp"].rule, d["exp"].precision) == ("user.allow", "fp16")
@@ -125,7 +125,7 @@ def test_a_dtype_fixed_by_the_model_wins():
 
 def test_a_dtype_fixed_by_keep_io_types_wins():
     """The graph output keeps FP32: the forced node computes low and a Cast gives the output its type."""
-    result = convert(_exp_model(), allow_ops=["Exp"], keep_io_types=["y"])
+    result = convert(_exp_model(), allow_ops=["Exp"], keep_io_types=["y"], probe=False)
     assert result.model.graph.output[0].type.tensor_type.elem_type == F32
     assert _decisions(result)["block0/exp"].precision == "fp16"
 
@@ -141,13 +141,13 @@ def test_no_kernel_on_the_provider_wins(snapshot_only):
          tensor("grid", rng.uniform(-1, 1, (1, 4, 4, 2)).astype(np.float32))],
         opset=19,
     )
-    result = convert(m, provider="cuda", allow_ops=["GridSample"])
+    result = convert(m, provider="cuda", allow_ops=["GridSample"], probe=False)
     d = _decisions(result)["gs"]
     assert (d.precision, d.rule) == ("fp32", "provider.no-kernel")
     assert "1 kept out of fp16 all the same ('gs': provider.no-kernel)" in allow_message(
         result.decisions, result.allowed, "fp16")
     # on the CPU provider nothing is pinned (onnxruntime casts around it itself): the allow holds
-    assert _decisions(convert(m, provider="cpu", allow_ops=["GridSample"]))["gs"].rule == "user.allow"
+    assert _decisions(convert(m, provider="cpu", allow_ops=["GridSample"], probe=False))["gs"].rule == "user.allow"
 
 
 def test_a_constant_the_target_cannot_hold_wins():
@@ -159,14 +159,14 @@ def test_a_constant_the_target_cannot_hold_wins():
         [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])],
         [tensor("big", np.full((4,), 1e6, np.float32)), tensor("one", np.ones((4,), np.float32))],
     )
-    d = _decisions(convert(m, allow_ops=["Add"]))
+    d = _decisions(convert(m, allow_ops=["Add"], probe=False))
     assert (d["add_big"].precision, d["add_big"].rule) == ("fp32", "constant.overflow")
     assert (d["add_one"].precision, d["add_one"].rule) == ("fp16", "user.allow")
 
 
 def test_observed_overflow_wins():
     ranges = {"a": TensorRange(-20.0, 20.0, 20.0, 0.0, 0.0, 16), "e": TensorRange(0.0, 5e8, 5e8, 0.0, 0.0, 16)}
-    d = _decisions(convert(_exp_model(), allow_ops=["Exp"], ranges=ranges))["block0/exp"]
+    d = _decisions(convert(_exp_model(), allow_ops=["Exp"], ranges=ranges, probe=False))["block0/exp"]
     assert (d.precision, d.rule) == ("fp32", "calibration.overflow")
 
 
@@ -179,8 +179,8 @@ def test_a_judgement_after_classification_does_not_win():
         [vi("audio", F32, [1, 64])], [vi("y", F32, [1, 16])],
         [tensor("filters", weights((64, 16)))],
     )
-    assert _decisions(convert(m))["filterbank"].rule == "policy.high.signal-path"
-    d = _decisions(convert(m, allow_ops=["MatMul"]))
+    assert _decisions(convert(m, probe=False))["filterbank"].rule == "policy.high.signal-path"
+    d = _decisions(convert(m, allow_ops=["MatMul"], probe=False))
     assert (d["filterbank"].precision, d["filterbank"].rule) == ("fp16", "user.allow")
     assert d["log"].precision == "fp32"
 
@@ -190,10 +190,10 @@ def test_a_node_without_float_data_is_not_reported():
         [helper.make_node("Shape", ["x"], ["s"], name="shape"), helper.make_node("Exp", ["x"], ["y"], name="exp")],
         [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4]), vi("s", 7, [2])],
     )
-    result = convert(m, allow_ops=["Shape", "Exp"])
+    result = convert(m, allow_ops=["Shape", "Exp"], probe=False)
     assert allow_message(result.decisions, result.allowed, "fp16") == (
         "--allow-op/--allow-node forced 1 node(s) into fp16 whatever the policy says ('exp')")
-    assert allow_message(convert(m).decisions, (), "fp16") is None
+    assert allow_message(convert(m, probe=False).decisions, (), "fp16") is None
 
 
 def test_tolerance_never_pins_a_forced_node():
@@ -203,7 +203,7 @@ def test_tolerance_never_pins_a_forced_node():
     from amp_compiler.options import ConvertOptions
     from amp_compiler.runtime.runner import InProcessRunner
 
-    pinned = _decisions(convert(_exp_model(), allow_ops=["Exp"], pinned_nodes=((0, "p"), (1, "p"), (2, "p"))))
+    pinned = _decisions(convert(_exp_model(), allow_ops=["Exp"], pinned_nodes=((0, "p"), (1, "p"), (2, "p")), probe=False))
     assert pinned["block0/exp"].rule == "user.allow" and pinned["mm1"].rule == "tolerance.pinned"
     rng = np.random.default_rng(0)
     samples = [{"x": rng.standard_normal((2, 8)).astype(np.float32)} for _ in range(2)]

@@ -85,7 +85,7 @@ def _between(model) -> list[str]:
 @pytest.mark.parametrize("target", ["fp16", "bf16"])
 def test_on_the_cpu_provider_the_transpose_and_the_matmul_stay_fp32_and_the_output_loads(target):
     """The CPU provider has no FP16 MatMul kernel and inserts the Cast itself: both stay FP32."""
-    result = convert(_projection(), target=target, keep_io_types=False, provider="cpu")
+    result = convert(_projection(), target=target, keep_io_types=False, provider="cpu", probe=False)
     rules = {d.node: (d.precision, d.rule) for d in result.decisions}
     assert rules["pre"] == (target, "policy.low")
     assert rules["transpose"] == ("fp32", RULE) and rules["proj"] == ("fp32", RULE)
@@ -105,7 +105,7 @@ def test_on_the_cpu_provider_the_transpose_and_the_matmul_stay_fp32_and_the_outp
 def test_on_gpu_providers_the_matmul_stays_low_and_the_transpose_takes_its_precision(provider, target):
     """CUDA has FP16/BF16 MatMul kernels and TensorRT its own engine: only a Cast of ours could sit
     between them, so the Transpose follows the MatMul and both stay low."""
-    result = convert(_projection(), target=target, keep_io_types=False, provider=provider)
+    result = convert(_projection(), target=target, keep_io_types=False, provider=provider, probe=False)
     rules = {d.node: (d.precision, d.rule) for d in result.decisions}
     assert rules["pre"] == rules["proj"] == (target, "policy.low")
     assert rules["transpose"] == (target, RULE)
@@ -116,14 +116,14 @@ def test_on_gpu_providers_the_matmul_stays_low_and_the_transpose_takes_its_preci
     # check turns the fusion off for such an output, and it loads
     assert result.load_check_skips == SKIP
     if target == "fp16":
-        bare = convert(_projection(pre=False), keep_io_types=False, provider=provider)
+        bare = convert(_projection(pre=False), keep_io_types=False, provider=provider, probe=False)
         assert bare.load_check_skips == SKIP
         assert not _loads(bare.model) and _loads(bare.model, SKIP)
 
 
 def test_on_a_gpu_provider_an_fp32_matmul_keeps_the_transpose_fp32():
     """The MatMul pinned FP32 (here by the user): the Transpose is FP32 too, the Cast before it."""
-    result = convert(_projection(), keep_io_types=False, block_nodes=["^proj$"])
+    result = convert(_projection(), keep_io_types=False, block_nodes=["^proj$"], probe=False)
     rules = {d.node: (d.precision, d.rule) for d in result.decisions}
     assert rules["proj"] == ("fp32", "user.block-node") and rules["transpose"] == ("fp32", RULE)
     assert [list(c.input) for c in result.model.graph.node if c.op_type == "Cast"] == [["s"]]
@@ -136,7 +136,7 @@ def test_a_transpose_feeding_a_low_and_an_fp32_matmul_keeps_the_pattern_fp32():
     m = _projection()
     m.graph.node.append(helper.make_node("MatMul", ["t", "w"], ["o2"], name="proj2"))
     m.graph.output.append(vi("o2", F32, [2, 5, 3]))
-    result = convert(m, keep_io_types=False, block_nodes=["^proj2$"])
+    result = convert(m, keep_io_types=False, block_nodes=["^proj2$"], probe=False)
     rules = {d.node: (d.precision, d.rule) for d in result.decisions}
     assert rules["proj2"] == ("fp32", "user.block-node")
     assert rules["transpose"] == ("fp32", RULE) and rules["proj"] == ("fp32", RULE)
@@ -147,7 +147,7 @@ def test_a_transpose_feeding_a_low_and_an_fp32_matmul_keeps_the_pattern_fp32():
                          ids=["not-batch-moving", "equal-ranks", "equal-ranks-broadcast"])
 @pytest.mark.parametrize("provider", ["cuda", "cpu"])
 def test_other_transposes_and_equal_ranks_are_converted(perm, w_shape, provider):
-    result = convert(_projection(perm, w_shape), keep_io_types=False, provider=provider)
+    result = convert(_projection(perm, w_shape), keep_io_types=False, provider=provider, probe=False)
     assert {d.node: d.precision for d in result.decisions} == {"pre": "fp16", "transpose": "fp16", "proj": "fp16"}
     assert all(d.rule != RULE for d in result.decisions)
     assert _loads(result.model)
@@ -155,16 +155,16 @@ def test_other_transposes_and_equal_ranks_are_converted(perm, w_shape, provider)
 
 def test_the_batch_first_rnn_of_the_catalog_loads_only_with_the_rule(monkeypatch):
     m = catalog.load("rnn-batch-first")
-    result = convert(m, provider="cpu")
+    result = convert(m, provider="cpu", probe=False)
     decided = {d.node: (d.precision, d.rule) for d in result.decisions}
     assert decided["gru"] == ("fp16", "policy.low")
     assert decided["to_batch_first"] == ("fp32", RULE) and decided["proj"] == ("fp32", RULE)
     assert _loads(result.model)
-    cuda = {d.node: (d.precision, d.rule) for d in convert(m).decisions}
+    cuda = {d.node: (d.precision, d.rule) for d in convert(m, probe=False).decisions}
     assert cuda["to_batch_first"] == ("fp16", RULE) and cuda["proj"] == ("fp16", "policy.low")
     monkeypatch.setattr(RuntimeHazardPass, "call", lambda self, graph, plan: None)
     monkeypatch.setattr(RuntimeHazardPass, "ensures", lambda self, graph, plan, before: None)
-    unguarded = convert(m, provider="cpu")
+    unguarded = convert(m, provider="cpu", probe=False)
     assert {d.node: d.precision for d in unguarded.decisions}["proj"] == "fp16"
     assert not _loads(unguarded.model)
 
@@ -175,14 +175,14 @@ def test_attention_in_projections_stay_low_on_cuda_and_the_output_loads_in_the_c
     reads a batch-moving Transpose. On CUDA they stay FP16 (the CPU provider's rule would keep them
     FP32); the load check loads the output without the fusion and says so."""
     m = catalog.load(name)
-    result = convert(m)
+    result = convert(m, probe=False)
     pattern = [d for d in result.decisions if d.rule == RULE]
     assert pattern and all(d.op_type == "Transpose" and d.precision == "fp16" for d in pattern)
     matmuls = [d for d in result.decisions if d.op_type == "MatMul"]
     assert matmuls and all(d.precision == "fp16" for d in matmuls)
     assert not _between(result.model) and result.load_check_skips == SKIP
     assert _loads(result.model, SKIP)
-    cpu = [d for d in convert(m, provider="cpu").decisions if d.op_type == "MatMul" and d.rule == RULE]
+    cpu = [d for d in convert(m, provider="cpu", probe=False).decisions if d.op_type == "MatMul" and d.rule == RULE]
     assert len(cpu) == len(pattern) and all(d.precision == "fp32" for d in cpu)
 
 

@@ -40,8 +40,8 @@ def _slice_then_matmul():
 
 def test_cast_goes_to_the_smaller_side_of_a_slice():
     m = _slice_then_matmul()
-    painted = convert(m, placement="paint")
-    placed = convert(m)
+    painted = convert(m, placement="paint", probe=False)
+    placed = convert(m, probe=False)
     d = {x.node: x for x in placed.decisions}
     assert {x.node: x for x in painted.decisions}["slice"].precision == "fp16"  # painting: cast 64x64
     assert d["slice"].precision == "fp32" and d["slice"].rule == "placement.min-cut"
@@ -64,7 +64,7 @@ def test_one_cast_serves_every_user_of_a_tensor():
         ],
         [vi("x", F32, [4, 4])], [vi("y", F32, [4, 4])], [tensor("w", weights((4, 4)))],
     )
-    r = convert(m)
+    r = convert(m, probe=False)
     assert r.cast_bytes <= r.cast_bytes_painting
     to_low = [n for n in r.model.graph.node if n.op_type == "Cast" and n.input[0] == "e"]
     assert len(to_low) == 1
@@ -73,9 +73,9 @@ def test_one_cast_serves_every_user_of_a_tensor():
 def test_painting_only_is_still_available_and_unknown_placement_is_an_error():
     from amp_compiler.errors import OptionError
 
-    assert convert(_slice_then_matmul(), placement="paint").cast_bytes is None
+    assert convert(_slice_then_matmul(), placement="paint", probe=False).cast_bytes is None
     with pytest.raises(OptionError, match="placement"):
-        convert(_slice_then_matmul(), placement="greedy")
+        convert(_slice_then_matmul(), placement="greedy", probe=False)
 
 
 @pytest.mark.parametrize("entry", catalog.entries("small"), ids=lambda e: e.name)
@@ -84,7 +84,7 @@ def test_never_more_cast_bytes_than_painting(entry, target):
     """At most painting's bytes, and more only to compute an FP32 graph output in FP32 (at most one
     Cast of each such output more)."""
     model = catalog.load(entry)
-    r = convert(model, target=target)
+    r = convert(model, target=target, probe=False)
     assert r.cast_bytes is not None and r.cast_bytes_painting is not None
     if r.cast_bytes > r.cast_bytes_painting:
         outputs = onnx.shape_inference.infer_shapes(model).graph.output
@@ -118,7 +118,7 @@ def _transpose_chain_then_slice(n: int):
 
 @pytest.mark.parametrize("n", [1, 7, 40])
 def test_cast_moves_across_a_long_chain_to_the_small_side(n):
-    placed = convert(_transpose_chain_then_slice(n))
+    placed = convert(_transpose_chain_then_slice(n), probe=False)
     d = {x.node: x for x in placed.decisions}
     assert placed.cast_bytes_painting == (64 * 64 + 8 * 8) * 6
     assert placed.cast_bytes == (8 * 8 + 8 * 8) * 6
@@ -224,10 +224,10 @@ def _batch_then_slice():
 
 def test_input_shapes_decide_where_dynamic_tensors_are_cast():
     m = _batch_then_slice()
-    default = convert(m)
+    default = convert(m, probe=False)
     assert {d.node: d.precision for d in default.decisions}["slice"] == "fp16"
     assert default.cast_bytes == default.cast_bytes_painting == (16 + 8) * 6
-    shaped = convert(m, input_shapes={"x": (64, 16)})
+    shaped = convert(m, input_shapes={"x": (64, 16)}, probe=False)
     d = {x.node: x for x in shaped.decisions}
     assert d["slice"].precision == "fp32" and d["slice"].rule == "placement.min-cut"
     assert shaped.cast_bytes_painting == (64 * 16 + 8) * 6 and shaped.cast_bytes == (16 + 8) * 6
@@ -239,7 +239,7 @@ def test_input_shapes_name_graph_inputs():
     from amp_compiler.errors import OptionError
 
     with pytest.raises(OptionError, match="is not a graph input"):
-        convert(_batch_then_slice(), input_shapes={"nope": (1, 16)})
+        convert(_batch_then_slice(), input_shapes={"nope": (1, 16)}, probe=False)
 
 
 def test_cli_input_shape_reaches_the_placement(tmp_path):

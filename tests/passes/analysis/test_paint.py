@@ -9,7 +9,7 @@ from tests.support.onnx_builders import F32, TEST_POLICY, model, tensor, vi, wei
 
 
 def _decide(m, **kw):
-    r = convert(m, policy=TEST_POLICY, **kw)
+    r = convert(m, policy=TEST_POLICY, probe=False, **kw)
     return r, {d.node: d for d in r.decisions}
 
 
@@ -114,11 +114,11 @@ def test_user_blocks_take_precedence_over_the_policy():
 def test_unknown_block_op_and_bad_pattern_are_option_errors():
     m = _chain(["MatMul"])
     with pytest.raises(OptionError, match="NotAnOp") as bad_op:
-        convert(m, policy=TEST_POLICY, block_ops=["NotAnOp"])
+        convert(m, policy=TEST_POLICY, block_ops=["NotAnOp"], probe=False)
     with pytest.raises(OptionError, match="regular expression") as bad_pattern:
-        convert(m, policy=TEST_POLICY, block_nodes=["(unclosed"])
+        convert(m, policy=TEST_POLICY, block_nodes=["(unclosed"], probe=False)
     with pytest.raises(OptionError, match="fp4") as bad_target:
-        convert(m, policy=TEST_POLICY, target="fp4")
+        convert(m, policy=TEST_POLICY, target="fp4", probe=False)
     # Library errors name the API keyword they are about, and no command-line flag.
     errors = (bad_op.value, bad_pattern.value, bad_target.value)
     assert [e.option for e in errors] == ["block_ops", "block_nodes", "target"]

@@ -43,7 +43,7 @@ def _decisions(result):
 
 
 def test_a_tensor_core_op_beyond_fp16_takes_bf16_an_elementwise_one_fp32():
-    r = convert(_scaled())
+    r = convert(_scaled(), probe=False)
     d = _decisions(r)
     assert (d["big_mm"].precision, d["big_mm"].rule) == ("bf16", "constant.overflow")
     assert "range fallback" in d["big_mm"].reason
@@ -58,7 +58,7 @@ def test_a_tensor_core_op_beyond_fp16_takes_bf16_an_elementwise_one_fp32():
 
 def test_fp32_fallback_and_the_cpu_provider_keep_fp32():
     for kw in ({"range_fallback": "fp32"}, {"provider": "cpu"}):
-        d = _decisions(convert(_scaled(), **kw))
+        d = _decisions(convert(_scaled(), probe=False, **kw))
         assert (d["big_mm"].precision, d["big_mm"].rule) == ("fp32", "constant.overflow"), kw
 
 
@@ -66,7 +66,7 @@ def test_bf16_fallback_is_as_accurate_and_finite_under_exact_emulation():
     m = _scaled()
     x = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
     ref = run_onnxruntime(m, x)[0]
-    got = run_onnxruntime(emulate(convert(m).model), x)[0]
+    got = run_onnxruntime(emulate(convert(m, probe=False).model), x)[0]
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-2
 
@@ -82,7 +82,7 @@ def test_an_op_that_needs_fp32_arithmetic_stays_fp32_whatever_its_range():
         [tensor("w", weights((8, 8)))],
     )
     ranges = {"e": TensorRange(0.0, 1e6, 1e6, 0.0, 0.0, 32)}
-    d = _decisions(convert(m, ranges=ranges))
+    d = _decisions(convert(m, ranges=ranges, probe=False))
     assert d["exp"].precision == "fp32" and d["exp"].rule.startswith("policy.high")
     assert (d["mm_e"].precision, d["mm_e"].rule) == ("bf16", "calibration.overflow")
 
@@ -90,7 +90,7 @@ def test_an_op_that_needs_fp32_arithmetic_stays_fp32_whatever_its_range():
 def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
     """The int16 audio front end: its STFT is a Conv at opset 11, which has no BF16 kernel on CUDA."""
     fp32 = catalog.load("stft-power-mel")
-    result = convert(fp32, input_ranges={"audio": INT16})
+    result = convert(fp32, input_ranges={"audio": INT16}, probe=False)
     d = _decisions(result)
     assert (d["stft"].precision, d["stft"].rule) == ("fp32", "input-range.overflow")
     assert "provider.no-kernel" in d["stft"].reason and "BF16" in d["stft"].reason
@@ -99,7 +99,7 @@ def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
     x = _int16_audio()
     ref = run_onnxruntime(fp32, x)[0]
     err = {}
-    for name, converted in (("mixed", result), ("bf16", convert(fp32, target="bf16"))):
+    for name, converted in (("mixed", result), ("bf16", convert(fp32, target="bf16", probe=False))):
         got = run_onnxruntime(emulate(converted.model), x)[0]
         assert np.isfinite(got).all()
         err[name] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -108,7 +108,7 @@ def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
 
 def test_unknown_fallback_and_bf16_with_tolerance_are_one_line_errors():
     with pytest.raises(OptionError, match="expected bf16 or fp32"):
-        convert(_scaled(), range_fallback="fp8")
+        convert(_scaled(), range_fallback="fp8", probe=False)
     x = {"x": np.ones((4, 8), np.float32)}
     with pytest.raises(OptionError, match="not combined with --tolerance"):
         refine(_scaled(), [x], 1e-3, ConvertOptions(range_fallback="bf16"))
@@ -119,7 +119,7 @@ def test_fp8_with_an_fp16_fallback_keeps_the_range_fallback_and_its_rule():
     rule (not fp8.kept-fp16), and the mixed FP8/FP16/BF16 model emulates finite."""
     m = _scaled()
     samples = [{"x": np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32)} for i in range(3)]
-    r = convert(m, target="fp8", fallback="fp16", samples=samples)
+    r = convert(m, target="fp8", fallback="fp16", samples=samples, probe=False)
     d = _decisions(r)
     assert (d["big_mm"].precision, d["big_mm"].rule) == ("bf16", "constant.overflow")
     got = run_onnxruntime(emulate(r.model), samples[0])[0]

@@ -63,8 +63,8 @@ def _weight_shapes(m):
 @pytest.mark.parametrize("opset", [9, 17])
 def test_padding_is_exact_and_aligns_the_output_dims(opset):
     m = _model(opset)
-    plain = convert(m, target="fp16")
-    padded = convert(m, target="fp16", pad_tensor_cores=True)
+    plain = convert(m, target="fp16", probe=False)
+    padded = convert(m, target="fp16", pad_tensor_cores=True, probe=False)
     validate(padded.model)
     shapes = _weight_shapes(padded.model)
     assert shapes["mm"] == [64, 104]
@@ -97,7 +97,7 @@ def test_padding_is_exact_and_aligns_the_output_dims(opset):
 
 
 def test_decisions_describe_the_padding_and_follow_the_output_nodes():
-    r = convert(_model(), target="fp16", pad_tensor_cores=True)
+    r = convert(_model(), target="fp16", pad_tensor_cores=True, probe=False)
     assert len(r.decisions) == len(r.model.graph.node)
     d = {x.node: x for x in r.decisions}
     slices = [x for x in r.decisions if x.rule == "pad.slice"]
@@ -112,8 +112,8 @@ def test_decisions_describe_the_padding_and_follow_the_output_nodes():
 
 def test_bf16_matmul_is_padded_exactly():
     m = _model(opset=17)
-    plain = convert(m, target="bf16")
-    padded = convert(m, target="bf16", pad_tensor_cores=True)
+    plain = convert(m, target="bf16", probe=False)
+    padded = convert(m, target="bf16", pad_tensor_cores=True, probe=False)
     validate(padded.model)
     assert _weight_shapes(padded.model)["mm"] == [64, 104]
     feeds = _feeds()
@@ -123,8 +123,8 @@ def test_bf16_matmul_is_padded_exactly():
 
 def test_off_by_default_and_fp32_nodes_are_left_alone():
     m = _model()
-    assert not any(n.op_type == "Slice" for n in convert(m).model.graph.node)
-    r = convert(m, pad_tensor_cores=True, block_ops=["MatMul"])
+    assert not any(n.op_type == "Slice" for n in convert(m, probe=False).model.graph.node)
+    r = convert(m, pad_tensor_cores=True, block_ops=["MatMul"], probe=False)
     shapes = _weight_shapes(r.model)
     assert shapes["mm"] == [64, 100] and shapes["shared1"] == [64, 20]  # FP32: no Tensor Cores to align for
     assert shapes["conv"] == [8, 8, 3, 3]
@@ -156,8 +156,8 @@ def _gemm_model():
 
 def test_gemm_weights_are_padded_on_the_axis_the_table_lays_out():
     m = _gemm_model()
-    plain = convert(m, target="fp16")
-    padded = convert(m, target="fp16", pad_tensor_cores=True)
+    plain = convert(m, target="fp16", probe=False)
+    padded = convert(m, target="fp16", pad_tensor_cores=True, probe=False)
     validate(padded.model)
     assert _weight_shapes(padded.model) == {"gemm_tb": [16, 64], "gemm_ta": [16, 24]}
     assert "b_pad16" in {t.name for t in padded.model.graph.initializer}
@@ -170,7 +170,7 @@ def test_gemm_weights_are_padded_on_the_axis_the_table_lays_out():
 def test_only_ops_the_policy_table_lays_out_are_padded():
     """Without its ``gemm`` layout in the table, a Gemm is not known to have a weight with an N axis."""
     table = PolicyTable([dataclasses.replace(e, gemm=None) if e.op == "Gemm" else e for e in default_table()])
-    padded = convert(_gemm_model(), target="fp16", pad_tensor_cores=True, policy=table)
+    padded = convert(_gemm_model(), target="fp16", pad_tensor_cores=True, policy=table, probe=False)
     assert _weight_shapes(padded.model) == {"gemm_tb": [12, 64], "gemm_ta": [16, 20]}
 
 
@@ -181,7 +181,7 @@ def test_casts_after_a_padded_gemm_name_the_tensor_as_the_output_model_has_it():
          helper.make_node("Softmax", ["mm"], ["y"], name="softmax", axis=-1)],
         [vi("x", F32, [4, 64])], [vi("y", F32, [4, 100])], [tensor("w", weights((64, 100), seed=1))],
     )
-    r = convert(m, target="fp16", provider="cpu", pad_tensor_cores=True)
+    r = convert(m, target="fp16", provider="cpu", pad_tensor_cores=True, probe=False)
     casts = [d for d in r.decisions if d.rule == "lowering.cast" and "softmax" in d.reason]
     assert casts and all("'mm'" in d.reason for d in casts), [d.reason for d in casts]
     reads = {n.input[0] for n in r.model.graph.node if n.op_type == "Cast"}
