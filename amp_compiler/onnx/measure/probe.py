@@ -184,7 +184,10 @@ class _Switches:
     """Inserts the nodes that choose, per reading node, the rounded or the exact value: an If on the
     switches whose branches are Identities (what a Where computes, bit for bit; onnxruntime's CPU
     Where on a scalar condition took 56% of a probe run of ppocr-v4-det, its If with one Identity
-    per branch a copy: a probe run 0.6-0.7 s instead of 0.9-1.1 s at 320x448)."""
+    per branch a copy: a probe run 0.6-0.7 s instead of 0.9-1.1 s at 320x448). A rounded copy's
+    round trip (``Cast(low) -> Cast(float)``, :func:`amp_compiler.onnx.measure.emulate.emulate_in_place`)
+    runs inside the branch taken when the switches are on, and leaves the main graph when nothing
+    else reads it: a run computes only the roundings its switches turn on."""
 
     def __init__(self, m: ir.Model, n_groups: int, group_of: dict[int, int],
                  fp32_inputs: dict[int, Sequence[str]], rounded: dict[ir.Value, ir.Value],
@@ -216,6 +219,29 @@ class _Switches:
                 chosen = self._where(value, exact, on, before=None)
                 chosen.name, value.name = value.name, f"{value.name}__switched"
                 self.graph.outputs[i] = chosen
+        self._drop_unread_round_trips()
+
+    def _drop_unread_round_trips(self) -> None:
+        """The main graph's round trips whose rounded copy nothing reads any more (each reader's If
+        rounds in its own branch)."""
+        outputs = set(self.graph.outputs)
+        for copy in self.rounded:
+            back = copy.producer()
+            if back is None or back.graph is not self.graph or copy.uses() or copy in outputs:
+                continue
+            low = back.inputs[0]
+            self.graph.remove(back, safe=True)
+            to_low = low.producer() if low is not None else None
+            if to_low is not None and low is not None and not low.uses():
+                self.graph.remove(to_low, safe=True)
+
+    def _round_trip_type(self, rounded: ir.Value, exact: ir.Value) -> ir.DataType | None:
+        """The low type ``rounded`` is ``exact`` rounded to by a round trip of Casts; None if it is not."""
+        back = rounded.producer()
+        if self.rounded.get(rounded) is not exact or back is None or back.op_type != "Cast":
+            return None
+        low = back.inputs[0]
+        return low.dtype if low is not None and low.dtype in _LOW else None
 
     def _exact(self, node: ir.Node, k: int, value: ir.Value, own: int | None):
         """The exact value ``node`` reads at input ``k`` when its switches are off, and those switches."""
@@ -244,13 +270,19 @@ class _Switches:
             self.exact_constants[tensor.name] = value
         return value
 
-    def _branch(self, source: ir.Value) -> ir.Graph:
-        """A branch of the If that chooses: ``source`` (a value of the main graph) as it is."""
+    def _branch(self, source: ir.Value, round_to: ir.DataType | None = None) -> ir.Graph:
+        """A branch of the If that chooses: ``source`` (a value of the main graph) as it is, or with
+        ``round_to``, rounded to that type and back (the emulation's round trip)."""
         self.branches += 1
-        node = ir.Node("", "Identity", [source])
-        out = node.outputs[0]
+        nodes = [ir.Node("", "Identity", [source])]
+        if round_to is not None:
+            to_low = ir.Node("", "Cast", [source], [ir.AttrInt64("to", int(round_to))])
+            low = to_low.outputs[0]
+            low.name, low.type, low.shape = f"amp_lowered{self.branches}", ir.TensorType(round_to), source.shape
+            nodes = [to_low, ir.Node("", "Cast", [low], [ir.AttrInt64("to", int(ir.DataType.FLOAT))])]
+        out = nodes[-1].outputs[0]
         out.name, out.type, out.shape = f"amp_switched{self.branches}", source.type, source.shape
-        return ir.Graph([], [out], nodes=[node], name=f"amp_branch{self.branches}")
+        return ir.Graph([], [out], nodes=nodes, name=f"amp_branch{self.branches}")
 
     def _where(self, rounded: ir.Value, exact: ir.Value, on: frozenset[int], before: ir.Node | None) -> ir.Value:
         key = (rounded, on)
@@ -267,8 +299,10 @@ class _Switches:
                 new.append(node)
                 condition = node.outputs[0]
             self.conditions[on] = condition
+        low_type = self._round_trip_type(rounded, exact)
         where = ir.Node("", "If", [condition], attributes=[
-            ir.AttrGraph("then_branch", self._branch(rounded)), ir.AttrGraph("else_branch", self._branch(exact))])
+            ir.AttrGraph("then_branch", self._branch(rounded) if low_type is None else self._branch(exact, low_type)),
+            ir.AttrGraph("else_branch", self._branch(exact))])
         where.outputs[0].type, where.outputs[0].shape = rounded.type, rounded.shape
         new.append(where)
         if before is None:

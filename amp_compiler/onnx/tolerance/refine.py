@@ -28,8 +28,12 @@ conversion misses what the probe measured, the choice is made again below that b
 times, and not when it gives a choice already converted). When no unit is left low although the plain
 conversion missed, ``why_fp32`` says why in one line (the output, and how far off the unit that moves
 it least is on its own). Model runs: at most two per unit and sample in the probe's session (a level's
-runs stop as soon as its samples so far prove it beyond the tolerance), plus one per conversion;
-conversions: usually 2.
+runs stop as soon as its samples so far prove it beyond the tolerance; a unit whose Tensor Core op
+alone is beyond it is not measured whole: :mod:`amp_compiler.onnx.tolerance.choice`), plus one per
+conversion; conversions: usually 2. When the probe with every unit in FP32 already misses the
+tolerance (what no unit controls: on inputs that drive a sigmoid output to ~1e-6, FP32's own rounding
+in a graph fused otherwise moves it by 20%), no unit is measured: every unit is pinned, assuming
+that a unit switched on adds to that error rather than cancels it.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from amp_compiler.onnx.fp8.steps import local_choice
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate, rounded_origin
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
-from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, switches_on, unit_choices
+from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, decide_fp32, switches_on, unit_choices
 from amp_compiler.onnx.tolerance.units import Unit, partition
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
@@ -203,6 +207,19 @@ def refine(
             runner.close()
 
 
+@dataclasses.dataclass
+class _Chosen:
+    """What the choice gave: the conversion, its measurement, what it fixed, why nothing stays low, the shares."""
+
+    result: ConversionResult
+    errors: dict[int, NodeError]
+    outputs: dict[str, float]
+    held: dict[str, float]
+    decided: Decided
+    why: str | None
+    shares: dict[str, float]
+
+
 class _Refiner:
     def __init__(self, fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]], tolerance: float,
                  opts: ConvertOptions, ranges: dict[str, TensorRange] | None, policy: PolicyTable | None,
@@ -269,34 +286,60 @@ class _Refiner:
                             held=self.held, metric=self.opts.metric)
         try:
             room = math.sqrt(max(self.tolerance ** 2 - probe.base ** 2, 0.0))
-            items = [unit_choices(self.alone(probe, room), unit, part, fp8_group.get(unit.root), low)
-                     for unit, part in zip(units, parts, strict=True)]
-            def error(picks: tuple[int, ...]) -> float:
-                return probe.error(switches_on(items, picks), above=self.tolerance)
-
-            def held_error(picks: tuple[int, ...]) -> float:
-                return probe.held_error(switches_on(items, picks), above=self.tolerance)
-
-            choice = VerifiedChoice([[c.option for c in item] for item in items], error, self.tolerance, probe.base,
-                                    held=held_error if self.held else None, held_base=probe.held_base)
-            found = choice.choose(room)
-            converted: set[tuple[int, ...]] = set()
-            while True:
-                picks = list(found.picks)
-                decided = decide(self.fp32.graph, units, items, picks, self.tolerance, low)
-                result, errors, outputs, held = self.convert(decided)
-                converted.add(found.picks)
-                if self.within(outputs, held) or not any(picks) or len(converted) > _CONVERSION_RETRIES:
-                    break
-                found = choice.choose(room, found.budget)  # the conversion missed what the probe measured
-                if found.picks in converted:
-                    break  # the same choice below that budget: the same conversion
-            why = None if any(picks) or not units else self.why_fp32(probe, units, items, room)
+            if room > 0 or not units:
+                chosen = self.choose(probe, units, parts, fp8_group, room)
+            else:  # what no unit controls is beyond the tolerance already
+                chosen = self.fp32_only(probe, units)
         finally:
             self.runs += probe.runs
             probe.close()
-        shares = _shares(units, items, picks, room)
-        return self.done(result, errors, outputs, held, decided.pinned, units=len(units), why_fp32=why, **shares)
+        return self.done(chosen.result, chosen.errors, chosen.outputs, chosen.held, chosen.decided.pinned,
+                         units=len(units), why_fp32=chosen.why, **chosen.shares)
+
+    def choose(self, probe: SwitchProbe, units: list[Unit], parts: list[tuple[int, ...]], fp8_group: dict[int, int],
+               room: float) -> _Chosen:
+        """Each unit's levels measured alone, the set chosen on the probe, converted and measured."""
+        low = self.opts.low_target
+        items = [unit_choices(self.alone(probe, room), unit, part, fp8_group.get(unit.root), low, room)
+                 for unit, part in zip(units, parts, strict=True)]
+
+        def error(picks: tuple[int, ...]) -> float:
+            return probe.error(switches_on(items, picks), above=self.tolerance)
+
+        def held_error(picks: tuple[int, ...]) -> float:
+            return probe.held_error(switches_on(items, picks), above=self.tolerance)
+
+        choice = VerifiedChoice([[c.option for c in item] for item in items], error, self.tolerance, probe.base,
+                                held=held_error if self.held else None, held_base=probe.held_base)
+        found = choice.choose(room)
+        converted: set[tuple[int, ...]] = set()
+        while True:
+            picks = list(found.picks)
+            decided = decide(self.fp32.graph, units, items, picks, self.tolerance, low)
+            result, errors, outputs, held = self.convert(decided)
+            converted.add(found.picks)
+            if self.within(outputs, held) or not any(picks) or len(converted) > _CONVERSION_RETRIES:
+                break
+            found = choice.choose(room, found.budget)  # the conversion missed what the probe measured
+            if found.picks in converted:
+                break  # the same choice below that budget: the same conversion
+        why = None if any(picks) or not units else self.why_fp32(probe, units, items, room)
+        return _Chosen(result, errors, outputs, held, decided, why, _shares(units, items, picks, room))
+
+    def fp32_only(self, probe: SwitchProbe, units: list[Unit]) -> _Chosen:
+        """Every unit pinned, unmeasured: with every switch off the probe already misses the tolerance
+        (what no unit controls), and a unit switched on is assumed to add to that, never to cancel it."""
+        decided = decide_fp32(units, self.tolerance, probe.base, self.opts.low_target)
+        result, errors, outputs, held = self.convert(decided)
+        moved = probe.errors(())
+        output = max(moved, key=lambda name: moved[name])
+        what = "relative L2" if self.opts.metric is Metric.REL_L2 else metric_name(self.opts.metric)
+        why = (f"no unit can stay {self.opts.low_target.value} within --tolerance {self.tolerance:g}: with every unit "
+               f"in FP32 the probe already moves output '{output}' by {moved[output]:.3g} ({what}), what no unit "
+               f"controls (FP32's own rounding in a graph fused otherwise, roundings inside subgraphs, tables "
+               f"stored low); inputs unlike the model's real ones (e.g. noise) can cause this")
+        shares = {"low_flops_share": 0.0, "fp8_flops_share": 0.0, "ceiling": 0.0}
+        return _Chosen(result, errors, outputs, held, decided, why, shares)
 
     def why_fp32(self, probe: SwitchProbe, units: list[Unit], items: list[list[Choice]], room: float) -> str:
         """One line: no unit stays low, the output the unit that moves the outputs least moves most,

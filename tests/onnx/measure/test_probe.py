@@ -63,6 +63,21 @@ def test_all_on_is_the_emulated_conversion_and_all_off_is_fp32(name):
             np.testing.assert_allclose(all_off[o.name], reference[o.name], rtol=1e-5, atol=1e-7)
 
 
+
+@pytest.mark.parametrize("name", ["decomposed-activations", "resnet50-small"])
+def test_roundings_run_only_in_the_branches_their_switches_take(name):
+    """The emulation's round trips (two Casts per rounded tensor) leave the main graph for the If
+    branches that are taken when a switch is on: a run with every switch off computes none."""
+    fp32, _, result, groups = _setup(name)
+    probe = build_probe(fp32, result.model, result.decisions, groups)
+    casts = sum(n.op_type == "Cast" for n in probe.graph.node)
+    assert casts == sum(n.op_type == "Cast" for n in result.model.graph.node)  # the conversion's own only
+    taken_when_on = [a.g for n in probe.graph.node if n.op_type == "If" for a in n.attribute
+                     if a.name == "then_branch"]
+    rounding = [g for g in taken_when_on if [n.op_type for n in g.node] == ["Cast", "Cast"]]
+    assert len(rounding) >= (sum(n.op_type == "Cast" for n in emulate(result.model).graph.node) - casts) // 2
+
+
 def test_errors_are_against_fp32_and_the_models_stay_as_they_were():
     fp32, samples, result, groups = _setup("decomposed-activations")
     before = (fp32.SerializeToString(), result.model.SerializeToString())

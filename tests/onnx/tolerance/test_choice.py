@@ -35,6 +35,26 @@ def test_a_tensor_core_unit_with_followers_has_every_level_cheaper_ones_first():
     assert switches_on([got, cheap], [3, 1]) == {7, 9, 10} and switches_on([got, cheap], [0, 0]) == frozenset()
 
 
+
+def test_a_unit_whose_tensor_core_op_alone_is_beyond_the_room_is_not_measured_whole():
+    measured = []
+
+    def alone(on):
+        measured.append(on)
+        return {frozenset({7}): 0.05, frozenset({7, 9}): 0.002}.get(on, 0.001)
+
+    unit = Unit((3, 4, 5), 1000)
+    got = unit_choices(alone, unit, (7, 8), 9, Target.FP16, room=0.01)
+    # low-root (0.05) is beyond the room: low and fp8 take its error unmeasured; fp8-root (0.002) is not
+    assert measured == [{7}, {7, 9}, {7, 8, 9}]
+    assert [(c.level, c.option.error, c.measured) for c in got] == [
+        (Level.FP32, 0.0, True), (Level.LOW_ROOT, 0.05, True), (Level.LOW, 0.05, False),
+        (Level.FP8_ROOT, 0.002, True), (Level.FP8, 0.001, True)]
+    measured.clear()
+    assert [c.option.error for c in unit_choices(alone, unit, (7, 8), None, Target.FP16)] == [0.0, 0.05, 0.001]
+    assert measured == [{7}, {7, 8}]  # no room given: every level measured
+
+
 def _chain():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
              helper.make_node("Add", ["h", "b"], ["h1"], name="bias"),
@@ -58,3 +78,13 @@ def test_decide_gives_every_node_of_a_unit_one_place_with_the_measured_numbers()
         d = decide(graph, [unit], [item], [by_level[level]], 0.01, Target.FP16)
         assert ([i for i, _ in d.pinned], [i for i, _ in d.kept], [i for i, _ in d.fp8]) == (pinned, kept, fp8)
         assert all("--tolerance 0.01" in why and "MatMul 'mm'" in why for _, why in d.pinned + d.kept + d.fp8)
+
+
+def test_a_pin_whose_unit_was_not_measured_whole_reports_its_tensor_core_op_alone():
+    graph = _chain().graph
+    unit = Unit((0, 1, 2), 512)
+    item = unit_choices(lambda on: 0.03 if on == {0} else 0.5, unit, (0, 1), None, Target.FP16, room=0.01)
+    d = decide(graph, [unit], [item], [0], 0.01, Target.FP16)
+    assert [i for i, _ in d.pinned] == [0, 1, 2]
+    assert all("in fp16 alone MatMul 'mm' moves the outputs by 3.00e-02 (relative L2) before the 2 op(s) it feeds"
+               in why for _, why in d.pinned)

@@ -3,9 +3,13 @@ part, measured on both, and when no unit can stay low the refinement says why in
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from amp_compiler.onnx.measure.probe import SwitchProbe
+from amp_compiler.onnx.tolerance import refine as refine_module
 from amp_compiler.onnx.tolerance.refine import refine
 from amp_compiler.options import ConvertOptions
 from amp_compiler.runtime.runner import InProcessRunner
@@ -49,3 +53,37 @@ def test_a_metric_the_plain_conversion_meets_needs_no_units(metric):
         r = refine(fp32, samples, 1e-9, ConvertOptions(metric=metric), runner=runner)
     assert not by_l2.met or by_l2.pinned
     assert r.met and r.units == 0 and not r.pinned and max(r.output_errors.values()) == 0.0
+
+
+def test_units_beyond_the_tolerance_by_their_tensor_core_op_alone_cost_fewer_runs_for_the_same_choice(monkeypatch):
+    fp32, samples = _model("resnet50-small", 4)
+    with InProcessRunner() as runner:
+        r = refine(fp32, samples, 3e-4, runner=runner)
+        every_level = refine_module.unit_choices
+        monkeypatch.setattr(refine_module, "unit_choices", lambda *args: every_level(*args[:5], room=math.inf))
+        full = refine(fp32, samples, 3e-4, runner=runner)
+    assert r.met == full.met and [i for i, _ in r.pinned] == [i for i, _ in full.pinned]
+    assert r.output_errors == full.output_errors and r.held_out_errors == full.held_out_errors
+    assert r.model_runs < full.model_runs
+    assert any("before the" in why for _, why in r.pinned)
+
+
+def test_when_what_no_unit_controls_misses_the_tolerance_no_unit_is_measured(monkeypatch):
+    """silero-vad rounds inside its subgraphs, which no unit's switch controls: 1e-4 is out of reach."""
+    switched = []
+    measure = SwitchProbe._measure
+
+    def recorded(self, on, *args, **kwargs):
+        switched.append(frozenset(on))
+        return measure(self, on, *args, **kwargs)
+
+    monkeypatch.setattr(SwitchProbe, "_measure", recorded)
+    fp32, samples = _model("silero-vad", 4)
+    with InProcessRunner() as runner:
+        r = refine(fp32, samples, 1e-4, runner=runner)
+    assert r.units and switched and not any(switched)  # only the probe with every switch off ran
+    assert r.pinned and all("with every unit in FP32 the probe already moves the outputs by" in why
+                            for _, why in r.pinned)
+    assert r.why_fp32 is not None and "\n" not in r.why_fp32
+    assert r.why_fp32.startswith("no unit can stay fp16 within --tolerance 0.0001: with every unit in FP32 the "
+                                 "probe already moves output '")
