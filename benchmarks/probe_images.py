@@ -6,9 +6,9 @@ The range probe (:mod:`amp_compiler.onnx.measure.range_probe`) feeds an image in
 its range (0..1, 0..255, -1..1). Uniform noise is no image: every pixel independent, its spectrum
 flat. Natural images have most of their energy at low spatial frequencies (an amplitude spectrum
 about 1/f), large flat regions and sharp edges between them. The *dead leaves* model draws exactly
-that: opaque discs of random grey level and tint, radii power-law distributed (density r^-3, which
-gives the 1/f spectrum), dropped one over the other until the image is covered, a little grain on top;
-stretched to fill the input's range.
+that (:mod:`amp_compiler.onnx.measure.images`): opaque discs of random grey level and tint, radii
+power-law distributed (density r^-3, which gives the 1/f spectrum), dropped one over the other until the
+image is covered, a little grain on top; stretched to fill the input's range.
 
 Per model and seed, the default conversion (the probe on) is run with each generator, and the probe's
 worst output error on its generated sample (max error as a share of the output's range, rel-L2) is
@@ -25,51 +25,9 @@ import functools
 
 import numpy as np
 
-__all__ = ["COVER", "dead_leaves", "main"]
+from amp_compiler.onnx.measure.images import dead_leaves
 
-#: Discs dropped: enough that their areas add up to this many times the image's (a pixel is left
-#: uncovered with probability e^-COVER: 0.7%), at most :data:`_MAX_LEAVES`.
-COVER = 5.0
-_MAX_LEAVES = 20_000
-#: Radii, in pixels: from 2 px (a stroke, a texture's grain) to half the image's shorter side.
-_MIN_RADIUS = 2.0
-_MAX_RADIUS_SHARE = 0.5
-#: Grain: Gaussian noise of this share of the range on every pixel.
-_GRAIN = 0.02
-
-
-def dead_leaves(rng: np.random.Generator, shape: tuple[int, ...], low: float, high: float) -> np.ndarray:
-    """Float32 images of ``shape`` (``(N, C, H, W)``) in ``[low, high]``: dead leaves (see the module
-    doc), channels sharing each disc's grey level with a small tint of their own."""
-    n, c, h, w = shape
-    out = np.empty(shape, np.float32)
-    side = min(h, w)
-    r_max = max(2 * _MIN_RADIUS, _MAX_RADIUS_SHARE * side)
-    # E[r^2] of the density r^-3 on [r_min, r_max]: 2 r_min^2 ln(r_max / r_min) / (1 - (r_min / r_max)^2)
-    mean_square = 2 * _MIN_RADIUS**2 * np.log(r_max / _MIN_RADIUS) / (1 - (_MIN_RADIUS / r_max) ** 2)
-    count = int(min(_MAX_LEAVES, max(16, COVER * h * w / (np.pi * mean_square))))
-    ys, xs = np.arange(h)[:, None], np.arange(w)[None, :]
-    for i in range(n):
-        canvas = np.full((c, h, w), rng.uniform(0, 1), np.float32)
-        # radius density r^-3 on [r_min, r_max]: inverse CDF of u (1/r^2 uniform between the bounds)
-        u = rng.uniform(0, 1, count)
-        radii = 1.0 / np.sqrt(1.0 / _MIN_RADIUS**2 - u * (1.0 / _MIN_RADIUS**2 - 1.0 / r_max**2))
-        centres_y, centres_x = rng.uniform(0, h, count), rng.uniform(0, w, count)
-        greys = rng.uniform(0, 1, count)
-        tints = rng.normal(0, 0.1, (count, c))
-        for r, cy, cx, grey, tint in zip(radii, centres_y, centres_x, greys, tints, strict=True):
-            y0, y1 = max(0, int(cy - r)), min(h, int(cy + r) + 1)
-            x0, x1 = max(0, int(cx - r)), min(w, int(cx + r) + 1)
-            if y0 >= y1 or x0 >= x1:
-                continue
-            disc = (ys[y0:y1] - cy) ** 2 + (xs[:, x0:x1] - cx) ** 2 <= r * r
-            for ch in range(c):
-                canvas[ch, y0:y1, x0:x1][disc] = np.clip(grey + tint[ch], 0, 1)
-        canvas += rng.normal(0, _GRAIN, canvas.shape).astype(np.float32)
-        lo, hi = float(canvas.min()), float(canvas.max())
-        canvas = (canvas - lo) / (hi - lo) if hi > lo else np.full_like(canvas, 0.5)
-        out[i] = low + canvas * (high - low)
-    return out
+__all__ = ["main"]
 
 
 def _with_images(generator, random_samples):
