@@ -6,9 +6,11 @@ sharp edges between them. The *dead leaves* model draws exactly that: opaque dis
 level and tint, radii power-law distributed (density r^-3, which gives the 1/f spectrum), dropped one
 over the other until the image is covered, a little grain on top; stretched to fill the input's range.
 
-Measured on the catalog's image models (``python -m benchmarks.probe_images``) as a replacement for
-the range probe's uniform noise, dead leaves bring its output error closer to the real one on 2 of 7
-models and further on 2 (a text detector's map is flat on text-free images).
+Neither kind stands for real inputs alone: measured on the catalog's image models
+(``python -m benchmarks.probe_images``), dead leaves bring the probe's output error closer to the
+real one on 2 of 7 models and further on 2 (a text detector's map is flat on text-free images), but
+the worse of the two (noise, leaves) reaches 2% of range on every model that misses it on real
+inputs. So the probe runs both (:mod:`amp_compiler.onnx.measure.range_probe`) and reports the worse.
 
 A pixel shows the last disc dropped over it: the disc of highest index that covers it. Every disc's
 pixels (its bounding box masked by the disc) are gathered at once, radii of one size class together,
