@@ -34,7 +34,9 @@ def test_neighbouring_pixels_are_mostly_equal_but_for_grain_with_sharp_edges_bet
     assert np.mean(steps > 0.25) > 0.005  # edges between discs
 
 
-def test_each_pixel_shows_the_last_disc_dropped_over_it():
+@pytest.mark.parametrize("chunk", [images._CHUNK_PIXELS, 64])  # 64: discs wider than 8 px each on its own
+def test_each_pixel_shows_the_last_disc_dropped_over_it(monkeypatch, chunk):
+    monkeypatch.setattr(images, "_CHUNK_PIXELS", chunk)
     rng = np.random.default_rng(3)
     h, w, count = 30, 40, 200
     radii = rng.uniform(0.5, 12.0, count)
