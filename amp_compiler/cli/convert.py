@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -94,14 +95,14 @@ class ConvertCommand(Command):
             output_files = files.save(result, check)
             warnings.extend(result.provider_warnings)
             warnings.extend(check.warnings if check is not None else ())
-        accuracy, measured_on = _measured(result, analysis)
-        warnings.extend(accuracy_warnings(accuracy, measured_on, files.source, output_files[0]))
+        accuracy, measured_on, kinds = _measured(result, analysis)
+        warnings.extend(accuracy_warnings(accuracy, measured_on, files.source, output_files[0], kinds))
         if result.probe_skipped:
             warnings.append(f"converted without the range probe: {result.probe_skipped}")
         if not args.quiet:
             line = summary_line(result, files.files, output_files, time.perf_counter() - start)
             line += load_check_note(check.disabled) if check is not None else ""
-            print(line + accuracy_note(accuracy, measured_on))
+            print(line + accuracy_note(accuracy, measured_on, kinds))
             if analysis and analysis.refinement:
                 print(tolerance_line(analysis, self.analysis.tolerance))
                 if analysis.refinement.why_fp32:
@@ -177,23 +178,32 @@ def probe_note(result: ConversionResult) -> str:
             f"{result.probe_runs} model run(s)")
 
 
-def _measured(result: ConversionResult, analysis: Analysis | None) -> tuple[list[OutputAccuracy], str]:
-    """The written model's output errors and what they were measured on: the report's (calibration
-    data, or the probe's or random inputs), else the conversion's own (the range probe's inputs)."""
+def _measured(
+    result: ConversionResult, analysis: Analysis | None
+) -> tuple[list[OutputAccuracy], str, dict[str, str]]:
+    """The written model's output errors, what they were measured on, and per output the kind of
+    generated input that showed its error (the range probe's, on a model with an image input): the
+    report's (calibration data, or the probe's or random inputs), else the conversion's own (the range
+    probe's inputs)."""
     if analysis is not None:
         s = analysis.report.summary
-        return list(s.accuracy), "the calibration data" if s.calibration_samples else "generated inputs"
-    return list(result.accuracy), "generated inputs"
+        if s.calibration_samples:
+            return list(s.accuracy), "the calibration data", {}
+        return list(s.accuracy), "generated inputs", dict(result.accuracy_on) if result.probe_inputs else {}
+    return list(result.accuracy), "generated inputs", dict(result.accuracy_on)
 
 
-def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str) -> str:
+def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str, kinds: Mapping[str, str] | None = None) -> str:
     """The summary line's output error against FP32 (exact emulation): per output when there are
-    several, at most three, worst first (max error as a share of the output's range, rel-L2, cosine)."""
+    several, at most three, worst first (max error as a share of the output's range, rel-L2, cosine),
+    each with the kind of input that showed it when ``kinds`` names one."""
     if not accuracy:
         return ""
     worst = sorted(accuracy, key=lambda a: (a.finite, -a.error_of_range))
     shown = worst if len(worst) <= 3 else worst[:3]
-    parts = [_one_error(a, name=len(accuracy) > 1) for a in shown]
+    kinds = kinds or {}
+    parts = [_one_error(a, name=len(accuracy) > 1) + (f" ({kinds[a.name]})" if a.name in kinds else "")
+             for a in shown]
     more = f" (+{len(accuracy) - 3} more)" if len(accuracy) > 3 else ""
     return f" | output error vs fp32 on {measured_on}: " + "; ".join(parts) + more
 
@@ -206,9 +216,13 @@ def _one_error(a: OutputAccuracy, *, name: bool) -> str:
     return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}"
 
 
-def accuracy_warnings(accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path) -> list[str]:
+def accuracy_warnings(
+    accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path,
+    kinds: Mapping[str, str] | None = None,
+) -> list[str]:
     """One warning when an output misses the line (:func:`~amp_compiler.onnx.measure.output_error.misses`):
-    the worst such output, how far, and the commands that help."""
+    the worst such output, how far, on what (``kinds``: the kind of input that showed it, per output),
+    and the commands that help."""
     from amp_compiler.onnx.measure.output_error import MAX_ERROR_OF_RANGE, misses
 
     missed = sorted((a for a in accuracy if misses(a)), key=lambda a: (a.finite, -a.error_of_range))
@@ -219,7 +233,8 @@ def accuracy_warnings(accuracy: list[OutputAccuracy], measured_on: str, model: P
         f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [
-        f"output {a.name!r} {how} on {measured_on}{more}, past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
+        f"output {a.name!r} {how} on {measured_on}{f' ({kinds[a.name]})' if kinds and a.name in kinds else ''}"
+        f"{more}, past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
         f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
         "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32"
     ]

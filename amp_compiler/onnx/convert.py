@@ -37,7 +37,7 @@ from amp_compiler.onnx.load.foreign_ops import foreign_ops
 from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
-from amp_compiler.onnx.measure.output_error import output_accuracy
+from amp_compiler.onnx.measure.output_error import worst_accuracy
 from amp_compiler.onnx.measure.range_probe import (
     PROBE_MAX_NODES,
     PROBE_MAX_WEIGHT_BYTES,
@@ -270,11 +270,14 @@ def _probe_model(proto: onnx.ModelProto, origin: str, locations) -> tuple[onnx.M
 
 def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto, runner: Runner) -> None:
     """The written model's output error on the probe's inputs, against the FP32 outputs the probe kept
-    (one run of the emulated model per sample)."""
+    (one run of the emulated model per sample): per output, on the sample where it is worst, and
+    which kind that sample is when they differ (an image model's noise and dead leaves)."""
     result.probe_inputs, result.probe_runs, result.probe_dims = probe.inputs, probe.runs, probe.dims
     result.probe_shapes = {k: tuple(v.shape) for k, v in probe.samples[0].items()}
     try:
-        result.accuracy = output_accuracy(fp32, result.model, probe.samples, runner, probe.outputs)
+        worst = worst_accuracy(fp32, result.model, probe.samples, runner, probe.outputs)
+        result.accuracy = [a for a, _ in worst]
+        result.accuracy_on = {a.name: probe.kinds[i] for a, i in worst} if probe.kinds else {}
         result.probe_runs += len(probe.samples)
     except ModelRunError as exc:
         result.accuracy_not_measured = first_line(exc)

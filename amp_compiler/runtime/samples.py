@@ -30,8 +30,8 @@ from amp_compiler.errors import AmpUserError
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "input_kinds", "load_samples",
-    "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
+    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "image_inputs", "input_kinds",
+    "load_samples", "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -333,6 +333,19 @@ def input_kinds(
             elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
                 kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
     return kinds
+
+
+def image_inputs(
+    model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
+) -> dict[str, tuple[float, float]]:
+    """The inputs :func:`input_kinds` takes for images (4-D floats of 1, 3 or 4 channels whose range no
+    option states), with their pixel range."""
+    kinds = input_kinds(model, input_ranges)
+    return {
+        info.name: kinds[info.name].bounds for info in model_inputs(model)
+        if info.name in kinds and info.name not in (input_ranges or {}) and _image_like(info.type.tensor_type)
+        and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type), np.floating)
+    }
 
 
 def waveform_inputs(model: onnx.ModelProto) -> set[str]:

@@ -68,7 +68,7 @@ def test_cli_convert_says_where_ranges_came_from_and_warns(tmp_path):
     out = tmp_path / "text_det.fp16.onnx"
     run = subprocess.run([sys.executable, "-m", "amp_compiler", "convert", str(source), "-o", str(out)],
                          capture_output=True, text=True, check=True)
-    assert "ranges from generated inputs (image: image 0..1)" in run.stdout  # it normalizes its input
+    assert "ranges from generated inputs (image: image 0..1, uniform noise and dead leaves)" in run.stdout  # it normalizes its input
     assert "output error vs fp32 on generated inputs: max" in run.stdout
     warnings = [line for line in run.stderr.splitlines() if "warning: output 'prob'" in line]
     assert len(warnings) == 1 and "amp-compiler compare" in warnings[0] and "--tolerance" in warnings[0], run.stderr

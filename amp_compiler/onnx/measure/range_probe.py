@@ -2,7 +2,8 @@
 
     generated inputs (following what is known: --input-range, --input-shape, images, token ids) ->
     one run of the FP32 model (its outputs kept: the reference the written model is measured against)
-    -> one run with every tensor observed (:func:`~amp_compiler.onnx.measure.calibrate.collect_ranges`)
+    [-> for a model with an image input, a second sample: the same with dead-leaves images, run too]
+    -> one run per sample with every tensor observed (:func:`~amp_compiler.onnx.measure.calibrate.collect_ranges`)
     -> ranges for the calibration rules, as ``probe.overflow``/``probe.underflow``
 
 A default conversion decides with these ranges what a calibration would decide with real data: a
@@ -11,6 +12,12 @@ not real ones: what they show is evidence, not a bound, so the graph inputs' ran
 feed the static range analysis (which treats input ranges as proven), and the reasons say where the
 ranges came from. The margin is calibration's (2x, :class:`~amp_compiler.passes.analysis.calibration.
 CalibrationRangePass`): see ``docs/converting.md`` for the catalog figures that chose it.
+
+An image input takes uniform noise in its range, and the model runs a second time on the same sample
+with dead-leaves images instead (:mod:`~amp_compiler.onnx.measure.images`: flat regions, edges, a 1/f
+spectrum): ranges come from both, and the written model's error is the worse of the two per output.
+Neither kind alone shows every model that misses 2% of range on real images; the worse of the two
+does, on the catalog (``docs/converting.md``).
 
 Whatever stops the run (the run budget, a crash, onnxruntime refusing the model or generated inputs that
 do not fit) leaves the conversion without the probe and one warning line (:class:`ProbeSkipped`).
@@ -35,11 +42,14 @@ from amp_compiler.errors import (
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
+from amp_compiler.onnx.measure.images import dead_leaves
 from amp_compiler.onnx.measure.probe_dims import probe_dims, probe_shapes
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.runtime.samples import SampleSizeError, input_kinds, model_inputs
+from amp_compiler.runtime.samples import SampleSizeError, image_inputs, input_kinds, model_inputs
 
-__all__ = ["PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSkipped", "RangeProbe", "probe_ranges"]
+__all__ = [
+    "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSkipped", "RangeProbe", "probe_ranges",
+]
 
 #: Models whose weights take more than this are converted without the probe (one warning): their
 #: weights stay on disk for the conversion, and running them would read all of them into the child.
@@ -64,6 +74,12 @@ class RangeProbe:
     runs: int
     inputs: str  # "x: image 0..1; batch=1" (what each input's values followed, and dynamic dims)
     dims: dict[str, int] = dataclasses.field(default_factory=dict)  # the dynamic dims' values (the search's)
+    kinds: list[str] = dataclasses.field(default_factory=list)  # per sample, what its images are (image models)
+
+
+#: What the samples of a model with an image input hold there, in order: the generated sample's
+#: uniform noise, then dead leaves (:func:`~amp_compiler.onnx.measure.images.dead_leaves`).
+IMAGE_SAMPLES = ("uniform noise", "dead-leaves image")
 
 
 #: The sizes (height, width) an image input's dynamic spatial dims take first, in turn: a photo at
@@ -153,18 +169,25 @@ def probe_ranges(
     model: onnx.ModelProto, runner: Runner, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     input_ranges: Mapping[str, tuple[float, float]] | None = None, seed: int = 0,
 ) -> RangeProbe:
-    """Run the FP32 ``model`` (weights in memory) on one generated sample through ``runner`` and
-    observe every float tensor. Raises :class:`ProbeSkipped` when the model cannot be run on
-    generated inputs (over the run budget, crashed, refused, inputs too large)."""
+    """Run the FP32 ``model`` (weights in memory) on one generated sample through ``runner`` (two for a
+    model with an image input: :data:`IMAGE_SAMPLES`) and observe every float tensor. Raises
+    :class:`ProbeSkipped` when the model cannot be run on generated inputs (over the run budget,
+    crashed, refused, inputs too large)."""
+    images = image_inputs(model, input_ranges)
     try:
         generated = _generated(model, runner, input_shapes, input_ranges, seed)
-        ranges = collect_ranges(model, generated.samples, runner=runner)
+        samples, outputs = list(generated.samples), list(generated.outputs)
+        if images:
+            samples.append(_with_leaves(samples[0], images, seed))
+            outputs.append(_run(model, runner, samples[-1]))
+        ranges = collect_ranges(model, samples, runner=runner)
     except RunBudgetError as exc:
         raise ProbeSkipped(f"its run exceeds the run budget ({first_line(exc)})") from None
     except (ModelRunError, SampleSizeError) as exc:
         raise ProbeSkipped(first_line(exc)) from None
     kinds = input_kinds(model, input_ranges)
-    described = [f"{name}: {kind.why}" for name, kind in kinds.items()]
+    described = [f"{name}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
+                 for name, kind in kinds.items()]
     if generated.dims:
         described.append(generated.describe())
     given = input_shapes or {}
@@ -172,6 +195,27 @@ def probe_ranges(
     described += [f"{name}: {'x'.join(map(str, array.shape))}" for name, array in generated.samples[0].items()
                   if name in sized]
     return RangeProbe(
-        generated.samples, generated.outputs, ranges, runs=1 + len(generated.refused) + len(generated.samples),
+        samples, outputs, ranges, runs=len(generated.refused) + 2 * len(samples),  # outputs, then observed
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
+        kinds=list(IMAGE_SAMPLES) if images else [],
     )
+
+
+def _with_leaves(
+    sample: Mapping[str, np.ndarray], images: Mapping[str, tuple[float, float]], seed: int
+) -> dict[str, np.ndarray]:
+    """``sample`` with each image input drawn as dead leaves in its range (same shape and type)."""
+    rng = np.random.default_rng(seed)
+    out = dict(sample)
+    for name, (low, high) in images.items():
+        out[name] = dead_leaves(rng, sample[name].shape, low, high).astype(sample[name].dtype)
+    return out
+
+
+def _run(model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """The FP32 model's outputs on one sample (graph output order)."""
+    session = runner.load(model)
+    try:
+        return session.run(sample)
+    finally:
+        session.close()

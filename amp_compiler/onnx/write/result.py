@@ -73,6 +73,9 @@ class ConversionResult:
     # not measured; why it was not, when the probe ran ("" when it was).
     accuracy: list[OutputAccuracy] = dataclasses.field(default_factory=list)
     accuracy_not_measured: str = ""
+    # Per output, the kind of generated input its error above was measured on, when the probe's samples
+    # differ in kind (a model with an image input: its worst of uniform noise and dead-leaves images).
+    accuracy_on: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def decisions_by_rule(self) -> dict[str, int]:
         return count_by_rule(self.decisions)

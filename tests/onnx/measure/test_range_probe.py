@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -63,9 +65,52 @@ def test_a_graph_over_the_node_limit_converts_without_the_probe(monkeypatch):
 
 def test_the_probe_measures_what_it_ran():
     result = convert(_image_model(0.45), probe=True, runner=InProcessRunner())
-    assert result.probe_inputs == "image: image 0..1" and result.probe_runs == 3 and result.probe_skipped == ""
+    assert result.probe_inputs == "image: image 0..1, uniform noise and dead leaves" and result.probe_skipped == ""
+    assert result.probe_runs == 6  # FP32 outputs, observed tensors and the written model's, on each of 2 samples
     (accuracy,) = result.accuracy
     assert accuracy.name == "y" and accuracy.finite and accuracy.error_of_range < 0.01
+    assert result.accuracy_on["y"] in range_probe.IMAGE_SAMPLES
+
+
+def test_an_image_is_probed_as_noise_and_as_dead_leaves_and_ranges_cover_both():
+    probe = range_probe.probe_ranges(_image_model(0.45), InProcessRunner())
+    noise, leaves = (sample["image"] for sample in probe.samples)
+    assert probe.kinds == ["uniform noise", "dead-leaves image"]
+    assert leaves.shape == noise.shape and leaves.dtype == noise.dtype and 0 <= leaves.min() and leaves.max() <= 1
+    assert np.mean(np.abs(np.diff(leaves, axis=-1)) < 0.1) > 2 * np.mean(np.abs(np.diff(noise, axis=-1)) < 0.1)
+    y = np.concatenate([outputs[0].ravel() for outputs in probe.outputs])
+    assert (probe.ranges["y"].min, probe.ranges["y"].max) == (y.min(), y.max())
+    assert probe.ranges["y"].count == y.size
+
+
+def test_a_model_without_an_image_input_is_probed_on_one_sample():
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, [1, 16])],
+              [vi("y", F32, [1, 4])], [tensor("w", weights((16, 4)))])
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert len(probe.samples) == len(probe.outputs) == 1 and probe.kinds == [] and probe.runs == 2
+    result = convert(m, probe=True, runner=InProcessRunner())
+    assert result.accuracy and result.accuracy_on == {}
+
+
+def test_each_output_is_measured_on_the_sample_where_it_is_worst_and_the_warning_names_its_kind():
+    from amp_compiler.cli.convert import accuracy_note, accuracy_warnings
+    from amp_compiler.onnx.measure.output_error import output_accuracy, worst_accuracy
+
+    fp32 = model([helper.make_node("MatMul", ["x", "eye"], ["y"], name="mm")], [vi("x", F32, [1, 64])],
+                 [vi("y", F32, [1, 64])], [tensor("eye", np.eye(64, dtype=np.float32))])
+    converted = convert(fp32, runner=InProcessRunner()).model
+    rng = np.random.default_rng(0)
+    small = {"x": rng.uniform(0, 1, (1, 64)).astype(np.float32)}
+    large = {"x": (1000 + rng.uniform(0, 1, (1, 64))).astype(np.float32)}  # FP16's step at 1000 is 0.5
+    ((accuracy, index),) = worst_accuracy(fp32, converted, [small, large], InProcessRunner())
+    assert index == 1 and accuracy.error_of_range > 0.1  # its own range is 1: pooled with 0..1, it is 1000
+    (pooled,) = output_accuracy(fp32, converted, [small, large], InProcessRunner())
+    assert pooled.error_of_range < 0.001
+    kinds = {"y": "dead-leaves image"}
+    (warning,) = accuracy_warnings([accuracy], "generated inputs", Path("m.onnx"), Path("m.fp16.onnx"), kinds)
+    assert f"is off by {accuracy.error_of_range:.2%} of its range" in warning
+    assert "on generated inputs (dead-leaves image), past 2% of range" in warning
+    assert accuracy_note([accuracy], "generated inputs", kinds).endswith("(dead-leaves image)")
 
 
 def test_the_python_api_probes_by_default_as_the_cli_does():
