@@ -16,7 +16,7 @@ Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or `
     {"op": "close", "session": S}                          -> {"ok": true}
     {"op": "fold", "sessions": [S...], "fold": K, "names": [...], "arrays": [...]} + bytes -> {"ok": true}
     {"op": "statistics", "fold": K}                        -> {"ok", "statistics": {name: [child_folds.STAT_FIELDS...]}}
-    {"op": "compare", "reference": S, "converted": S2, "fold": K, "pairs": [[R, C]...], "outputs": [[R, C]...],
+    {"op": "compare", "reference": [S...], "converted": [S...], "fold": K, "pairs": [[R, C]...], "outputs": [[R, C]...],
      "reference_feeds": [...], "converted_feeds": [...], "half": [...], "names": [...], "arrays": [...]} + bytes
                                                            -> {"ok", "arrays": [...]} + bytes
 
@@ -24,10 +24,11 @@ Requests and answers (``ok`` false: ``kind`` is ``memory``, ``unsupported`` or `
 outputs, :func:`run_chain`), folds every float output into the running statistics ``K``
 (:func:`child_folds.fold_array`) and drops each tensor once no later session needs it: nothing goes back but
 ``ok``. ``statistics`` answers ``K``'s statistics and forgets them. This is how calibration observes
-ranges at the cost of running the model: only statistics cross the pipe. ``compare`` runs an FP32
-model and a converted one, each with every tensor exposed, and folds each pair of tensors into the
-running error sums ``K`` (:func:`compare_runs`, :data:`child_folds.ERROR_FIELDS`; ``statistics`` answers them
-too): only the sums and the graph outputs asked for cross the pipe (how ``--tolerance`` measures).
+ranges at the cost of running the model: only statistics cross the pipe. ``compare`` runs the chains
+of an FP32 model and of a converted one, each with every tensor exposed, interleaved, and folds each
+pair of tensors into the running error sums ``K`` as soon as both halves are out (:func:`compare_chains`,
+:data:`child_folds.ERROR_FIELDS`; ``statistics`` answers them too): only the sums and the graph outputs
+asked for cross the pipe (how ``--tolerance`` measures).
 
 The child's first line is ``{"ready": true}`` once onnxruntime is imported. Session options are
 the same in the child and in-process (:func:`session_options`): onnxruntime's own log silenced
@@ -41,16 +42,18 @@ top: the child runs it as a script.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, BinaryIO
 
 __all__ = [
-    "PROVIDERS", "RAW_KINDS", "array_header", "compare_runs", "error_kind", "first_line", "run_chain", "run_options",
-    "session_facts", "session_options",
+    "PROVIDERS", "RAW_KINDS", "array_header", "chain_outputs", "compare_chains", "error_kind", "first_line",
+    "run_chain", "run_options", "session_facts", "session_options",
 ]
 
 
@@ -143,10 +146,10 @@ def array_header(arrays: list[Any]) -> list[dict]:
     return out
 
 
-def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:
-    """Run onnxruntime ``sessions`` in order, each fed from ``feeds`` and the earlier ones' outputs;
-    fold every float output into ``stats`` (:func:`child_folds.fold_array`) and drop each value once no later
-    session takes it, so that one session's outputs and the values between sessions are all it holds."""
+def chain_outputs(sessions: list[Any], feeds: dict[str, Any], options: Any) -> Iterator[dict[str, Any]]:
+    """Run onnxruntime ``sessions`` in order, each fed from ``feeds`` and the earlier ones' outputs, and
+    yield each one's outputs (by name); a value is dropped once no later session takes it, so that the
+    values between sessions and the outputs the caller keeps are all that is held."""
     wanted = [{i.name for i in s.get_inputs()} for s in sessions]
     later: set[str] = set()
     needed_after = []
@@ -155,40 +158,74 @@ def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any,
         later |= names
     needed_after.reverse()
     values = dict(feeds)
+    for session, names, keep in zip(sessions, wanted, needed_after, strict=True):
+        outputs = dict(zip((o.name for o in session.get_outputs()),
+                           session.run(None, {n: values[n] for n in names if n in values}, options), strict=True))
+        values.update((n, v) for n, v in outputs.items() if n in keep)
+        for name in [n for n in values if n not in keep]:
+            del values[name]
+        yield outputs
+        outputs.clear()  # nothing of this session's is held but what later sessions take
+
+
+def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any, stats: dict[str, list]) -> None:
+    """Run the chain ``sessions`` (:func:`chain_outputs`) and fold every float output into ``stats``
+    (:func:`child_folds.fold_array`): one session's outputs and the values between sessions are all it holds."""
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # numpy's passes release the GIL
-        for session, names, keep in zip(sessions, wanted, needed_after, strict=True):
-            outputs = dict(zip((o.name for o in session.get_outputs()),
-                               session.run(None, {n: values[n] for n in names if n in values}, options), strict=True))
+        for outputs in chain_outputs(sessions, feeds, options):
             floats = [n for n, v in outputs.items() if np.asarray(v).dtype.kind == "f"]
             arrays = [np.asarray(outputs[n]) for n in floats]
             for name, new in zip(floats, pool.map(partial(child_folds.array_stats, np), arrays), strict=True):
                 child_folds.merge_stats(stats, name, new)
             arrays.clear()
-            values.update((n, v) for n, v in outputs.items() if n in keep)
-            outputs.clear()  # nothing of this session's is held but what later sessions take
-            for name in [n for n in values if n not in keep]:
-                del values[name]
 
 
-def compare_runs(
-    np: Any, reference: Any, converted: Any, feeds: tuple[dict, dict], pairs: list, outputs: list, options: Any,
-    sums: dict[str, list],
+def compare_chains(
+    np: Any, reference: list[Any], converted: list[Any], feeds: tuple[dict, dict], pairs: list, outputs: list,
+    options: Any, sums: dict[str, list],
 ) -> list[Any]:
-    """Run the ``reference`` and the ``converted`` sessions (their ``feeds``), fold each float pair
-    ``(reference name, converted name)`` of ``pairs`` into ``sums`` (by the reference's name:
-    :func:`child_folds.error_sums`, added over runs), and return the pairs ``outputs`` (their reference's
-    values, then the converted ones'). Each converted tensor is dropped once folded."""
-    ref = dict(zip((o.name for o in reference.get_outputs()), reference.run(None, feeds[0], options), strict=True))
-    got = dict(zip((o.name for o in converted.get_outputs()), converted.run(None, feeds[1], options), strict=True))
-    kept = [ref.get(r) for r, _ in outputs] + [got.get(c) for _, c in outputs]
-    for r_name, c_name in pairs:
-        r, g = np.asarray(ref.get(r_name)), np.asarray(got.pop(c_name, None))
-        if r.dtype.kind != "f" or g.dtype.kind != "f":
-            continue
-        new = child_folds.error_sums(np, r, g)  # None: shapes differ, nothing added (but the tensor was seen)
-        old = sums.get(r_name, [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, 0])
-        sums[r_name] = child_folds.add_sums(old, new) if new is not None else old
-    return [np.asarray(a) if a is not None else np.zeros(0, np.float32) for a in kept]
+    """Run the chains ``reference`` and ``converted`` (their ``feeds``; :func:`chain_outputs`) interleaved,
+    fold each float pair ``(reference name, converted name)`` of ``pairs`` into ``sums`` (by the reference's
+    name: :func:`child_folds.error_sums`, added over runs), and return the pairs ``outputs`` (their
+    reference's values, then the converted ones'). A converted session runs once the reference sessions
+    that give its pairs' other halves have run; a reference tensor is held until its converted half
+    comes, a converted one not at all: each chain's values between sessions, one session's outputs and
+    the reference halves still waiting are all that is held."""
+    partner = {c: r for r, c in pairs}
+    made_in = {o.name: k for k, s in enumerate(reference) for o in s.get_outputs()}
+    after = [max((made_in.get(partner[o.name], -1) for o in s.get_outputs() if o.name in partner), default=-1)
+             for s in converted]
+    wanted_r, wanted_c = {r for r, _ in outputs}, {c for _, c in outputs}
+    kept_r = {n: v for n, v in feeds[0].items() if n in wanted_r}
+    kept_c = {n: v for n, v in feeds[1].items() if n in wanted_c}
+    halves = set(partner.values())
+    waiting: dict[str, Any] = {}  # reference halves of pairs, until their converted halves come
+    steps = chain_outputs(converted, feeds[1], options)
+    done = 0
+    for k, ref in enumerate(itertools.chain(chain_outputs(reference, feeds[0], options), [{}])):
+        kept_r.update((n, v) for n, v in ref.items() if n in wanted_r)
+        waiting.update((n, v) for n, v in ref.items() if n in halves)
+        ref.clear()
+        while done < len(converted) and (after[done] <= k or k == len(reference)):
+            for c_name, value in next(steps).items():
+                if c_name in wanted_c:
+                    kept_c[c_name] = value
+                if c_name in partner:
+                    _fold_pair(np, sums, partner[c_name], waiting.pop(partner[c_name], None), value)
+            done += 1
+    return [np.asarray(a) if a is not None else np.zeros(0, np.float32)
+            for a in [*(kept_r.get(r) for r, _ in outputs), *(kept_c.get(c) for _, c in outputs)]]
+
+
+def _fold_pair(np: Any, sums: dict[str, list], name: str, reference: Any, got: Any) -> None:
+    """Add the pair's :func:`child_folds.error_sums` to ``sums[name]`` (a pair of shapes that differ is seen
+    and adds nothing; a half that is missing or not float, not even seen)."""
+    r, g = np.asarray(reference), np.asarray(got)
+    if r.dtype.kind != "f" or g.dtype.kind != "f":
+        return
+    new = child_folds.error_sums(np, r, g)
+    old = sums.get(name, [0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf"), 0, 0, 0])
+    sums[name] = child_folds.add_sums(old, new) if new is not None else old
 
 
 def write_message(stream: BinaryIO, header: dict, arrays: list[Any] = ()) -> None:  # type: ignore[assignment]
@@ -324,9 +361,9 @@ def _serve(limit: int) -> None:
                 pair = ({n: both[n] for n in request["reference_feeds"]},
                         {n: both[n].astype(np.float16) if n in half else both[n] for n in request["converted_feeds"]})
                 del both
-                kept = compare_runs(np, sessions[int(request["reference"])], sessions[int(request["converted"])], pair,
-                                    request["pairs"], request["outputs"], run_options(ort),
-                                    folds.setdefault(int(request["fold"]), {}))
+                kept = compare_chains(np, [sessions[int(s)] for s in request["reference"]],
+                                      [sessions[int(s)] for s in request["converted"]], pair, request["pairs"],
+                                      request["outputs"], run_options(ort), folds.setdefault(int(request["fold"]), {}))
                 del pair
                 write_message(stdout, {"ok": True}, kept)
                 del kept

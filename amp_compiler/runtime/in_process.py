@@ -74,19 +74,21 @@ class InProcessRunner(Runner):
         return self._folds.pop(key, {})
 
     def compare(
-        self, reference: Session, converted: Session, feeds: Mapping[str, np.ndarray],
+        self, reference: Sequence[Session], converted: Sequence[Session], feeds: Mapping[str, np.ndarray],
         pairs: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, str]], key: int,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         ort = runtime.onnxruntime("run the model")
-        if not isinstance(reference, _LocalSession) or not isinstance(converted, _LocalSession):
+        ref_chain = [s._session for s in reference if isinstance(s, _LocalSession)]
+        conv_chain = [s._session for s in converted if isinstance(s, _LocalSession)]
+        if len(ref_chain) != len(reference) or len(conv_chain) != len(converted):
             raise ValueError("compare runs sessions of this runner only")
         ref_names, conv_names, half = compare_feeds(reference, converted, feeds)
         both = ({n: np.asarray(feeds[n]) for n in ref_names},
                 {n: np.asarray(feeds[n]).astype(np.float16) if n in half else np.asarray(feeds[n]) for n in conv_names})
         try:
-            kept = runner_child.compare_runs(np, reference._session, converted._session, both,
-                                             [list(p) for p in pairs], [list(p) for p in outputs],
-                                             runner_child.run_options(ort), self._errors.setdefault(key, {}))
+            kept = runner_child.compare_chains(np, ref_chain, conv_chain, both, [list(p) for p in pairs],
+                                               [list(p) for p in outputs], runner_child.run_options(ort),
+                                               self._errors.setdefault(key, {}))
         except Exception as exc:  # onnxruntime's own exception types
             raise ModelRunError(f"onnxruntime could not run the model: {runner_child.first_line(exc)}") from exc
         return kept[: len(outputs)], kept[len(outputs):]

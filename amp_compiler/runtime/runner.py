@@ -125,16 +125,17 @@ class ChildRunner(Runner):
         return _checked_statistics(answer.get("statistics"))
 
     def compare(
-        self, reference: Session, converted: Session, feeds: Mapping[str, np.ndarray],
+        self, reference: Sequence[Session], converted: Sequence[Session], feeds: Mapping[str, np.ndarray],
         pairs: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, str]], key: int,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        if not all(isinstance(s, _ChildSession) and s._runner is self for s in (reference, converted)):
+        if not all(isinstance(s, _ChildSession) and s._runner is self for s in (*reference, *converted)):
             raise ValueError("compare runs sessions of this runner only")
         ref_names, conv_names, half = compare_feeds(reference, converted, feeds)
         names = list(dict.fromkeys([*ref_names, *conv_names]))
         _, kept = self._request(
-            {"op": "compare", "reference": reference._sid, "converted": converted._sid,  # type: ignore[attr-defined]
-             "fold": key, "pairs": [list(p) for p in pairs], "outputs": [list(p) for p in outputs],
+            {"op": "compare", "reference": [s._sid for s in reference],  # type: ignore[attr-defined]
+             "converted": [s._sid for s in converted], "fold": key,  # type: ignore[attr-defined]
+             "pairs": [list(p) for p in pairs], "outputs": [list(p) for p in outputs],
              "reference_feeds": ref_names, "converted_feeds": conv_names, "half": half, "names": names},
             [np.asarray(feeds[n]) for n in names], doing="running",
         )

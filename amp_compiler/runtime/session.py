@@ -75,14 +75,15 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def compare(
-        self, reference: Session, converted: Session, feeds: Mapping[str, np.ndarray],
+        self, reference: Sequence[Session], converted: Sequence[Session], feeds: Mapping[str, np.ndarray],
         pairs: Sequence[tuple[str, str]], outputs: Sequence[tuple[str, str]], key: int,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Run ``reference`` and ``converted`` (this runner's) on ``feeds`` where they run (a float feed
-        that ``converted`` takes in FP16 is rounded to it) and add each float pair of ``pairs``
-        (reference tensor, converted tensor) to the running error sums ``key`` (per reference tensor,
-        :data:`child_folds.ERROR_FIELDS`: :meth:`errors`); only the pairs ``outputs`` come back: their
-        reference values and their converted values (:func:`runner_child.compare_runs`)."""
+        """Run the chains ``reference`` and ``converted`` (this runner's sessions, each a model's pieces
+        or a model alone) on ``feeds`` where they run (a float feed that ``converted`` takes in FP16 is
+        rounded to it) and add each float pair of ``pairs`` (reference tensor, converted tensor) to the
+        running error sums ``key`` (per reference tensor, :data:`child_folds.ERROR_FIELDS`: :meth:`errors`),
+        each as soon as both halves are out; only the pairs ``outputs`` come back: their reference values
+        and their converted values (:func:`runner_child.compare_chains`)."""
 
     @abc.abstractmethod
     def errors(self, key: int) -> dict[str, list[float]]:
@@ -99,13 +100,15 @@ class Runner(abc.ABC):
 
 
 def compare_feeds(
-    reference: Session, converted: Session, feeds: Mapping[str, np.ndarray]
+    reference: Sequence[Session], converted: Sequence[Session], feeds: Mapping[str, np.ndarray]
 ) -> tuple[list[str], list[str], list[str]]:
-    """The names of ``feeds`` that ``reference`` and ``converted`` take, and the float ones that
+    """The names of ``feeds`` that the chains ``reference`` and ``converted`` take, and the float ones that
     ``converted`` takes in FP16 (a model converted without keeping its I/O types)."""
-    half = [n for n, t in zip(converted.input_names, converted.input_types, strict=True)
-            if t == "tensor(float16)" and n in feeds and np.asarray(feeds[n]).dtype.kind == "f"]
-    return ([n for n in feeds if n in reference.input_names], [n for n in feeds if n in converted.input_names], half)
+    half = list(dict.fromkeys(n for s in converted for n, t in zip(s.input_names, s.input_types, strict=True)
+                              if t == "tensor(float16)" and n in feeds and np.asarray(feeds[n]).dtype.kind == "f"))
+    ref_inputs = {n for s in reference for n in s.input_names}
+    conv_inputs = {n for s in converted for n in s.input_names}
+    return [n for n in feeds if n in ref_inputs], [n for n in feeds if n in conv_inputs], half
 
 
 def check_provider(provider: str) -> None:

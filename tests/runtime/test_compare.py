@@ -81,7 +81,7 @@ def test_compare_sends_back_sums_and_the_outputs_asked_for(runner_type):
         ref, conv = runner.load(reference), runner.load(converted)
         for x in xs:
             expected.add(ref.run({"x": x})[1], conv.run({"x": x})[1])  # the tensors a, as they come back
-            r, g = runner.compare(ref, conv, {"x": x, "unused": x}, [("a", "a"), ("y", "y")], [("y", "y")], 9)
+            r, g = runner.compare([ref], [conv], {"x": x, "unused": x}, [("a", "a"), ("y", "y")], [("y", "y")], 9)
             assert len(r) == len(g) == 1  # the output asked for, nothing else
             np.testing.assert_allclose(r[0], np.sin(x) * 3, rtol=1e-6)
             np.testing.assert_allclose(g[0], np.sin(x).astype(np.float16).astype(np.float32) * 3, rtol=1e-6)
@@ -89,3 +89,51 @@ def test_compare_sends_back_sums_and_the_outputs_asked_for(runner_type):
         assert runner.errors(9) == {}  # answered once, then forgotten
     assert set(sums) == {"a", "y"}
     assert _close(_stats(sums["a"]), expected) and expected.diff2 > 0
+
+
+
+@dataclasses.dataclass
+class _Named:
+    name: str
+
+
+class _Piece:
+    """An onnxruntime session's stand-in: each output ``inp * factor``, its runs recorded in ``log``."""
+
+    def __init__(self, name: str, inp: str, outs: dict[str, float], log: list[str]):
+        self.name, self.inp, self.outs, self.log = name, inp, outs, log
+
+    def get_inputs(self):
+        return [_Named(self.inp)]
+
+    def get_outputs(self):
+        return [_Named(o) for o in self.outs]
+
+    def run(self, _names, feeds, _options):
+        self.log.append(self.name)
+        return [feeds[self.inp] * np.float32(f) for f in self.outs.values()]
+
+
+@pytest.mark.parametrize("converted_pieces", [3, 1])
+def test_compare_runs_a_converted_piece_as_soon_as_its_pairs_reference_halves_are_out(converted_pieces):
+    from amp_compiler.runtime.child import compare_chains
+
+    log: list[str] = []
+    reference = [_Piece("r0", "x", {"a": 2}, log), _Piece("r1", "a", {"b": 3}, log), _Piece("r2", "b", {"y": 0.5}, log)]
+    if converted_pieces == 3:
+        converted = [_Piece("c0", "x", {"a": 2}, log), _Piece("c1", "a", {"b": 3.001}, log),
+                     _Piece("c2", "b", {"y": 0.5}, log)]
+    else:  # one piece: it waits for every reference piece
+        converted = [_Piece("c", "x", {"a": 2, "b": 6.002, "y": 3.001}, log)]
+    x = np.linspace(-1, 1, 12, dtype=np.float32)
+    sums: dict[str, list] = {}
+    kept = compare_chains(np, reference, converted, ({"x": x}, {"x": x}), [["a", "a"], ["b", "b"], ["y", "y"]],
+                          [["y", "y"]], None, sums)
+    assert log == (["r0", "c0", "r1", "c1", "r2", "c2"] if converted_pieces == 3 else ["r0", "r1", "r2", "c"])
+    assert len(kept) == 2
+    np.testing.assert_array_equal(kept[0], x * np.float32(2) * np.float32(3) * np.float32(0.5))
+    expected = ErrorStats()
+    b = x * np.float32(2) * np.float32(3.001) if converted_pieces == 3 else x * np.float32(6.002)
+    expected.add(x * np.float32(2) * np.float32(3), b)
+    assert set(sums) == {"a", "b", "y"} and sums["a"][0] == 0
+    assert _close(_stats(sums["b"]), expected) and expected.diff2 > 0

@@ -11,15 +11,16 @@ tensors and the values that cross to later pieces are alive. Guarantees of :func
 - a piece's outputs are the names of ``exposed`` it produces, then those a later piece uses;
 - with ``sizes`` (bytes per tensor, where known), a piece's outputs of known size hold at most
   ``budget`` bytes together (or it is one node), and a piece holds at most :data:`MAX_NODES` nodes;
-  without, :data:`NODES_PER_PIECE` nodes;
+  without, :data:`NODES_PER_PIECE` nodes; in both cases more where a cut would let a value of
+  ``joined`` cross (values onnxruntime cannot hand over: bfloat16, float8): none crosses;
 - where a cut cannot be typed (a value crossing between pieces whose type onnx's shape inference did
-  not find), or the graph has initializers that are also inputs or sparse initializers, there is one
-  piece: the model itself.
+  not find), a graph output is no node's output, or the graph has initializers that are also inputs
+  or sparse initializers, there is one piece: the model itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import onnx
 import onnx.helper as oh
@@ -58,32 +59,51 @@ def live_bytes(model: onnx.ModelProto, sizes: Mapping[str, int]) -> int:
 
 
 def _cuts(
-    nodes: Sequence[onnx.NodeProto], exposed: set[str], sizes: Mapping[str, int] | None, budget: int
+    nodes: Sequence[onnx.NodeProto], exposed: set[str], sizes: Mapping[str, int] | None, budget: int,
+    joined: frozenset[str],
 ) -> list[int]:
-    """Where pieces start, and the end."""
-    if sizes is None:
-        return list(range(0, len(nodes), NODES_PER_PIECE)) + [len(nodes)]
+    """Where pieces start, and the end (never where a value of ``joined`` would cross)."""
+    uncut = _spans(nodes, joined)
+    most = NODES_PER_PIECE if sizes is None else MAX_NODES
     bounds, held = [0], 0
     for i, node in enumerate(nodes):
-        size = sum(sizes.get(o, 0) for o in node.output if o in exposed)
-        if i > bounds[-1] and (held + size > budget or i - bounds[-1] >= MAX_NODES):
+        size = sum(sizes.get(o, 0) for o in node.output if o in exposed) if sizes is not None else 0
+        full = i - bounds[-1] >= most or (sizes is not None and held + size > budget)
+        if i > bounds[-1] and i not in uncut and full:
             bounds.append(i)
             held = 0
         held += size
     return bounds + [len(nodes)]
 
 
+def _spans(nodes: Sequence[onnx.NodeProto], joined: frozenset[str]) -> set[int]:
+    """The node positions a piece must not start at: after the producer of a value of ``joined`` and up
+    to its last user."""
+    produced: dict[str, int] = {}
+    inside: set[int] = set()
+    for i, node in enumerate(nodes):
+        for name in _used_names(node) & joined:
+            if name in produced:
+                inside.update(range(produced[name] + 1, i + 1))
+        produced.update({o: i for o in node.output if o in joined})
+    return inside
+
+
 def chain_pieces(
-    model: onnx.ModelProto, exposed: Sequence[str], sizes: Mapping[str, int] | None = None, budget: int = 0
+    model: onnx.ModelProto, exposed: Sequence[str], sizes: Mapping[str, int] | None = None, budget: int = 0,
+    joined: Collection[str] = (),
 ) -> Iterator[onnx.ModelProto]:
     """The pieces of ``model`` (see module doc), built one at a time; ``exposed``: the names every
-    piece must give out when it computes them; ``sizes``, ``budget``: how pieces are cut, by size."""
+    piece must give out when it computes them; ``sizes``, ``budget``: how pieces are cut, by size;
+    ``joined``: values that must not cross between pieces."""
     graph = model.graph
     nodes = list(graph.node)
     inputs = {i.name for i in graph.input}
     initializers = {t.name: t for t in graph.initializer}
-    bounds = _cuts(nodes, set(exposed), sizes, budget)
-    if len(bounds) <= 2 or inputs & set(initializers) or len(graph.sparse_initializer):
+    bounds = _cuts(nodes, set(exposed), sizes, budget, frozenset(joined))
+    computed = {o for node in nodes for o in node.output}
+    if (len(bounds) <= 2 or inputs & set(initializers) or len(graph.sparse_initializer)
+            or any(o.name not in computed for o in graph.output)):
         yield model
         return
     types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}

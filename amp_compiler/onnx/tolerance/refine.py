@@ -55,7 +55,8 @@ from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import local_choice
-from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
+from amp_compiler.onnx.measure.calibrate import collect_ranges
+from amp_compiler.onnx.measure.chain import ModelChain
 from amp_compiler.onnx.measure.emulate import emulate, rounded_origin
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
 from amp_compiler.onnx.tolerance.choice import Choice, Decided, Level, decide, decide_fp32, switches_on, unit_choices
@@ -100,54 +101,55 @@ class Refinement:
 
 def measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-    target: Target, fp32_runner: IntermediateRunner | None = None, *, runner: Runner | None = None,
+    target: Target, fp32_runner: ModelChain | None = None, *, runner: Runner | None = None,
     metric: ErrorMetric = Metric.REL_L2,
 ) -> tuple[dict[int, NodeError], dict[str, float], int]:
     """Per main-graph node of ``fp32``: the error of its output in ``converted``; per float output:
     its error under ``metric`` (default relative L2). Also returns the number of converted-model
-    runs. ``runner``: where the models run (default: a child process with the default budget)."""
+    runs. ``fp32_runner``: ``fp32``'s chain, loaded in ``runner`` (default: loaded here); ``runner``:
+    where the models run (default: a child process with the default budget)."""
     runner, owned = default_runner(runner)
     try:
-        return _measure(fp32, converted, samples, fp32_runner or IntermediateRunner(fp32, runner), runner, metric)
+        reference = fp32_runner or ModelChain(fp32, runner, samples[0] if samples else {})
+        try:
+            errors, outputs, _, runs = _measure_both(fp32, converted, samples, [], reference, runner, metric)
+        finally:
+            if reference is not fp32_runner:
+                reference.close()
+        return errors, outputs, runs
     finally:
         if owned:
             runner.close()
 
 
-def _measure(
-    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-    fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric = Metric.REL_L2,
-) -> tuple[dict[int, NodeError], dict[str, float], int]:
-    errors, outputs, _, runs = _measure_both(fp32, converted, samples, [], fp32_runner, runner, metric)
-    return errors, outputs, runs
-
-
 def _measure_both(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-    held: list[dict[str, np.ndarray]], fp32_runner: IntermediateRunner, runner: Runner, metric: ErrorMetric,
+    held: list[dict[str, np.ndarray]], reference: ModelChain, runner: Runner, metric: ErrorMetric,
 ) -> tuple[dict[int, NodeError], dict[str, float], dict[str, float], int]:
     """Node errors and output errors on ``samples``, output errors on ``held`` (empty when none), and
-    the converted model's runs. Both models run where the runner runs them, every tensor exposed; on
-    ``samples`` each (FP32, converted) pair is folded there into running error sums
-    (:func:`amp_compiler.runtime.child.compare_runs`): only the sums and the graph outputs cross to
-    this process. The converted model is emulated and loaded once for both sets."""
+    the converted model's runs. Both models run where the runner runs them, as chains of pieces with
+    every tensor exposed (``reference``: the FP32 model's, :class:`ModelChain`); on ``samples`` each
+    (FP32, converted) pair is folded there into running error sums as soon as both are out
+    (:func:`amp_compiler.runtime.child.compare_chains`): only the sums and the graph outputs cross to
+    this process, and the runner holds a piece's tensors, not every tensor of both models. The
+    converted model is emulated and loaded once for both sets."""
     runnable = emulate(converted)  # exact FP16/BF16 storage, whatever the CPU kernels do
-    intermediates = IntermediateRunner(runnable, runner)
+    intermediates = ModelChain(runnable, runner, (samples or held)[0] if samples or held else {})
     try:
         # each FP32 tensor against what the converted model stores for it (its rounded copy, if any)
         stored = {name: name for name in intermediates.names}
         stored.update({origin: name for name in intermediates.names if (origin := rounded_origin(name)) is not None})
-        pairs = [(name, stored[name]) for name in fp32_runner.names if name in stored]
+        pairs = [(name, stored[name]) for name in reference.names if name in stored]
         outputs = [(o.name, stored[o.name]) for o in fp32.graph.output if o.name in stored]
         key = id(intermediates)
         found: list[OutputErrors | None] = [None, None]  # on samples, on held
         graph_outputs: list[str] = []
         for k, sample in [(0, s) for s in samples] + [(1, s) for s in held]:
-            fp32_runner.runs += 1
+            reference.runs += 1
             intermediates.runs += 1
             # on held-out samples no pair is folded: node errors are the calibration samples'
-            ref, got = runner.compare(fp32_runner.session, intermediates.session, sample, pairs if k == 0 else [],
-                                      outputs, key)
+            ref, got = runner.compare(reference.sessions, intermediates.sessions, sample,
+                                      pairs if k == 0 else [], outputs, key)
             floats = [j for j, r in enumerate(ref) if np.issubdtype(r.dtype, np.floating)]
             graph_outputs = [outputs[j][0] for j in floats]
             at_outputs = found[k] = found[k] or OutputErrors(len(graph_outputs), metric, graph_outputs)
@@ -201,7 +203,11 @@ def refine(
         fp32 = raise_opset(fp32, fp8_opset(opts.low_target))
     runner, owned = default_runner(runner)
     try:
-        return _Refiner(fp32, samples, tolerance, opts, ranges, policy, runner).run()
+        refiner = _Refiner(fp32, samples, tolerance, opts, ranges, policy, runner)
+        try:
+            return refiner.run()
+        finally:
+            refiner.fp32_runner.close()
     finally:
         if owned:
             runner.close()
@@ -231,7 +237,7 @@ class _Refiner:
         if self.fp8 and ranges is None:
             ranges = collect_ranges(fp32, samples, runner=runner)  # once, not per conversion
         self.ranges = ranges
-        self.fp32_runner = IntermediateRunner(fp32, runner)
+        self.fp32_runner = ModelChain(fp32, runner, samples[0])  # loaded once, for every conversion's measure
         self.history: list[tuple[int, float]] = []
         self.runs = 0
 

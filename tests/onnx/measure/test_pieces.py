@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges, exposed_model
+from amp_compiler.onnx.measure.calibrate import IntermediateRunner, collect_ranges
+from amp_compiler.onnx.measure.chain import exposed_model
 from amp_compiler.onnx.measure.pieces import MAX_NODES, NODES_PER_PIECE, chain_pieces, live_bytes
 from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.runner import InProcessRunner
@@ -80,3 +81,34 @@ def test_live_bytes_counts_values_from_producer_to_last_consumer():
     sizes = {"x": 1, "a": 10, "b": 100, "c": 1000, "y": 10000}
     # x lives until Relu a; a until the Add; at the Add: a, b, c alive; at the last Relu: c and y
     assert live_bytes(helper.make_model(graph), sizes) == 11000
+
+
+def test_no_value_of_joined_crosses_between_pieces():
+    """Emulated BF16 and FP8 models' bfloat16 and float8 values, which onnxruntime cannot hand over, stay
+    inside one piece."""
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Relu", ["x"], ["t0"])]
+    for k in range(20):
+        nodes += [helper.make_node("Cast", [f"t{k}"], [f"h{k}"], to=TensorProto.BFLOAT16),
+                  helper.make_node("Cast", [f"h{k}"], [f"t{k + 1}"], to=f)]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", f, [4])], [helper.make_tensor_value_info("t20", f, [4])],
+        value_info=[helper.make_tensor_value_info(f"h{k}", TensorProto.BFLOAT16, [4]) for k in range(20)]
+        + [helper.make_tensor_value_info(f"t{k}", f, [4]) for k in range(20)],
+    ), opset_imports=[helper.make_opsetid("", 17)])
+    joined = {f"h{k}" for k in range(20)}
+    names = [f"t{k}" for k in range(21)]
+    free = list(chain_pieces(model, names))
+    assert any(i.name in joined for p in free for i in p.graph.input)  # NODES_PER_PIECE (even) cuts them
+    pieces = list(chain_pieces(model, names, joined=joined))
+    assert len(pieces) > 1 and not any(i.name in joined for p in pieces for i in p.graph.input)
+    assert [n.output[0] for p in pieces for n in p.graph.node] == [n.output[0] for n in nodes]
+
+
+def test_a_graph_output_no_node_computes_keeps_the_model_whole():
+    model = catalog.load("bert-base-small")
+    exposed, names = exposed_model(model)
+    exposed.graph.output.append(exposed.graph.input[0])
+    assert list(chain_pieces(exposed, names)) == [exposed]

@@ -1,0 +1,178 @@
+"""A model loaded as a chain of pieces with every main-graph float tensor exposed (:class:`ModelChain`):
+what calibration folds statistics over and ``--tolerance`` folds errors over, in the runner's child.
+
+onnxruntime keeps every graph output of a run alive until the run ends, so one session of a model
+whose tensors are all outputs holds every activation at once. The chain's pieces
+(:mod:`amp_compiler.onnx.measure.pieces`, cut by the tensors' sizes at a sample's dims) run one after
+the other (:meth:`~amp_compiler.runtime.session.Runner.fold`, :meth:`~amp_compiler.runtime.session.Runner.compare`):
+one piece's tensors and the values between pieces are alive, not every activation of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from google.protobuf.message import Message
+
+from amp_compiler.dtypes import FLOAT_TYPES
+from amp_compiler.onnx.measure.pieces import chain_pieces, live_bytes
+from amp_compiler.runtime.runner import Runner, Session
+
+__all__ = ["ModelChain", "as_input", "exposed_model"]
+
+# onnxruntime's Python binding cannot return bfloat16 outputs ("No corresponding Numpy type"): an
+# emulated BF16 model's rounded copies are exposed in FP32 instead (amp_compiler.onnx.measure.emulate).
+EXPOSED_TYPES = FLOAT_TYPES - {onnx.TensorProto.BFLOAT16}
+#: Element types onnxruntime's Python binding cannot hand over (bfloat16, the float8 and 4-bit types): no
+#: value of these crosses between pieces.
+_UNRETURNED = frozenset(
+    getattr(onnx.TensorProto, name) for name in (
+        "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4", "FLOAT4E2M1",
+    ) if hasattr(onnx.TensorProto, name)
+)
+_SIZED = frozenset(set(onnx.helper.get_all_tensor_dtypes()) - {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED})
+#: Initializers at least this large are left out of the copy shape inference reads (their dims stay).
+_STUB_BYTES = 1024
+
+
+def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of ``model`` whose main-graph float tensors (but bfloat16 ones, which onnxruntime cannot
+    return) are all graph outputs, and their names. Tensors onnx's shape inference leaves untyped
+    (downstream of onnxruntime's contrib ops) take the type their ops' schemas imply."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    existing = {o.name for o in inferred.graph.output}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info
+             if vi.type.HasField("tensor_type")}
+    untyped = [name for node in inferred.graph.node for name in node.output
+               if name and name not in existing and name not in types]
+    if untyped:
+        types.update(_schema_types(inferred, set(untyped)))
+    extra = []
+    for node in inferred.graph.node:
+        for name in node.output:
+            if name and name not in existing and types.get(name) in EXPOSED_TYPES:
+                extra.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+                existing.add(name)
+    inferred.graph.output.extend(extra)
+    return inferred, [o.name for o in inferred.graph.output]
+
+
+def _schema_types(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """Element types of the main-graph tensors ``names`` from the ops' schemas (onnx_ir over the model,
+    :func:`amp_compiler.onnx.ir.schema_typing.type_from_schemas`)."""
+    import onnx_ir as ir
+
+    from amp_compiler.onnx.ir.schema_typing import type_from_schemas
+
+    typed = ir.from_proto(model)
+    type_from_schemas(typed)
+    return {v.name: int(v.dtype) for node in typed.graph for v in node.outputs
+            if v.name in names and v.dtype is not None}
+
+
+def as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
+    """A float sample array in the float type the session's input takes (an FP16 input of a model
+    converted without keeping its I/O types); anything else as it is."""
+    if ort_type == "tensor(float16)" and np.issubdtype(array.dtype, np.floating):
+        return array.astype(np.float16)
+    return array
+
+
+class ModelChain:
+    """``model``'s pieces loaded into ``runner``, every main-graph float tensor exposed (``names``: the
+    exposed tensors, the graph outputs first), cut by their sizes at ``sample``'s dims; ``inputs``: the
+    graph inputs the chain takes, with their onnxruntime types; ``runs``: runs counted by the caller."""
+
+    def __init__(self, model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray]):
+        light = _weightless(model, sample)
+        exposed, self.names = exposed_model(light)
+        del light
+        sizes = _tensor_bytes(exposed)
+        budget = live_bytes(model, sizes)  # the model's own outputs: in ``exposed`` every tensor is one
+        joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
+        weights = {t.name: t for t in model.graph.initializer}
+        self.sessions: list[Session] = []
+        try:
+            for piece in chain_pieces(exposed, self.names, sizes, budget, joined):
+                if piece is exposed:  # one piece: the model's own inputs, no shapes bound to the sample
+                    del piece.graph.input[:], piece.graph.value_info[:]
+                    piece.graph.input.extend(model.graph.input)
+                _restore_weights(piece, weights)
+                # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+                # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+                self.sessions.append(runner.load(piece, basic=True, chained=True))
+                del piece
+        except BaseException:
+            self.close()
+            raise
+        graph_inputs = {i.name for i in model.graph.input}
+        self.inputs = {n: t for s in self.sessions for n, t in zip(s.input_names, s.input_types, strict=True)
+                       if n in graph_inputs}
+        self.runs = 0
+
+    def feeds(self, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The arrays of ``sample`` the chain takes, in the types it takes them (:func:`as_input`)."""
+        return {k: as_input(v, self.inputs[k]) for k, v in sample.items() if k in self.inputs}
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close()
+        self.sessions = []
+
+
+def _weightless(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose large float initializers hold their dims but no values (shape inference
+    reads no more; the weights are not copied), and whose inputs' dims are ``sample``'s (so that shape
+    inference gives every tensor's size, for cutting the pieces by size)."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    graph = light.graph
+    _copy_fields(model.graph, graph, skip="initializer")
+    for t in model.graph.initializer:
+        if t.data_type in EXPOSED_TYPES and t.ByteSize() >= _STUB_BYTES and t.data_location != t.EXTERNAL:
+            graph.initializer.append(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+        else:
+            graph.initializer.append(t)
+    for value in graph.input:
+        given = sample.get(value.name)
+        dims = value.type.tensor_type.shape.dim
+        if given is not None and value.type.HasField("tensor_type") and len(dims) == given.ndim:
+            for d, size in zip(dims, given.shape, strict=True):
+                d.dim_value = int(size)
+    return light
+
+
+def _copy_fields(source: Message, target: Message, skip: str) -> None:
+    """Copy every set field of ``source`` into ``target`` but ``skip``."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _restore_weights(piece: onnx.ModelProto, weights: dict[str, onnx.TensorProto]) -> None:
+    for t in piece.graph.initializer:
+        original = weights.get(t.name)
+        if original is not None and original.ByteSize() != t.ByteSize():
+            t.CopyFrom(original)
+
+
+def _tensor_bytes(model: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of each main-graph tensor whose shape inference found a static shape."""
+    out = {}
+    for value in (*model.graph.input, *model.graph.value_info):
+        tensor = value.type.tensor_type
+        dims = tensor.shape.dim
+        static = value.type.HasField("tensor_type") and tensor.HasField("shape")
+        if static and all(d.HasField("dim_value") for d in dims):
+            known = tensor.elem_type in _SIZED
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize if known else 4
+            out[value.name] = itemsize * int(np.prod([d.dim_value for d in dims]))
+    return out

@@ -1,0 +1,85 @@
+"""``--tolerance``'s per-node errors come from both models run as chains of pieces: no session holds more
+than a piece's tensors, and the error sums are those of the two whole models run with every tensor
+exposed, in this process and in the child alike."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from amp_compiler.onnx.convert import convert
+from amp_compiler.onnx.measure.chain import ModelChain, exposed_model
+from amp_compiler.onnx.measure.emulate import emulate, rounded_origin
+from amp_compiler.onnx.measure.pieces import MAX_NODES
+from amp_compiler.onnx.tolerance.refine import measure
+from amp_compiler.runtime.runner import ChildRunner, InProcessRunner
+from amp_compiler.targets import Target
+from models import catalog
+
+
+def _model(name: str, n: int, target: str = "fp16"):
+    entry = catalog.get(name)
+    fp32 = catalog.load(entry)
+    samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(n)]
+    return fp32, emulate(convert(fp32, probe=False, target=target).model), samples
+
+
+def _pairs(reference_names, converted_names):
+    stored = {n: n for n in converted_names}
+    stored.update({o: n for n in converted_names if (o := rounded_origin(n)) is not None})
+    return [(n, stored[n]) for n in reference_names if n in stored]
+
+
+@pytest.mark.parametrize("runner_type", [InProcessRunner, ChildRunner])
+@pytest.mark.parametrize(("name", "target"), [("mobilenetv2-small", "fp16"), ("text-det-sigmoid", "fp16"),
+                                              ("resnet50-small", "bf16")])
+def test_the_chains_sums_are_the_whole_models(runner_type, name, target):
+    fp32, emulated, samples = _model(name, 2, target)
+    with runner_type() as runner:
+        reference, converted = ModelChain(fp32, runner, samples[0]), ModelChain(emulated, runner, samples[0])
+        assert len(reference.sessions) > 1 and len(converted.sessions) > 1
+        pairs = _pairs(reference.names, converted.names)
+        outputs = [(o.name, o.name) for o in fp32.graph.output]
+        whole_ref, ref_names = exposed_model(fp32)
+        whole_conv, conv_names = exposed_model(emulated)
+        assert pairs == _pairs(ref_names, conv_names)
+        whole = [runner.load(whole_ref, basic=True)], [runner.load(whole_conv, basic=True)]
+        for sample in samples:
+            chained = runner.compare(reference.sessions, converted.sessions, sample, pairs, outputs, 1)
+            at_once = runner.compare(*whole, sample, pairs, outputs, 2)
+            for got, expected in zip([*chained[0], *chained[1]], [*at_once[0], *at_once[1]], strict=True):
+                np.testing.assert_array_equal(got, expected)
+        sums = runner.errors(1)
+        assert sums == runner.errors(2) and len(sums) == len(pairs)
+        assert any(s[0] > 0 for s in sums.values())  # the conversion moved something
+
+
+class _Counting(InProcessRunner):
+    """Records the number of outputs of every model it loads."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs: list[int] = []
+
+    def load(self, model, **kwargs):
+        self.outputs.append(len(model.graph.output))
+        return super().load(model, **kwargs)
+
+
+def test_measure_holds_no_more_than_a_pieces_tensors_at_once():
+    fp32, _, samples = _model("mobilenetv2-small", 2)
+    converted = convert(fp32, probe=False).model
+    runner = _Counting()
+    errors, outputs, runs = measure(fp32, converted, samples, Target.FP16, runner=runner)
+    assert errors and outputs and runs == 2
+    assert len(runner.outputs) > 2  # two chains of pieces, not two whole models
+    assert max(runner.outputs) <= MAX_NODES < len(exposed_model(fp32)[1])  # a piece's tensors, not the model's
+
+
+def test_the_in_process_and_the_child_runner_measure_the_same():
+    fp32, _, samples = _model("ctc-wide-softmax", 2)
+    converted = convert(fp32, probe=False).model
+    with InProcessRunner() as here, ChildRunner() as child:
+        a, b = (measure(fp32, converted, samples, Target.FP16, runner=r) for r in (here, child))
+    assert a[1] == b[1] and a[2] == b[2]
+    assert {i: e.rel_l2 for i, e in a[0].items()} == {i: e.rel_l2 for i, e in b[0].items()}
