@@ -90,7 +90,9 @@ class ErrorStats:
         self.count += r.size
         finite = np.isfinite(r)
         with np.errstate(over="ignore", invalid="ignore"):
-            d = np.where(finite, g - r, np.where(r == g, 0.0, np.inf))
+            # a NaN or inf where FP32 is finite is an infinite error (g - r would be NaN for a NaN, which
+            # every comparison, max's included, passes over)
+            d = np.where(finite, np.where(np.isfinite(g), g - r, np.inf), np.where(r == g, 0.0, np.inf))
             self.diff2 += float(np.sum(d * d))
             both = finite & np.isfinite(g)
             self.ref2 += float(np.sum(np.where(finite, r * r, 0.0)))

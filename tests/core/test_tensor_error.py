@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from amp_compiler.core.tensor_error import Metric, OutputErrors, accuracy, metric_name, parse_metric
+from amp_compiler.core.tensor_error import ErrorStats, Metric, OutputErrors, accuracy, metric_name, parse_metric
 from amp_compiler.errors import OptionError
 
 REF = [np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]), np.array([10.0, -10.0])]
@@ -112,3 +112,11 @@ def test_an_output_whose_last_axis_holds_one_value_has_no_argmax():
     mixed = OutputErrors(2, Metric.ARGMAX, ["a", "p"])
     mixed.add([REF[0], one_logit], [GOT[0], one_logit])
     assert mixed.relative() == [0.5, 0.0]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nan_or_inf_where_fp32_is_finite_is_an_infinite_error_not_a_zero_one(bad):
+    s = ErrorStats()
+    s.add(np.array([1.0, 2.0, 3.0]), np.array([1.0, bad, 3.0]))
+    assert s.max_abs == math.inf and s.rel_l2 == math.inf and s.error_of_range == math.inf
+    assert s.nonfinite == 1 and not s.finite
