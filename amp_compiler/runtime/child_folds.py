@@ -138,7 +138,7 @@ def error_sums(np: Any, reference: Any, got: Any) -> list | None:
                         max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0, 0]
             else:
                 finite = np.isfinite(r)
-                d = np.where(finite, d, np.where(r == g, 0.0, np.inf))
+                d = np.where(finite, np.where(np.isfinite(g), d, np.inf), np.where(r == g, 0.0, np.inf))
                 both = finite & np.isfinite(g)
                 fin = r[finite]
                 part = [float(np.sum(d * d)), float(np.sum(np.where(finite, r * r, 0.0))),

@@ -26,7 +26,7 @@ def _close(a: ErrorStats, b: ErrorStats) -> bool:
                zip(dataclasses.astuple(a), dataclasses.astuple(b), strict=True))
 
 
-@pytest.mark.parametrize("special", ["none", "inf-got", "inf-both", "nan-ref", "all-nan", "empty"])
+@pytest.mark.parametrize("special", ["none", "inf-got", "nan-got", "inf-both", "nan-ref", "all-nan", "empty"])
 @pytest.mark.parametrize("chunk", [7, 1 << 20])
 def test_error_sums_are_error_stats(special, chunk, monkeypatch):
     monkeypatch.setattr(child_folds, "_ERROR_CHUNK", chunk)
@@ -37,6 +37,8 @@ def test_error_sums_are_error_stats(special, chunk, monkeypatch):
         pairs.append((r, (r + rng.standard_normal(r.shape).astype(np.float32) * scale * 1e-3).astype(np.float32)))
     if special == "inf-got":
         pairs[1][1][2, 3] = np.inf
+    elif special == "nan-got":
+        pairs[1][1][2, 3] = np.nan
     elif special == "inf-both":
         pairs[1][0][0, 0] = pairs[1][1][0, 0] = -np.inf
     elif special == "nan-ref":
