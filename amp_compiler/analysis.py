@@ -153,6 +153,7 @@ def _analyze(
         policy=policy,
         accuracy_not_measured=not_measured,
         generated_dims=generated.dims if generated is not None else (result.probe_dims or None),
+        accuracy_on=dict(result.accuracy_on) if result.probe_inputs else None,
     )
     return Analysis(result, report, refinement)
 

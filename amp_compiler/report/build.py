@@ -50,11 +50,13 @@ def build_report(
     policy: PolicyTable | None = None,
     accuracy_not_measured: str = "",
     generated_dims: dict[str, int] | None = None,
+    accuracy_on: dict[str, str] | None = None,
 ) -> PrecisionReport:
     """One NodeReport per node of the converted model, with costs, casts, ranges and errors
     (``policy``: the table the conversion used, which says which ops are Tensor Core ops).
     ``accuracy_not_measured``: why there is no accuracy ("" when measured); ``generated_dims``: the
-    values the random inputs' dynamic dims took."""
+    values the random inputs' dynamic dims took; ``accuracy_on``: per output, the kind of generated
+    sample its accuracy is from (the range probe's image models)."""
     costs = estimate(result.model, input_shapes, policy)
     ranges = ranges or {}
     node_errors = node_errors or {}
@@ -123,6 +125,7 @@ def build_report(
         tolerance=tolerance,
         untyped_nodes=len(result.untyped_nodes),
         accuracy_not_measured=accuracy_not_measured,
+        accuracy_on=dict(accuracy_on or {}),
         generated_dims=dict(generated_dims or {}),
     )
     notes = list(warnings or []) + list(result.provider_warnings)

@@ -255,7 +255,8 @@ def summary_parts(report: PrecisionReport) -> list[str]:
         parts.append(f"NON-FINITE output{'s' if len(nonfinite) > 1 else ''} {names}")
     if worst_cos is not None and worst_err is not None:
         parts.append(f"worst output cosine {cosine_str(worst_cos.cosine)}")
-        parts.append(f"max abs error {sci(worst_err.max_abs_error)}")
+        on = s.accuracy_on.get(worst_err.name)
+        parts.append(f"max abs error {sci(worst_err.max_abs_error)}" + (f" (on {clean(on)})" if on else ""))
     elif s.accuracy_not_measured:
         parts.append("output accuracy not measured")
     if s.calibration_samples:

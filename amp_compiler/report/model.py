@@ -69,6 +69,9 @@ class Summary:
     # The values the dynamic dims of the random inputs took (empty with calibration data, or when no
     # input dim is dynamic): amp_compiler.onnx.measure.generated_inputs.
     generated_dims: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Per output, the kind of generated sample its accuracy was measured on, where the range probe ran
+    # more than one kind (an image model: "uniform noise" or "dead-leaves image"; its worst is kept).
+    accuracy_on: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def low_flops_share(self) -> float:

@@ -126,3 +126,16 @@ def test_the_python_api_probes_by_default_as_the_cli_does():
     blind = convert(m, probe=False)
     assert blind.probe_inputs == "" and blind.accuracy == []
     assert not any(d.rule.startswith("probe.") for d in blind.decisions)
+
+
+def test_the_report_says_which_generated_image_showed_each_outputs_error():
+    from amp_compiler import ConvertOptions
+    from amp_compiler.analysis import analyze
+    from amp_compiler.report.common import summary_parts
+    from amp_compiler.report.model import PrecisionReport
+
+    report = analyze(_image_model(0.45), ConvertOptions(), runner=InProcessRunner()).report
+    on = report.summary.accuracy_on
+    assert set(on) == {"y"} and on["y"] in range_probe.IMAGE_SAMPLES
+    assert any(part.endswith(f"(on {on['y']})") for part in summary_parts(report))
+    assert PrecisionReport.from_dict(report.to_dict()).summary.accuracy_on == on
