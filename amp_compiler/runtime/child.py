@@ -269,6 +269,14 @@ def _read_exact(stream: BinaryIO, n: int) -> bytearray:
     return buf
 
 
+def _read_bytes(stream: BinaryIO, n: int) -> bytes:
+    """``n`` bytes as one ``bytes`` object (a model, for onnxruntime), read into it: no copy of a buffer."""
+    data = stream.read(n)  # a buffered stream reads until it has n bytes or the pipe closes
+    if len(data) != n:
+        raise EOFError("the parent closed the pipe")
+    return data
+
+
 def _read_arrays(np: Any, stream: BinaryIO, entries: list[dict]) -> list[Any]:
     out = []
     for e in entries:
@@ -319,7 +327,7 @@ def _serve(limit: int) -> None:
         op = request["op"]
         try:
             if op == "load":
-                source = request["path"] if "path" in request else bytes(_read_exact(stdin, request["bytes"]))
+                source = request["path"] if "path" in request else _read_bytes(stdin, request["bytes"])
                 provider = request.get("provider", PROVIDERS[0])
                 if provider not in PROVIDERS:
                     raise ValueError(f"unknown execution provider {provider!r}")

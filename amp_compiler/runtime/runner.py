@@ -100,7 +100,8 @@ class ChildRunner(Runner):
     ) -> Session:
         check_provider(provider)
         if isinstance(model, onnx.ModelProto):
-            header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
+            payload = [model.SerializeToString()]  # once: ByteSize would encode the whole model too
+            header = {"op": "load", "bytes": len(payload[0])}
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
         header.update(provider=provider, basic=basic, threads=threads, prepack=prepack, chained=chained)
