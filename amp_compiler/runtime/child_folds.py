@@ -63,16 +63,16 @@ _BLOCK = 2 * _SQUARES_CHUNK
 def _finite_stats(np: Any, a: Any) -> list | None:
     """The flat float32 or float64 array ``a``'s :data:`STAT_FIELDS`, or None once a block holds NaN or inf.
     Per block, passes over values in the cache: its min and max, its magnitudes' bits (sign cleared), their
-    non-zero count, the mask of those below 2^-14's bits (positive floats order as their bits; zeros
-    included: their count is known), its chunks' dot products, and where it has zeros, its -0.0 count.
+    non-zero count, where it has zeros its -0.0 count, the bits minus one (0 < |x| < t as that below t's
+    bits minus one: positive floats order as their bits, a zero wraps around to the largest), the mask of
+    those below 2^-14's, its subnormals' positions, and its chunks' dot products.
     Exactly what one pass each over the whole array gives: counts and sums of squares add up in the same
     order (the same chunks), and the smallest and largest of the blocks' extremes are the array's; only a
     zero's sign could depend on the order numpy compares in, so a zero extreme is the array's own zero
     where all its zeros have one sign, else numpy's over the whole array."""
     uint = np.dtype(f"u{a.dtype.itemsize}")
-    sign = uint.type(1 << (8 * uint.itemsize - 1))
-    magnitude = uint.type(np.iinfo(uint).max >> 1)
-    subnormal_bits, flushed_bits = (np.array(t, a.dtype).view(uint) for t in (_SUBNORMAL, _FLUSHED))
+    sign, magnitude, one = uint.type(1 << (8 * uint.itemsize - 1)), uint.type(np.iinfo(uint).max >> 1), uint.type(1)
+    subnormal_bits, flushed_bits = (np.array(t, a.dtype).view(uint) - one for t in (_SUBNORMAL, _FLUSHED))
     bits = a.view(uint)
     mag, below = np.empty(min(a.size, _BLOCK), uint), np.empty(min(a.size, _BLOCK), bool)
     lows, highs, smalls = [], [], []
@@ -90,14 +90,13 @@ def _finite_stats(np: Any, a: Any) -> list | None:
             block_nonzero = int(np.count_nonzero(m))
             if block_nonzero < n:
                 negative_zeros += int(np.count_nonzero(bits[start:start + n] == sign))
-            below_mask = np.less(m, subnormal_bits, out=below[:n])
-            block_subnormal = int(np.count_nonzero(below_mask)) - (n - block_nonzero)
-            if block_subnormal:  # most blocks have none
-                below_mask &= m != 0
-                smalls.append(block[below_mask])
-                flushed += int(np.count_nonzero(m[below_mask] < flushed_bits))
+            m -= one
+            where = np.flatnonzero(np.less(m, subnormal_bits, out=below[:n]))
+            if where.size:  # the flushed are among the subnormal (most blocks have few)
+                smalls.append(block[where])
+                flushed += int(np.count_nonzero(m[where] < flushed_bits))
             nonzero += block_nonzero
-            subnormal += block_subnormal
+            subnormal += where.size
             energy = _sum_squares(np, block, energy)
     zeros = a.size - nonzero
     lo, hi = (_zero_signed(np, a, x, negative_zeros, zeros, reduce) for x, reduce in
