@@ -10,7 +10,7 @@ one piece's tensors and the values between pieces are alive, not every activatio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -93,21 +93,10 @@ class ModelChain:
         sizes = _tensor_bytes(exposed)
         budget = live_bytes(model, sizes)  # the model's own outputs: in ``exposed`` every tensor is one
         joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
-        weights = {t.name: t for t in model.graph.initializer}
-        self.sessions: list[Session] = []
-        try:
-            for piece in chain_pieces(exposed, self.names, sizes, budget, joined):
-                if piece is exposed:  # one piece: the model's own inputs, no shapes bound to the sample
-                    del piece.graph.input[:], piece.graph.value_info[:]
-                    piece.graph.input.extend(model.graph.input)
-                _restore_weights(piece, weights, stubbed)
-                # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
-                # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
-                self.sessions.append(runner.load(piece, basic=True, chained=True))
-                del piece
-        except BaseException:
-            self.close()
-            raise
+        pieces = _with_weights(chain_pieces(exposed, self.names, sizes, budget, joined), exposed, model, stubbed)
+        # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+        # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+        self.sessions: list[Session] = runner.load_chain(pieces, basic=True, chained=True)
         graph_inputs = {i.name for i in model.graph.input}
         self.inputs = {n: t for s in self.sessions for n, t in zip(s.input_names, s.input_types, strict=True)
                        if n in graph_inputs}
@@ -121,6 +110,21 @@ class ModelChain:
         for session in self.sessions:
             session.close()
         self.sessions = []
+
+
+def _with_weights(
+    pieces: Iterator[onnx.ModelProto], exposed: onnx.ModelProto, model: onnx.ModelProto, stubbed: set[str]
+) -> Iterator[onnx.ModelProto]:
+    """``pieces`` (of ``exposed``, :func:`_weightless`'s copy of ``model`` with every tensor exposed) with the
+    weights ``stubbed`` put back, one at a time; a single piece takes ``model``'s own inputs (no shapes
+    bound to the sample)."""
+    weights = {t.name: t for t in model.graph.initializer}
+    for piece in pieces:
+        if piece is exposed:
+            del piece.graph.input[:], piece.graph.value_info[:]
+            piece.graph.input.extend(model.graph.input)
+        _restore_weights(piece, weights, stubbed)
+        yield piece
 
 
 def _weightless(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto, set[str]]:
