@@ -134,11 +134,15 @@ def session_options(
     return opts
 
 
-def share_arena(ort: Any) -> None:
+def share_arena(ort: Any) -> bool:
     """Register the CPU memory arena that sessions made with ``shared_arena`` share (once per process:
-    the child's; growing by what is asked, not by doubling)."""
+    the child's; growing by what is asked, not by doubling); False where onnxruntime refuses."""
     info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-    ort.create_and_register_allocator(info, ort.OrtArenaCfg({"arena_extend_strategy": 1}))  # kSameAsRequested
+    try:
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg({"arena_extend_strategy": 1}))  # kSameAsRequested
+    except Exception:  # onnxruntime's own exception types; its sessions then have no arena
+        return False
+    return True
 
 
 def run_options(ort: Any) -> Any:
@@ -328,7 +332,7 @@ def _serve(limit: int) -> None:
     import onnxruntime as ort
 
     ort.set_default_logger_severity(4)  # load-time warnings too
-    share_arena(ort)
+    shared = share_arena(ort)
     write_message(stdout, {"ready": True, "onnxruntime": ort.__version__})
     sessions: dict[int, Any] = {}
     folds: dict[int, dict[str, list]] = {}  # running statistics (fold_array), per fold request's key
@@ -348,7 +352,7 @@ def _serve(limit: int) -> None:
                 options = session_options(
                     ort, basic=bool(request.get("basic", False)), threads=int(request.get("threads", 0)),
                     data_folder=request.get("data_folder"), prepack=bool(request.get("prepack", True)),
-                    chained=bool(request.get("chained", False)), shared_arena=True,
+                    chained=bool(request.get("chained", False)), shared_arena=shared,
                 )
                 disabled = [str(name) for name in request.get("disabled_optimizers", [])]
                 session = ort.InferenceSession(source, options, providers=[provider],
