@@ -37,50 +37,99 @@ def fold_array(np: Any, stats: dict[str, list], name: str, a: Any) -> None:
     """Fold the float array ``a`` into ``stats[name]`` (:data:`STAT_FIELDS`; created on first use). Exact:
     min/max/absmax are values of ``a`` and the thresholds are powers of two, so folding in ``a``'s
     own type (float16 in float32) gives what folding in float64 gives; the two sums of squares are
-    float64 sums of float32 dot products of chunks (relative error below 1e-6 a chunk). Temporaries:
-    one array's size and a mask of a quarter of it (a float32 array's)."""
+    float64 sums of float32 dot products of chunks (relative error below 1e-6 a chunk)."""
     merge_stats(stats, name, array_stats(np, a))
 
 
 def array_stats(np: Any, a: Any) -> list:
-    """One array's :data:`STAT_FIELDS` (see :func:`fold_array`)."""
+    """One array's :data:`STAT_FIELDS` (see :func:`fold_array`): a block at a time while its values are
+    finite (:func:`_finite_stats`), else over the whole array."""
     if a.size == 0:  # seen, no values
         return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0]
     if a.dtype.itemsize < 4:
         a = a.astype(np.float32)
     a = a.ravel()
-    lo, hi = a.min(), a.max()
-    if np.isfinite(lo) and np.isfinite(hi):  # no NaN (it would propagate) and no inf
-        absmax = max(-float(lo), float(hi))
-        # |x| < t as the bits of |x| (sign cleared) below t's: positive floats order as their bits
-        uint = np.dtype(f"u{a.dtype.itemsize}")
-        mag = a.view(uint) & uint.type(np.iinfo(uint).max >> 1)
-        nonzero = int(np.count_nonzero(mag))
-        zeros = a.size - nonzero
-        # 0 < |x| < t as |x|'s bits minus one below t's minus one: a zero wraps around to the largest
-        mag -= uint.type(1)
-        below = mag < np.array(_SUBNORMAL, a.dtype).view(uint) - uint.type(1)
-        subnormal = int(np.count_nonzero(below))
-        # the flushed are among the subnormal: counted there (most tensors have few)
-        small, flushed = a[:0], 0
-        if subnormal:
-            small = a[below]
-            flushed = int(np.count_nonzero(mag[below] < np.array(_FLUSHED, a.dtype).view(uint) - uint.type(1)))
-        del mag, below
-        energy = _sum_squares(np, a)
-    else:
-        finite = a[np.isfinite(a)]
-        lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
-        del finite
-        mag = np.abs(a[~np.isnan(a)])
-        absmax = float(mag.max()) if mag.size else 0.0
-        nonzero = int(np.count_nonzero(mag))
-        zeros = mag.size - nonzero
-        flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
-        subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
-        small = mag[mag < _SUBNORMAL]
-        energy = _sum_squares(np, mag[np.isfinite(mag)])
-        del mag
+    stats = _finite_stats(np, a)
+    return stats if stats is not None else _nonfinite_stats(np, a)
+
+
+#: Values per float32 dot product in :func:`_sum_squares`.
+_SQUARES_CHUNK = 1 << 16
+#: Values per block of :func:`_finite_stats` (a multiple of :data:`_SQUARES_CHUNK`): a float32 block, its
+#: magnitudes' bits and their mask (1.1 MB) stay in the CPU's cache across the block's passes.
+_BLOCK = 2 * _SQUARES_CHUNK
+
+
+def _finite_stats(np: Any, a: Any) -> list | None:
+    """The flat float32 or float64 array ``a``'s :data:`STAT_FIELDS`, or None once a block holds NaN or inf.
+    Per block, passes over values in the cache: its min and max, its magnitudes' bits (sign cleared), their
+    non-zero count, where it has zeros its -0.0 count, the bits minus one (0 < |x| < t as that below t's
+    bits minus one: positive floats order as their bits, a zero wraps around to the largest), the mask of
+    those below 2^-14's, its subnormals' positions, and its chunks' dot products.
+    Exactly what one pass each over the whole array gives: counts and sums of squares add up in the same
+    order (the same chunks), and the smallest and largest of the blocks' extremes are the array's; only a
+    zero's sign could depend on the order numpy compares in, so a zero extreme is the array's own zero
+    where all its zeros have one sign, else numpy's over the whole array."""
+    uint = np.dtype(f"u{a.dtype.itemsize}")
+    sign, magnitude, one = uint.type(1 << (8 * uint.itemsize - 1)), uint.type(np.iinfo(uint).max >> 1), uint.type(1)
+    subnormal_bits, flushed_bits = (np.array(t, a.dtype).view(uint) - one for t in (_SUBNORMAL, _FLUSHED))
+    bits = a.view(uint)
+    mag, below = np.empty(min(a.size, _BLOCK), uint), np.empty(min(a.size, _BLOCK), bool)
+    lows, highs, smalls = [], [], []
+    nonzero = flushed = subnormal = negative_zeros = 0
+    energy = 0.0
+    with np.errstate(over="ignore"):
+        for start in range(0, a.size, _BLOCK):
+            block = a[start:start + _BLOCK]
+            n = block.size
+            lows.append(block.min())
+            highs.append(block.max())
+            if not (np.isfinite(lows[-1]) and np.isfinite(highs[-1])):  # NaN (it propagates) or inf
+                return None
+            m = np.bitwise_and(bits[start:start + n], magnitude, out=mag[:n])
+            block_nonzero = int(np.count_nonzero(m))
+            if block_nonzero < n:
+                negative_zeros += int(np.count_nonzero(bits[start:start + n] == sign))
+            m -= one
+            where = np.flatnonzero(np.less(m, subnormal_bits, out=below[:n]))
+            if where.size:  # the flushed are among the subnormal (most blocks have few)
+                smalls.append(block[where])
+                flushed += int(np.count_nonzero(m[where] < flushed_bits))
+            nonzero += block_nonzero
+            subnormal += where.size
+            energy = _sum_squares(np, block, energy)
+    zeros = a.size - nonzero
+    lo, hi = (_zero_signed(np, a, x, negative_zeros, zeros, reduce) for x, reduce in
+              ((np.min(lows), np.min), (np.max(highs), np.max)))
+    small = np.concatenate(smalls) if smalls else a[:0]
+    lost = _storage_error(np, small) if small.size else 0.0
+    return [float(lo), float(hi), max(-float(lo), float(hi)), nonzero, flushed, subnormal, int(a.size), energy, lost]
+
+
+def _zero_signed(np: Any, a: Any, extreme: Any, negative_zeros: int, zeros: int, reduce: Any) -> Any:
+    """``a``'s ``extreme`` (its min or max, the ``reduce`` of its blocks' ones) with the sign numpy's
+    ``reduce`` over the whole of ``a`` gives it: numpy gives one of ``a``'s values, so a zero extreme
+    takes the one sign all of ``a``'s zeros have, or where they have both, ``reduce(a)``'s."""
+    if extreme != 0 or negative_zeros == 0:
+        return extreme
+    return -abs(extreme) if negative_zeros == zeros else reduce(a)
+
+
+def _nonfinite_stats(np: Any, a: Any) -> list:
+    """The flat float array ``a``'s :data:`STAT_FIELDS` when it holds NaN or inf. Temporaries: its
+    values that are not NaN, and a mask of a quarter of its size (a float32 array's)."""
+    finite = a[np.isfinite(a)]
+    lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
+    del finite
+    mag = np.abs(a[~np.isnan(a)])
+    absmax = float(mag.max()) if mag.size else 0.0
+    nonzero = int(np.count_nonzero(mag))
+    zeros = mag.size - nonzero
+    flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
+    subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
+    small = mag[mag < _SUBNORMAL]
+    energy = _sum_squares(np, mag[np.isfinite(mag)])
+    del mag
     lost = _storage_error(np, small) if small.size else 0.0
     return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost]
 
@@ -94,14 +143,9 @@ def _storage_error(np: Any, small: Any) -> float:
     return _sum_squares(np, scaled) * 2.0**-48
 
 
-#: Values per float32 dot product in :func:`_sum_squares`.
-_SQUARES_CHUNK = 1 << 16
-
-
-def _sum_squares(np: Any, a: Any) -> float:
-    """The sum of the squares of the flat float array ``a``: float64 sums of dot products of chunks (no
-    copy of ``a``; float64 arrays are dotted in float64). A square beyond float32's range is inf."""
-    total = 0.0
+def _sum_squares(np: Any, a: Any, total: float = 0.0) -> float:
+    """``total`` plus the sum of the squares of the flat float array ``a``: float64 sums of dot products of
+    chunks (no copy of ``a``; float64 arrays are dotted in float64). A square beyond float32's range is inf."""
     with np.errstate(over="ignore"):
         for start in range(0, a.size, _SQUARES_CHUNK):
             chunk = a[start:start + _SQUARES_CHUNK]

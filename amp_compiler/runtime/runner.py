@@ -22,6 +22,7 @@ a :class:`ChildRunner` with the default budget.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,7 +31,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -100,7 +102,8 @@ class ChildRunner(Runner):
     ) -> Session:
         check_provider(provider)
         if isinstance(model, onnx.ModelProto):
-            header, payload = {"op": "load", "bytes": model.ByteSize()}, [model.SerializeToString()]
+            payload = [model.SerializeToString()]  # once: ByteSize would encode the whole model too
+            header: dict[str, Any] = {"op": "load", "bytes": len(payload[0])}
         else:
             header, payload = {"op": "load", "path": os.path.abspath(model)}, []
         header.update(provider=provider, basic=basic, threads=threads, prepack=prepack, chained=chained)
@@ -109,6 +112,42 @@ class ChildRunner(Runner):
         if disabled:
             header["disabled_optimizers"] = [str(name) for name in disabled]
         answer, _ = self._request(header, raw=payload, doing="loading")
+        return _ChildSession(self, answer["session"], answer)
+
+    def load_chain(
+        self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False
+    ) -> list[Session]:
+        """As :meth:`Runner.load_chain`, each model serialized while the child makes the session of the one
+        before (serializing is most of the parent's part of a load, making the session the child's)."""
+        sessions: list[Session] = []
+        sent: float | None = None  # the deadline of a load sent whose answer is not read yet
+        try:
+            for model in models:
+                payload = model.SerializeToString()
+                if sent is not None:
+                    deadline, sent = sent, None
+                    sessions.append(self._loaded(deadline))
+                with self._guard("loading"):
+                    sent = self._send({"op": "load", "bytes": len(payload), "provider": CPU, "basic": basic,
+                                       "chained": chained}, raw=[payload])
+                del payload
+            if sent is not None:
+                deadline, sent = sent, None
+                sessions.append(self._loaded(deadline))
+        except BaseException as exc:
+            if sent is not None and self._alive() and isinstance(exc, Exception):  # the protocol stays in step
+                with contextlib.suppress(ModelRunError):
+                    sessions.append(self._loaded(sent))
+            elif sent is not None:  # interrupted: the child is stopped, not waited for
+                self._kill()
+            for session in sessions:
+                session.close()
+            raise
+        return sessions
+
+    def _loaded(self, deadline: float) -> Session:
+        with self._guard("loading"):
+            answer, _ = self._receive(deadline, "loading")
         return _ChildSession(self, answer["session"], answer)
 
     def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
@@ -178,38 +217,17 @@ class ChildRunner(Runner):
     def _request(
         self, header: dict, arrays: list[np.ndarray] = (), *, raw: list[bytes] = (), doing: str  # type: ignore[assignment]
     ) -> tuple[dict, list[np.ndarray]]:
+        with self._guard(doing):
+            return self._receive(self._send(header, arrays, raw), doing)
+
+    @contextlib.contextmanager
+    def _guard(self, doing: str) -> Iterator[None]:
+        """Raise the runner's failure again; within, a child past its time budget is killed (a
+        :class:`RunBudgetError`), one whose pipe closed is a crash: for every later request too."""
         if self._failed is not None:
             raise self._failed
         try:
-            self._wait_ready()
-            deadline = time.monotonic() + self.budget.seconds
-            arrays = [np.ascontiguousarray(a) for a in arrays]
-            message = dict(header)
-            if arrays:
-                message["arrays"] = runner_child.array_header(arrays)
-            self._write(json.dumps(message).encode() + b"\n", deadline)
-            for chunk in raw:
-                self._write(chunk, deadline)
-            for a in arrays:
-                if a.dtype.kind in runner_child.RAW_KINDS and a.nbytes:
-                    self._write(a.data.cast("B"), deadline)
-            answer = self._read_header(deadline)
-            if not answer.get("ok"):
-                message_text = str(answer.get("message", ""))
-                if answer.get("kind") == "memory":
-                    raise RunBudgetError(
-                        f"{doing} the model in onnxruntime needed more than its memory budget of "
-                        f"{format_bytes(self.budget.memory)} ({message_text})",
-                        option="run_memory",
-                    )
-                error: type[ModelRunError] = ModelRunError
-                if answer.get("kind") == "unsupported":
-                    error = ModelUnsupportedError
-                elif doing == "loading":
-                    error = ModelRefusedError
-                verb = {"loading": "load", "running": "run"}.get(doing, doing)
-                raise error(f"onnxruntime could not {verb} the model: {message_text}")
-            return answer, self._read_arrays(answer.get("arrays", []), deadline)
+            yield
         except _Timeout:
             self._kill()
             self._failed = RunBudgetError(
@@ -221,6 +239,42 @@ class ChildRunner(Runner):
         except _Ended:
             self._failed = self._ended(doing)
             raise self._failed from None
+
+    def _send(self, header: dict, arrays: Sequence[np.ndarray] = (), raw: Sequence[bytes] = ()) -> float:
+        """Write one request; the time by which its answer must come."""
+        self._wait_ready()
+        deadline = time.monotonic() + self.budget.seconds
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        message = dict(header)
+        if arrays:
+            message["arrays"] = runner_child.array_header(arrays)
+        self._write(json.dumps(message).encode() + b"\n", deadline)
+        for chunk in raw:
+            self._write(chunk, deadline)
+        for a in arrays:
+            if a.dtype.kind in runner_child.RAW_KINDS and a.nbytes:
+                self._write(a.data.cast("B"), deadline)
+        return deadline
+
+    def _receive(self, deadline: float, doing: str) -> tuple[dict, list[np.ndarray]]:
+        """The answer to the request sent, its arrays; onnxruntime's refusal as a :class:`ModelRunError`."""
+        answer = self._read_header(deadline)
+        if not answer.get("ok"):
+            message_text = str(answer.get("message", ""))
+            if answer.get("kind") == "memory":
+                raise RunBudgetError(
+                    f"{doing} the model in onnxruntime needed more than its memory budget of "
+                    f"{format_bytes(self.budget.memory)} ({message_text})",
+                    option="run_memory",
+                )
+            error: type[ModelRunError] = ModelRunError
+            if answer.get("kind") == "unsupported":
+                error = ModelUnsupportedError
+            elif doing == "loading":
+                error = ModelRefusedError
+            verb = {"loading": "load", "running": "run"}.get(doing, doing)
+            raise error(f"onnxruntime could not {verb} the model: {message_text}")
+        return answer, self._read_arrays(answer.get("arrays", []), deadline)
 
     def _wait_ready(self) -> None:
         if self._ready:

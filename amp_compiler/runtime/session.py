@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -63,6 +63,21 @@ class Runner(abc.ABC):
         the kernels' weight prepacking (a session only created, never run, need not pay for it);
         ``disabled``: onnxruntime graph optimizers not to run (``MatmulTransposeFusion``); ``chained``: one
         session of a chain that :meth:`fold` runs (:func:`runner_child.session_options`)."""
+
+    def load_chain(
+        self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False
+    ) -> list[Session]:
+        """The sessions of ``models`` (taken one at a time), as :meth:`load` with ``basic`` and ``chained``
+        makes them, in order; where one fails, those made are closed."""
+        sessions: list[Session] = []
+        try:
+            for model in models:
+                sessions.append(self.load(model, basic=basic, chained=chained))
+        except BaseException:
+            for session in sessions:
+                session.close()
+            raise
+        return sessions
 
     @abc.abstractmethod
     def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:

@@ -139,3 +139,72 @@ def test_run_chain_drops_values_no_later_session_needs():
 def test_statistics_outside_the_protocol_are_a_crash(raw):
     with pytest.raises(ModelCrashError):
         _checked_statistics(raw)
+
+
+def _chunked_energy(a: np.ndarray) -> float:
+    """The sum of squares as array_stats has always added it: float64 sums of float32 dot products of
+    chunks of 2^16 values, in order."""
+    total = 0.0
+    for start in range(0, a.size, 1 << 16):
+        chunk = a[start:start + (1 << 16)]
+        total += float(np.dot(chunk, chunk))
+    return total
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_array_stats_over_many_blocks_are_the_whole_arrays(dtype):
+    """Regression guard: values spread over several of array_stats' blocks (subnormals at a block's
+    first and last value, zeros in some blocks only) give the whole array's counts and extremes, and
+    the same sum of squares bit for bit (the same chunks, in the same order)."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal(700_001).astype(dtype)
+    a[[0, 131_071, 131_072, 400_000]] = [2.0**-26, -(2.0**-20), 2.0**-15, -(2.0**-30)]
+    a[200_000:200_050] = 0
+    stats = child_folds.array_stats(np, a)
+    mag = np.abs(a.astype(np.float64))
+    nonzero = mag[mag > 0]
+    assert stats[:3] == [float(a.min()), float(a.max()), float(mag.max())]
+    assert stats[3:7] == [nonzero.size, np.count_nonzero(nonzero < 2.0**-25), np.count_nonzero(nonzero < 2.0**-14), a.size]
+    assert stats[4] >= 2 and stats[5] >= 4
+    assert stats[7] == _chunked_energy(a)
+
+
+@pytest.mark.parametrize("zeros", [(0.0, 0.0), (-0.0, -0.0), (0.0, -0.0), (-0.0, 0.0)])
+def test_array_stats_zero_extremes_keep_numpys_sign(zeros):
+    """Regression guard: where the smallest (or largest) value is zero, its sign is the one numpy's
+    min (max) over the whole array gives, also when the zeros of each sign lie in different blocks
+    (numpy's min over the blocks' minima gives the other sign here)."""
+    a = np.full(300_000, 1.5, np.float32)
+    a[:100_000:1000], a[100_000::1000] = zeros
+    lo, hi = child_folds.array_stats(np, a)[0], child_folds.array_stats(np, -a)[1]
+    assert lo == 0 and hi == 0
+    assert [np.signbit(lo), np.signbit(hi)] == [np.signbit(a.min()), np.signbit((-a).max())]
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_array_stats_see_a_non_finite_value_in_a_later_block(special):
+    """Regression guard: one NaN or inf after the first block sends the whole array down the non-finite
+    path (a NaN must not be lost comparing the blocks' extremes)."""
+    a = np.linspace(-2, 3, 400_000, dtype=np.float32)
+    a[-5] = special
+    stats = child_folds.array_stats(np, a)
+    finite = a[np.isfinite(a)]
+    assert stats[:3] == [float(finite.min()), float(finite.max()), 3.0 if np.isnan(special) else np.inf]
+    assert stats[6] == a.size
+
+
+def test_array_stats_temporaries_are_a_blocks_not_the_arrays():
+    """Memory: folding a large finite tensor allocates block-sized temporaries, not a copy of the
+    array's size (which was 5 bytes a value: its magnitudes' bits and a mask)."""
+    import tracemalloc
+
+    a = np.random.default_rng(2).standard_normal(4_000_000).astype(np.float32)  # 16 MB
+    a[::3] = 0
+    a[::1000] = 1e-6
+    tracemalloc.start()
+    try:
+        child_folds.array_stats(np, a)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < a.nbytes // 8

@@ -117,6 +117,52 @@ def test_a_model_onnxruntime_refuses_is_its_message_and_the_child_goes_on():
         InProcessRunner().load(bad)
 
 
+def _refused() -> onnx.ModelProto:
+    bad = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F32, [2])], [vi("y", F32, [2])])
+    bad.graph.node[0].op_type = "NoSuchOp"
+    return bad
+
+
+def _closes(monkeypatch, runner) -> list:
+    """The sessions of ``runner`` closed from now on (each still closed)."""
+    closed: list = []
+    session_type = type(runner.load(_mixed_model()))
+    close = session_type.close
+    monkeypatch.setattr(session_type, "close", lambda self: (closed.append(self), close(self)))
+    return closed
+
+
+@pytest.mark.parametrize("make_runner", [lambda: ChildRunner(SMALL), InProcessRunner])
+def test_a_chain_of_models_loads_in_order_and_a_refusal_closes_what_it_loaded(monkeypatch, make_runner):
+    feeds = {"x": weights((2, 4), seed=1), "i": np.arange(5, dtype=np.int64)}
+    with make_runner() as runner:
+        closed = _closes(monkeypatch, runner)
+        first, second = runner.load_chain([_mixed_model(), _mixed_model()], basic=True, chained=True)
+        np.testing.assert_array_equal(first.run(feeds)[0], second.run(feeds)[0])
+        with pytest.raises(ModelRunError, match="NoSuchOp"):
+            runner.load_chain([_mixed_model(), _mixed_model(), _refused(), _mixed_model()])
+        assert len(closed) == 2  # the two loaded before the refusal
+        np.testing.assert_array_equal(runner.load(_mixed_model()).run(feeds)[0], first.run(feeds)[0])
+
+
+def test_a_chain_whose_models_fail_to_come_leaves_the_child_in_step(monkeypatch):
+    """The models' iterator raises while the child makes the session of the one before: that answer is
+    read (and the session closed), so the next request gets its own answer."""
+    def models():
+        yield _mixed_model()
+        raise ValueError("no more pieces")
+
+    feeds = {"x": weights((2, 4), seed=1), "i": np.arange(5, dtype=np.int64)}
+    with ChildRunner(SMALL) as runner:
+        closed = _closes(monkeypatch, runner)
+        with pytest.raises(ValueError, match="no more pieces"):
+            runner.load_chain(models())
+        assert len(closed) == 1
+        session = runner.load(_mixed_model())
+        assert session.output_names == ["y", "h", "j", "b"]
+        assert session.run(feeds)[2].tolist() == [0, 2, 4, 6, 8]
+
+
 def test_a_model_file_loads_with_its_external_data(tmp_path):
     m = _mixed_model()
     onnx.save_model(m, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)

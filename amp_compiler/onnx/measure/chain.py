@@ -10,7 +10,7 @@ one piece's tensors and the values between pieces are alive, not every activatio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -33,7 +33,8 @@ _UNRETURNED = frozenset(
     ) if hasattr(onnx.TensorProto, name)
 )
 _SIZED = frozenset(set(onnx.helper.get_all_tensor_dtypes()) - {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED})
-#: Initializers at least this large are left out of the copy shape inference reads (their dims stay).
+#: Float initializers whose values take at least this many bytes are left out of the copy shape inference
+#: reads (their dims stay).
 _STUB_BYTES = 1024
 
 
@@ -86,27 +87,16 @@ class ModelChain:
     graph inputs the chain takes, with their onnxruntime types; ``runs``: runs counted by the caller."""
 
     def __init__(self, model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray]):
-        light = _weightless(model, sample)
+        light, stubbed = _weightless(model, sample)
         exposed, self.names = exposed_model(light)
         del light
         sizes = _tensor_bytes(exposed)
         budget = live_bytes(model, sizes)  # the model's own outputs: in ``exposed`` every tensor is one
         joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
-        weights = {t.name: t for t in model.graph.initializer}
-        self.sessions: list[Session] = []
-        try:
-            for piece in chain_pieces(exposed, self.names, sizes, budget, joined):
-                if piece is exposed:  # one piece: the model's own inputs, no shapes bound to the sample
-                    del piece.graph.input[:], piece.graph.value_info[:]
-                    piece.graph.input.extend(model.graph.input)
-                _restore_weights(piece, weights)
-                # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
-                # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
-                self.sessions.append(runner.load(piece, basic=True, chained=True))
-                del piece
-        except BaseException:
-            self.close()
-            raise
+        pieces = _with_weights(chain_pieces(exposed, self.names, sizes, budget, joined), exposed, model, stubbed)
+        # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+        # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+        self.sessions: list[Session] = runner.load_chain(pieces, basic=True, chained=True)
         graph_inputs = {i.name for i in model.graph.input}
         self.inputs = {n: t for s in self.sessions for n, t in zip(s.input_names, s.input_types, strict=True)
                        if n in graph_inputs}
@@ -122,17 +112,36 @@ class ModelChain:
         self.sessions = []
 
 
-def _weightless(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+def _with_weights(
+    pieces: Iterator[onnx.ModelProto], exposed: onnx.ModelProto, model: onnx.ModelProto, stubbed: set[str]
+) -> Iterator[onnx.ModelProto]:
+    """``pieces`` (of ``exposed``, :func:`_weightless`'s copy of ``model`` with every tensor exposed) with the
+    weights ``stubbed`` put back, one at a time; a single piece takes ``model``'s own inputs (no shapes
+    bound to the sample)."""
+    weights = {t.name: t for t in model.graph.initializer}
+    for piece in pieces:
+        if piece is exposed:
+            del piece.graph.input[:], piece.graph.value_info[:]
+            piece.graph.input.extend(model.graph.input)
+        _restore_weights(piece, weights, stubbed)
+        yield piece
+
+
+def _weightless(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto, set[str]]:
     """A copy of ``model`` whose large float initializers hold their dims but no values (shape inference
     reads no more; the weights are not copied), and whose inputs' dims are ``sample``'s (so that shape
-    inference gives every tensor's size, for cutting the pieces by size)."""
+    inference gives every tensor's size, for cutting the pieces by size); and the names of those
+    initializers. Their size is their dims' (protobuf's ``ByteSize`` encodes the whole message to
+    count it: 0.6 s for a model of 350 MB of weights)."""
     light = onnx.ModelProto()
     _copy_fields(model, light, skip="graph")
     graph = light.graph
     _copy_fields(model.graph, graph, skip="initializer")
+    stubbed = set()
     for t in model.graph.initializer:
-        if t.data_type in EXPOSED_TYPES and t.ByteSize() >= _STUB_BYTES and t.data_location != t.EXTERNAL:
+        if t.data_type in EXPOSED_TYPES and t.data_location != t.EXTERNAL and _value_bytes(t) >= _STUB_BYTES:
             graph.initializer.append(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+            stubbed.add(t.name)
         else:
             graph.initializer.append(t)
     for value in graph.input:
@@ -141,7 +150,12 @@ def _weightless(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> onn
         if given is not None and value.type.HasField("tensor_type") and len(dims) == given.ndim:
             for d, size in zip(dims, given.shape, strict=True):
                 d.dim_value = int(size)
-    return light
+    return light, stubbed
+
+
+def _value_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of a float tensor's values, from its dims and element type."""
+    return int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 def _copy_fields(source: Message, target: Message, skip: str) -> None:
@@ -157,11 +171,11 @@ def _copy_fields(source: Message, target: Message, skip: str) -> None:
             setattr(target, field.name, value)
 
 
-def _restore_weights(piece: onnx.ModelProto, weights: dict[str, onnx.TensorProto]) -> None:
+def _restore_weights(piece: onnx.ModelProto, weights: dict[str, onnx.TensorProto], stubbed: set[str]) -> None:
+    """Put the values of the initializers :func:`_weightless` left out (``stubbed``) back into ``piece``."""
     for t in piece.graph.initializer:
-        original = weights.get(t.name)
-        if original is not None and original.ByteSize() != t.ByteSize():
-            t.CopyFrom(original)
+        if t.name in stubbed:
+            t.CopyFrom(weights[t.name])
 
 
 def _tensor_bytes(model: onnx.ModelProto) -> dict[str, int]:
