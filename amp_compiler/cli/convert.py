@@ -189,7 +189,7 @@ def _measured(
         s = analysis.report.summary
         if s.calibration_samples:
             return list(s.accuracy), "the calibration data", {}
-        return list(s.accuracy), "generated inputs", dict(result.accuracy_on) if result.probe_inputs else {}
+        return list(s.accuracy), "generated inputs", dict(s.accuracy_on)
     return list(result.accuracy), "generated inputs", dict(result.accuracy_on)
 
 
@@ -201,11 +201,15 @@ def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str, kinds: Mappi
         return ""
     worst = sorted(accuracy, key=lambda a: (a.finite, -a.error_of_range))
     shown = worst if len(worst) <= 3 else worst[:3]
-    kinds = kinds or {}
-    parts = [_one_error(a, name=len(accuracy) > 1) + (f" ({kinds[a.name]})" if a.name in kinds else "")
-             for a in shown]
+    parts = [_one_error(a, name=len(accuracy) > 1) + _shown_on(a, kinds) for a in shown]
     more = f" (+{len(accuracy) - 3} more)" if len(accuracy) > 3 else ""
     return f" | output error vs fp32 on {measured_on}: " + "; ".join(parts) + more
+
+
+def _shown_on(a: OutputAccuracy, kinds: Mapping[str, str] | None) -> str:
+    """The kind of generated input that showed ``a``'s error, as ' (dead-leaves image)', where ``kinds``
+    names one; else nothing."""
+    return f" ({kinds[a.name]})" if kinds and a.name in kinds else ""
 
 
 def _one_error(a: OutputAccuracy, *, name: bool) -> str:
@@ -233,8 +237,8 @@ def accuracy_warnings(
         f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [
-        f"output {a.name!r} {how} on {measured_on}{f' ({kinds[a.name]})' if kinds and a.name in kinds else ''}"
-        f"{more}, past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
+        f"output {a.name!r} {how} on {measured_on}{_shown_on(a, kinds)}{more}, "
+        f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
         f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
         "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32"
     ]
