@@ -46,14 +46,14 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, BinaryIO
 
 __all__ = [
-    "PROVIDERS", "RAW_KINDS", "array_header", "chain_outputs", "compare_chains", "error_kind", "first_line",
-    "run_chain", "run_options", "session_facts", "session_options", "share_arena",
+    "PROVIDERS", "RAW_KINDS", "array_header", "chain_outputs", "compare_chains", "compare_inputs", "error_kind",
+    "first_line", "run_chain", "run_options", "session_facts", "session_options", "share_arena",
 ]
 
 
@@ -195,6 +195,15 @@ def run_chain(np: Any, sessions: list[Any], feeds: dict[str, Any], options: Any,
             for name, new in zip(floats, pool.map(partial(child_folds.array_stats, np), arrays), strict=True):
                 child_folds.merge_stats(stats, name, new)
             arrays.clear()
+
+
+def compare_inputs(
+    np: Any, arrays: Mapping[str, Any], reference: list[str], converted: list[str], half: list[str],
+) -> tuple[dict, dict]:
+    """The feeds of :func:`compare_chains`: the ``reference`` chain's and the ``converted`` one's, from
+    ``arrays``, those ``half`` names rounded to FP16 (a model converted without keeping its I/O types)."""
+    return ({n: np.asarray(arrays[n]) for n in reference},
+            {n: np.asarray(arrays[n]).astype(np.float16) if n in half else np.asarray(arrays[n]) for n in converted})
 
 
 def compare_chains(
@@ -383,9 +392,8 @@ def _serve(limit: int) -> None:
                 arrays = _read_arrays(np, stdin, request.get("arrays", []))
                 both = dict(zip(request["names"], arrays, strict=True))
                 del arrays
-                half = set(request.get("half", []))  # the converted model's FP16 inputs (I/O types not kept)
-                pair = ({n: both[n] for n in request["reference_feeds"]},
-                        {n: both[n].astype(np.float16) if n in half else both[n] for n in request["converted_feeds"]})
+                pair = compare_inputs(np, both, request["reference_feeds"], request["converted_feeds"],
+                                      request.get("half", []))
                 del both
                 kept = compare_chains(np, [sessions[int(s)] for s in request["reference"]],
                                       [sessions[int(s)] for s in request["converted"]], pair, request["pairs"],

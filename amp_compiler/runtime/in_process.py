@@ -83,8 +83,7 @@ class InProcessRunner(Runner):
         if len(ref_chain) != len(reference) or len(conv_chain) != len(converted):
             raise ValueError("compare runs sessions of this runner only")
         ref_names, conv_names, half = compare_feeds(reference, converted, feeds)
-        both = ({n: np.asarray(feeds[n]) for n in ref_names},
-                {n: np.asarray(feeds[n]).astype(np.float16) if n in half else np.asarray(feeds[n]) for n in conv_names})
+        both = runner_child.compare_inputs(np, feeds, ref_names, conv_names, half)
         try:
             kept = runner_child.compare_chains(np, ref_chain, conv_chain, both, [list(p) for p in pairs],
                                                [list(p) for p in outputs], runner_child.run_options(ort),
