@@ -98,9 +98,10 @@ class ConvertOptions:
     metric: ErrorMetric = Metric.REL_L2
     holdout: float = targets.HOLDOUT
     # FP16 conversions: the type of nodes kept out of FP16 only by their range (constants, observed or
-    # provable overflow: core.plan.RANGE_ONLY_RULES): "bf16" (where the provider has a BF16 kernel;
-    # BF16 Tensor Cores: Ampere sm_80 and later, not Turing/Volta) or "fp32". None: the provider's
-    # default, RANGE_FALLBACK_DEFAULTS.
+    # provable overflow: core.plan.RANGE_ONLY_RULES): "scaled" (Tensor Core ops in FP16 on power-of-two
+    # scaled operands where observed ranges allow it, else as "bf16"), "bf16" (where the provider has a
+    # BF16 kernel; BF16 Tensor Cores: Ampere sm_80 and later, not Turing/Volta) or "fp32". None: the
+    # provider's default, RANGE_FALLBACK_DEFAULTS.
     range_fallback: str | None = None
 
     def __post_init__(self) -> None:
@@ -143,20 +144,21 @@ class ConvertOptions:
         return self.target
 
 
-#: ``range_fallback`` per provider when not given: BF16 on the GPU providers (the catalog's range-pinned
-#: models: as accurate as FP32 fallbacks, no Tensor Core FLOPs left in FP32; benchmarks/RESULTS.md),
-#: FP32 on the CPU provider (it has almost no BF16 kernels).
-RANGE_FALLBACK_DEFAULTS = {Provider.CUDA: "bf16", Provider.TENSORRT: "bf16", Provider.CPU: "fp32"}
-RANGE_FALLBACKS = ("bf16", "fp32")
+#: ``range_fallback`` per provider when not given: scaled FP16 (then BF16) on the GPU providers (the
+#: catalog's range-pinned models: as accurate as FP32 fallbacks within 1%, more than BF16 fallbacks, no
+#: Tensor Core FLOPs left in FP32, Convs before opset 22 included; benchmarks/RESULTS.md), FP32 on the
+#: CPU provider (it has no FP16 Tensor Cores and almost no BF16 kernels).
+RANGE_FALLBACK_DEFAULTS = {Provider.CUDA: "scaled", Provider.TENSORRT: "scaled", Provider.CPU: "fp32"}
+RANGE_FALLBACKS = ("scaled", "bf16", "fp32")
 
 
 def range_fallback(opts: ConvertOptions) -> str:
     """The range fallback ``opts`` ask for (their provider's default when not given), checked: an
-    :class:`OptionError` for anything but ``bf16``/``fp32``."""
+    :class:`OptionError` for anything but ``scaled``/``bf16``/``fp32``."""
     if opts.range_fallback is None:
         return RANGE_FALLBACK_DEFAULTS[opts.provider]
     if opts.range_fallback not in RANGE_FALLBACKS:
-        raise OptionError(f"unknown range fallback {opts.range_fallback!r}: expected bf16 or fp32",
+        raise OptionError(f"unknown range fallback {opts.range_fallback!r}: expected scaled, bf16 or fp32",
                           option="range_fallback")
     return opts.range_fallback
 

@@ -1,4 +1,4 @@
-"""FP16 with BF16 range fallbacks against all-BF16, FP16 with FP32 fallbacks and onnxruntime's float16
+"""FP16 with scaled-FP16 and BF16 range fallbacks against all-BF16, FP16 with FP32 fallbacks and onnxruntime's float16
 converter with ``use_bfloat16_as_blocked_nodes_dtype`` (issue 26), on the catalog models whose values
 leave FP16's range.
 
@@ -125,10 +125,13 @@ def rows(case: Case) -> list[Row]:
     mixed = convert(fp32, provider="cuda", range_fallback="bf16", **info)
     blocked = sorted(d.node for d in mixed.decisions if d.rule in _RANGE_RULES and d.precision in ("bf16", "fp32"))
     ways = {
+        "fp16 + scaled fp16 fallbacks (then bf16)": convert(fp32, provider="cuda", range_fallback="scaled", **info).model,
         "fp16 + bf16 fallbacks": mixed.model,
         "fp16 + fp32 fallbacks": convert(fp32, provider="cuda", range_fallback="fp32", **info).model,
         "all bf16": convert(fp32, provider="cuda", target="bf16", **info).model,
         "fp16, no range information": convert(fp32, provider="cuda", probe=False).model,
+        "tensorrt: fp16 + scaled fp16 fallbacks (then bf16)": convert(
+            fp32, provider="tensorrt", range_fallback="scaled", **info).model,
         "tensorrt: fp16 + bf16 fallbacks": convert(fp32, provider="tensorrt", range_fallback="bf16", **info).model,
         "tensorrt: fp16 + fp32 fallbacks": convert(fp32, provider="tensorrt", range_fallback="fp32", **info).model,
     }

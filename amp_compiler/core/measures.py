@@ -24,6 +24,9 @@ class TensorRange:
     # ||fp16(x) - x|| / ||x|| over the values below FP16's smallest normal (flushed or subnormal): what
     # FP16's exponent range moves the tensor by, against the tensor's own L2 norm (0: not measured)
     underflow_error: float = 0.0
+    # the root mean square of its finite values (0: not measured): the scale of its typical value, against
+    # which a power-of-two scaling's underflow is judged (:mod:`amp_compiler.passes.analysis.range_scaling`)
+    rms: float = 0.0
 
 
 @dataclasses.dataclass

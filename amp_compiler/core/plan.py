@@ -11,7 +11,7 @@ import enum
 
 import onnx_ir as ir
 
-__all__ = ["RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule"]
+__all__ = ["RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule", "Scaling"]
 
 
 class Role(enum.Enum):
@@ -69,6 +69,7 @@ class Rule(enum.Enum):
     FIXED = "fixed"
     UNKNOWN_TYPE = "fixed.unknown-type"  # no element type is known: left as it is, and a warning
     PAD_SLICE = "pad.slice"  # a Slice inserted by the opt-in Tensor Core padding
+    RANGE_SCALE = "range-scaling.mul"  # a Mul by a power of two inserted around a range-scaled Tensor Core op
     # Nodes that no vertex decides: what lowering made, and what has no float data.
     LOWERING_CAST = "lowering.cast"  # a Cast lowering inserted
     CONSTANT = "constant"  # a constant, converted offline (or read as it is) for its users
@@ -99,6 +100,23 @@ class Decision:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """A range-pinned Tensor Core op run in FP16 on power-of-two scaled operands
+    (:mod:`amp_compiler.passes.analysis.range_scaling`): ``op(x * 2^-a, w * 2^-b) = op(x, w) * 2^-(a+b)``
+    exactly, but for the values the scaling pushes below FP16's normals. ``shifts``: per input index,
+    the k its operand is multiplied by 2^-k with (a constant's offline, an activation's by a Mul in
+    FP32 before its Cast; a bias takes ``output``). ``output``: the shift the product carries, undone by
+    a Mul by 2^output in FP32 after the Cast back. ``magnitudes``: per tensor name, the observed or exact
+    largest magnitude the shift was chosen for, ``headroom``: how far below FP16's largest finite value
+    the scaled magnitudes stay at least (the margin included)."""
+
+    shifts: dict[int, int]
+    output: int
+    magnitudes: dict[str, float]
+    headroom: float
+
+
 @dataclasses.dataclass
 class PrecisionPlan:
     """Per vertex: its painting role (with the rule that gave it) and, after painting, its dtype."""
@@ -116,6 +134,9 @@ class PrecisionPlan:
     # Bytes moved by Casts: as painted, and after cast placement (None when placement did not run).
     cast_bytes_painting: int | None = None
     cast_bytes_final: int | None = None
+    # Range-pinned Tensor Core vertices run in FP16 on power-of-two scaled operands: their decision
+    # stays FP32 (what their neighbours see), lowering's scaling pass runs them low inside.
+    scalings: dict[int, Scaling] = dataclasses.field(default_factory=dict)
 
     def set_role(self, vid: int, role: Role, rule: Rule, reason: str) -> None:
         self.roles[vid] = role
@@ -129,4 +150,5 @@ class PrecisionPlan:
         return dataclasses.replace(
             self, roles=dict(self.roles), role_rules=dict(self.role_rules), decisions=dict(self.decisions),
             constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes), fp32_inside=dict(self.fp32_inside),
+            scalings=dict(self.scalings),
         )

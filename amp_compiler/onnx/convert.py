@@ -66,7 +66,7 @@ from amp_compiler.passes.analysis import UserChoices, compile_patterns
 from amp_compiler.passes.analysis.hazards import stand_in_skips
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
-from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass
+from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass, ScaledProductsPass
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.sizes import format_bytes
@@ -193,7 +193,8 @@ def _convert_ranged(
         ranges=ranges,
         ranges_generated=probe is not None,
         placement=opts.placement,
-        range_fallback=range_fallback(opts),
+        # FP8: its GEMM choice reads the FP16 plan's Tensor Core ops as they are; scaled ones take BF16
+        range_fallback="bf16" if opts.target is Target.FP8 and range_fallback(opts) == "scaled" else range_fallback(opts),
         reached=reached_magnitudes(bounds) or None,
         elements=(
             placement_elements(with_small_weights(source), unshaped, shapes)
@@ -210,6 +211,9 @@ def _convert_ranged(
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)
     lower(ir_model)
+    scale = ScaledProductsPass(graph, plan) if plan.scalings else None
+    if scale is not None:
+        scale(ir_model)
     RemoveCancellingCastsPass()(ir_model)
     pad = PadTensorCoresPass(policy=policy) if opts.pad_tensor_cores else None
     if pad is not None:
@@ -219,8 +223,11 @@ def _convert_ranged(
 
     # Decisions, one per node of the output (positions of the input's nodes), and the result.
     decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes, pad.renames() if pad is not None else None)
-    if pad is not None:
-        pad.explain(decisions, node_order(ir_model))
+    if pad is not None or scale is not None:
+        order = node_order(ir_model)
+        for explaining in (pad, scale):
+            if explaining is not None:
+                explaining.explain(decisions, order)
     if fp8_plan is not None and fp8_lowering is not None:
         decisions = fp8_decisions(decisions, ir_model, fp8_plan, fp8_lowering, policy)
     untyped = untyped_nodes(decisions)

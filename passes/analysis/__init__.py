@@ -9,7 +9,9 @@ FP32), ``QuantizedIslandPass`` (values quantized again and quantization scales s
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
 the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``RuntimeHazardPass`` (no Cast
 inside op patterns onnxruntime crashes on: FP32 where the provider inserts one, else the Transpose
-takes its MatMul's precision), ``PaintPass`` (propagation), ``RangeFallbackPass`` (BF16, not FP32,
+takes its MatMul's precision), ``PaintPass`` (propagation), ``RangeScalingPass`` (FP16 on power-of-two
+scaled operands for the Tensor Core ops only FP16's range keeps out: ``--range-fallback scaled``),
+``RangeFallbackPass`` (BF16, not FP32,
 for what only FP16's range keeps out of FP16: ``--range-fallback bf16``),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 """
@@ -25,6 +27,7 @@ from amp_compiler.passes.analysis.paint import PaintPass
 from amp_compiler.passes.analysis.pins import TolerancePinPass
 from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
 from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
+from amp_compiler.passes.analysis.range_scaling import RangeScalingPass
 from amp_compiler.passes.analysis.signal import SignalPathPass
 from amp_compiler.passes.analysis.static_ranges import StaticRangePass
 
@@ -38,6 +41,7 @@ __all__ = [
     "PaintPass",
     "QuantizedIslandPass",
     "RangeFallbackPass",
+    "RangeScalingPass",
     "RuntimeHazardPass",
     "SignalPathPass",
     "StaticRangePass",

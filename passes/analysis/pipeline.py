@@ -2,8 +2,8 @@
 
     classify -> tolerance choices -> kernel coverage -> signal paths -> quantized islands -> constant ranges
                 (--tolerance)        (ONNX frontends)
-             -> static ranges -> calibration ranges -> runtime hazards -> paint -> range fallback
-                (input ranges)   (with ranges)         (ONNX frontends)        (BF16, FP16 targets)
+             -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
+                (input ranges)   (with ranges)         (ONNX frontends)        (scaled FP16)    (BF16)
              -> min-cut placement
                 (placement="mincut")
 
@@ -36,6 +36,7 @@ from amp_compiler.passes.analysis import (
     PaintPass,
     QuantizedIslandPass,
     RangeFallbackPass,
+    RangeScalingPass,
     RuntimeHazardPass,
     SignalPathPass,
     StaticRangePass,
@@ -69,7 +70,8 @@ class AnalysisSettings:
     low-precision kernel on the provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
     ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them get no
     Cast there (ONNX models). ``range_fallback``: the type of what only FP16's range keeps out of FP16
-    (``"bf16"``: BF16 where the provider has the kernel, ONNX models of an FP16 target; ``"fp32"``).
+    (``"scaled"``: Tensor Core ops in FP16 on power-of-two scaled operands where ``ranges`` allow it,
+    else as ``"bf16"``: BF16 where the provider has the kernel, ONNX models of an FP16 target; ``"fp32"``).
     """
 
     target: Target
@@ -111,7 +113,9 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.runtime_hazards:
         passes.append(RuntimeHazardPass(settings.provider))  # once every role is final
     passes.append(PaintPass())
-    if settings.range_fallback == "bf16" and settings.target is Target.FP16:
+    if settings.range_fallback in ("scaled", "bf16") and settings.target is Target.FP16:
+        if settings.range_fallback == "scaled" and settings.ranges:
+            passes.append(RangeScalingPass(settings.ranges))
         passes.append(RangeFallbackPass(settings.provider))
     if settings.placement == "mincut":
         passes.append(MinCutPlacementPass(settings.elements))

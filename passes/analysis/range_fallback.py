@@ -23,6 +23,9 @@ later GPUs (sm_80+), where FP32 GEMMs run at TF32's half speed or worse. Which v
 - not tied to a Transpose by ``runtime.ort-transpose-matmul``: a Cast between the two is what
   onnxruntime crashes on.
 
+Vertices :class:`~amp_compiler.passes.analysis.range_scaling.RangeScalingPass` scaled run in FP16
+already and are left as they are.
+
 Guarantees (checked by ``ensures``): only range-pinned Tensor Core vertices change, to BF16 with their
 rule, or keep FP32 and their rule with the missing kernel named; every other decision is as painted.
 """
@@ -108,7 +111,7 @@ class RangeFallbackPass(AnalysisPass):
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
-        candidates = [v for v in graph.vertices if range_fallback_candidate(v, plan)]
+        candidates = [v for v in graph.vertices if range_fallback_candidate(v, plan) and v.id not in plan.scalings]
         if coverage is None or not candidates or not isinstance(graph.model, ir.Model):
             return
         opset = graph.model.opset_imports.get("", graph.model.opset_imports.get("ai.onnx", 1))

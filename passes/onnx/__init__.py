@@ -1,7 +1,8 @@
 """ONNX model passes (onnx_ir's contract: ``call(model) -> PassResult``), run after the analysis.
 
 ``LowerPlanPass`` applies the plan (element types, converted constants, one Cast per tensor and
-type), ``RemoveCancellingCastsPass`` removes identity and cancelling Casts, the opt-in
+type), ``ScaledProductsPass`` runs the range-scaled Tensor Core ops in FP16 on power-of-two scaled
+operands, ``RemoveCancellingCastsPass`` removes identity and cancelling Casts, the opt-in
 ``PadTensorCoresPass`` pads weights to multiples of 8 (sliced back), and for ``--target fp8``
 ``QuantizeGemmInputsPass`` puts Q/DQ to FP8 E4M3 before the chosen GEMMs' inputs.
 """
@@ -10,6 +11,7 @@ from amp_compiler.passes.onnx.cleanup import RemoveCancellingCastsPass
 from amp_compiler.passes.onnx.lower import ConvertedConstant, LowerPlanPass
 from amp_compiler.passes.onnx.pad import PadTensorCoresPass
 from amp_compiler.passes.onnx.qdq import QuantizeGemmInputsPass
+from amp_compiler.passes.onnx.scale import ScaledProductsPass
 
 __all__ = [
     "ConvertedConstant",
@@ -17,4 +19,5 @@ __all__ = [
     "PadTensorCoresPass",
     "QuantizeGemmInputsPass",
     "RemoveCancellingCastsPass",
+    "ScaledProductsPass",
 ]

@@ -110,9 +110,11 @@ class ConversionArgs(ArgGroup):
             "outputs back (exact; off by default)",
         )
         group.add_argument(
-            "--range-fallback", choices=["bf16", "fp32"], default=None,
+            "--range-fallback", choices=["scaled", "bf16", "fp32"], default=None,
             help="--target fp16: the type of nodes kept out of FP16 only by their range (constants, "
-            "calibration or input-range overflow): bf16 where the provider has a BF16 kernel (BF16 Tensor "
+            "calibration, probe or input-range overflow): scaled runs MatMul/Gemm/Conv among them in FP16 on "
+            "power-of-two scaled operands where the observed ranges allow it, and the rest as bf16; "
+            "bf16 where the provider has a BF16 kernel (BF16 Tensor "
             "Cores: Ampere sm_80 and later, Ada, Hopper, Blackwell; not Turing/T4 or Volta/V100: give "
             "fp32 there), or fp32 (default: bf16 for cuda and tensorrt, fp32 for cpu and with --tolerance)",
         )

@@ -78,6 +78,7 @@ def _range(stats: list[float]) -> TensorRange:
         subnormal_share=subnormal / nonzero if nonzero else 0.0,
         count=int(count),
         underflow_error=_underflow_error(energy, lost, flushed),
+        rms=math.sqrt(energy / count) if count and math.isfinite(energy) else 0.0,
     )
 
 

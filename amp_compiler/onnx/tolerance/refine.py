@@ -193,10 +193,10 @@ def refine(
     if not samples:
         raise OptionError("needs calibration samples (the inputs it measures error on)", option="tolerance")
     opts = options or ConvertOptions()
-    # Its units choose between the low type and FP32: BF16 range fallbacks, a third type, are no level
-    # it measures, so it converts them FP32 (the default here) and refuses them when asked for.
-    if opts.range_fallback == "bf16":
-        raise OptionError("bf16 is not combined with --tolerance: its units choose between the low type and "
+    # Its units choose between the low type and FP32: BF16 or scaled range fallbacks are no level it
+    # measures, so it converts them FP32 (the default here) and refuses them when asked for.
+    if opts.range_fallback in ("scaled", "bf16"):
+        raise OptionError(f"{opts.range_fallback} is not combined with --tolerance: its units choose between the low type and "
                           "FP32 (give fp32, or leave it out)", option="range_fallback")
     opts = dataclasses.replace(opts, range_fallback="fp32")
     if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset

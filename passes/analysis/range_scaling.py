@@ -1,0 +1,231 @@
+"""Range scaling: run in FP16, on power-of-two scaled operands, the Tensor Core ops only FP16's range keeps out.
+
+Runs after painting, before the BF16 range fallback and cast placement, in FP16 conversions of ONNX
+models with ``--range-fallback scaled`` and observed ranges (calibration data or the range probe). A
+matrix product is linear in each operand, and multiplying by a power of two is exact in binary
+floating point for every value that stays a normal number: ``op(x * 2^-a, w * 2^-b) + bias * 2^-(a+b)
+= (op(x, w) + bias) * 2^-(a+b)``. So a MatMul, Gemm, Conv or ConvTranspose whose operands or product
+overflow FP16 runs on FP16 Tensor Cores (FP32 accumulation) with its operands shifted down, and a Mul
+by ``2^(a+b)`` after the Cast back to FP32 restores the product exactly. Against BF16 (the fallback
+where scaling cannot hold the values) it keeps FP16's 11-bit significand: 8x finer rounding of the
+same Tensor Core FLOPs; against FP32 it keeps the FLOPs on Tensor Cores, and it needs no BF16 kernel
+(onnxruntime's CUDA provider has none for Conv before opset 22).
+
+What a shift costs is at the bottom of the range: a value pushed below FP16's smallest normal (2^-14)
+keeps fewer bits, below 2^-25 it flushes. Each such value moves by at most 2^-25 of the scaled unit,
+``2^(k-25)`` in its own units, so a tensor of n values whose root mean square is r loses at most
+``n * 2^(2k-50)`` of squared error, while FP16's rounding of its normal values may cost it up to
+``n * r^2 * 2^-22``. A shift k is admitted when the first is no larger than the second, ``k <= 14 +
+log2(r)``: scaling then moves the tensor by no more than FP16's own rounding does, whichever of its
+values are small (the bound the underflow rule of :mod:`~amp_compiler.passes.analysis.calibration`
+judges with; the catalog's decoder with massive activations admits up to 2^-11 on its widest MatMul).
+
+Which vertices (data, never the reasons' text): those :func:`~amp_compiler.passes.analysis.range_fallback.
+range_fallback_candidate` names (pinned FP32 by a rule of :data:`~amp_compiler.core.plan.RANGE_ONLY_RULES`),
+of an ONNX op whose policy ``gemm`` layout is a matmul, conv or conv_transpose with every float input an
+operand or its bias, not tied to a Transpose by ``runtime.ort-transpose-matmul``, with a known
+magnitude and root mean square for each of its tensors (a constant's from its values, others from the
+observed ranges). The shifts:
+
+- each operand's shift brings its magnitude within FP16's largest finite value: a constant's exactly,
+  an observed one's times ``margin`` and, where its bottom bound allows, ``2^headroom_bits`` more (a
+  value that far beyond what was observed still fits: the probe's generated inputs are not the user's);
+- the product's shift, the operands' shifts added up, brings its magnitude times ``margin`` (and
+  ``2^headroom_bits`` where the bounds allow) within it too: what it lacks goes to constants first
+  (converted offline, no Mul at run time), then to activations; what its bottom bound (and the bias's)
+  cannot take comes off the activations' headroom first. Every shift is within its tensor's bound.
+
+Guarantees (checked by ``ensures``): only range-fallback candidates are scaled, and their decisions
+are unchanged (FP32: what their neighbours see); every scaled tensor's magnitude times ``margin`` fits
+FP16 and its shift is within its bottom bound; the product's shift is the operands' shifts added up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from amp_compiler.core.graph import PrecisionGraph, Vertex
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.core.plan import PrecisionPlan, Rule, Scaling
+from amp_compiler.onnx.ir.constants import constant_array
+from amp_compiler.onnx.ir.walk import is_constant
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require, require_roles
+from amp_compiler.passes.analysis.range_fallback import range_fallback_candidate
+from amp_compiler.policy import GemmKind
+from amp_compiler.policy.schemas import is_onnx_domain
+
+__all__ = ["FP16_MAX", "RangeScalingPass", "bottom_shift", "least_shift"]
+
+#: FP16's largest finite value.
+FP16_MAX = 65504.0
+#: The bottom bound's exponent: FP16's smallest normal is 2^-14 (see the module docstring).
+_NORMAL_EXPONENT = 14
+_ANY_SHIFT = 1 << 10  # a tensor of zeros: every shift leaves it as it is
+_SCALED_KINDS = frozenset({GemmKind.MATMUL, GemmKind.CONV, GemmKind.CONV_TRANSPOSE})
+
+
+def least_shift(magnitude: float, margin: float) -> int:
+    """The least k >= 0 with ``magnitude * margin * 2^-k <= FP16_MAX``."""
+    if not magnitude * margin > FP16_MAX:
+        return 0
+    return max(0, math.ceil(math.log2(magnitude * margin / FP16_MAX)))
+
+
+def bottom_shift(rms: float) -> int:
+    """The largest shift k > 0 a tensor whose root mean square is ``rms`` admits, ``14 + log2(rms)``
+    rounded down (see the module docstring); 0 where it admits none (a shift of 0 changes nothing)."""
+    if not rms > 0 or not math.isfinite(rms):
+        return 0
+    return max(0, math.floor(_NORMAL_EXPONENT + math.log2(rms)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """What a shift is chosen from: a tensor's largest magnitude and its root mean square."""
+
+    name: str
+    magnitude: float
+    rms: float
+    constant: bool
+
+    @property
+    def bound(self) -> int:
+        """The largest shift it admits (:func:`bottom_shift`; any, for a tensor of zeros)."""
+        return _ANY_SHIFT if self.magnitude == 0 else bottom_shift(self.rms)
+
+
+def _constant_tensor(value: ir.Value) -> _Tensor | None:
+    array = constant_array(value)
+    if array is None or array.size == 0:
+        return None
+    a = np.asarray(array, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(a)):
+        return None
+    return _Tensor(value.name or "", float(np.max(np.abs(a))), float(np.sqrt(np.mean(a * a))), True)
+
+
+def _observed(value: ir.Value, ranges: Mapping[str, TensorRange]) -> _Tensor | None:
+    r = ranges.get(value.name or "")
+    if r is None or not r.rms > 0 or not math.isfinite(r.absmax):
+        return None
+    return _Tensor(value.name or "", r.absmax, r.rms, False)
+
+
+@dataclasses.dataclass
+class RangeScalingPass(AnalysisPass):
+    """FP16 on power-of-two scaled operands for the Tensor Core ops only FP16's range keeps out of FP16
+    (see the module docstring)."""
+
+    ranges: Mapping[str, TensorRange]
+    margin: float = 2.0  # as the calibration rules' (CalibrationRangePass.margin)
+    headroom_bits: int = 2  # see the module docstring: measured on the catalog's decoder
+
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+        require(set(plan.decisions) == {v.id for v in graph.vertices}, self, "painting must decide every vertex first")
+        require(graph.target.dtype is ir.DataType.FLOAT16, self, "range scaling is for FP16 conversions")
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        ensure(plan.decisions == before.decisions, self, "changed a decision: scaled vertices stay FP32 outside")
+        vertices = {v.id: v for v in graph.vertices}
+        new = [vertices[vid] for vid in plan.scalings.keys() - before.scalings.keys()]
+        ensure_all(self, new, lambda v: range_fallback_candidate(v, before), "is scaled, though no range-pinned op")
+
+        def within(v: Vertex) -> bool:
+            scaling = plan.scalings[v.id]
+            tensors = self._tensors(v)
+            if tensors is None:
+                return False
+            operands, bias, out = tensors
+            shifts = dict(scaling.shifts)
+            if sum(shifts[i] for i in operands) != scaling.output or (bias is not None and shifts[bias[0]] != scaling.output):
+                return False
+            pairs = [(t, shifts[i]) for i, t in operands.items()] + [(out, scaling.output)]
+            pairs += [(bias[1], scaling.output)] if bias is not None else []
+            return all(t.magnitude * self._margin(t) * 2.0 ** -k <= FP16_MAX and 0 <= k <= t.bound
+                       for t, k in pairs)
+
+        ensure_all(self, new, within, "is scaled beyond FP16's range or its tensors' bottom bound")
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        if not isinstance(graph.model, ir.Model) or not self.ranges:
+            return
+        tied = {v.id for v in graph.vertices if plan.role_rules[v.id][0] is Rule.RUNTIME_TRANSPOSE_MATMUL}
+        for vertex in graph.vertices:
+            if vertex.id in plan.scalings or not range_fallback_candidate(vertex, plan):
+                continue
+            if tied & (set(graph.digraph.pred[vertex.id]) | set(graph.digraph.succ[vertex.id])):
+                continue  # a Cast between a tied Transpose and its MatMul crashes onnxruntime
+            scaling = self._scaling(vertex)
+            if scaling is not None:
+                plan.scalings[vertex.id] = scaling
+
+    # -- the shifts --------------------------------------------------------------------------------
+    def _tensors(self, vertex: Vertex) -> tuple[dict[int, _Tensor], tuple[int, _Tensor] | None, _Tensor] | None:
+        """The vertex's operands by input index, its bias (index and tensor), its product; None when the
+        op is no scalable product or a tensor's magnitude or root mean square is unknown."""
+        node = vertex.node
+        layout = vertex.policy.gemm if vertex.policy is not None else None
+        if not isinstance(node, ir.Node) or layout is None or layout.kind not in _SCALED_KINDS:
+            return None
+        if not is_onnx_domain(node.domain or "") or len(node.outputs) != 1:
+            return None
+        floats = {i for i, v in enumerate(node.inputs) if v is not None and v.dtype is ir.DataType.FLOAT}
+        operands = {int(i) for i in layout.operands}
+        bias_index = int(layout.bias) if layout.bias is not None else None
+        if not floats <= operands | {bias_index} or not operands <= floats:
+            return None
+        found: dict[int, _Tensor] = {}
+        for i in floats:
+            value = node.inputs[i]
+            assert value is not None
+            t = _constant_tensor(value) if is_constant(value) else _observed(value, self.ranges)
+            if t is None:
+                return None
+            found[i] = t
+        out = _observed(node.outputs[0], self.ranges)
+        if out is None:
+            return None
+        bias = (bias_index, found.pop(bias_index)) if bias_index in found and bias_index is not None else None
+        return found, bias, out
+
+    def _margin(self, t: _Tensor) -> float:
+        """What a tensor's magnitude is multiplied by before it must fit: 1 for a constant (its values
+        are known), ``margin`` for an observed one."""
+        return 1.0 if t.constant else self.margin
+
+    def _scaling(self, vertex: Vertex) -> Scaling | None:
+        tensors = self._tensors(vertex)
+        if tensors is None:
+            return None
+        operands, bias, out = tensors
+        room = 2.0**self.headroom_bits
+        least = {i: least_shift(t.magnitude, self._margin(t)) for i, t in operands.items()}
+        most = {i: t.bound for i, t in operands.items()}
+        if any(least[i] > most[i] for i in operands):
+            return None
+        # Observed operands start with the headroom their bound allows, constants with their least shift.
+        shifts = {i: least[i] if t.constant else max(least[i], min(most[i], least_shift(t.magnitude, self.margin * room)))
+                  for i, t in operands.items()}
+        top = min(out.bound, bias[1].bound) if bias is not None else out.bound
+        need = least_shift(out.magnitude, self.margin)
+        want = max(need, min(top, least_shift(out.magnitude, self.margin * room)))
+        order = sorted(operands, key=lambda i: (not operands[i].constant, i))  # constants first
+        for i in order:  # up to the product's shift: constants first (converted offline), then activations
+            shifts[i] += max(0, min(want - sum(shifts.values()), most[i] - shifts[i]))
+        for i in reversed(order):  # down to the product's bound: activations' headroom first
+            shifts[i] -= max(0, min(sum(shifts.values()) - top, shifts[i] - least[i]))
+        total = sum(shifts.values())
+        if not need <= total <= top:
+            return None
+        if bias is not None:
+            shifts[bias[0]] = total
+        scaled = [t.magnitude * self._margin(t) * 2.0 ** -shifts[i] for i, t in operands.items()]
+        scaled.append(out.magnitude * self.margin * 2.0 ** -total)
+        magnitudes = {t.name: t.magnitude for t in (*operands.values(), out)}
+        return Scaling(shifts, total, magnitudes, FP16_MAX / max(scaled))

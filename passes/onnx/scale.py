@@ -1,0 +1,164 @@
+"""Range scaling, lowered: run the plan's scaled Tensor Core ops in FP16 on power-of-two scaled operands.
+
+For each vertex in :attr:`~amp_compiler.core.plan.PrecisionPlan.scalings` (chosen by
+:class:`~amp_compiler.passes.analysis.range_scaling.RangeScalingPass`; lowering left the node FP32, as
+its neighbours see it), on the lowered model:
+
+- a constant operand (or bias) shifted by k is replaced by a new FP16 constant holding its values times
+  2^-k (converted offline; the FP32 constant stays for its other users);
+- an activation operand is multiplied by 2^-k in FP32 (no Mul where k is 0) and Cast to FP16;
+- the node's output becomes FP16 and is Cast back to FP32 and multiplied by 2^output there: the
+  tensor its users and the graph's outputs read keeps its name, type and shape.
+
+Powers of two are exact, so the node computes what the FP32 node did up to FP16's rounding of its
+operands and product (and the values the analysis judged pushed below FP16's normals). A Cast from
+FP16 to FP32 that lowering put before an unshifted operand cancels against the new Cast to FP16
+(:class:`~amp_compiler.passes.onnx.cleanup.RemoveCancellingCastsPass`, which runs next).
+
+Guarantees: only the scaled nodes change; every tensor their neighbours read keeps its name and type;
+graph inputs and outputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from amp_compiler.core.plan import PrecisionPlan, Rule, Scaling
+from amp_compiler.dtypes import short_name
+from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
+from amp_compiler.onnx.ir.constants import constant_array
+from amp_compiler.onnx.ir.walk import home_graph, is_constant
+from amp_compiler.passes.onnx.lower import _Names
+
+__all__ = ["ScaledNode", "ScaledProductsPass", "scaling_reason"]
+
+_FP16, _FP32 = ir.DataType.FLOAT16, ir.DataType.FLOAT
+
+
+@dataclasses.dataclass
+class ScaledNode:
+    """A node the pass scaled, its scaling, and the nodes it inserted around it."""
+
+    node: ir.Node
+    scaling: Scaling
+    inserted: list[ir.Node]
+    operands: dict[int, str]  # the names of the inputs it shifted, as they were
+
+
+def scaling_reason(scaling: Scaling, operands: dict[int, str]) -> str:
+    """What the scaling does, in a sentence (the node's decision starts with it); ``operands``: the
+    shifted inputs' names by index."""
+    parts = [f"{operands.get(i) or f'input {i}'!r} x 2^-{k}" for i, k in sorted(scaling.shifts.items()) if k]
+    shifted = ", ".join(parts) if parts else "no operand shifted"
+    return (
+        f"FP16 on Tensor Cores with power-of-two scales, not FP32 (range scaling: exact but for values pushed "
+        f"below FP16's normals, judged no worse than FP16's rounding): {shifted}; the product x 2^{scaling.output} "
+        f"in FP32 after it; the scaled values stay {scaling.headroom:.3g}x below FP16's 65504"
+    )
+
+
+class ScaledProductsPass(ir.passes.InPlacePass):
+    """Apply the plan's scalings to the lowered model (see the module docstring)."""
+
+    def __init__(self, graph: OnnxPrecisionGraph, plan: PrecisionPlan):
+        super().__init__()
+        self.graph = graph
+        self.plan = plan
+        self.scaled: list[ScaledNode] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        names = _Names(model)
+        factors: dict[tuple[int, int], ir.Value] = {}  # (graph id, shift) -> its FP32 scalar 2^shift
+        for vid, scaling in self.plan.scalings.items():
+            node = self.graph.vertices[vid].node
+            assert isinstance(node, ir.Node)
+            self.scaled.append(self._scale(node, scaling, names, factors))
+        return ir.passes.PassResult(model, bool(self.scaled))
+
+    def _factor(self, graph: ir.Graph, shift: int, names: _Names, factors: dict) -> ir.Value:
+        key = (id(graph), shift)
+        if key not in factors:
+            name = names.fresh(f"range_scale_2pow{shift}")
+            value = ir.Value(name=name, type=ir.TensorType(_FP32), shape=ir.Shape([]),
+                             const_value=ir.tensor(np.array(2.0**shift, np.float32), name=name))
+            graph.register_initializer(value)
+            factors[key] = value
+        return factors[key]
+
+    def _scale(self, node: ir.Node, scaling: Scaling, names: _Names, factors: dict) -> ScaledNode:
+        graph = home_graph(node)
+        operands = {i: (v.name or "") for i in scaling.shifts if (v := node.inputs[i]) is not None}
+        before: list[ir.Node] = []
+        label = node.name or node.op_type
+        for i, k in scaling.shifts.items():
+            value = node.inputs[i]
+            assert value is not None
+            if is_constant(value):
+                array = np.asarray(constant_array(value), dtype=np.float32)
+                name = names.fresh(f"{value.name}_fp16" + (f"_shift{k}" if k else ""))
+                scaled = ir.Value(name=name, type=ir.TensorType(_FP16), shape=value.shape,
+                                  const_value=ir.tensor((array * np.float32(2.0**-k)).astype(np.float16), name=name))
+                graph.register_initializer(scaled)
+                node.replace_input_with(i, scaled)
+                continue
+            source = value
+            if k:
+                shifted = ir.Value(name=names.fresh(f"{value.name}_shift{k}"), type=ir.TensorType(_FP32),
+                                   shape=value.shape)
+                before.append(ir.Node("", "Mul", [value, self._factor(graph, -k, names, factors)],
+                                      outputs=[shifted], name=names.fresh(f"{label}/scale_input{i}")))
+                source = shifted
+            low = ir.Value(name=names.fresh(f"{source.name}_fp16"), type=ir.TensorType(_FP16), shape=value.shape)
+            before.append(ir.Node("", "Cast", [source], attributes=[ir.AttrInt64("to", int(_FP16))], outputs=[low],
+                                  name=names.fresh(f"{label}/cast_input{i}")))
+            node.replace_input_with(i, low)
+        output = node.outputs[0]
+        users = ir.Value(type=ir.TensorType(_FP32), shape=output.shape)
+        ir.convenience.replace_all_uses_with(output, users, replace_graph_outputs=True)
+        name = output.name
+        output.name = names.fresh(f"{name}_fp16_shift{scaling.output}")
+        output.type = ir.TensorType(_FP16)
+        users.name = name
+        after: list[ir.Node] = []
+        cast_out = users if not scaling.output else ir.Value(
+            name=names.fresh(f"{name}_shift{scaling.output}"), type=ir.TensorType(_FP32), shape=output.shape)
+        after.append(ir.Node("", "Cast", [output], attributes=[ir.AttrInt64("to", int(_FP32))], outputs=[cast_out],
+                             name=names.fresh(f"{label}/cast_output")))
+        if scaling.output:
+            after.append(ir.Node("", "Mul", [cast_out, self._factor(graph, scaling.output, names, factors)],
+                                 outputs=[users], name=names.fresh(f"{label}/unscale_output")))
+        if before:
+            graph.insert_before(node, before)
+        graph.insert_after(node, after)
+        return ScaledNode(node, scaling, before + after, operands)
+
+    def explain(self, decisions: list, nodes: list[ir.Node]) -> None:
+        """Describe the scaling in the conversion's decisions (``decisions[i]`` is ``nodes[i]``'s): a
+        scaled node runs in FP16, the Muls and Casts around it say whose they are."""
+        by_node = {id(s.node): s for s in self.scaled}
+        by_inserted = {id(n): s for s in self.scaled for n in s.inserted}
+        for decision, node in zip(decisions, nodes, strict=False):
+            s = by_node.get(id(node))
+            if s is not None:
+                decision.precision = short_name(_FP16)
+                decision.reason = f"{scaling_reason(s.scaling, s.operands)}; {decision.reason}"
+                decision.input_dtypes = [short_name(v.dtype) if v is not None and v.dtype else "" for v in node.inputs]
+                decision.output_dtypes = [short_name(_FP16)]
+                continue
+            s = by_inserted.get(id(node))
+            if s is None:
+                continue
+            label = s.node.name or s.node.op_type
+            dtype = node.outputs[0].dtype
+            decision.precision = short_name(dtype) if dtype is not None else "?"
+            if node.op_type == "Cast":
+                decision.rule = Rule.LOWERING_CAST.value
+                decision.reason = f"Cast inserted: range scaling runs {label!r} in FP16"
+            else:
+                decision.rule = Rule.RANGE_SCALE.value
+                decision.reason = f"Mul inserted: a power-of-two scale of range scaling around {label!r} (exact)"
+            decision.input_dtypes = [short_name(v.dtype) if v is not None and v.dtype else "" for v in node.inputs]
+            decision.output_dtypes = [short_name(v.dtype) if v.dtype else "" for v in node.outputs]
