@@ -45,7 +45,7 @@ _RANGE_RULES = {r.value for r in RANGE_ONLY_RULES}
 HEADER = (
     "Command: `python -m benchmarks.range_fallback_table --results`. Per model, conversions for the provider "
     "named (CUDA unless `tensorrt:`) with the same range information (calibration ranges of two samples; "
-    "stft-power-mel: the int16 range stated for its input), measured on a third sample under exact emulation "
+    "stft-power-mel: the int16 range stated for its input and the range probe's ranges on generated audio in it), measured on a third sample under exact emulation "
     "(every tensor rounded to its own type): the worst relative L2 error of a float output against FP32, "
     "NaN/Inf in an output, the share of Tensor Core FLOPs (MatMul/Gemm/Conv) whose input is FP32, and the "
     "Cast nodes. onnxruntime 1.32's `convert_float_to_float16(..., node_block_list=..., "
@@ -118,8 +118,9 @@ def rows(case: Case) -> list[Row]:
     fp32 = catalog.load(entry)
     calibration = [_inputs(case, 1000 + k) for k in range(2)]
     feeds = _inputs(case, 7)
-    # Each conversion has exactly this range information: the range probe is off (probe=False).
-    info: dict = {"input_ranges": {n: INT16 for n in calibration[0]}, "probe": False} if case.audio else {
+    # Each conversion has exactly this range information: calibration ranges, or the int16 range stated
+    # for the audio and the range probe's observation of generated inputs in it.
+    info: dict = {"input_ranges": {n: INT16 for n in calibration[0]}} if case.audio else {
         "ranges": collect_ranges(fp32, calibration)}
     out = []
     mixed = convert(fp32, provider="cuda", range_fallback="bf16", **info)

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["NodeError", "OutputAccuracy", "TensorRange"]
+__all__ = ["LOW_EXPONENT", "LOW_SHARE", "NodeError", "OutputAccuracy", "TensorRange"]
+
+#: :attr:`TensorRange.low`: at most this share of a tensor's non-zero values lie between 2^LOW_EXPONENT
+#: (down to which FP16's subnormals keep BF16's 8 significant bits) and it.
+LOW_SHARE = 0.01
+LOW_EXPONENT = -17
 
 
 @dataclasses.dataclass
@@ -24,9 +29,10 @@ class TensorRange:
     # ||fp16(x) - x|| / ||x|| over the values below FP16's smallest normal (flushed or subnormal): what
     # FP16's exponent range moves the tensor by, against the tensor's own L2 norm (0: not measured)
     underflow_error: float = 0.0
-    # the root mean square of its finite values (0: not measured): the scale of its typical value, against
-    # which a power-of-two scaling's underflow is judged (:mod:`amp_compiler.passes.analysis.range_scaling`)
-    rms: float = 0.0
+    # a power of two at most 1% of its non-zero values lie between 2^-17 and (from a sample of its values;
+    # 0: not measured): how far down its values may be shifted, whatever its extremes, before more of them
+    # than that fall below what FP16 holds with BF16's precision (:mod:`amp_compiler.passes.analysis.range_scaling`)
+    low: float = 0.0
 
 
 @dataclasses.dataclass

@@ -20,7 +20,16 @@ __all__ = ["ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "error_sums
 #: the squared errors FP16 storage gives its values below 2^-14 (flushed or subnormal: the error FP16's
 #: exponent range adds to its rounding). ``sqrt(lost / energy)`` is what flushing moves the tensor by,
 #: relative to its own L2 norm.
-STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost")
+#: Then a histogram of the magnitudes of a sample of its non-zero finite values (every
+#: :data:`SAMPLE_STRIDE`-th value of each block): per binade 2^e <= |x| < 2^(e+1) for e in
+#: :data:`EXPONENT_LOW` ... :data:`EXPONENT_HIGH`, the first bin also counting every smaller value and
+#: the last every larger one. It says where a tensor's bulk lies, which its extremes and its energy (both
+#: a few outliers' when it has them) do not: what a power-of-two scaling pushes below FP16's normals.
+EXPONENT_LOW, EXPONENT_HIGH = -24, 23
+EXPONENT_FIELDS = tuple(f"binade{e}" for e in range(EXPONENT_LOW, EXPONENT_HIGH + 1))
+STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost", *EXPONENT_FIELDS)
+SAMPLE_STRIDE = 16
+_SCALARS = 9  # the fields before the histogram
 _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 
 #: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
@@ -45,7 +54,7 @@ def array_stats(np: Any, a: Any) -> list:
     """One array's :data:`STAT_FIELDS` (see :func:`fold_array`): a block at a time while its values are
     finite (:func:`_finite_stats`), else over the whole array."""
     if a.size == 0:  # seen, no values
-        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0]
+        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0, *[0] * len(EXPONENT_FIELDS)]
     if a.dtype.itemsize < 4:
         a = a.astype(np.float32)
     a = a.ravel()
@@ -76,6 +85,7 @@ def _finite_stats(np: Any, a: Any) -> list | None:
     bits = a.view(uint)
     mag, below = np.empty(min(a.size, _BLOCK), uint), np.empty(min(a.size, _BLOCK), bool)
     lows, highs, smalls = [], [], []
+    binades = np.zeros(len(EXPONENT_FIELDS), np.int64)
     nonzero = flushed = subnormal = negative_zeros = 0
     energy = 0.0
     with np.errstate(over="ignore"):
@@ -87,6 +97,7 @@ def _finite_stats(np: Any, a: Any) -> list | None:
             if not (np.isfinite(lows[-1]) and np.isfinite(highs[-1])):  # NaN (it propagates) or inf
                 return None
             m = np.bitwise_and(bits[start:start + n], magnitude, out=mag[:n])
+            _count_binades(np, block[::SAMPLE_STRIDE], binades)
             block_nonzero = int(np.count_nonzero(m))
             if block_nonzero < n:
                 negative_zeros += int(np.count_nonzero(bits[start:start + n] == sign))
@@ -103,7 +114,18 @@ def _finite_stats(np: Any, a: Any) -> list | None:
               ((np.min(lows), np.min), (np.max(highs), np.max)))
     small = np.concatenate(smalls) if smalls else a[:0]
     lost = _storage_error(np, small) if small.size else 0.0
-    return [float(lo), float(hi), max(-float(lo), float(hi)), nonzero, flushed, subnormal, int(a.size), energy, lost]
+    return [float(lo), float(hi), max(-float(lo), float(hi)), nonzero, flushed, subnormal, int(a.size), energy, lost,
+            *binades.tolist()]
+
+
+def _count_binades(np: Any, sample: Any, binades: Any) -> None:
+    """Add the binades of ``sample``'s non-zero finite values to ``binades`` (see :data:`STAT_FIELDS`)."""
+    mags = np.abs(sample[np.isfinite(sample)])
+    mags = mags[mags > 0]
+    if mags.size:
+        exponents = np.frexp(mags)[1].astype(np.int64) - 1  # 2^e <= |x| < 2^(e+1)
+        np.clip(exponents - EXPONENT_LOW, 0, len(binades) - 1, out=exponents)
+        binades += np.bincount(exponents, minlength=len(binades))
 
 
 def _zero_signed(np: Any, a: Any, extreme: Any, negative_zeros: int, zeros: int, reduce: Any) -> Any:
@@ -131,7 +153,10 @@ def _nonfinite_stats(np: Any, a: Any) -> list:
     energy = _sum_squares(np, mag[np.isfinite(mag)])
     del mag
     lost = _storage_error(np, small) if small.size else 0.0
-    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost]
+    binades = np.zeros(len(EXPONENT_FIELDS), np.int64)
+    for start in range(0, a.size, _BLOCK):
+        _count_binades(np, a[start:start + _BLOCK][::SAMPLE_STRIDE], binades)
+    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost, *binades.tolist()]
 
 
 def _storage_error(np: Any, small: Any) -> float:
@@ -159,7 +184,8 @@ def merge_stats(stats: dict[str, list], name: str, new: list) -> None:
         stats[name] = new
     elif new[6]:
         stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
-                       old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8]]
+                       old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8],
+                       *[x + y for x, y in zip(old[_SCALARS:], new[_SCALARS:])]]
 
 
 def error_sums(np: Any, reference: Any, got: Any) -> list | None:
