@@ -118,7 +118,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     a warning counting the nodes left as they are for want of an element type, what ``--allow-op``/
     ``--allow-node`` forced, and the first overflow that depends on an input's scale, if any."""
     from amp_compiler.core.decision import allow_message
-    from amp_compiler.core.plan import Rule
+    from amp_compiler.core.plan import RANGE_ONLY_RULES, Rule
     from amp_compiler.onnx.fp8.steps import fp8_flop_share
     from amp_compiler.policy import default_table
     from amp_compiler.targets import Target
@@ -131,6 +131,9 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     heavy_low = sum(1 for d in heavy if d.precision == target)
     # FP16 conversions: Tensor Core ops in BF16 (the range fallback) are on Tensor Cores too
     heavy_bf16 = sum(1 for d in heavy if d.precision == Target.BF16.value) if target == Target.FP16.value else 0
+    # ... and those run in FP16 on power-of-two scaled operands: low, yet decided by a range rule
+    range_rules = {r.value for r in RANGE_ONLY_RULES}
+    heavy_scaled = sum(1 for d in heavy if d.precision == target and d.rule in range_rules)
     by_precision = Counter(d.precision for d in decisions if d.rule != Rule.LOWERING_CAST.value)
     size_in = sum(Path(f).stat().st_size for f in input_files)
     size_out = sum(Path(f).stat().st_size for f in output_files)
@@ -139,6 +142,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
         + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
+        + (f" (range-scaled: {heavy_scaled})" if heavy_scaled else "")
         + (f" (bf16 range fallback: {heavy_bf16})" if heavy_bf16 else "")
         + (f" ({fp8_flop_share(result):.0%} of their FLOPs)" if target == Target.FP8.value else "")
         + f" | casts inserted: {result.casts_inserted}"

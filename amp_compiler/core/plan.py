@@ -11,7 +11,7 @@ import enum
 
 import onnx_ir as ir
 
-__all__ = ["RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule", "Scaling"]
+__all__ = ["OVERFLOW_RULES", "RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule", "Scaling"]
 
 
 class Role(enum.Enum):
@@ -98,6 +98,14 @@ class Decision:
     dtype: ir.DataType
     rule: Rule
     reason: str
+
+
+#: The range rules that keep a vertex out of FP16 because its values are too large for it: a
+#: power-of-two scaling down can bring them in (:mod:`amp_compiler.passes.analysis.range_scaling`), where
+#: it would only push flushed values further down.
+OVERFLOW_RULES = frozenset({
+    Rule.CONSTANT_OVERFLOW, Rule.RANGE_OVERFLOW, Rule.CALIBRATION_OVERFLOW, Rule.PROBE_OVERFLOW,
+})
 
 
 @dataclasses.dataclass(frozen=True)

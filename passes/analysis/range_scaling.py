@@ -22,7 +22,8 @@ extremes or the energy (both a few outliers' in a decoder with massive activatio
 shifts by the tensor's energy instead cost 7x the error: benchmarks/RESULTS.md).
 
 Which vertices (data, never the reasons' text): those :func:`~amp_compiler.passes.analysis.range_fallback.
-range_fallback_candidate` names (pinned FP32 by a rule of :data:`~amp_compiler.core.plan.RANGE_ONLY_RULES`),
+range_fallback_candidate` names pinned FP32 by an overflow rule (:data:`~amp_compiler.core.plan.OVERFLOW_RULES`:
+a shift down would only push an underflow pin's flushed values further),
 of an ONNX op whose policy ``gemm`` layout is a matmul, conv or conv_transpose with every float input an
 operand or its bias, not tied to a Transpose by ``runtime.ort-transpose-matmul``, with a known
 magnitude and root mean square for each of its tensors (a constant's from its values, others from the
@@ -54,7 +55,7 @@ import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.measures import LOW_EXPONENT, LOW_SHARE, TensorRange
-from amp_compiler.core.plan import PrecisionPlan, Rule, Scaling
+from amp_compiler.core.plan import OVERFLOW_RULES, PrecisionPlan, Rule, Scaling
 from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import is_constant
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, require, require_roles
@@ -151,7 +152,8 @@ class RangeScalingPass(AnalysisPass):
         ensure(plan.decisions == before.decisions, self, "changed a decision: scaled vertices stay FP32 outside")
         vertices = {v.id: v for v in graph.vertices}
         new = [vertices[vid] for vid in plan.scalings.keys() - before.scalings.keys()]
-        ensure_all(self, new, lambda v: range_fallback_candidate(v, before), "is scaled, though no range-pinned op")
+        ensure_all(self, new, lambda v: range_fallback_candidate(v, before) and before.role_rules[v.id][0] in OVERFLOW_RULES,
+                   "is scaled, though not pinned for overflow")
 
         def within(v: Vertex) -> bool:
             scaling = plan.scalings[v.id]
@@ -176,6 +178,8 @@ class RangeScalingPass(AnalysisPass):
         for vertex in graph.vertices:
             if vertex.id in plan.scalings or not range_fallback_candidate(vertex, plan):
                 continue
+            if plan.role_rules[vertex.id][0] not in OVERFLOW_RULES:
+                continue  # kept out for values flushing to zero: shifting down flushes more
             if tied & (set(graph.digraph.pred[vertex.id]) | set(graph.digraph.succ[vertex.id])):
                 continue  # a Cast between a tied Transpose and its MatMul crashes onnxruntime
             scaling = self._scaling(vertex)

@@ -83,7 +83,7 @@ def test_ffn_overflow_breaks_plain_fp16_and_calibration_fixes_it():
     assert not _accuracy(m, plain.model, samples).finite  # inf/NaN without calibration
     ranges = collect_ranges(m, samples)
     assert ranges["y"].absmax > 65504
-    calibrated = convert(m, ranges=ranges, probe=False)
+    calibrated = convert(m, ranges=ranges, probe=False, range_fallback="bf16")  # the pins, and their BF16 fallback
     validate(calibrated.model)
     acc = _accuracy(m, calibrated.model, samples)
     assert acc.finite and acc.cosine >= 0.999
@@ -118,7 +118,7 @@ def test_underflow_breaks_plain_fp16_and_calibration_fixes_it():
     assert not _accuracy(m, convert(m, probe=False).model, samples).finite  # Log(0) = -inf
     ranges = collect_ranges(m, samples)
     assert ranges["tiny"].underflow_share > 0.9
-    calibrated = convert(m, ranges=ranges, probe=False)
+    calibrated = convert(m, ranges=ranges, probe=False, range_fallback="bf16")  # the pins, and their BF16 fallback
     d = {x.node: x for x in calibrated.decisions}
     assert d["tiny_mm"].precision == "bf16" and d["tiny_mm"].rule == "calibration.underflow"  # range fallback
     acc = _accuracy(m, calibrated.model, samples)
@@ -132,7 +132,7 @@ def test_cnn_activation_overflow_needs_calibration():
     d = {x.node: x for x in plain.decisions}
     assert d["bn"].rule == "constant.overflow"  # the static rule sees the variance...
     assert not _accuracy(m, plain.model, samples).finite  # ...but the conv output overflows first
-    calibrated = convert(m, ranges=collect_ranges(m, samples), probe=False)
+    calibrated = convert(m, ranges=collect_ranges(m, samples), probe=False, range_fallback="bf16")
     d = {x.node: x for x in calibrated.decisions}
     # the observed input range bounds the stem statically: a conv over it provably overflows
     assert d["stem"].precision == "fp32" and d["stem"].rule == "input-range.overflow"

@@ -107,11 +107,12 @@ def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
 
 
 def test_unknown_fallback_and_bf16_with_tolerance_are_one_line_errors():
-    with pytest.raises(OptionError, match="expected bf16 or fp32"):
+    with pytest.raises(OptionError, match="expected scaled, bf16 or fp32"):
         convert(_scaled(), range_fallback="fp8", probe=False)
     x = {"x": np.ones((4, 8), np.float32)}
-    with pytest.raises(OptionError, match="not combined with --tolerance"):
-        refine(_scaled(), [x], 1e-3, ConvertOptions(range_fallback="bf16"))
+    for fallback in ("bf16", "scaled"):
+        with pytest.raises(OptionError, match="not combined with --tolerance"):
+            refine(_scaled(), [x], 1e-3, ConvertOptions(range_fallback=fallback))
 
 
 def test_fp8_with_an_fp16_fallback_keeps_the_range_fallback_and_its_rule():
@@ -130,6 +131,6 @@ def test_the_summary_line_counts_bf16_tensor_core_ops(tmp_path, capsys):
     from amp_compiler.cli import main
 
     onnx.save(_scaled(), tmp_path / "m.onnx")
-    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "--range-fallback", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "nodes: bf16 1," in out and "Tensor Core ops in fp16: 2/3 (bf16 range fallback: 1)" in out

@@ -1,0 +1,148 @@
+"""Range scaling: Tensor Core ops only FP16's range keeps out of FP16 run in FP16 on power-of-two
+scaled operands, where the observed ranges say the shift costs the tensors' bulk nothing; else BF16."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from amp_compiler import convert
+from amp_compiler.core.measures import TensorRange
+from amp_compiler.onnx.measure.calibrate import collect_ranges
+from amp_compiler.onnx.measure.checks import run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.passes.analysis.range_scaling import FP16_MAX, bottom_shift, least_shift
+from amp_compiler.runtime.in_process import InProcessRunner
+from tests.support.onnx_builders import F32, model, tensor, vi, weights
+
+FP16 = onnx.TensorProto.FLOAT16
+
+
+def test_shifts():
+    assert least_shift(1000.0, 8.0) == 0
+    assert least_shift(FP16_MAX, 1.0) == 0 and least_shift(FP16_MAX * 1.01, 1.0) == 1
+    assert least_shift(3.6e5, 8.0) == 6  # 3.6e5 * 8 / 2^6 = 45000
+    assert bottom_shift(0.0) == 0  # nothing known: no shift
+    assert bottom_shift(2.0**-17) == 0 and bottom_shift(2.0**-9) == 8 and bottom_shift(1.0) == 17
+
+
+def _conv_head(opset: int = 17):
+    """Conv(3x3, weights ~2e4) -> Relu -> Conv(1x1, bias): the first Conv's output reaches about 1e5
+    (beyond FP16), the second reads it: the detection-head pattern, at an opset where onnx's Conv takes
+    no BF16."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((8, 4, 3, 3)) * 2e4).astype(np.float32)
+    w2 = (rng.standard_normal((2, 8, 1, 1)) * 0.05).astype(np.float32)
+    return model(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], name="hidden", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "w2", "b2"], ["y"], name="out")],
+        [vi("x", F32, [1, 4, 16, 16])], [vi("y", F32, [1, 2, 16, 16])],
+        [tensor("w1", w1), tensor("b1", np.zeros(8, np.float32)), tensor("w2", w2),
+         tensor("b2", np.full(2, 0.5, np.float32))],
+        opset=opset,
+    )
+
+
+def _samples(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.uniform(0, 1, (1, 4, 16, 16)).astype(np.float32)} for _ in range(n)]
+
+
+def _decisions(result):
+    return {d.node: d for d in result.decisions}
+
+
+def test_a_conv_beyond_fp16_runs_in_fp16_on_scaled_operands_exactly():
+    m = _conv_head()
+    ranges = collect_ranges(m, _samples(2), runner=InProcessRunner())
+    assert max(ranges["h"].absmax, ranges["r"].absmax) > FP16_MAX  # the pattern: FP16 overflows inside
+    r = convert(m, ranges=ranges)
+    d = _decisions(r)
+    for node in ("hidden", "out"):
+        # pinned for overflow (the static bound of the inputs calibration observed, or calibration itself)
+        assert d[node].precision == "fp16" and d[node].rule in ("calibration.overflow", "input-range.overflow"), node
+        assert "power-of-two scales" in d[node].reason
+    assert d["relu"].precision == "fp32"  # the elementwise op between them keeps FP32's range
+    out = r.model
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    hidden = next(n for n in out.graph.node if n.name == "hidden")
+    w = inits[hidden.input[1]]
+    assert w.dtype == np.float16
+    shift = -int(np.log2(np.float64(w.ravel()[0]) / np.float64(numpy_helper.to_array(m.graph.initializer[0]).ravel()[0])))
+    # the weight is the FP32 weight times 2^-shift, rounded to FP16 once (a power of two: exact)
+    w32 = numpy_helper.to_array(m.graph.initializer[0])
+    np.testing.assert_array_equal(w, (w32 * np.float32(2.0**-shift)).astype(np.float16))
+    # the product comes back in FP32, times 2^shift
+    mul = next(n for n in out.graph.node if n.op_type == "Mul" and n.name == "hidden/unscale_output")
+    assert float(inits[mul.input[1]]) == 2.0**shift
+    assert sum(n.op_type == "Mul" for n in out.graph.node) == 3  # unscale both, scale the Relu's output
+    onnx.checker.check_model(out, full_check=True)
+    # exact emulation on held-out inputs: finite, FP16-accurate, every Tensor Core op low
+    for x in _samples(3, seed=7):
+        ref = run_onnxruntime(m, x)[0]
+        got = run_onnxruntime(emulate(out), x)[0]
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_bf16_and_fp32_fallbacks_leave_such_a_conv_fp32_at_opset_17():
+    m = _conv_head()
+    ranges = collect_ranges(m, _samples(2), runner=InProcessRunner())
+    for fallback in ("bf16", "fp32"):
+        d = _decisions(convert(m, ranges=ranges, range_fallback=fallback))
+        assert d["hidden"].precision == d["out"].precision == "fp32", fallback
+
+
+def _outlier_matmul(tail: bool):
+    """x @ W whose output reaches about 2e5 through one outlier column of x; with ``tail`` a fifth of
+    x's values are tiny (1e-4), so that the shift the outlier needs would push them toward FP16's
+    subnormals, where they keep less than BF16's precision."""
+    return model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [vi("x", F32, [64, 32])], [vi("y", F32, [64, 16])], [tensor("w", weights((32, 16)))],
+    )
+
+
+def _outlier_samples(tail: bool, n: int = 2):
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((64, 32)).astype(np.float32)
+        x[:, 0] = 4e5
+        if tail:
+            x[:, 1:8] = rng.uniform(1e-5, 3e-5, (64, 7)).astype(np.float32)
+        out.append({"x": x})
+    return out
+
+
+@pytest.mark.parametrize("tail", [False, True])
+def test_a_shift_that_would_push_the_bulk_below_bf16s_precision_takes_bf16(tail):
+    m = _outlier_matmul(tail)
+    ranges = collect_ranges(m, _outlier_samples(tail), runner=InProcessRunner())
+    d = _decisions(convert(m, ranges=ranges))["mm"]
+    assert d.rule in ("calibration.overflow", "input-range.overflow")
+    if tail:  # a fifth of x's values lie just above 2^-17: the shift x needs would cost them their bits
+        assert d.precision == "bf16" and "power-of-two" not in d.reason
+    else:
+        assert d.precision == "fp16" and "power-of-two scales" in d.reason
+
+
+def test_ranges_without_a_histogram_give_no_scaling():
+    """Ranges from elsewhere (an older report) carry no ``low``: nothing says a shift is harmless."""
+    m = _conv_head()
+    ranges = collect_ranges(m, _samples(2), runner=InProcessRunner())
+    bare = {k: TensorRange(v.min, v.max, v.absmax, v.underflow_share, v.subnormal_share, v.count) for k, v in ranges.items()}
+    d = _decisions(convert(m, ranges=bare))
+    # onnx's Conv takes no BF16 at opset 17, so without scaling it stays FP32
+    assert d["hidden"].precision == "fp32" and "power-of-two" not in d["hidden"].reason
+
+
+def test_the_inserted_nodes_say_what_they_are():
+    m = _conv_head()
+    r = convert(m, ranges=collect_ranges(m, _samples(2), runner=InProcessRunner()))
+    inserted = [d for d in r.decisions if d.rule == "range-scaling.mul"]
+    assert {d.node for d in inserted} == {"hidden/unscale_output", "out/scale_input0", "out/unscale_output"}
+    assert all(d.precision == "fp32" and "power-of-two" in d.reason for d in inserted)
