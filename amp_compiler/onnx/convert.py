@@ -194,7 +194,8 @@ def _convert_ranged(
         ranges_generated=probe is not None,
         placement=opts.placement,
         # FP8: its GEMM choice reads the FP16 plan's Tensor Core ops as they are; scaled ones take BF16
-        range_fallback="bf16" if opts.target is Target.FP8 and range_fallback(opts) == "scaled" else range_fallback(opts),
+        range_fallback=(
+            "bf16" if opts.target is Target.FP8 and range_fallback(opts) == "scaled" else range_fallback(opts)),
         reached=reached_magnitudes(bounds) or None,
         elements=(
             placement_elements(with_small_weights(source), unshaped, shapes)

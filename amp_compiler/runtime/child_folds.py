@@ -187,7 +187,7 @@ def merge_stats(stats: dict[str, list], name: str, new: list) -> None:
     elif new[6]:
         stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
                        old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8],
-                       *[x + y for x, y in zip(old[_SCALARS:], new[_SCALARS:])]]
+                       *[x + y for x, y in zip(old[_SCALARS:], new[_SCALARS:], strict=True)]]
 
 
 def error_sums(np: Any, reference: Any, got: Any) -> list | None:

@@ -152,7 +152,8 @@ class RangeScalingPass(AnalysisPass):
         ensure(plan.decisions == before.decisions, self, "changed a decision: scaled vertices stay FP32 outside")
         vertices = {v.id: v for v in graph.vertices}
         new = [vertices[vid] for vid in plan.scalings.keys() - before.scalings.keys()]
-        ensure_all(self, new, lambda v: range_fallback_candidate(v, before) and before.role_rules[v.id][0] in OVERFLOW_RULES,
+        ensure_all(self, new,
+                   lambda v: range_fallback_candidate(v, before) and before.role_rules[v.id][0] in OVERFLOW_RULES,
                    "is scaled, though not pinned for overflow")
 
         def within(v: Vertex) -> bool:
@@ -162,7 +163,9 @@ class RangeScalingPass(AnalysisPass):
                 return False
             operands, bias, out = tensors
             shifts = dict(scaling.shifts)
-            if sum(shifts[i] for i in operands) != scaling.output or (bias is not None and shifts[bias[0]] != scaling.output):
+            if sum(shifts[i] for i in operands) != scaling.output:
+                return False
+            if bias is not None and shifts[bias[0]] != scaling.output:
                 return False
             pairs = [(t, shifts[i]) for i, t in operands.items()] + [(out, scaling.output)]
             pairs += [(bias[1], scaling.output)] if bias is not None else []
@@ -231,8 +234,10 @@ class RangeScalingPass(AnalysisPass):
         if any(least[i] > most[i] for i in operands):
             return None
         # Observed operands start with the headroom their bound allows, constants with their least shift.
-        shifts = {i: least[i] if t.constant else max(least[i], min(most[i], least_shift(t.magnitude, self.margin * room)))
-                  for i, t in operands.items()}
+        shifts = {
+            i: least[i] if t.constant else max(least[i], min(most[i], least_shift(t.magnitude, self.margin * room)))
+            for i, t in operands.items()
+        }
         top = min(out.bound, bias[1].bound) if bias is not None else out.bound
         need = least_shift(out.magnitude, self.margin)
         want = max(need, min(top, least_shift(out.magnitude, self.margin * room)))

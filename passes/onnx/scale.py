@@ -118,13 +118,13 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         output = node.outputs[0]
         users = ir.Value(type=ir.TensorType(_FP32), shape=output.shape)
         ir.convenience.replace_all_uses_with(output, users, replace_graph_outputs=True)
-        name = output.name
-        output.name = names.fresh(f"{name}_fp16_shift{scaling.output}")
+        out_name = output.name or ""
+        output.name = names.fresh(f"{out_name}_fp16_shift{scaling.output}")
         output.type = ir.TensorType(_FP16)
-        users.name = name
+        users.name = out_name
         after: list[ir.Node] = []
         cast_out = users if not scaling.output else ir.Value(
-            name=names.fresh(f"{name}_shift{scaling.output}"), type=ir.TensorType(_FP32), shape=output.shape)
+            name=names.fresh(f"{out_name}_shift{scaling.output}"), type=ir.TensorType(_FP32), shape=output.shape)
         after.append(ir.Node("", "Cast", [output], attributes=[ir.AttrInt64("to", int(_FP32))], outputs=[cast_out],
                              name=names.fresh(f"{label}/cast_output")))
         if scaling.output:

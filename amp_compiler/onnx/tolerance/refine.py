@@ -196,8 +196,8 @@ def refine(
     # Its units choose between the low type and FP32: BF16 or scaled range fallbacks are no level it
     # measures, so it converts them FP32 (the default here) and refuses them when asked for.
     if opts.range_fallback in ("scaled", "bf16"):
-        raise OptionError(f"{opts.range_fallback} is not combined with --tolerance: its units choose between the low type and "
-                          "FP32 (give fp32, or leave it out)", option="range_fallback")
+        raise OptionError(f"{opts.range_fallback} is not combined with --tolerance: its units choose between "
+                          "the low type and FP32 (give fp32, or leave it out)", option="range_fallback")
     opts = dataclasses.replace(opts, range_fallback="fp32")
     if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
         fp32 = raise_opset(fp32, fp8_opset(opts.low_target))
