@@ -21,7 +21,6 @@ from models import catalog
 #: record needs a reason here.
 TENSOR_CORE_RECORD: dict[str, tuple[int, int, str]] = {
     "cqt-log": (2, 5, "the constant-Q front end's Convs read raw audio into a Log (policy.high.signal-path)"),
-    "detect-head-overflow": (3, 5, "the head's hidden Conv reaches 3e5 and its logits Conv reads it (probe.overflow)"),
     "quantized-encoder": (0, 4, "integer MatMuls whose results are quantized again (quantized.requantize)"),
     "rnn-batch-first": (1, 2, "a MatMul onnxruntime crashes on with a Cast inside (runtime.ort-transpose-matmul)"),
 }
