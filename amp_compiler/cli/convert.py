@@ -134,7 +134,8 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     # ... and those run in FP16 on power-of-two scaled operands: low, yet decided by a range rule
     range_rules = {r.value for r in RANGE_ONLY_RULES}
     heavy_scaled = sum(1 for d in heavy if d.precision == target and d.rule in range_rules)
-    by_precision = Counter(d.precision for d in decisions if d.rule != Rule.LOWERING_CAST.value)
+    inserted = {Rule.LOWERING_CAST.value, Rule.RANGE_SCALE.value}  # nodes the conversion added
+    by_precision = Counter(d.precision for d in decisions if d.rule not in inserted)
     size_in = sum(Path(f).stat().st_size for f in input_files)
     size_out = sum(Path(f).stat().st_size for f in output_files)
     allowed = allow_message(decisions, result.allowed, result.options.low_target.value)

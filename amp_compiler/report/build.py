@@ -24,6 +24,8 @@ from amp_compiler.report.model import (
 __all__ = ["build_report"]
 
 CAST_RULE = Rule.LOWERING_CAST.value
+#: Nodes the conversion inserted: its Casts, and range scaling's Muls by powers of two.
+INSERTED_RULES = frozenset({CAST_RULE, Rule.RANGE_SCALE.value})
 
 
 def _first_float_output(node: onnx.NodeProto, ranges: dict[str, TensorRange]) -> TensorRange | None:
@@ -100,12 +102,12 @@ def build_report(
                 casts_out=[c for o in node.output for c in read_by_cast.get(o, []) if id(node) not in cast_names],
                 range=_first_float_output(original, ranges) if original is not None else None,
                 error=node_errors.get(d.index) if d.index is not None else None,
-                inserted=d.rule == CAST_RULE,
+                inserted=d.rule in INSERTED_RULES,
             )
         )
 
     low = result.options.target.value
-    compute = [r for r in reports if r.rule != CAST_RULE]
+    compute = [r for r in reports if not r.inserted]
     casts = [r for r in reports if r.rule == CAST_RULE]
     summary = Summary(
         target=low,

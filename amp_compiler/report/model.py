@@ -40,7 +40,7 @@ class NodeReport:
     casts_out: list[str] = dataclasses.field(default_factory=list)  # Casts reading its outputs
     range: TensorRange | None = None  # of its first float output
     error: NodeError | None = None
-    inserted: bool = False  # a Cast the conversion inserted (not a node of the input model)
+    inserted: bool = False  # a node the conversion inserted (a Cast, a range scaling's Mul): not the input model's
 
 
 @dataclasses.dataclass

@@ -63,7 +63,7 @@ def test_report_json_round_trips_and_lists_every_node(ffn, tmp_path, capsys):
     )
     report = PrecisionReport.from_dict(data)
     assert report.to_dict() == data
-    assert [n.name for n in report.nodes if n.rule != "lowering.cast"] == [n.name for n in ffn_overflow_model().graph.node]
+    assert [n.name for n in report.nodes if not n.inserted] == [n.name for n in ffn_overflow_model().graph.node]
     ffn_out = next(n for n in report.nodes if n.name == "ffn_out")
     assert ffn_out.rule == "calibration.overflow" and ffn_out.range.absmax > 65504
     assert ffn_out.error is not None and report.summary.calibration_samples == 3
@@ -172,7 +172,7 @@ def test_every_node_of_every_catalog_model_is_in_the_report(entry):
     report = analyze(m, ConvertOptions(), model_name=entry.name, runner=InProcessRunner()).report
     from amp_compiler.onnx.costs.costs import iter_nodes
 
-    converted = [n for n in report.nodes if n.rule != "lowering.cast"]
+    converted = [n for n in report.nodes if not n.inserted]
     assert len(converted) == sum(1 for _ in iter_nodes(m)) - sum(
         1 for n in iter_nodes(m) if n.op_type == "Cast" and n.name not in {r.name for r in report.nodes}
     )
