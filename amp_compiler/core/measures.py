@@ -7,13 +7,55 @@ statistics, the accuracy checks and the report, which renders them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
-__all__ = ["LOW_EXPONENT", "LOW_SHARE", "NodeError", "OutputAccuracy", "TensorRange"]
+import numpy as np
 
-#: :attr:`TensorRange.low`: at most this share of a tensor's non-zero values lie between 2^LOW_EXPONENT
-#: (down to which FP16's subnormals keep BF16's 8 significant bits) and it.
-LOW_SHARE = 0.01
-LOW_EXPONENT = -17
+__all__ = [
+    "BF16_RELATIVE_ERROR", "BINADE_HIGH", "BINADE_LOW", "NodeError", "OutputAccuracy", "TensorRange", "binade_counts",
+    "fp16_relative_error", "shift_room",
+]
+
+#: The binades of a magnitude histogram (:func:`binade_counts`; the calibration child's, which keeps its
+#: own copy of these two numbers): 2^e <= |x| < 2^(e+1) for e from BINADE_LOW to BINADE_HIGH, the first
+#: bin also counting every smaller value, the last every larger one.
+BINADE_LOW, BINADE_HIGH = -24, 23
+#: The largest relative error BF16 storage gives a normal value: 8 significant bits.
+BF16_RELATIVE_ERROR = 2.0**-8
+_MOST_SHIFT = 40
+
+
+def fp16_relative_error(exponent: int) -> float:
+    """The largest relative error FP16 storage gives a value of the binade ``2^exponent``: 2^-11 for a
+    normal (2^-14 up), the half spacing of subnormals (2^-25) against the value below it, 1 once it flushes."""
+    if exponent >= -14:
+        return 2.0**-11
+    return min(1.0, 2.0 ** (-25 - exponent))
+
+
+def shift_room(binades: Sequence[float]) -> int:
+    """The largest power-of-two shift down, k in 0..40, after which a tensor whose magnitudes fall in
+    ``binades`` (:data:`BINADE_LOW` on) keeps in FP16, on average over its non-zero values, at least the
+    relative precision BF16 gives every value: the mean of :func:`fp16_relative_error` over its values
+    shifted by 2^-k at most :data:`BF16_RELATIVE_ERROR`. -1 when no shift does (or nothing was counted):
+    the BF16 fallback is the better one for it."""
+    total = float(sum(binades))
+    best = -1
+    if total <= 0:
+        return best
+    for k in range(_MOST_SHIFT + 1):
+        mean = sum(n * fp16_relative_error(BINADE_LOW + i - k) for i, n in enumerate(binades) if n) / total
+        if mean > BF16_RELATIVE_ERROR:
+            break
+        best = k
+    return best
+
+
+def binade_counts(magnitudes: np.ndarray) -> list[int]:
+    """The histogram of ``magnitudes`` (non-zero, finite) by binade (:data:`BINADE_LOW`...:data:`BINADE_HIGH`)."""
+    exponents = np.frexp(magnitudes)[1].astype(np.int64) - 1
+    np.clip(exponents - BINADE_LOW, 0, BINADE_HIGH - BINADE_LOW, out=exponents)
+    return np.bincount(exponents, minlength=BINADE_HIGH - BINADE_LOW + 1).tolist()
 
 
 @dataclasses.dataclass
@@ -29,10 +71,10 @@ class TensorRange:
     # ||fp16(x) - x|| / ||x|| over the values below FP16's smallest normal (flushed or subnormal): what
     # FP16's exponent range moves the tensor by, against the tensor's own L2 norm (0: not measured)
     underflow_error: float = 0.0
-    # a power of two at most 1% of its non-zero values lie between 2^-17 and (from a sample of its values;
-    # 0: not measured): how far down its values may be shifted, whatever its extremes, before more of them
-    # than that fall below what FP16 holds with BF16's precision (:mod:`amp_compiler.passes.analysis.range_scaling`)
-    low: float = 0.0
+    # how far down (a power of two, 2^-k) its values may be shifted and still keep in FP16, on average,
+    # BF16's precision (:func:`shift_room`, from a histogram of a sample of its magnitudes; -1: none, or not
+    # measured): what range scaling may do to it (:mod:`amp_compiler.passes.analysis.range_scaling`)
+    shift_room: int = -1
 
 
 @dataclasses.dataclass

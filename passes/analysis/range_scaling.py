@@ -12,14 +12,15 @@ same Tensor Core FLOPs; against FP32 it keeps the FLOPs on Tensor Cores, and it 
 (onnxruntime's CUDA provider has none for Conv before opset 22).
 
 What a shift costs is at the bottom of the range: a value pushed below FP16's smallest normal (2^-14)
-keeps fewer bits, below 2^-25 it flushes. Down to 2^-17 an FP16 subnormal still keeps BF16's 8
-significant bits (its spacing, 2^-24, is 2^-7 of 2^-17). A shift k is admitted for a tensor when at most
-1% of its non-zero values lie in ``[2^-17, 2^(k-17))`` (its :attr:`~amp_compiler.core.measures.TensorRange.low`,
-from a sample of its values; a constant's from all of them): the shift costs at most 1% of its values
-the precision the BF16 fallback would give them (those below 2^-17 have less already in plain FP16),
-and every value above ``2^(k-14)`` keeps FP16's full precision. The bulk is what matters, not the
-extremes or the energy (both a few outliers' in a decoder with massive activations, where admitting
-shifts by the tensor's energy instead cost 7x the error: benchmarks/RESULTS.md).
+keeps fewer bits (a subnormal's spacing is 2^-24), below 2^-25 it flushes. The alternative is the
+BF16 fallback, which gives every value 8 significant bits (relative error up to 2^-8). A shift k is
+admitted for a tensor when, on average over its non-zero values, FP16 still gives them at least that
+precision once shifted (:func:`~amp_compiler.core.measures.shift_room`, its
+:attr:`~amp_compiler.core.measures.TensorRange.shift_room`: from a histogram of a sample of its
+magnitudes, a constant's from all of them): a value that stays normal has relative error up to 2^-11,
+a subnormal ``2^-25 / |x|``, a flushed one 1. The bulk is what matters, not the extremes or the energy
+(both a few outliers' in a decoder with massive activations: admitting shifts by the tensor's energy
+cost that decoder 7x the error, benchmarks/RESULTS.md).
 
 Which vertices (data, never the reasons' text): those :func:`~amp_compiler.passes.analysis.range_fallback.
 range_fallback_candidate` names pinned FP32 by an overflow rule (:data:`~amp_compiler.core.plan.OVERFLOW_RULES`:
@@ -32,7 +33,7 @@ observed ranges). The shifts:
 - each operand's shift brings its magnitude within FP16's largest finite value: a constant's exactly,
   an observed one's times ``margin`` (8: a value 8x beyond what was observed still fits; the catalog's
   decoder reached 2.5x its calibration samples' largest activation on a held-out sample, and the
-  probe's generated inputs are not the user's) and, where its bottom bound allows, ``2^headroom_bits``
+  probe's generated inputs are not the user's) and, where its room allows, ``2^headroom_bits``
   more;
 - the product's shift, the operands' shifts added up, brings its magnitude times ``margin`` (and
   ``2^headroom_bits`` where the bounds allow) within it too: what it lacks goes to constants first
@@ -54,7 +55,7 @@ import numpy as np
 import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
-from amp_compiler.core.measures import LOW_EXPONENT, LOW_SHARE, TensorRange
+from amp_compiler.core.measures import TensorRange, binade_counts, shift_room
 from amp_compiler.core.plan import OVERFLOW_RULES, PrecisionPlan, Rule, Scaling
 from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import is_constant
@@ -63,7 +64,7 @@ from amp_compiler.passes.analysis.range_fallback import range_fallback_candidate
 from amp_compiler.policy import GemmKind
 from amp_compiler.policy.schemas import is_onnx_domain
 
-__all__ = ["FP16_MAX", "RangeScalingPass", "bottom_shift", "least_shift"]
+__all__ = ["FP16_MAX", "RangeScalingPass", "least_shift"]
 
 #: FP16's largest finite value.
 FP16_MAX = 65504.0
@@ -78,27 +79,20 @@ def least_shift(magnitude: float, margin: float) -> int:
     return max(0, math.ceil(math.log2(magnitude * margin / FP16_MAX)))
 
 
-def bottom_shift(low: float) -> int:
-    """The largest shift k a tensor admits whose :attr:`~amp_compiler.core.measures.TensorRange.low` is
-    ``low``: ``2^(k-17) <= low`` (see the module docstring); 0 where it admits none."""
-    if not low > 0 or not math.isfinite(low):
-        return 0
-    return max(0, math.floor(math.log2(low)) - LOW_EXPONENT)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Tensor:
-    """What a shift is chosen from: a tensor's largest magnitude and where its bulk starts (``low``)."""
+    """What a shift is chosen from: a tensor's largest magnitude and how far it may be shifted (``room``,
+    :func:`~amp_compiler.core.measures.shift_room`)."""
 
     name: str
     magnitude: float
-    low: float
+    room: int
     constant: bool
 
     @property
     def bound(self) -> int:
-        """The largest shift it admits (:func:`bottom_shift`; any, for a tensor of zeros)."""
-        return _ANY_SHIFT if self.magnitude == 0 else bottom_shift(self.low)
+        """The largest shift it admits (-1: none; any, for a tensor of zeros)."""
+        return _ANY_SHIFT if self.magnitude == 0 else self.room
 
 
 def _constant_tensor(value: ir.Value) -> _Tensor | None:
@@ -108,27 +102,15 @@ def _constant_tensor(value: ir.Value) -> _Tensor | None:
     a = np.abs(np.asarray(array, dtype=np.float64).ravel())
     if not np.all(np.isfinite(a)):
         return None
-    low = _low(a[a > 0])
-    return _Tensor(value.name or "", float(a.max()), low, True)
+    nonzero = a[a > 0]
+    return _Tensor(value.name or "", float(a.max()), shift_room(binade_counts(nonzero)) if nonzero.size else -1, True)
 
 
 def _observed(value: ir.Value, ranges: Mapping[str, TensorRange]) -> _Tensor | None:
     r = ranges.get(value.name or "")
     if r is None or not math.isfinite(r.absmax):
         return None
-    return _Tensor(value.name or "", r.absmax, r.low, False)
-
-
-def _low(magnitudes: np.ndarray) -> float:
-    """A constant's :attr:`~amp_compiler.core.measures.TensorRange.low`, from all its non-zero magnitudes:
-    the lower edge of the binade from 2^-17 up where those in [2^-17, edge) exceed :data:`LOW_SHARE`."""
-    if magnitudes.size == 0:
-        return 0.0
-    above = np.sort(magnitudes[magnitudes >= 2.0**LOW_EXPONENT])
-    if above.size <= LOW_SHARE * magnitudes.size:
-        return 0.0
-    edge = above[int(LOW_SHARE * magnitudes.size)]  # the first value past the share
-    return float(2.0 ** math.floor(math.log2(edge)))
+    return _Tensor(value.name or "", r.absmax, r.shift_room, False)
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx
 
-from amp_compiler.core.measures import LOW_EXPONENT, LOW_SHARE, TensorRange
+from amp_compiler.core.measures import TensorRange, shift_room
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.measure.chain import ModelChain, as_input, exposed_model
 from amp_compiler.policy.kernels import ORT_NAMES
@@ -78,22 +78,8 @@ def _range(stats: list[float]) -> TensorRange:
         subnormal_share=subnormal / nonzero if nonzero else 0.0,
         count=int(count),
         underflow_error=_underflow_error(energy, lost, flushed),
-        low=_low(stats[9:]),
+        shift_room=shift_room(stats[9:]),
     )
-
-
-def _low(binades: list[float]) -> float:
-    """:attr:`TensorRange.low` from the histogram of sampled magnitudes (:data:`child_folds.STAT_FIELDS`):
-    the lower edge of the first binade from 2^-17 up below which more than :data:`LOW_SHARE` of the
-    sampled non-zero values lie in [2^-17, edge); 0 when no value was sampled."""
-    total = sum(binades)
-    start = LOW_EXPONENT - child_folds.EXPONENT_LOW
-    seen = 0.0
-    for i in range(start, len(binades)):
-        seen += binades[i]
-        if seen > LOW_SHARE * total:
-            return 2.0 ** (child_folds.EXPONENT_LOW + i)
-    return 0.0
 
 
 def _underflow_error(energy: float, lost: float, flushed: float) -> float:

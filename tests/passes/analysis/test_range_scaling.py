@@ -9,11 +9,19 @@ import pytest
 from onnx import helper, numpy_helper
 
 from amp_compiler import convert
-from amp_compiler.core.measures import TensorRange
+from amp_compiler.core.measures import (
+    BINADE_HIGH,
+    BINADE_LOW,
+    TensorRange,
+    binade_counts,
+    fp16_relative_error,
+    shift_room,
+)
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
-from amp_compiler.passes.analysis.range_scaling import FP16_MAX, bottom_shift, least_shift
+from amp_compiler.passes.analysis.range_scaling import FP16_MAX, least_shift
+from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.in_process import InProcessRunner
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
@@ -24,8 +32,24 @@ def test_shifts():
     assert least_shift(1000.0, 8.0) == 0
     assert least_shift(FP16_MAX, 1.0) == 0 and least_shift(FP16_MAX * 1.01, 1.0) == 1
     assert least_shift(3.6e5, 8.0) == 6  # 3.6e5 * 8 / 2^6 = 45000
-    assert bottom_shift(0.0) == 0  # nothing known: no shift
-    assert bottom_shift(2.0**-17) == 0 and bottom_shift(2.0**-9) == 8 and bottom_shift(1.0) == 17
+    assert fp16_relative_error(-14) == 2.0**-11 and fp16_relative_error(-20) == 2.0**-5
+    assert fp16_relative_error(-26) == 1.0  # flushed
+    assert shift_room([]) == -1  # nothing known: no shift
+
+
+def test_shift_room_is_where_fp16_keeps_bf16s_precision_on_average():
+    ones = binade_counts(np.ones(100))  # every value 2^0: normal down to a shift of 14
+    # shifted by 2^-k a value of 1 is 2^-k: normal to k = 14, then 2^(k-25) relative: 2^-8 at k = 17
+    assert shift_room(ones) == 17
+    assert shift_room(binade_counts(np.full(100, 2.0**-20))) == -1  # already worse than BF16 unshifted
+    # a tail of 1% tiny values costs the shift: 1% of values at relative error 1 is 2.5x BF16's
+    tail = binade_counts(np.concatenate([np.ones(99), [2.0**-10]]))
+    assert shift_room(tail) < 17
+    # the child's histogram and this one agree on their bins
+    assert (child_folds.EXPONENT_LOW, child_folds.EXPONENT_HIGH) == (BINADE_LOW, BINADE_HIGH)
+    x = np.random.default_rng(0).standard_normal(17 * 50).astype(np.float32)
+    got = child_folds.array_stats(np, x)[-len(child_folds.EXPONENT_FIELDS):]
+    assert got == binade_counts(np.abs(x[::child_folds.SAMPLE_STRIDE]))
 
 
 def _conv_head(opset: int = 17):
