@@ -5,7 +5,7 @@ For each vertex in :attr:`~amp_compiler.core.plan.PrecisionPlan.scalings` (chose
 its neighbours see it), on the lowered model:
 
 - a constant operand (or bias) shifted by k is replaced by a new FP16 constant holding its values times
-  2^-k (converted offline; the FP32 constant stays for its other users);
+  2^-k (converted offline; the FP32 constant stays for its other users, and goes where it has none);
 - an activation operand is multiplied by 2^-k in FP32 (no Mul where k is 0) and Cast to FP16;
 - the node's output becomes FP16 and is Cast back to FP32 and multiplied by 2^output there: the
   tensor its users and the graph's outputs read keeps its name, type and shape.
@@ -60,6 +60,18 @@ def scaling_reason(scaling: Scaling, operands: dict[int, str]) -> str:
     )
 
 
+def _drop_if_unused(value: ir.Value) -> None:
+    """Remove a constant nothing reads any more (an initializer, or a Constant node's output): its
+    scaled FP16 copy replaced it. A graph input or output stays."""
+    if value.uses() or value.is_graph_output() or value.is_graph_input():
+        return
+    producer = value.producer()
+    if producer is not None:
+        home_graph(producer).remove(producer, safe=True)
+    elif value.graph is not None and value.name in value.graph.initializers:
+        value.graph.initializers.pop(value.name)
+
+
 class ScaledProductsPass(ir.passes.InPlacePass):
     """Apply the plan's scalings to the lowered model (see the module docstring)."""
 
@@ -103,6 +115,7 @@ class ScaledProductsPass(ir.passes.InPlacePass):
                                   const_value=ir.tensor((array * np.float32(2.0**-k)).astype(np.float16), name=name))
                 graph.register_initializer(scaled)
                 node.replace_input_with(i, scaled)
+                _drop_if_unused(value)
                 continue
             source = value
             if k:

@@ -103,6 +103,8 @@ def test_a_conv_beyond_fp16_runs_in_fp16_on_scaled_operands_exactly():
     mul = next(n for n in out.graph.node if n.op_type == "Mul" and n.name == "hidden/unscale_output")
     assert float(inits[mul.input[1]]) == 2.0**shift
     assert sum(n.op_type == "Mul" for n in out.graph.node) == 3  # unscale both, scale the Relu's output
+    read = {i for n in out.graph.node for i in n.input}
+    assert all(t.name in read for t in out.graph.initializer)  # the FP32 weights their copies replaced are gone
     onnx.checker.check_model(out, full_check=True)
     # exact emulation on held-out inputs: finite, FP16-accurate, every Tensor Core op low
     for x in _samples(3, seed=7):
