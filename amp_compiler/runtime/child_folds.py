@@ -21,17 +21,27 @@ __all__ = ["ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "error_sums
 #: exponent range adds to its rounding). ``sqrt(lost / energy)`` is what flushing moves the tensor by,
 #: relative to its own L2 norm.
 #: Then a histogram of the magnitudes of a sample of its non-zero finite values (every
-#: :data:`SAMPLE_STRIDE`-th value of each block): per binade 2^e <= |x| < 2^(e+1) for e in
+#: :func:`sample_stride`-th value of each block): per binade 2^e <= |x| < 2^(e+1) for e in
 #: :data:`EXPONENT_LOW` ... :data:`EXPONENT_HIGH`, the first bin also counting every smaller value and
 #: the last every larger one. It says where a tensor's bulk lies, which its extremes and its energy (both
 #: a few outliers' when it has them) do not: what a power-of-two scaling pushes below FP16's normals.
 EXPONENT_LOW, EXPONENT_HIGH = -24, 23
 EXPONENT_FIELDS = tuple(f"binade{e}" for e in range(EXPONENT_LOW, EXPONENT_HIGH + 1))
 STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost", *EXPONENT_FIELDS)
-#: A prime: a tensor's dims (channels, heads, hidden sizes: multiples of 8 and 16) never align with it,
-#: so the sample passes through every channel instead of always the same ones.
-SAMPLE_STRIDE = 17
+#: The strides a sample may take: primes, which a tensor's dims (channels, heads, hidden sizes: multiples
+#: of 8 and 16) never align with, so that the sample passes through every channel, not always the same
+#: ones. A tensor is sampled at the largest that leaves its first block :data:`SAMPLE_LEAST` values,
+#: 61 for a full block of 128K: 2K values a block place a histogram's shares to a percent or so, and
+#: every 61st value costs the fold a few percent of its time where every 17th cost it 25%.
+SAMPLE_STRIDES = (1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
+SAMPLE_LEAST = 2048
 _SCALARS = 9  # the fields before the histogram
+
+
+def sample_stride(size: int) -> int:
+    """The stride of the histogram's sample of an array of ``size`` values (see :data:`SAMPLE_STRIDES`)."""
+    most = max(1, min(size, _BLOCK) // SAMPLE_LEAST)
+    return max(s for s in SAMPLE_STRIDES if s <= most)
 _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 
 #: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
@@ -87,7 +97,10 @@ def _finite_stats(np: Any, a: Any) -> list | None:
     bits = a.view(uint)
     mag, below = np.empty(min(a.size, _BLOCK), uint), np.empty(min(a.size, _BLOCK), bool)
     lows, highs, smalls = [], [], []
-    binades = np.zeros(len(EXPONENT_FIELDS), np.int64)
+    mantissa_bits = 23 if a.dtype.itemsize == 4 else 52
+    exponents = np.zeros(1 << (8 * a.dtype.itemsize - 1 - mantissa_bits), np.int64)  # biased exponent counts
+    sampled_zeros = 0
+    stride = sample_stride(a.size)
     nonzero = flushed = subnormal = negative_zeros = 0
     energy = 0.0
     with np.errstate(over="ignore"):
@@ -99,8 +112,11 @@ def _finite_stats(np: Any, a: Any) -> list | None:
             if not (np.isfinite(lows[-1]) and np.isfinite(highs[-1])):  # NaN (it propagates) or inf
                 return None
             m = np.bitwise_and(bits[start:start + n], magnitude, out=mag[:n])
-            _count_binades(np, block[::SAMPLE_STRIDE], binades)
+            sample = m[::stride]
+            exponents += np.bincount(sample >> uint.type(mantissa_bits), minlength=exponents.size)
             block_nonzero = int(np.count_nonzero(m))
+            if block_nonzero < n:
+                sampled_zeros += sample.size - int(np.count_nonzero(sample))
             if block_nonzero < n:
                 negative_zeros += int(np.count_nonzero(bits[start:start + n] == sign))
             m -= one
@@ -116,8 +132,20 @@ def _finite_stats(np: Any, a: Any) -> list | None:
               ((np.min(lows), np.min), (np.max(highs), np.max)))
     small = np.concatenate(smalls) if smalls else a[:0]
     lost = _storage_error(np, small) if small.size else 0.0
+    exponents[0] -= sampled_zeros  # a zero's biased exponent is 0, as a subnormal's: no magnitude to count
     return [float(lo), float(hi), max(-float(lo), float(hi)), nonzero, flushed, subnormal, int(a.size), energy, lost,
-            *binades.tolist()]
+            *_binades_of_exponents(exponents, (exponents.size >> 1) - 1)]
+
+
+def _binades_of_exponents(counts: Any, bias: int) -> list[int]:
+    """Biased exponent counts (a float's exponent field) as :data:`EXPONENT_FIELDS`' bins: subnormals
+    (field 0) and every binade below the first bin go to it, every one above the last to it."""
+    binades = [0] * len(EXPONENT_FIELDS)
+    last = len(binades) - 1
+    for field in counts.nonzero()[0].tolist():
+        exponent = (field if field else 1) - bias  # a subnormal lies below its type's smallest normal
+        binades[min(max(exponent - EXPONENT_LOW, 0), last)] += int(counts[field])
+    return binades
 
 
 def _count_binades(np: Any, sample: Any, binades: Any) -> None:
@@ -156,8 +184,9 @@ def _nonfinite_stats(np: Any, a: Any) -> list:
     del mag
     lost = _storage_error(np, small) if small.size else 0.0
     binades = np.zeros(len(EXPONENT_FIELDS), np.int64)
+    stride = sample_stride(a.size)
     for start in range(0, a.size, _BLOCK):
-        _count_binades(np, a[start:start + _BLOCK][::SAMPLE_STRIDE], binades)
+        _count_binades(np, a[start:start + _BLOCK][::stride], binades)
     return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost, *binades.tolist()]
 
 

@@ -47,9 +47,8 @@ def test_shift_room_is_where_fp16_keeps_bf16s_precision_on_average():
     assert shift_room(tail) < 17
     # the child's histogram and this one agree on their bins
     assert (child_folds.EXPONENT_LOW, child_folds.EXPONENT_HIGH) == (BINADE_LOW, BINADE_HIGH)
-    x = np.random.default_rng(0).standard_normal(17 * 50).astype(np.float32)
-    got = child_folds.array_stats(np, x)[-len(child_folds.EXPONENT_FIELDS):]
-    assert got == binade_counts(np.abs(x[::child_folds.SAMPLE_STRIDE]))
+    x = np.random.default_rng(0).standard_normal(850).astype(np.float32)
+    assert child_folds.array_stats(np, x)[-len(child_folds.EXPONENT_FIELDS):] == binade_counts(np.abs(x))
 
 
 def _conv_head(opset: int = 17):
