@@ -68,7 +68,7 @@ def _drop_if_unused(value: ir.Value) -> None:
     producer = value.producer()
     if producer is not None:
         home_graph(producer).remove(producer, safe=True)
-    elif value.graph is not None and value.name in value.graph.initializers:
+    elif value.graph is not None and value.name is not None and value.name in value.graph.initializers:
         value.graph.initializers.pop(value.name)
 
 
