@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
-    "BF16_RELATIVE_ERROR", "BINADE_HIGH", "BINADE_LOW", "NodeError", "OutputAccuracy", "TensorRange", "binade_counts",
-    "fp16_relative_error", "shift_room",
+    "BF16_RELATIVE_ERROR", "BINADE_HIGH", "BINADE_LOW", "FP16_RELATIVE_ERROR", "NodeError", "OutputAccuracy",
+    "TensorRange", "binade_counts", "fp16_relative_error", "shift_room",
 ]
 
 #: The binades of a magnitude histogram (:func:`binade_counts`; the calibration child's, which keeps its
@@ -22,30 +22,36 @@ __all__ = [
 BINADE_LOW, BINADE_HIGH = -24, 23
 #: The largest relative error BF16 storage gives a normal value: 8 significant bits.
 BF16_RELATIVE_ERROR = 2.0**-8
+#: FP16's, for a normal value: 11 significant bits.
+FP16_RELATIVE_ERROR = 2.0**-11
 _MOST_SHIFT = 40
+_FLUSHED_ALWAYS = 1000  # an exponent no shift brings back
 
 
 def fp16_relative_error(exponent: int) -> float:
     """The largest relative error FP16 storage gives a value of the binade ``2^exponent``: 2^-11 for a
     normal (2^-14 up), the half spacing of subnormals (2^-25) against the value below it, 1 once it flushes."""
     if exponent >= -14:
-        return 2.0**-11
+        return FP16_RELATIVE_ERROR
     return min(1.0, 2.0 ** (-25 - exponent))
 
 
 def shift_room(binades: Sequence[float]) -> int:
-    """The largest power-of-two shift down, k in 0..40, after which a tensor whose magnitudes fall in
-    ``binades`` (:data:`BINADE_LOW` on) keeps in FP16, on average over its non-zero values, at least the
-    relative precision BF16 gives every value: the mean of :func:`fp16_relative_error` over its values
-    shifted by 2^-k at most :data:`BF16_RELATIVE_ERROR`. -1 when no shift does (or nothing was counted):
-    the BF16 fallback is the better one for it."""
+    """The largest power-of-two shift down, k in 0..40, that costs a tensor whose magnitudes fall in
+    ``binades`` (:data:`BINADE_LOW` on), on average over its non-zero values, no more relative precision
+    than BF16 gives up against FP16: the mean of :func:`fp16_relative_error` over its values shifted by
+    2^-k exceeds the unshifted one (what plain FP16 already loses of its smallest values, and the underflow
+    rules accepted) by at most ``2^-8 - 2^-11``. -1 when nothing was counted."""
     total = float(sum(binades))
-    best = -1
     if total <= 0:
-        return best
-    for k in range(_MOST_SHIFT + 1):
-        mean = sum(n * fp16_relative_error(BINADE_LOW + i - k) for i, n in enumerate(binades) if n) / total
-        if mean > BF16_RELATIVE_ERROR:
+        return -1
+    # the first bin holds every value below 2^-23 too: lost to FP16 shifted or not (relative error 1)
+    counted = [(BINADE_LOW + i if i else -_FLUSHED_ALWAYS, n) for i, n in enumerate(binades) if n]
+    base = sum(n * fp16_relative_error(e) for e, n in counted) / total
+    best = 0
+    for k in range(1, _MOST_SHIFT + 1):
+        mean = sum(n * fp16_relative_error(e - k) for e, n in counted) / total
+        if mean - base > BF16_RELATIVE_ERROR - FP16_RELATIVE_ERROR:
             break
         best = k
     return best

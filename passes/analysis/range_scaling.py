@@ -12,13 +12,13 @@ same Tensor Core FLOPs; against FP32 it keeps the FLOPs on Tensor Cores, and it 
 (onnxruntime's CUDA provider has none for Conv before opset 22).
 
 What a shift costs is at the bottom of the range: a value pushed below FP16's smallest normal (2^-14)
-keeps fewer bits (a subnormal's spacing is 2^-24), below 2^-25 it flushes. The alternative is the
-BF16 fallback, which gives every value 8 significant bits (relative error up to 2^-8). A shift k is
-admitted for a tensor when, on average over its non-zero values, FP16 still gives them at least that
-precision once shifted (:func:`~amp_compiler.core.measures.shift_room`, its
+keeps fewer bits (a subnormal's spacing is 2^-24, its relative error up to ``2^-25 / |x|``), below
+2^-25 it flushes (relative error 1). The alternative is the BF16 fallback, which costs every value
+``2^-8 - 2^-11`` of relative precision against FP16. A shift k is admitted for a tensor when it costs
+its non-zero values, on average, no more than that (:func:`~amp_compiler.core.measures.shift_room`, its
 :attr:`~amp_compiler.core.measures.TensorRange.shift_room`: from a histogram of a sample of its
-magnitudes, a constant's from all of them): a value that stays normal has relative error up to 2^-11,
-a subnormal ``2^-25 / |x|``, a flushed one 1. The bulk is what matters, not the extremes or the energy
+magnitudes, a constant's from all of them); what plain FP16 already loses of its smallest values, which
+the underflow rules judged, does not count. The bulk is what matters, not the extremes or the energy
 (both a few outliers' in a decoder with massive activations: admitting shifts by the tensor's energy
 cost that decoder 7x the error, benchmarks/RESULTS.md).
 
