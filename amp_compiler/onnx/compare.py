@@ -272,8 +272,11 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
     came from, in a sentence."""
     types = _types(converted)
     target = _target_of(types)
+    # FP16 and BF16 together: an FP16 conversion with BF16 range fallbacks (the default scales them in FP16)
+    mixed = target is Target.FP16 and onnx.TensorProto.BFLOAT16 in set(types.values())
+    how = f"{target.value} conversion" + (" (BF16 range fallbacks)" if mixed else "")
     try:
-        decided = convert(fp32, target=target).decisions
+        decided = convert(fp32, target=target, range_fallback="bf16" if mixed else None).decisions
     except Exception as exc:  # the FP32 model does not convert: the comparison stands without rules
         return f"no rules: a default conversion of the FP32 model failed ({_first_line(exc)})"
     by_name = {d.node: d for d in decided if d.node and d.index is not None}
@@ -291,8 +294,8 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
             e.rule, e.reason = d.rule, d.reason
     main = [n for n in fp32.graph.node if n.name]
     if main and len(same) == len(main):
-        return f"rules: the converted model is what a default {target.value} conversion of the FP32 model makes"
+        return f"rules: the converted model is what a default {how} of the FP32 model makes"
     return (
-        f"rules: {len(same)} of {len(main)} named nodes have the precision a default {target.value} conversion "
+        f"rules: {len(same)} of {len(main)} named nodes have the precision a default {how} "
         "of the FP32 model gives them (another tool or other options made the rest); rules are shown for those"
     )
