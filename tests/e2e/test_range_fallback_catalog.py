@@ -38,5 +38,8 @@ def test_scaled_fp16_fallbacks_leave_no_tensor_core_flop_in_fp32(case):
         assert scaled.finite, way
         assert scaled.fp32_tc == 0.0, way
         assert scaled.error <= all_bf16.error / 5 or scaled.error == all_bf16.error == 0.0, way
-    # where a shift is admitted it keeps at least BF16's precision on average: no less accurate than BF16
-    assert by_way["fp16 + scaled fp16 fallbacks (then bf16)"].error <= by_way["fp16 + bf16 fallbacks"].error * 1.05
+    scaled, bf16 = by_way["fp16 + scaled fp16 fallbacks (then bf16)"], by_way["fp16 + bf16 fallbacks"]
+    if bf16.fp32_tc == 0.0:  # BF16 took every range-pinned op: a shift costs no more than BF16 would
+        assert scaled.error <= bf16.error * 1.05
+    else:  # no BF16 kernel (Convs below opset 22): FP16's own cost of the FLOPs it moves off FP32
+        assert scaled.error <= 3 * by_way["fp16 + fp32 fallbacks"].error
