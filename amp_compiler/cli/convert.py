@@ -172,15 +172,19 @@ def load_check_note(disabled: tuple[str, ...]) -> str:
 
 def probe_note(result: ConversionResult) -> str:
     """The summary line's word on the range probe: that ranges came from generated inputs, and how
-    many nodes they kept FP32."""
+    many nodes they kept out of plain FP16, by the precision they took (FP16 on scaled operands: "fp16
+    scaled")."""
     from amp_compiler.core.plan import Rule
 
     if not result.probe_inputs:
         return ""
     rules = (Rule.PROBE_OVERFLOW.value, Rule.PROBE_UNDERFLOW.value)
-    moved = sum(d.rule in rules for d in result.decisions)
-    return (f" | ranges from generated inputs ({result.probe_inputs}): {moved} node(s) kept fp32 by them, "
-            f"{result.probe_runs} model run(s)")
+    low = result.options.low_target.value
+    taken = Counter(f"{d.precision} scaled" if d.precision == low else d.precision
+                    for d in result.decisions if d.rule in rules)
+    split = f" ({', '.join(f'{p} {n}' for p, n in sorted(taken.items()))})" if taken else ""
+    return (f" | ranges from generated inputs ({result.probe_inputs}): {sum(taken.values())} node(s) kept out of "
+            f"plain {low} by them{split}, {result.probe_runs} model run(s)")
 
 
 def _measured(
