@@ -27,7 +27,7 @@ range_fallback_candidate` names pinned FP32 by an overflow rule (:data:`~amp_com
 a shift down would only push an underflow pin's flushed values further),
 of an ONNX op whose policy ``gemm`` layout is a matmul, conv or conv_transpose with every float input an
 operand or its bias, not tied to a Transpose by ``runtime.ort-transpose-matmul``, with a known
-magnitude and root mean square for each of its tensors (a constant's from its values, others from the
+magnitude and shift room for each of its tensors (a constant's from its values, others from the
 observed ranges). The shifts:
 
 - each operand's shift brings its magnitude within FP16's largest finite value: a constant's exactly,
@@ -36,13 +36,14 @@ observed ranges). The shifts:
   probe's generated inputs are not the user's) and, where its room allows, ``2^headroom_bits``
   more;
 - the product's shift, the operands' shifts added up, brings its magnitude times ``margin`` (and
-  ``2^headroom_bits`` where the bounds allow) within it too: what it lacks goes to constants first
-  (converted offline, no Mul at run time), then to activations; what its bottom bound (and the bias's)
-  cannot take comes off the activations' headroom first. Every shift is within its tensor's bound.
+  ``2^headroom_bits`` where the rooms allow) within it too: what it lacks goes to constants first
+  (converted offline, no Mul at run time), then to activations; what its room (and the bias's) cannot
+  take comes off the activations' headroom first. Every shift is within its tensor's room.
 
-Guarantees (checked by ``ensures``): only range-fallback candidates are scaled, and their decisions
-are unchanged (FP32: what their neighbours see); every scaled tensor's magnitude times ``margin`` fits
-FP16 and its shift is within its bottom bound; the product's shift is the operands' shifts added up.
+Guarantees (checked by ``ensures``): only range-fallback candidates pinned for overflow are scaled,
+and their decisions are unchanged (FP32: what their neighbours see); every scaled tensor's magnitude
+(an observed one's times ``margin``) fits FP16 and its shift is within its room; the product's shift
+is the operands' shifts added up, the bias's too.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class RangeScalingPass(AnalysisPass):
     ranges: Mapping[str, TensorRange]
     # An observed tensor's magnitude times ``margin`` must fit (the calibration rules' margin, 2, times 4:
     # a decoder's held-out sample reached 2.5x its calibration samples' largest activation), and
-    # ``headroom_bits`` more where the bounds allow.
+    # ``headroom_bits`` more where the rooms allow.
     margin: float = 8.0
     headroom_bits: int = 4
 
@@ -154,7 +155,7 @@ class RangeScalingPass(AnalysisPass):
             return all(t.magnitude * self._margin(t) * 2.0 ** -k <= FP16_MAX and 0 <= k <= t.bound
                        for t, k in pairs)
 
-        ensure_all(self, new, within, "is scaled beyond FP16's range or its tensors' bottom bound")
+        ensure_all(self, new, within, "is scaled beyond FP16's range or its tensors' room")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         if not isinstance(graph.model, ir.Model) or not self.ranges:
@@ -210,23 +211,23 @@ class RangeScalingPass(AnalysisPass):
         if tensors is None:
             return None
         operands, bias, out = tensors
-        room = 2.0**self.headroom_bits
+        spare = 2.0**self.headroom_bits
         least = {i: least_shift(t.magnitude, self._margin(t)) for i, t in operands.items()}
         most = {i: t.bound for i, t in operands.items()}
         if any(least[i] > most[i] for i in operands):
             return None
-        # Observed operands start with the headroom their bound allows, constants with their least shift.
+        # Observed operands start with the headroom their room allows, constants with their least shift.
         shifts = {
-            i: least[i] if t.constant else max(least[i], min(most[i], least_shift(t.magnitude, self.margin * room)))
+            i: least[i] if t.constant else max(least[i], min(most[i], least_shift(t.magnitude, self.margin * spare)))
             for i, t in operands.items()
         }
         top = min(out.bound, bias[1].bound) if bias is not None else out.bound
         need = least_shift(out.magnitude, self.margin)
-        want = max(need, min(top, least_shift(out.magnitude, self.margin * room)))
+        want = max(need, min(top, least_shift(out.magnitude, self.margin * spare)))
         order = sorted(operands, key=lambda i: (not operands[i].constant, i))  # constants first
         for i in order:  # up to the product's shift: constants first (converted offline), then activations
             shifts[i] += max(0, min(want - sum(shifts.values()), most[i] - shifts[i]))
-        for i in reversed(order):  # down to the product's bound: activations' headroom first
+        for i in reversed(order):  # down to the product's room: activations' headroom first
             shifts[i] -= max(0, min(sum(shifts.values()) - top, shifts[i] - least[i]))
         total = sum(shifts.values())
         if not need <= total <= top:
