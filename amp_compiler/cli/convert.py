@@ -118,7 +118,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     a warning counting the nodes left as they are for want of an element type, what ``--allow-op``/
     ``--allow-node`` forced, and the first overflow that depends on an input's scale, if any."""
     from amp_compiler.core.decision import allow_message
-    from amp_compiler.core.plan import RANGE_ONLY_RULES, Rule
+    from amp_compiler.core.plan import INSERTED_RULES, RANGE_ONLY_RULES
     from amp_compiler.onnx.fp8.steps import fp8_flop_share
     from amp_compiler.policy import default_table
     from amp_compiler.targets import Target
@@ -134,7 +134,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     # ... and those run in FP16 on power-of-two scaled operands: low, yet decided by a range rule
     range_rules = {r.value for r in RANGE_ONLY_RULES}
     heavy_scaled = sum(1 for d in heavy if d.precision == target and d.rule in range_rules)
-    inserted = {Rule.LOWERING_CAST.value, Rule.RANGE_SCALE.value}  # nodes the conversion added
+    inserted = {rule.value for rule in INSERTED_RULES}  # nodes the conversion added
     by_precision = Counter(d.precision for d in decisions if d.rule not in inserted)
     size_in = sum(Path(f).stat().st_size for f in input_files)
     size_out = sum(Path(f).stat().st_size for f in output_files)

@@ -11,7 +11,9 @@ import enum
 
 import onnx_ir as ir
 
-__all__ = ["OVERFLOW_RULES", "RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule", "Scaling"]
+__all__ = [
+    "INSERTED_RULES", "OVERFLOW_RULES", "RANGE_ONLY_RULES", "Decision", "PrecisionPlan", "Role", "Rule", "Scaling",
+]
 
 
 class Role(enum.Enum):
@@ -100,6 +102,10 @@ class Decision:
     reason: str
 
 
+#: The rules of nodes a conversion inserted, not the input model's: lowering's Casts, range scaling's Muls.
+INSERTED_RULES = frozenset({Rule.LOWERING_CAST, Rule.RANGE_SCALE})
+
+
 #: The range rules that keep a vertex out of FP16 because its values are too large for it: a
 #: power-of-two scaling down can bring them in (:mod:`amp_compiler.passes.analysis.range_scaling`), where
 #: it would only push flushed values further down.
@@ -115,13 +121,11 @@ class Scaling:
     exactly, but for the values the scaling pushes below FP16's normals. ``shifts``: per input index,
     the k its operand is multiplied by 2^-k with (a constant's offline, an activation's by a Mul in
     FP32 before its Cast; a bias takes ``output``). ``output``: the shift the product carries, undone by
-    a Mul by 2^output in FP32 after the Cast back. ``magnitudes``: per tensor name, the observed or exact
-    largest magnitude the shift was chosen for, ``headroom``: how far below FP16's largest finite value
-    the scaled magnitudes stay at least (the margin included)."""
+    a Mul by 2^output in FP32 after the Cast back. ``headroom``: how far below FP16's largest finite
+    value the scaled magnitudes stay at least (the margin included)."""
 
     shifts: dict[int, int]
     output: int
-    magnitudes: dict[str, float]
     headroom: float
 
 

@@ -177,6 +177,9 @@ def _convert_ranged(
     input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), None if probe is not None else ranges)
     bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
     target = opts.low_target
+    # FP8: its GEMM choice reads the FP16 plan's Tensor Core ops as they are; scaled ones take BF16
+    fallback = range_fallback(opts)
+    fallback = "bf16" if opts.target is Target.FP8 and fallback == "scaled" else fallback
 
     # Analysis: the precision graph, then the plan (amp_compiler.passes.analysis.pipeline). Cast sizes for placement
     # where onnx's inference gives no shape (ops it does not define) come from symbolic inference.
@@ -193,9 +196,7 @@ def _convert_ranged(
         ranges=ranges,
         ranges_generated=probe is not None,
         placement=opts.placement,
-        # FP8: its GEMM choice reads the FP16 plan's Tensor Core ops as they are; scaled ones take BF16
-        range_fallback=(
-            "bf16" if opts.target is Target.FP8 and range_fallback(opts) == "scaled" else range_fallback(opts)),
+        range_fallback=fallback,
         reached=reached_magnitudes(bounds) or None,
         elements=(
             placement_elements(with_small_weights(source), unshaped, shapes)

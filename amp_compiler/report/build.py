@@ -7,7 +7,7 @@ from collections import Counter
 import onnx
 
 from amp_compiler.core.decision import untyped_message
-from amp_compiler.core.plan import Rule
+from amp_compiler.core.plan import INSERTED_RULES, Rule
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.onnx.write.result import ConversionResult
@@ -24,8 +24,7 @@ from amp_compiler.report.model import (
 __all__ = ["build_report"]
 
 CAST_RULE = Rule.LOWERING_CAST.value
-#: Nodes the conversion inserted: its Casts, and range scaling's Muls by powers of two.
-INSERTED_RULES = frozenset({CAST_RULE, Rule.RANGE_SCALE.value})
+_INSERTED = frozenset(rule.value for rule in INSERTED_RULES)
 
 
 def _first_float_output(node: onnx.NodeProto, ranges: dict[str, TensorRange]) -> TensorRange | None:
@@ -102,7 +101,7 @@ def build_report(
                 casts_out=[c for o in node.output for c in read_by_cast.get(o, []) if id(node) not in cast_names],
                 range=_first_float_output(original, ranges) if original is not None else None,
                 error=node_errors.get(d.index) if d.index is not None else None,
-                inserted=d.rule in INSERTED_RULES,
+                inserted=d.rule in _INSERTED,
             )
         )
 

@@ -35,13 +35,17 @@ STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count
 #: every 61st value costs the fold a few percent of its time where every 17th cost it 25%.
 SAMPLE_STRIDES = (1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
 SAMPLE_LEAST = 2048
-_SCALARS = 9  # the fields before the histogram
+#: How many of :data:`STAT_FIELDS` come before the histogram.
+SCALARS = len(STAT_FIELDS) - len(EXPONENT_FIELDS)
+_MANTISSA_BITS = {4: 23, 8: 52}  # per float itemsize: the exponent field starts above these bits
 
 
 def sample_stride(size: int) -> int:
     """The stride of the histogram's sample of an array of ``size`` values (see :data:`SAMPLE_STRIDES`)."""
     most = max(1, min(size, _BLOCK) // SAMPLE_LEAST)
     return max(s for s in SAMPLE_STRIDES if s <= most)
+
+
 _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
 
 #: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
@@ -97,7 +101,7 @@ def _finite_stats(np: Any, a: Any) -> list | None:
     bits = a.view(uint)
     mag, below = np.empty(min(a.size, _BLOCK), uint), np.empty(min(a.size, _BLOCK), bool)
     lows, highs, smalls = [], [], []
-    mantissa_bits = 23 if a.dtype.itemsize == 4 else 52
+    mantissa_bits = _MANTISSA_BITS[a.dtype.itemsize]
     exponents = np.zeros(1 << (8 * a.dtype.itemsize - 1 - mantissa_bits), np.int64)  # biased exponent counts
     sampled_zeros = 0
     stride = sample_stride(a.size)
@@ -117,7 +121,6 @@ def _finite_stats(np: Any, a: Any) -> list | None:
             block_nonzero = int(np.count_nonzero(m))
             if block_nonzero < n:
                 sampled_zeros += sample.size - int(np.count_nonzero(sample))
-            if block_nonzero < n:
                 negative_zeros += int(np.count_nonzero(bits[start:start + n] == sign))
             m -= one
             where = np.flatnonzero(np.less(m, subnormal_bits, out=below[:n]))
@@ -134,12 +137,14 @@ def _finite_stats(np: Any, a: Any) -> list | None:
     lost = _storage_error(np, small) if small.size else 0.0
     exponents[0] -= sampled_zeros  # a zero's biased exponent is 0, as a subnormal's: no magnitude to count
     return [float(lo), float(hi), max(-float(lo), float(hi)), nonzero, flushed, subnormal, int(a.size), energy, lost,
-            *_binades_of_exponents(exponents, (exponents.size >> 1) - 1)]
+            *_binades_of_exponents(exponents)]
 
 
-def _binades_of_exponents(counts: Any, bias: int) -> list[int]:
-    """Biased exponent counts (a float's exponent field) as :data:`EXPONENT_FIELDS`' bins: subnormals
-    (field 0) and every binade below the first bin go to it, every one above the last to it."""
+def _binades_of_exponents(counts: Any) -> list[int]:
+    """Biased exponent counts (a float's exponent field, as many as the field has values) as
+    :data:`EXPONENT_FIELDS`' bins: subnormals (field 0) and every binade below the first bin go to it,
+    every one above the last to it."""
+    bias = (counts.size >> 1) - 1
     binades = [0] * len(EXPONENT_FIELDS)
     last = len(binades) - 1
     for field in counts.nonzero()[0].tolist():
@@ -148,14 +153,17 @@ def _binades_of_exponents(counts: Any, bias: int) -> list[int]:
     return binades
 
 
-def _count_binades(np: Any, sample: Any, binades: Any) -> None:
-    """Add the binades of ``sample``'s non-zero finite values to ``binades`` (see :data:`STAT_FIELDS`)."""
-    mags = np.abs(sample[np.isfinite(sample)])
-    mags = mags[mags > 0]
-    if mags.size:
-        exponents = np.frexp(mags)[1].astype(np.int64) - 1  # 2^e <= |x| < 2^(e+1)
-        np.clip(exponents - EXPONENT_LOW, 0, len(binades) - 1, out=exponents)
-        binades += np.bincount(exponents, minlength=len(binades))
+def _sampled_binades(np: Any, a: Any) -> list[int]:
+    """The histogram's bins (:data:`EXPONENT_FIELDS`) of the flat float32 or float64 array ``a``, which
+    holds NaN or inf: the same sample as :func:`_finite_stats` takes, its non-zero finite values only."""
+    uint, mantissa_bits = np.dtype(f"u{a.dtype.itemsize}"), _MANTISSA_BITS[a.dtype.itemsize]
+    exponents = np.zeros(1 << (8 * a.dtype.itemsize - 1 - mantissa_bits), np.int64)
+    stride = sample_stride(a.size)
+    for start in range(0, a.size, _BLOCK):
+        sample = a[start:start + _BLOCK][::stride]
+        magnitudes = np.abs(sample[np.isfinite(sample) & (sample != 0)])
+        exponents += np.bincount(magnitudes.view(uint) >> uint.type(mantissa_bits), minlength=exponents.size)
+    return _binades_of_exponents(exponents)
 
 
 def _zero_signed(np: Any, a: Any, extreme: Any, negative_zeros: int, zeros: int, reduce: Any) -> Any:
@@ -183,11 +191,8 @@ def _nonfinite_stats(np: Any, a: Any) -> list:
     energy = _sum_squares(np, mag[np.isfinite(mag)])
     del mag
     lost = _storage_error(np, small) if small.size else 0.0
-    binades = np.zeros(len(EXPONENT_FIELDS), np.int64)
-    stride = sample_stride(a.size)
-    for start in range(0, a.size, _BLOCK):
-        _count_binades(np, a[start:start + _BLOCK][::stride], binades)
-    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost, *binades.tolist()]
+    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost,
+            *_sampled_binades(np, a)]
 
 
 def _storage_error(np: Any, small: Any) -> float:
@@ -216,7 +221,7 @@ def merge_stats(stats: dict[str, list], name: str, new: list) -> None:
     elif new[6]:
         stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
                        old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8],
-                       *[x + y for x, y in zip(old[_SCALARS:], new[_SCALARS:], strict=True)]]
+                       *[x + y for x, y in zip(old[SCALARS:], new[SCALARS:], strict=True)]]
 
 
 def error_sums(np: Any, reference: Any, got: Any) -> list | None:

@@ -79,9 +79,11 @@ def _schema_missing(vertex: Vertex, opsets) -> str | None:
 
 
 def range_fallback_candidate(vertex: Vertex, plan: PrecisionPlan) -> bool:
-    """A Tensor Core op decided FP32 only because a range rule pinned it."""
+    """A Tensor Core op decided FP32 only because a range rule pinned it, and not run in FP16 on scaled
+    operands already (:class:`~amp_compiler.passes.analysis.range_scaling.RangeScalingPass`)."""
     return (
-        plan.roles[vertex.id] is Role.DENY and plan.role_rules[vertex.id][0] in RANGE_ONLY_RULES
+        vertex.id not in plan.scalings
+        and plan.roles[vertex.id] is Role.DENY and plan.role_rules[vertex.id][0] in RANGE_ONLY_RULES
         and plan.decisions[vertex.id].dtype is ir.DataType.FLOAT
         and vertex.policy is not None and vertex.policy.tensor_core
     )
@@ -111,7 +113,7 @@ class RangeFallbackPass(AnalysisPass):
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
-        candidates = [v for v in graph.vertices if range_fallback_candidate(v, plan) and v.id not in plan.scalings]
+        candidates = [v for v in graph.vertices if range_fallback_candidate(v, plan)]
         if coverage is None or not candidates or not isinstance(graph.model, ir.Model):
             return
         opset = graph.model.opset_imports.get("", graph.model.opset_imports.get("ai.onnx", 1))

@@ -64,11 +64,12 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure, ensure_all, 
 from amp_compiler.passes.analysis.range_fallback import range_fallback_candidate
 from amp_compiler.policy import GemmKind
 from amp_compiler.policy.schemas import is_onnx_domain
+from amp_compiler.targets import Target
 
 __all__ = ["FP16_MAX", "RangeScalingPass", "least_shift"]
 
 #: FP16's largest finite value.
-FP16_MAX = 65504.0
+FP16_MAX = Target.FP16.max
 _ANY_SHIFT = 1 << 10  # a tensor of zeros: every shift leaves it as it is
 _SCALED_KINDS = frozenset({GemmKind.MATMUL, GemmKind.CONV, GemmKind.CONV_TRANSPOSE})
 
@@ -162,7 +163,7 @@ class RangeScalingPass(AnalysisPass):
             return
         tied = {v.id for v in graph.vertices if plan.role_rules[v.id][0] is Rule.RUNTIME_TRANSPOSE_MATMUL}
         for vertex in graph.vertices:
-            if vertex.id in plan.scalings or not range_fallback_candidate(vertex, plan):
+            if not range_fallback_candidate(vertex, plan):
                 continue
             if plan.role_rules[vertex.id][0] not in OVERFLOW_RULES:
                 continue  # kept out for values flushing to zero: shifting down flushes more
@@ -175,7 +176,7 @@ class RangeScalingPass(AnalysisPass):
     # -- the shifts --------------------------------------------------------------------------------
     def _tensors(self, vertex: Vertex) -> tuple[dict[int, _Tensor], tuple[int, _Tensor] | None, _Tensor] | None:
         """The vertex's operands by input index, its bias (index and tensor), its product; None when the
-        op is no scalable product or a tensor's magnitude or root mean square is unknown."""
+        op is no scalable product or a tensor's magnitude or shift room is unknown."""
         node = vertex.node
         layout = vertex.policy.gemm if vertex.policy is not None else None
         if not isinstance(node, ir.Node) or layout is None or layout.kind not in _SCALED_KINDS:
@@ -236,5 +237,4 @@ class RangeScalingPass(AnalysisPass):
             shifts[bias[0]] = total
         scaled = [t.magnitude * self._margin(t) * 2.0 ** -shifts[i] for i, t in operands.items()]
         scaled.append(out.magnitude * self.margin * 2.0 ** -total)
-        magnitudes = {t.name: t.magnitude for t in (*operands.values(), out)}
-        return Scaling(shifts, total, magnitudes, FP16_MAX / max(scaled))
+        return Scaling(shifts, total, FP16_MAX / max(scaled))

@@ -33,7 +33,7 @@ from amp_compiler.onnx.ir.slots import Slot
 from amp_compiler.onnx.ir.walk import home_graph, is_constant, iter_graphs
 from amp_compiler.onnx.load.deferred import DeferredTensor
 
-__all__ = ["CastRecord", "ConvertedConstant", "LowerPlanPass", "raw_bytes"]
+__all__ = ["CastRecord", "ConvertedConstant", "LowerPlanPass", "cast_to", "raw_bytes"]
 
 _NUMPY: dict[ir.DataType, np.dtype] = {
     ir.DataType.FLOAT: np.dtype(np.float32),
@@ -199,6 +199,16 @@ class _Names:
         return name
 
 
+def cast_to(model: ir.Model, dtype: ir.DataType) -> ir.Attr:
+    """Cast's ``to`` attribute for ``model``, as its opset spells it (a string before opset 6)."""
+    imports = model.opset_imports
+    if "" not in imports:  # a model of other domains only (ai.onnx.ml): Cast needs the default
+        imports[""] = 13
+    if imports[""] < 6:
+        return ir.AttrString("to", dtype.name)
+    return ir.AttrInt64("to", int(dtype))
+
+
 class LowerPlanPass(ir.passes.InPlacePass):
     """Apply a :class:`PrecisionPlan` computed on ``graph`` (built from the same model object)."""
 
@@ -319,13 +329,7 @@ class LowerPlanPass(ir.passes.InPlacePass):
         self.casts.append(CastRecord(cast, value, dtype, users))
 
     def _cast_to(self, dtype: ir.DataType) -> ir.Attr:
-        """Cast's ``to``, as the model's opset spells it (a string before opset 6)."""
-        imports = self.graph.model.opset_imports
-        if "" not in imports:  # a model of other domains only (ai.onnx.ml): Cast needs the default
-            imports[""] = 13
-        if imports[""] < 6:
-            return ir.AttrString("to", dtype.name)
-        return ir.AttrInt64("to", int(dtype))
+        return cast_to(self.graph.model, dtype)
 
     @staticmethod
     def _rewire(slot: Slot, new: ir.Value) -> None:

@@ -31,7 +31,7 @@ from amp_compiler.dtypes import short_name
 from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import home_graph, is_constant
-from amp_compiler.passes.onnx.lower import _Names
+from amp_compiler.passes.onnx.lower import _Names, cast_to
 
 __all__ = ["ScaledNode", "ScaledProductsPass", "scaling_reason"]
 
@@ -55,8 +55,8 @@ def scaling_reason(scaling: Scaling, operands: dict[int, str]) -> str:
     shifted = ", ".join(parts) if parts else "no operand shifted"
     return (
         f"FP16 on Tensor Cores with power-of-two scales, not FP32 (range scaling: exact but for values pushed "
-        f"below FP16's normals, judged no worse than FP16's rounding): {shifted}; the product x 2^{scaling.output} "
-        f"in FP32 after it; the scaled values stay {scaling.headroom:.3g}x below FP16's 65504"
+        f"below FP16's normals, which cost them no more than BF16 would): {shifted}; the product x "
+        f"2^{scaling.output} in FP32 after it; the scaled values stay {scaling.headroom:.3g}x below FP16's largest"
     )
 
 
@@ -80,15 +80,21 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         self.graph = graph
         self.plan = plan
         self.scaled: list[ScaledNode] = []
+        self._model: ir.Model | None = None  # the model ``call`` scales (Cast's ``to`` follows its opset)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         names = _Names(model)
+        self._model = model
         factors: dict[tuple[int, int], ir.Value] = {}  # (graph id, shift) -> its FP32 scalar 2^shift
         for vid, scaling in self.plan.scalings.items():
             node = self.graph.vertices[vid].node
             assert isinstance(node, ir.Node)
             self.scaled.append(self._scale(node, scaling, names, factors))
         return ir.passes.PassResult(model, bool(self.scaled))
+
+    def _cast_to(self, dtype: ir.DataType) -> ir.Attr:
+        assert self._model is not None
+        return cast_to(self._model, dtype)
 
     def _factor(self, graph: ir.Graph, shift: int, names: _Names, factors: dict) -> ir.Value:
         key = (id(graph), shift)
@@ -125,7 +131,7 @@ class ScaledProductsPass(ir.passes.InPlacePass):
                                       outputs=[shifted], name=names.fresh(f"{label}/scale_input{i}")))
                 source = shifted
             low = ir.Value(name=names.fresh(f"{source.name}_fp16"), type=ir.TensorType(_FP16), shape=value.shape)
-            before.append(ir.Node("", "Cast", [source], attributes=[ir.AttrInt64("to", int(_FP16))], outputs=[low],
+            before.append(ir.Node("", "Cast", [source], attributes=[self._cast_to(_FP16)], outputs=[low],
                                   name=names.fresh(f"{label}/cast_input{i}")))
             node.replace_input_with(i, low)
         output = node.outputs[0]
@@ -138,7 +144,7 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         after: list[ir.Node] = []
         cast_out = users if not scaling.output else ir.Value(
             name=names.fresh(f"{out_name}_shift{scaling.output}"), type=ir.TensorType(_FP32), shape=output.shape)
-        after.append(ir.Node("", "Cast", [output], attributes=[ir.AttrInt64("to", int(_FP32))], outputs=[cast_out],
+        after.append(ir.Node("", "Cast", [output], attributes=[self._cast_to(_FP32)], outputs=[cast_out],
                              name=names.fresh(f"{label}/cast_output")))
         if scaling.output:
             after.append(ir.Node("", "Mul", [cast_out, self._factor(graph, scaling.output, names, factors)],
@@ -149,8 +155,9 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         return ScaledNode(node, scaling, before + after, operands)
 
     def explain(self, decisions: list, nodes: list[ir.Node]) -> None:
-        """Describe the scaling in the conversion's decisions (``decisions[i]`` is ``nodes[i]``'s): a
-        scaled node runs in FP16, the Muls and Casts around it say whose they are."""
+        """Describe the scaling in the conversion's decisions (``decisions[i]`` is ``nodes[i]``'s, made from
+        the scaled model, their types read from it): a scaled node runs in FP16, the Muls and Casts
+        around it say whose they are."""
         by_node = {id(s.node): s for s in self.scaled}
         by_inserted = {id(n): s for s in self.scaled for n in s.inserted}
         for decision, node in zip(decisions, nodes, strict=False):
@@ -158,8 +165,6 @@ class ScaledProductsPass(ir.passes.InPlacePass):
             if s is not None:
                 decision.precision = short_name(_FP16)
                 decision.reason = f"{scaling_reason(s.scaling, s.operands)}; {decision.reason}"
-                decision.input_dtypes = [short_name(v.dtype) if v is not None and v.dtype else "" for v in node.inputs]
-                decision.output_dtypes = [short_name(_FP16)]
                 continue
             s = by_inserted.get(id(node))
             if s is None:
@@ -173,5 +178,3 @@ class ScaledProductsPass(ir.passes.InPlacePass):
             else:
                 decision.rule = Rule.RANGE_SCALE.value
                 decision.reason = f"Mul inserted: a power-of-two scale of range scaling around {label!r} (exact)"
-            decision.input_dtypes = [short_name(v.dtype) if v is not None and v.dtype else "" for v in node.inputs]
-            decision.output_dtypes = [short_name(v.dtype) if v.dtype else "" for v in node.outputs]

@@ -217,18 +217,18 @@ def test_the_binades_count_a_sample_of_the_non_zero_magnitudes():
     assert child_folds.sample_stride(100) == 1 and child_folds.sample_stride(10**7) == 61
     assert child_folds.sample_stride(2048 * 17) == 17  # a prime: never a channel count's divisor
     a = np.array([3.0, -0.75, 2.0**-30, 2.0**40, 0.0, 1.0, 5e-5, -0.0], np.float32)
-    binades = child_folds.array_stats(np, a)[child_folds._SCALARS:]
+    binades = child_folds.array_stats(np, a)[child_folds.SCALARS:]
     assert len(binades) == len(child_folds.EXPONENT_FIELDS)
     low = child_folds.EXPONENT_LOW
     expected = {1 - low: 1, -1 - low: 1, 0: 1, len(binades) - 1: 1, 0 - low: 1, -15 - low: 1}
     assert {i: n for i, n in enumerate(binades) if n} == expected
     # a non-finite array goes the other way, to the same bins
     with_inf = np.append(a, np.float32(np.inf))
-    assert child_folds.array_stats(np, with_inf)[child_folds._SCALARS:] == binades
+    assert child_folds.array_stats(np, with_inf)[child_folds.SCALARS:] == binades
     # a large one: every 61st value of each block
     x = np.random.default_rng(1).standard_normal(300_000).astype(np.float32) * 100
     x[::7] = 0
-    got = child_folds.array_stats(np, x)[child_folds._SCALARS:]
+    got = child_folds.array_stats(np, x)[child_folds.SCALARS:]
     blocks = [x[i:i + 2**17][::61] for i in range(0, x.size, 2**17)]
     sample = np.abs(np.concatenate(blocks))
     assert got == binade_counts(sample[sample > 0])

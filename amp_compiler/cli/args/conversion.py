@@ -116,7 +116,7 @@ class ConversionArgs(ArgGroup):
             "power-of-two scaled operands where the observed ranges allow it, and the rest as bf16; "
             "bf16 where the provider has a BF16 kernel (BF16 Tensor "
             "Cores: Ampere sm_80 and later, Ada, Hopper, Blackwell; not Turing/T4 or Volta/V100: give "
-            "fp32 there), or fp32 (default: bf16 for cuda and tensorrt, fp32 for cpu and with --tolerance)",
+            "fp32 there), or fp32 (default: scaled for cuda and tensorrt, fp32 for cpu and with --tolerance)",
         )
         group.add_argument(
             "--fallback", choices=[Target.FP16.value, Target.BF16.value], default=None,

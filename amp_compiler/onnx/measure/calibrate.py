@@ -69,7 +69,7 @@ class IntermediateRunner:
 
 def _range(stats: list[float]) -> TensorRange:
     """A tensor's :class:`TensorRange` from its running statistics (:data:`child_folds.STAT_FIELDS`)."""
-    lo, hi, absmax, nonzero, flushed, subnormal, count, energy, lost = stats[:9]
+    lo, hi, absmax, nonzero, flushed, subnormal, count, energy, lost = stats[:child_folds.SCALARS]
     return TensorRange(
         min=lo if count else 0.0,
         max=hi if count else 0.0,
@@ -78,7 +78,7 @@ def _range(stats: list[float]) -> TensorRange:
         subnormal_share=subnormal / nonzero if nonzero else 0.0,
         count=int(count),
         underflow_error=_underflow_error(energy, lost, flushed),
-        shift_room=shift_room(stats[9:]),
+        shift_room=shift_room(stats[child_folds.SCALARS:]),
     )
 
 
