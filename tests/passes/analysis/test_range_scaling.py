@@ -174,3 +174,15 @@ def test_the_inserted_nodes_say_what_they_are():
     inserted = [d for d in r.decisions if d.rule == "range-scaling.mul"]
     assert {d.node for d in inserted} == {"hidden/unscale_output", "out/scale_input0", "out/unscale_output"}
     assert all(d.precision == "fp32" and "power-of-two" in d.reason for d in inserted)
+
+
+def test_the_summary_line_counts_range_scaled_ops_and_the_probes_note_what_they_took(tmp_path, capsys):
+    """The CLI's default conversion (the range probe on): the head's two Convs overflow on generated
+    inputs and run range-scaled in FP16; the summary line and the probe's note say so."""
+    from amp_compiler.cli import main
+
+    onnx.save(_conv_head(), tmp_path / "m.onnx")
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "Tensor Core ops in fp16: 2/2 (range-scaled: 2)" in out
+    assert "node(s) kept out of plain fp16 by them (fp16 scaled 2, fp32 1)" in out
