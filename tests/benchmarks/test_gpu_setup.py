@@ -61,7 +61,8 @@ def test_pack_cuts_large_files_into_loads_that_join_back(tmp_path, state):
     assert {p.name: p.read_bytes() for p in joined} == {n: (src / n).read_bytes() for n in sizes}
     bad = tmp_path / "gpu" / manifest["loads"][0]["folder"]
     victim = next(p for p in bad.iterdir() if p.name != "manifest.json")
-    victim.write_bytes(b"x" + victim.read_bytes()[1:])
+    data = victim.read_bytes()
+    victim.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # a changed first byte (b"x" may be the same one)
     with pytest.raises(SystemExit, match="not the piece the manifest describes"):
         gpu_setup.receive(bad)
 
