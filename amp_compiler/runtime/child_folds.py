@@ -14,17 +14,23 @@ from typing import Any
 __all__ = ["ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "error_sums", "fold_array", "merge_stats"]
 
 #: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
-#: finite value, its largest magnitude (inf included, NaN ignored), its non-zero values (NaN excluded),
-#: those of them below half FP16's smallest subnormal (2^-25: flushed to zero), below FP16's smallest
-#: normal (2^-14), all its values, the sum of its finite values' squares (its energy), and the sum of
-#: the squared errors FP16 storage gives its values below 2^-14 (flushed or subnormal: the error FP16's
-#: exponent range adds to its rounding). ``sqrt(lost / energy)`` is what flushing moves the tensor by,
-#: relative to its own L2 norm.
-#: Then a histogram of the magnitudes of a sample of its non-zero finite values (every
-#: :func:`sample_stride`-th value of each block): per binade 2^e <= |x| < 2^(e+1) for e in
-#: :data:`EXPONENT_LOW` ... :data:`EXPONENT_HIGH`, the first bin also counting every smaller value and
-#: the last every larger one. It says where a tensor's bulk lies, which its extremes and its energy (both
-#: a few outliers' when it has them) do not: what a power-of-two scaling pushes below FP16's normals.
+#: finite value, its largest magnitude (inf included, NaN ignored), then, in a sample of its values
+#: (every :func:`sample_stride`-th value of each block, a small tensor whole, NaN left out), the
+#: non-zero values, those of them below half FP16's smallest subnormal (2^-25: flushed to zero) and
+#: below FP16's smallest normal (2^-14): their ratios are the shares that flush and that lose precision;
+#: then all its values, the sum of its finite values' squares (its energy), and the sum of the squared
+#: errors FP16 storage gives its values below 2^-14 (flushed or subnormal: the error FP16's exponent
+#: range adds to its rounding), estimated from the sample's (each block's scaled by its size over its
+#: sample's). ``sqrt(lost / energy)`` is what flushing moves the tensor by, relative to its own L2 norm.
+#: Extremes, count and energy are exact; the rest comes from the sample because counting every value
+#: took two thirds of the fold's time (six passes over each block), and what they decide (a share of a
+#: tensor's values, an error relative to its norm) a few thousand values a block measure to a percent
+#: or so: a value too rare to be sampled is too rare to move either.
+#: Then a histogram of the magnitudes of the sample's non-zero finite values: per binade
+#: 2^e <= |x| < 2^(e+1) for e in :data:`EXPONENT_LOW` ... :data:`EXPONENT_HIGH`, the first bin also
+#: counting every smaller value and the last every larger one. It says where a tensor's bulk lies,
+#: which its extremes and its energy (both a few outliers' when it has them) do not: what a
+#: power-of-two scaling pushes below FP16's normals.
 EXPONENT_LOW, EXPONENT_HIGH = -24, 23
 EXPONENT_FIELDS = tuple(f"binade{e}" for e in range(EXPONENT_LOW, EXPONENT_HIGH + 1))
 STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost", *EXPONENT_FIELDS)
@@ -32,7 +38,8 @@ STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count
 #: of 8 and 16) never align with, so that the sample passes through every channel, not always the same
 #: ones. A tensor is sampled at the largest that leaves its first block :data:`SAMPLE_LEAST` values,
 #: 61 for a full block of 128K: 2K values a block place a histogram's shares to a percent or so, and
-#: every 61st value costs the fold a few percent of its time where every 17th cost it 25%.
+#: every 61st value costs the fold a few percent of its time where every 17th cost it 25%; a tensor
+#: of fewer than twice :data:`SAMPLE_LEAST` values is taken whole.
 SAMPLE_STRIDES = (1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
 SAMPLE_LEAST = 2048
 #: How many of :data:`STAT_FIELDS` come before the histogram.
@@ -41,7 +48,7 @@ _MANTISSA_BITS = {4: 23, 8: 52}  # per float itemsize: the exponent field starts
 
 
 def sample_stride(size: int) -> int:
-    """The stride of the histogram's sample of an array of ``size`` values (see :data:`SAMPLE_STRIDES`)."""
+    """The stride of the sample of an array of ``size`` values (see :data:`SAMPLE_STRIDES`)."""
     most = max(1, min(size, _BLOCK) // SAMPLE_LEAST)
     return max(s for s in SAMPLE_STRIDES if s <= most)
 
@@ -87,56 +94,44 @@ _BLOCK = 2 * _SQUARES_CHUNK
 
 def _finite_stats(np: Any, a: Any) -> list | None:
     """The flat float32 or float64 array ``a``'s :data:`STAT_FIELDS`, or None once a block holds NaN or inf.
-    Per block, passes over values in the cache: its min and max, its magnitudes' bits (sign cleared), their
-    non-zero count, where it has zeros its -0.0 count, the bits minus one (0 < |x| < t as that below t's
-    bits minus one: positive floats order as their bits, a zero wraps around to the largest), the mask of
-    those below 2^-14's, its subnormals' positions, and its chunks' dot products.
-    Exactly what one pass each over the whole array gives: counts and sums of squares add up in the same
-    order (the same chunks), and the smallest and largest of the blocks' extremes are the array's; only a
-    zero's sign could depend on the order numpy compares in, so a zero extreme is the array's own zero
-    where all its zeros have one sign, else numpy's over the whole array."""
+    Per block: three passes over all its values, in the cache (its min, its max, its chunks' dot
+    products), then its sample's (:func:`sample_stride`): its magnitudes' bits (sign cleared), their
+    binades, their non-zero count, and those below 2^-14 (bits minus one, below 2^-14's bits minus one:
+    positive floats order as their bits, a zero wraps around to the largest), the flushed among them and
+    their storage error, scaled up to the block. Extremes and energy are the whole array's (its blocks'
+    extremes' extremes; the energy's chunks the same, in the same order, as one pass gives); a zero
+    extreme is +0.0."""
     uint = np.dtype(f"u{a.dtype.itemsize}")
-    sign, magnitude, one = uint.type(1 << (8 * uint.itemsize - 1)), uint.type(np.iinfo(uint).max >> 1), uint.type(1)
+    magnitude, one = uint.type(np.iinfo(uint).max >> 1), uint.type(1)
     subnormal_bits, flushed_bits = (np.array(t, a.dtype).view(uint) - one for t in (_SUBNORMAL, _FLUSHED))
     bits = a.view(uint)
-    mag, below = np.empty(min(a.size, _BLOCK), uint), np.empty(min(a.size, _BLOCK), bool)
-    lows, highs, smalls = [], [], []
+    lows, highs = [], []
     mantissa_bits = _MANTISSA_BITS[a.dtype.itemsize]
     exponents = np.zeros(1 << (8 * a.dtype.itemsize - 1 - mantissa_bits), np.int64)  # biased exponent counts
-    sampled_zeros = 0
     stride = sample_stride(a.size)
-    nonzero = flushed = subnormal = negative_zeros = 0
-    energy = 0.0
+    nonzero = flushed = subnormal = 0
+    energy = lost = 0.0
     with np.errstate(over="ignore"):
         for start in range(0, a.size, _BLOCK):
             block = a[start:start + _BLOCK]
-            n = block.size
             lows.append(block.min())
             highs.append(block.max())
             if not (np.isfinite(lows[-1]) and np.isfinite(highs[-1])):  # NaN (it propagates) or inf
                 return None
-            m = np.bitwise_and(bits[start:start + n], magnitude, out=mag[:n])
-            sample = m[::stride]
-            exponents += np.bincount(sample >> uint.type(mantissa_bits), minlength=exponents.size)
-            block_nonzero = int(np.count_nonzero(m))
-            if block_nonzero < n:
-                sampled_zeros += sample.size - int(np.count_nonzero(sample))
-                negative_zeros += int(np.count_nonzero(bits[start:start + n] == sign))
-            m -= one
-            where = np.flatnonzero(np.less(m, subnormal_bits, out=below[:n]))
-            if where.size:  # the flushed are among the subnormal (most blocks have few)
-                smalls.append(block[where])
-                flushed += int(np.count_nonzero(m[where] < flushed_bits))
-            nonzero += block_nonzero
-            subnormal += where.size
             energy = _sum_squares(np, block, energy)
-    zeros = a.size - nonzero
-    lo, hi = (_zero_signed(np, a, x, negative_zeros, zeros, reduce) for x, reduce in
-              ((np.min(lows), np.min), (np.max(highs), np.max)))
-    small = np.concatenate(smalls) if smalls else a[:0]
-    lost = _storage_error(np, small) if small.size else 0.0
-    exponents[0] -= sampled_zeros  # a zero's biased exponent is 0, as a subnormal's: no magnitude to count
-    return [float(lo), float(hi), max(-float(lo), float(hi)), nonzero, flushed, subnormal, int(a.size), energy, lost,
+            m = np.bitwise_and(bits[start:start + block.size:stride], magnitude)
+            exponents += np.bincount(m >> uint.type(mantissa_bits), minlength=exponents.size)
+            sample_nonzero = int(np.count_nonzero(m))
+            exponents[0] -= m.size - sample_nonzero  # a zero's biased exponent is 0, as a subnormal's
+            nonzero += sample_nonzero
+            m -= one
+            where = np.flatnonzero(m < subnormal_bits)
+            if where.size:  # the flushed are among the subnormal (most blocks have none)
+                subnormal += where.size
+                flushed += int(np.count_nonzero(m[where] < flushed_bits))
+                lost += _storage_error(np, block[::stride][where]) * (block.size / m.size)
+    lo, hi = float(min(lows)) + 0.0, float(max(highs)) + 0.0  # + 0.0: a zero extreme is +0.0 whatever its sign
+    return [lo, hi, max(-lo, hi), nonzero, flushed, subnormal, int(a.size), energy, lost,
             *_binades_of_exponents(exponents)]
 
 
@@ -153,46 +148,37 @@ def _binades_of_exponents(counts: Any) -> list[int]:
     return binades
 
 
-def _sampled_binades(np: Any, a: Any) -> list[int]:
-    """The histogram's bins (:data:`EXPONENT_FIELDS`) of the flat float32 or float64 array ``a``, which
-    holds NaN or inf: the same sample as :func:`_finite_stats` takes, its non-zero finite values only."""
+def _nonfinite_stats(np: Any, a: Any) -> list:
+    """The flat float array ``a``'s :data:`STAT_FIELDS` when it holds NaN or inf: extremes and energy over
+    its finite values, its absmax over those not NaN, the counts, the storage error and the histogram
+    from the same sample as :func:`_finite_stats` takes (NaN left out). Temporaries: its finite values
+    and a mask of a quarter of its size (a float32 array's)."""
+    finite = a[np.isfinite(a)]
+    lo, hi = (float(finite.min()) + 0.0, float(finite.max()) + 0.0) if finite.size else (np.inf, -np.inf)
+    energy = _sum_squares(np, finite)
+    del finite
+    magnitudes = np.abs(a[~np.isnan(a)])
+    absmax = float(magnitudes.max()) if magnitudes.size else 0.0
+    del magnitudes
     uint, mantissa_bits = np.dtype(f"u{a.dtype.itemsize}"), _MANTISSA_BITS[a.dtype.itemsize]
     exponents = np.zeros(1 << (8 * a.dtype.itemsize - 1 - mantissa_bits), np.int64)
     stride = sample_stride(a.size)
+    nonzero = flushed = subnormal = 0
+    lost = 0.0
     for start in range(0, a.size, _BLOCK):
-        sample = a[start:start + _BLOCK][::stride]
-        magnitudes = np.abs(sample[np.isfinite(sample) & (sample != 0)])
-        exponents += np.bincount(magnitudes.view(uint) >> uint.type(mantissa_bits), minlength=exponents.size)
-    return _binades_of_exponents(exponents)
-
-
-def _zero_signed(np: Any, a: Any, extreme: Any, negative_zeros: int, zeros: int, reduce: Any) -> Any:
-    """``a``'s ``extreme`` (its min or max, the ``reduce`` of its blocks' ones) with the sign numpy's
-    ``reduce`` over the whole of ``a`` gives it: numpy gives one of ``a``'s values, so a zero extreme
-    takes the one sign all of ``a``'s zeros have, or where they have both, ``reduce(a)``'s."""
-    if extreme != 0 or negative_zeros == 0:
-        return extreme
-    return -abs(extreme) if negative_zeros == zeros else reduce(a)
-
-
-def _nonfinite_stats(np: Any, a: Any) -> list:
-    """The flat float array ``a``'s :data:`STAT_FIELDS` when it holds NaN or inf. Temporaries: its
-    values that are not NaN, and a mask of a quarter of its size (a float32 array's)."""
-    finite = a[np.isfinite(a)]
-    lo, hi = (finite.min(), finite.max()) if finite.size else (np.inf, -np.inf)
-    del finite
-    mag = np.abs(a[~np.isnan(a)])
-    absmax = float(mag.max()) if mag.size else 0.0
-    nonzero = int(np.count_nonzero(mag))
-    zeros = mag.size - nonzero
-    flushed = int(np.count_nonzero(mag < _FLUSHED)) - zeros
-    subnormal = int(np.count_nonzero(mag < _SUBNORMAL)) - zeros
-    small = mag[mag < _SUBNORMAL]
-    energy = _sum_squares(np, mag[np.isfinite(mag)])
-    del mag
-    lost = _storage_error(np, small) if small.size else 0.0
-    return [float(lo), float(hi), absmax, nonzero, flushed, subnormal, int(a.size), energy, lost,
-            *_sampled_binades(np, a)]
+        block = a[start:start + _BLOCK]
+        sample = block[::stride]
+        mag = np.abs(sample[~np.isnan(sample)])
+        mag = mag[mag > 0]
+        nonzero += mag.size
+        small = mag[mag < _SUBNORMAL]
+        subnormal += small.size
+        flushed += int(np.count_nonzero(small < _FLUSHED))
+        if small.size:
+            lost += _storage_error(np, small) * (block.size / sample.size)
+        finite = mag[np.isfinite(mag)]
+        exponents += np.bincount(finite.view(uint) >> uint.type(mantissa_bits), minlength=exponents.size)
+    return [lo, hi, absmax, nonzero, flushed, subnormal, int(a.size), energy, lost, *_binades_of_exponents(exponents)]
 
 
 def _storage_error(np: Any, small: Any) -> float:

@@ -152,34 +152,72 @@ def _chunked_energy(a: np.ndarray) -> float:
     return total
 
 
+def _block_sample(a: np.ndarray) -> list[np.ndarray]:
+    """Each of array_stats' blocks' sample: every sample_stride-th value of the block."""
+    stride = child_folds.sample_stride(a.size)
+    return [a[i:i + 2**17][::stride] for i in range(0, a.size, 2**17)]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_array_stats_over_many_blocks_are_the_whole_arrays(dtype):
-    """Regression guard: values spread over several of array_stats' blocks (subnormals at a block's
-    first and last value, zeros in some blocks only) give the whole array's counts and extremes, and
-    the same sum of squares bit for bit (the same chunks, in the same order)."""
+def test_array_stats_over_many_blocks(dtype):
+    """Regression guard: values spread over several of array_stats' blocks (extremes at a block's
+    first and last value, zeros in some blocks only) give the whole array's extremes and count and the
+    same sum of squares bit for bit (the same chunks, in the same order); the counts are the blocks'
+    samples'."""
     rng = np.random.default_rng(11)
     a = rng.standard_normal(700_001).astype(dtype)
-    a[[0, 131_071, 131_072, 400_000]] = [2.0**-26, -(2.0**-20), 2.0**-15, -(2.0**-30)]
     a[200_000:200_050] = 0
+    a[::61 * 5] = 2.0**-26  # in the sample: flushed
+    a[61::61 * 7] = -(2.0**-20)  # in the sample: subnormal
+    a[[1, 131_071, 131_072, 400_001]] = [-9.0, 8.0, -7.5, 9.5]
     stats = child_folds.array_stats(np, a)
-    mag = np.abs(a.astype(np.float64))
-    nonzero = mag[mag > 0]
-    assert stats[:3] == [float(a.min()), float(a.max()), float(mag.max())]
-    assert stats[3:7] == [nonzero.size, np.count_nonzero(nonzero < 2.0**-25), np.count_nonzero(nonzero < 2.0**-14), a.size]
-    assert stats[4] >= 2 and stats[5] >= 4
+    assert stats[:3] == [-9.0, 9.5, 9.5] and stats[6] == a.size
+    sample = np.abs(np.concatenate(_block_sample(a)).astype(np.float64))
+    nonzero = sample[sample > 0]
+    assert stats[3:6] == [nonzero.size, np.count_nonzero(nonzero < 2.0**-25), np.count_nonzero(nonzero < 2.0**-14)]
+    assert stats[4] > 100 and stats[5] > stats[4] + 100
     assert stats[7] == _chunked_energy(a)
+    lost = 0.0  # each block's sample's storage error, scaled by the block's size over its sample's
+    for k, part in enumerate(_block_sample(a)):
+        m = np.abs(part.astype(np.float64))
+        small = m[(m > 0) & (m < 2.0**-14)]
+        lost += float(np.sum((small.astype(np.float16).astype(np.float64) - small) ** 2)) * (
+            min(2**17, a.size - k * 2**17) / part.size)
+    np.testing.assert_allclose(stats[8], lost, rtol=1e-5)
+
+
+def test_sampled_shares_and_storage_error_estimate_the_whole_arrays():
+    """Where small values lie at random, the sample's shares and the scaled storage error are within a
+    few percent of the whole array's."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(2_000_000).astype(np.float32)
+    tiny = rng.random(a.size) < 0.03
+    a[tiny] = (rng.standard_normal(int(tiny.sum())) * 1e-7).astype(np.float32)
+    a[rng.random(a.size) < 0.2] = 0
+    stats: dict[str, list] = {}
+    child_folds.fold_array(np, stats, "t", a)
+    ref = _reference([a])
+    got = stats["t"]
+    assert got[:3] == ref[:3] and got[6] == ref[6]
+    np.testing.assert_allclose(got[7], ref[7], rtol=1e-5)
+    np.testing.assert_allclose(got[5] / got[3], ref[5] / ref[3], rtol=0.05)  # subnormal share
+    np.testing.assert_allclose(got[4] / got[3], ref[4] / ref[3], rtol=0.15)  # flushed share (0.7% of values)
+    np.testing.assert_allclose(got[8], ref[8], rtol=0.1)
+    assert got[3] < ref[3] / 50  # counted on a sample of every 61st value
 
 
 @pytest.mark.parametrize("zeros", [(0.0, 0.0), (-0.0, -0.0), (0.0, -0.0), (-0.0, 0.0)])
-def test_array_stats_zero_extremes_keep_numpys_sign(zeros):
-    """Regression guard: where the smallest (or largest) value is zero, its sign is the one numpy's
-    min (max) over the whole array gives, also when the zeros of each sign lie in different blocks
-    (numpy's min over the blocks' minima gives the other sign here)."""
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_array_stats_zero_extremes_are_positive(zeros, nonfinite):
+    """Where the smallest (or largest) value is zero, it is +0.0, whatever the signs of the zeros and the
+    blocks they lie in (numpy's min would give either)."""
     a = np.full(300_000, 1.5, np.float32)
     a[:100_000:1000], a[100_000::1000] = zeros
+    if nonfinite:
+        a[-1] = np.inf
     lo, hi = child_folds.array_stats(np, a)[0], child_folds.array_stats(np, -a)[1]
     assert lo == 0 and hi == 0
-    assert [np.signbit(lo), np.signbit(hi)] == [np.signbit(a.min()), np.signbit((-a).max())]
+    assert not np.signbit(lo) and not np.signbit(hi)
 
 
 @pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
