@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
-    "BF16_RELATIVE_ERROR", "BINADE_HIGH", "BINADE_LOW", "FP16_RELATIVE_ERROR", "NodeError", "OutputAccuracy",
-    "TensorRange", "binade_counts", "fp16_relative_error", "shift_room",
+    "BF16_RELATIVE_ERROR", "BINADE_HIGH", "BINADE_LOW", "FP16_RELATIVE_ERROR", "SHIFT_BUDGET", "ChannelPeaks",
+    "NodeError", "OutputAccuracy", "TensorRange", "binade_counts", "fp16_relative_error", "mean_fp16_error",
+    "shift_cost", "shift_room",
 ]
 
 #: The binades of a magnitude histogram (:func:`binade_counts`; the calibration child's, which keeps its
@@ -36,22 +37,38 @@ def fp16_relative_error(exponent: int) -> float:
     return min(1.0, 2.0 ** (-25 - exponent))
 
 
+def mean_fp16_error(binades: Sequence[float], shift: int = 0) -> float:
+    """The mean of :func:`fp16_relative_error` over values whose magnitudes fall in ``binades``
+    (:data:`BINADE_LOW` on) shifted by 2^-shift; the first bin holds every value below 2^-23 too: lost to
+    FP16 shifted or not (relative error 1)."""
+    total = float(sum(binades))
+    counted = [(BINADE_LOW + i if i else -_FLUSHED_ALWAYS, n) for i, n in enumerate(binades) if n]
+    return sum(n * fp16_relative_error(e - shift) for e, n in counted) / total
+
+
+def shift_cost(binades: Sequence[float], shift: int) -> float:
+    """What a power-of-two shift down by 2^-shift costs a tensor whose magnitudes fall in ``binades``, in
+    relative precision, on average over its non-zero values: the mean of :func:`fp16_relative_error` over
+    its values shifted, less the unshifted one (what plain FP16 already loses of its smallest values, and
+    the underflow rules accepted). 0 when nothing was counted."""
+    if float(sum(binades)) <= 0:
+        return 0.0
+    return mean_fp16_error(binades, shift) - mean_fp16_error(binades, 0)
+
+
+#: What a shift may cost (:func:`shift_cost`): what BF16 storage gives up against FP16.
+SHIFT_BUDGET = BF16_RELATIVE_ERROR - FP16_RELATIVE_ERROR
+
+
 def shift_room(binades: Sequence[float]) -> int:
     """The largest power-of-two shift down, k in 0..40, that costs a tensor whose magnitudes fall in
-    ``binades`` (:data:`BINADE_LOW` on), on average over its non-zero values, no more relative precision
-    than BF16 gives up against FP16: the mean of :func:`fp16_relative_error` over its values shifted by
-    2^-k exceeds the unshifted one (what plain FP16 already loses of its smallest values, and the underflow
-    rules accepted) by at most ``2^-8 - 2^-11``. -1 when nothing was counted."""
-    total = float(sum(binades))
-    if total <= 0:
+    ``binades`` (:data:`BINADE_LOW` on) no more than :data:`SHIFT_BUDGET` (:func:`shift_cost`): no more
+    relative precision than BF16 gives up against FP16. -1 when nothing was counted."""
+    if float(sum(binades)) <= 0:
         return -1
-    # the first bin holds every value below 2^-23 too: lost to FP16 shifted or not (relative error 1)
-    counted = [(BINADE_LOW + i if i else -_FLUSHED_ALWAYS, n) for i, n in enumerate(binades) if n]
-    base = sum(n * fp16_relative_error(e) for e, n in counted) / total
     best = 0
     for k in range(1, _MOST_SHIFT + 1):
-        mean = sum(n * fp16_relative_error(e - k) for e, n in counted) / total
-        if mean - base > BF16_RELATIVE_ERROR - FP16_RELATIVE_ERROR:
+        if shift_cost(binades, k) > SHIFT_BUDGET:
             break
         best = k
     return best
@@ -62,6 +79,21 @@ def binade_counts(magnitudes: np.ndarray) -> list[int]:
     exponents = np.frexp(magnitudes)[1].astype(np.int64) - 1
     np.clip(exponents - BINADE_LOW, 0, BINADE_HIGH - BINADE_LOW, out=exponents)
     return np.bincount(exponents, minlength=BINADE_HIGH - BINADE_LOW + 1).tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelPeaks:
+    """The largest magnitudes of a tensor's channels along its last axis, where they were recorded (a
+    tensor reaching 1024, :data:`amp_compiler.runtime.child_folds.CHANNEL_LEAST`): a few channels
+    listed, every other one bounded by ``rest``."""
+
+    channels: int  # the last axis's size
+    peaks: tuple[tuple[int, float], ...]  # (channel, its largest magnitude), largest first
+    rest: float  # the largest magnitude of every channel not listed
+
+    def bound(self, channel: int) -> float:
+        """The largest magnitude channel ``channel`` reached."""
+        return dict(self.peaks).get(channel, self.rest)
 
 
 @dataclasses.dataclass
@@ -81,6 +113,11 @@ class TensorRange:
     # BF16's precision (:func:`shift_room`, from a histogram of a sample of its magnitudes; -1: none, or not
     # measured): what range scaling may do to it (:mod:`amp_compiler.passes.analysis.range_scaling`)
     shift_room: int = -1
+    # that histogram (:func:`binade_counts`' bins; empty: not measured), for :func:`shift_cost`
+    binades: tuple[int, ...] = ()
+    # its channels' largest magnitudes along its last axis, where it reached 1024 (None: not recorded,
+    # or the axis's size differed between samples)
+    channel_peaks: ChannelPeaks | None = None
 
 
 @dataclasses.dataclass

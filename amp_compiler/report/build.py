@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import onnx
@@ -28,9 +29,11 @@ _INSERTED = frozenset(rule.value for rule in INSERTED_RULES)
 
 
 def _first_float_output(node: onnx.NodeProto, ranges: dict[str, TensorRange]) -> TensorRange | None:
+    """The range of the node's first output that has one, as the report shows it: without the histogram
+    and the channel peaks range scaling chose from (what it chose is in the reasons)."""
     for name in node.output:
         if name in ranges:
-            return ranges[name]
+            return dataclasses.replace(ranges[name], binades=(), channel_peaks=None)
     return None
 
 

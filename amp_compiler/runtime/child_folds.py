@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "error_sums", "fold_array", "merge_stats"]
+__all__ = [
+    "ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "channel_peaks", "error_sums", "fold_array",
+    "merge_peaks", "merge_stats",
+]
 
 #: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
 #: finite value, its largest magnitude (inf included, NaN ignored), then, in a sample of its values
@@ -31,9 +34,21 @@ __all__ = ["ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "error_sums
 #: counting every smaller value and the last every larger one. It says where a tensor's bulk lies,
 #: which its extremes and its energy (both a few outliers' when it has them) do not: what a
 #: power-of-two scaling pushes below FP16's normals.
+#: Last, where its largest magnitude reaches :data:`CHANNEL_LEAST`, its channels' peaks along its last
+#: axis: the axis's size (0: not recorded, every channel within the tensor's absmax; -1: the size
+#: differed between arrays), the largest magnitude of every channel not listed, then the
+#: :data:`PEAKS` channels of the largest magnitudes, indices (-1: none) and magnitudes, largest first.
+#: Massive activations lie in a few channels (a decoder's residual stream, its MLP's down projection):
+#: a matrix product may then be scaled per channel (:mod:`amp_compiler.passes.analysis.range_scaling`).
 EXPONENT_LOW, EXPONENT_HIGH = -24, 23
 EXPONENT_FIELDS = tuple(f"binade{e}" for e in range(EXPONENT_LOW, EXPONENT_HIGH + 1))
-STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost", *EXPONENT_FIELDS)
+PEAKS = 8
+PEAK_FIELDS = ("channels", "rest", *(f"peak{i}_index" for i in range(PEAKS)), *(f"peak{i}" for i in range(PEAKS)))
+#: A tensor below this magnitude gets no channel peaks (a power of two: FP16's largest finite value over
+#: 64): its every channel is then known to lie below it, where no scaling by a margin up to 64 shifts it.
+CHANNEL_LEAST = 1024.0
+STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count", "energy", "lost", *EXPONENT_FIELDS,
+               *PEAK_FIELDS)
 #: The strides a sample may take: primes, which a tensor's dims (channels, heads, hidden sizes: multiples
 #: of 8 and 16) never align with, so that the sample passes through every channel, not always the same
 #: ones. A tensor is sampled at the largest that leaves its first block :data:`SAMPLE_LEAST` values,
@@ -42,8 +57,11 @@ STAT_FIELDS = ("min", "max", "absmax", "nonzero", "flushed", "subnormal", "count
 #: of fewer than twice :data:`SAMPLE_LEAST` values is taken whole.
 SAMPLE_STRIDES = (1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
 SAMPLE_LEAST = 2048
-#: How many of :data:`STAT_FIELDS` come before the histogram.
-SCALARS = len(STAT_FIELDS) - len(EXPONENT_FIELDS)
+#: How many of :data:`STAT_FIELDS` come before the histogram; where the histogram lies; where the peaks start.
+SCALARS = STAT_FIELDS.index(EXPONENT_FIELDS[0])
+HISTOGRAM = slice(SCALARS, SCALARS + len(EXPONENT_FIELDS))
+PEAKS_AT = HISTOGRAM.stop
+_NO_PEAKS = [0, 0.0, *[-1] * PEAKS, *[0.0] * PEAKS]
 _MANTISSA_BITS = {4: 23, 8: 52}  # per float itemsize: the exponent field starts above these bits
 
 
@@ -77,12 +95,52 @@ def array_stats(np: Any, a: Any) -> list:
     """One array's :data:`STAT_FIELDS` (see :func:`fold_array`): a block at a time while its values are
     finite (:func:`_finite_stats`), else over the whole array."""
     if a.size == 0:  # seen, no values
-        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0, *[0] * len(EXPONENT_FIELDS)]
+        return [float("inf"), float("-inf"), 0.0, 0, 0, 0, 0, 0.0, 0.0, *[0] * len(EXPONENT_FIELDS), *_NO_PEAKS]
     if a.dtype.itemsize < 4:
         a = a.astype(np.float32)
-    a = a.ravel()
-    stats = _finite_stats(np, a)
-    return stats if stats is not None else _nonfinite_stats(np, a)
+    flat = a.ravel()
+    stats = _finite_stats(np, flat)
+    if stats is None:
+        stats = _nonfinite_stats(np, flat)
+    peaks = channel_peaks(np, a) if stats[2] >= CHANNEL_LEAST and a.ndim else _NO_PEAKS
+    return [*stats, *peaks]
+
+
+def channel_peaks(np: Any, a: Any) -> list:
+    """The array ``a``'s channel peaks (:data:`PEAK_FIELDS`) along its last axis: each channel's largest
+    magnitude (NaN ignored), a block of rows at a time."""
+    channels = a.shape[-1]
+    rows = a.reshape(-1, channels)
+    step = max(1, _BLOCK // max(channels, 1))
+    peak = np.zeros(channels, np.float64)
+    for start in range(0, rows.shape[0], step):
+        np.fmax(peak, np.fmax.reduce(np.abs(rows[start:start + step]), axis=0), out=peak)
+    order = np.argsort(-peak, kind="stable")
+    top, others = order[:PEAKS], order[PEAKS:]
+    indices = [int(i) for i in top] + [-1] * (PEAKS - top.size)
+    values = [float(peak[i]) for i in top] + [0.0] * (PEAKS - top.size)
+    return [channels, float(peak[others].max()) if others.size else 0.0, *indices, *values]
+
+
+def merge_peaks(old: list, old_absmax: float, new: list, new_absmax: float) -> list:
+    """Two arrays' channel peaks (:data:`PEAK_FIELDS`) as one: a channel's peak is the larger of its two,
+    an array's peak of a channel it does not list being its ``rest`` (or its absmax where it recorded no
+    peaks); the :data:`PEAKS` largest are listed, the others go to ``rest``."""
+    def parts(peaks: list, absmax: float) -> tuple[int, float, dict[int, float]]:
+        if peaks[0] == 0:
+            return 0, absmax, {}
+        listed = peaks[2:2 + PEAKS], peaks[2 + PEAKS:2 + 2 * PEAKS]
+        return int(peaks[0]), float(peaks[1]), {int(i): float(m) for i, m in zip(*listed, strict=True) if i >= 0}
+
+    (size_a, rest_a, a), (size_b, rest_b, b) = parts(old, old_absmax), parts(new, new_absmax)
+    if size_a == 0 and size_b == 0:
+        return list(_NO_PEAKS)
+    size = -1 if size_a < 0 or size_b < 0 or (size_a and size_b and size_a != size_b) else size_a or size_b
+    merged = {i: max(a.get(i, rest_a), b.get(i, rest_b)) for i in a.keys() | b.keys()}
+    order = sorted(merged, key=lambda i: (-merged[i], i))
+    rest = max([rest_a, rest_b, *(merged[i] for i in order[PEAKS:])])
+    top = order[:PEAKS]
+    return [size, rest, *top, *[-1] * (PEAKS - len(top)), *(merged[i] for i in top), *[0.0] * (PEAKS - len(top))]
 
 
 #: Values per float32 dot product in :func:`_sum_squares`.
@@ -207,7 +265,8 @@ def merge_stats(stats: dict[str, list], name: str, new: list) -> None:
     elif new[6]:
         stats[name] = [min(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), old[3] + new[3],
                        old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8],
-                       *[x + y for x, y in zip(old[SCALARS:], new[SCALARS:], strict=True)]]
+                       *[x + y for x, y in zip(old[HISTOGRAM], new[HISTOGRAM], strict=True)],
+                       *merge_peaks(old[PEAKS_AT:], old[2], new[PEAKS_AT:], new[2])]
 
 
 def error_sums(np: Any, reference: Any, got: Any) -> list | None:

@@ -255,18 +255,57 @@ def test_the_binades_count_a_sample_of_the_non_zero_magnitudes():
     assert child_folds.sample_stride(100) == 1 and child_folds.sample_stride(10**7) == 61
     assert child_folds.sample_stride(2048 * 17) == 17  # a prime: never a channel count's divisor
     a = np.array([3.0, -0.75, 2.0**-30, 2.0**40, 0.0, 1.0, 5e-5, -0.0], np.float32)
-    binades = child_folds.array_stats(np, a)[child_folds.SCALARS:]
+    binades = child_folds.array_stats(np, a)[child_folds.HISTOGRAM]
     assert len(binades) == len(child_folds.EXPONENT_FIELDS)
     low = child_folds.EXPONENT_LOW
     expected = {1 - low: 1, -1 - low: 1, 0: 1, len(binades) - 1: 1, 0 - low: 1, -15 - low: 1}
     assert {i: n for i, n in enumerate(binades) if n} == expected
     # a non-finite array goes the other way, to the same bins
     with_inf = np.append(a, np.float32(np.inf))
-    assert child_folds.array_stats(np, with_inf)[child_folds.SCALARS:] == binades
+    assert child_folds.array_stats(np, with_inf)[child_folds.HISTOGRAM] == binades
     # a large one: every 61st value of each block
     x = np.random.default_rng(1).standard_normal(300_000).astype(np.float32) * 100
     x[::7] = 0
-    got = child_folds.array_stats(np, x)[child_folds.SCALARS:]
+    got = child_folds.array_stats(np, x)[child_folds.HISTOGRAM]
     blocks = [x[i:i + 2**17][::61] for i in range(0, x.size, 2**17)]
     sample = np.abs(np.concatenate(blocks))
     assert got == binade_counts(sample[sample > 0])
+
+
+def _peaks(stats: list) -> tuple[int, float, dict[int, float]]:
+    fields = stats[child_folds.PEAKS_AT:]
+    listed = zip(fields[2:2 + child_folds.PEAKS], fields[2 + child_folds.PEAKS:], strict=True)
+    return int(fields[0]), fields[1], {int(i): m for i, m in listed if i >= 0}
+
+
+def test_channel_peaks_list_the_largest_channels_of_the_last_axis():
+    """A tensor reaching 1024 records its channels' peaks along its last axis: the 8 largest listed,
+    every other channel below ``rest``; a tensor below 1024 records none."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 50, 64)).astype(np.float32)
+    x[1, 7, 5], x[2, :, 40] = -3e5, 2e4
+    x[0, 0, 9] = np.nan  # ignored
+    size, rest, listed = _peaks(child_folds.array_stats(np, x))
+    assert size == 64 and list(listed)[:2] == [5, 40] and listed[5] == 3e5 and listed[40] == 2e4
+    assert len(listed) == child_folds.PEAKS
+    others = np.delete(np.abs(x), list(listed), axis=-1)
+    assert rest == float(np.nanmax(others))
+    assert _peaks(child_folds.array_stats(np, x / 1000))[0] == 0
+
+
+def test_merged_channel_peaks_bound_every_channel_over_all_arrays():
+    """Over two arrays a channel's peak is the larger of its two, one an array did not list being its
+    rest, or its absmax where it recorded none; sizes that differ leave the peaks unknown (-1)."""
+    a = np.ones((4, 16), np.float32)
+    a[:, 3] = 5e4
+    b = np.ones((4, 16), np.float32) * 2
+    b[:, 9] = 7e4
+    c = np.full((4, 16), 900.0, np.float32)  # below 1024: no peaks, every channel within 900
+    stats: dict[str, list] = {}
+    for x in (a, b, c):
+        child_folds.fold_array(np, stats, "t", x)
+    size, rest, listed = _peaks(stats["t"])
+    assert size == 16 and listed[9] == 7e4 and listed[3] == 5e4 and rest == 900.0
+    assert all(m == 900.0 for i, m in listed.items() if i not in (3, 9))
+    child_folds.fold_array(np, stats, "t", np.full((2, 8), 3e3, np.float32))
+    assert _peaks(stats["t"])[0] == -1

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx
 
-from amp_compiler.core.measures import TensorRange, shift_room
+from amp_compiler.core.measures import ChannelPeaks, TensorRange, shift_room
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.measure.chain import ModelChain, as_input, exposed_model
 from amp_compiler.policy.kernels import ORT_NAMES
@@ -78,8 +78,21 @@ def _range(stats: list[float]) -> TensorRange:
         subnormal_share=subnormal / nonzero if nonzero else 0.0,
         count=int(count),
         underflow_error=_underflow_error(energy, lost, flushed),
-        shift_room=shift_room(stats[child_folds.SCALARS:]),
+        shift_room=shift_room(stats[child_folds.HISTOGRAM]),
+        binades=tuple(int(n) for n in stats[child_folds.HISTOGRAM]),
+        channel_peaks=_peaks(stats[child_folds.PEAKS_AT:]),
     )
+
+
+def _peaks(fields: list[float]) -> ChannelPeaks | None:
+    """A tensor's :class:`ChannelPeaks` from its :data:`child_folds.PEAK_FIELDS` (None where not recorded,
+    or where its last axis's size differed between samples)."""
+    channels, rest = int(fields[0]), float(fields[1])
+    if channels <= 0:
+        return None
+    indices, values = fields[2:2 + child_folds.PEAKS], fields[2 + child_folds.PEAKS:]
+    listed = tuple((int(i), float(m)) for i, m in zip(indices, values, strict=True) if i >= 0)
+    return ChannelPeaks(channels, listed, rest)
 
 
 def _underflow_error(energy: float, lost: float, flushed: float) -> float:
