@@ -122,11 +122,23 @@ class Scaling:
     the k its operand is multiplied by 2^-k with (a constant's offline, an activation's by a Mul in
     FP32 before its Cast; a bias takes ``output``). ``output``: the shift the product carries, undone by
     a Mul by 2^output in FP32 after the Cast back. ``headroom``: how far below FP16's largest finite
-    value the scaled magnitudes stay at least (the margin included)."""
+    value the scaled magnitudes stay at least (the margin included).
+
+    Per channel (a MatMul of an activation ``x`` by a constant ``w``, where a few channels hold the
+    large values): ``x``'s channel k (its last axis) is multiplied by 2^-inputs[k] and the product's
+    channel n carries 2^-outputs[n]; ``w[k, n]`` is stored times 2^(inputs[k] - outputs[n]), and a Mul
+    by 2^outputs after the Cast back restores the product: ``(x D_in^-1)(D_in w D_out^-1) D_out = x w``.
+    ``shifts`` and ``output`` are then 0."""
 
     shifts: dict[int, int]
     output: int
     headroom: float
+    inputs: tuple[int, ...] = ()  # per channel of the activation operand's last axis; () not per channel
+    outputs: tuple[int, ...] = ()  # per channel of the product's last axis
+
+    @property
+    def per_channel(self) -> bool:
+        return bool(self.inputs or self.outputs)
 
 
 @dataclasses.dataclass

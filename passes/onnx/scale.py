@@ -52,12 +52,30 @@ def scaling_reason(scaling: Scaling, operands: dict[int, str]) -> str:
     """What the scaling does, in a sentence (the node's decision starts with it); ``operands``: the
     shifted inputs' names by index."""
     parts = [f"{operands.get(i) or f'input {i}'!r} x 2^-{k}" for i, k in sorted(scaling.shifts.items()) if k]
+    if scaling.per_channel:
+        parts = [f"{operands.get(0) or 'input 0'!r} per channel ({_channels(scaling.inputs)})",
+                 f"the product per channel ({_channels(scaling.outputs)}), the weight by both"]
+        return (
+            f"FP16 on Tensor Cores with power-of-two scales per channel, not FP32 (range scaling: exact but for "
+            f"values pushed below FP16's normals, which cost them no more than BF16 would): {'; '.join(parts)}; "
+            f"the product's channels unscaled in FP32 after it; the scaled values stay {scaling.headroom:.3g}x "
+            f"below FP16's largest"
+        )
     shifted = ", ".join(parts) if parts else "no operand shifted"
     return (
         f"FP16 on Tensor Cores with power-of-two scales, not FP32 (range scaling: exact but for values pushed "
         f"below FP16's normals, which cost them no more than BF16 would): {shifted}; the product x "
         f"2^{scaling.output} in FP32 after it; the scaled values stay {scaling.headroom:.3g}x below FP16's largest"
     )
+
+
+def _channels(shifts: tuple[int, ...], shown: int = 4) -> str:
+    """The shifted channels of a per-channel scaling, e.g. "3 x 2^-9, 17 x 2^-9"."""
+    moved = [(c, k) for c, k in enumerate(shifts) if k]
+    if not moved:
+        return "none shifted"
+    text = ", ".join(f"{c} x 2^-{k}" for c, k in moved[:shown])
+    return text + (f" and {len(moved) - shown} more" if len(moved) > shown else "") + f" of {len(shifts)}"
 
 
 def _drop_if_unused(value: ir.Value) -> None:
@@ -106,29 +124,44 @@ class ScaledProductsPass(ir.passes.InPlacePass):
             factors[key] = value
         return factors[key]
 
+    @staticmethod
+    def _channel_factor(graph: ir.Graph, exponents: np.ndarray, names: _Names) -> ir.Value:
+        """A new FP32 initializer of 2^exponents, one per channel of a last axis."""
+        name = names.fresh("range_scale_channels")
+        value = ir.Value(name=name, type=ir.TensorType(_FP32), shape=ir.Shape([exponents.size]),
+                         const_value=ir.tensor(np.exp2(exponents).astype(np.float32), name=name))
+        graph.register_initializer(value)
+        return value
+
     def _scale(self, node: ir.Node, scaling: Scaling, names: _Names, factors: dict) -> ScaledNode:
         graph = home_graph(node)
         operands = {i: (v.name or "") for i in scaling.shifts if (v := node.inputs[i]) is not None}
         before: list[ir.Node] = []
         label = node.name or node.op_type
+        channel_in = np.array(scaling.inputs, np.float64)
+        channel_out = np.array(scaling.outputs, np.float64)
         for i, k in scaling.shifts.items():
             value = node.inputs[i]
             assert value is not None
             if is_constant(value):
                 array = np.asarray(constant_array(value), dtype=np.float32)
-                name = names.fresh(f"{value.name}_fp16" + (f"_shift{k}" if k else ""))
+                factor = np.exp2(channel_in[:, None] - channel_out[None, :]) if scaling.per_channel else 2.0**-k
+                tag = "_channel_scaled" if scaling.per_channel else (f"_shift{k}" if k else "")
+                name = names.fresh(f"{value.name}_fp16{tag}")
                 scaled = ir.Value(name=name, type=ir.TensorType(_FP16), shape=value.shape,
-                                  const_value=ir.tensor((array * np.float32(2.0**-k)).astype(np.float16), name=name))
+                                  const_value=ir.tensor((array * factor).astype(np.float16), name=name))
                 graph.register_initializer(scaled)
                 node.replace_input_with(i, scaled)
                 _drop_if_unused(value)
                 continue
             source = value
-            if k:
-                shifted = ir.Value(name=names.fresh(f"{value.name}_shift{k}"), type=ir.TensorType(_FP32),
-                                   shape=value.shape)
-                before.append(ir.Node("", "Mul", [value, self._factor(graph, -k, names, factors)],
-                                      outputs=[shifted], name=names.fresh(f"{label}/scale_input{i}")))
+            by = self._channel_factor(graph, -channel_in, names) if scaling.per_channel and channel_in.any() else (
+                self._factor(graph, -k, names, factors) if k else None)
+            if by is not None:
+                shifted = ir.Value(name=names.fresh(f"{value.name}_shift" + ("ed" if scaling.per_channel else f"{k}")),
+                                   type=ir.TensorType(_FP32), shape=value.shape)
+                before.append(ir.Node("", "Mul", [value, by], outputs=[shifted],
+                                      name=names.fresh(f"{label}/scale_input{i}")))
                 source = shifted
             low = ir.Value(name=names.fresh(f"{source.name}_fp16"), type=ir.TensorType(_FP16), shape=value.shape)
             before.append(ir.Node("", "Cast", [source], attributes=[self._cast_to(_FP16)], outputs=[low],
@@ -142,13 +175,15 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         output.type = ir.TensorType(_FP16)
         users.name = out_name
         after: list[ir.Node] = []
-        cast_out = users if not scaling.output else ir.Value(
-            name=names.fresh(f"{out_name}_shift{scaling.output}"), type=ir.TensorType(_FP32), shape=output.shape)
+        unscale = self._channel_factor(graph, channel_out, names) if channel_out.any() else (
+            self._factor(graph, scaling.output, names, factors) if scaling.output else None)
+        cast_out = users if unscale is None else ir.Value(
+            name=names.fresh(f"{out_name}_shifted"), type=ir.TensorType(_FP32), shape=output.shape)
         after.append(ir.Node("", "Cast", [output], attributes=[self._cast_to(_FP32)], outputs=[cast_out],
                              name=names.fresh(f"{label}/cast_output")))
-        if scaling.output:
-            after.append(ir.Node("", "Mul", [cast_out, self._factor(graph, scaling.output, names, factors)],
-                                 outputs=[users], name=names.fresh(f"{label}/unscale_output")))
+        if unscale is not None:
+            after.append(ir.Node("", "Mul", [cast_out, unscale], outputs=[users],
+                                 name=names.fresh(f"{label}/unscale_output")))
         if before:
             graph.insert_before(node, before)
         graph.insert_after(node, after)

@@ -51,7 +51,7 @@ def test_shift_room_is_where_fp16_keeps_bf16s_precision_on_average():
     # the child's histogram and this one agree on their bins
     assert (child_folds.EXPONENT_LOW, child_folds.EXPONENT_HIGH) == (BINADE_LOW, BINADE_HIGH)
     x = np.random.default_rng(0).standard_normal(850).astype(np.float32)
-    assert child_folds.array_stats(np, x)[-len(child_folds.EXPONENT_FIELDS):] == binade_counts(np.abs(x))
+    assert child_folds.array_stats(np, x)[child_folds.HISTOGRAM] == binade_counts(np.abs(x))
 
 
 def _conv_head(opset: int = 17):
@@ -124,38 +124,82 @@ def test_bf16_and_fp32_fallbacks_leave_such_a_conv_fp32_at_opset_17():
         assert d["hidden"].precision == d["out"].precision == "fp32", fallback
 
 
-def _outlier_matmul(tail: bool):
-    """x @ W whose output reaches about 2e5 through one outlier column of x; with ``tail`` a fifth of
-    x's values are tiny (1e-4), so that the shift the outlier needs would push them toward FP16's
-    subnormals, where they keep less than BF16's precision."""
+def _outlier_matmul():
+    """x @ W, x of 64 tokens by 32 channels, W constant (32 x 16)."""
     return model(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         [vi("x", F32, [64, 32])], [vi("y", F32, [64, 16])], [tensor("w", weights((32, 16)))],
     )
 
 
-def _outlier_samples(tail: bool, n: int = 2):
-    rng = np.random.default_rng(3)
+def _outlier_samples(tail: bool, where: str = "channel", n: int = 2, seed: int = 3):
+    """x whose channel 0 (``where="channel"``, as massive activations lie) or token 0 (``"token"``) is
+    4e5, its product beyond FP16; with ``tail`` a fifth of x's values are tiny (1e-5), so that a shift
+    of all of x would push them toward FP16's subnormals, where they keep less than BF16's precision."""
+    rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         x = rng.standard_normal((64, 32)).astype(np.float32)
-        x[:, 0] = 4e5
+        if where == "channel":
+            x[:, 0] = 4e5
+        else:
+            x[0, :] = 4e5
         if tail:
-            x[:, 1:8] = rng.uniform(1e-5, 3e-5, (64, 7)).astype(np.float32)
+            x[1:, 1:8] = rng.uniform(1e-5, 3e-5, (63, 7)).astype(np.float32)
         out.append({"x": x})
     return out
 
 
 @pytest.mark.parametrize("tail", [False, True])
-def test_a_shift_that_would_push_the_bulk_below_bf16s_precision_takes_bf16(tail):
-    m = _outlier_matmul(tail)
-    ranges = collect_ranges(m, _outlier_samples(tail), runner=InProcessRunner())
+@pytest.mark.parametrize("where", ["channel", "token"])
+def test_a_shift_that_would_push_the_bulk_below_bf16s_precision_takes_bf16(tail, where):
+    """Large values in one channel: only that channel is shifted (per channel), the tail keeps its bits.
+    In one token, across every channel: every channel needs the shift, the tail would lose its bits to
+    it, and the MatMul takes BF16; without the tail the shifts serve (x's all alike, the product's per
+    channel)."""
+    m = _outlier_matmul()
+    ranges = collect_ranges(m, _outlier_samples(tail, where), runner=InProcessRunner())
     d = _decisions(convert(m, ranges=ranges))["mm"]
     assert d.rule in ("calibration.overflow", "input-range.overflow")
-    if tail:  # a fifth of x's values lie just above 2^-17: the shift x needs would cost them their bits
+    if where == "channel":
+        assert d.precision == "fp16" and "power-of-two scales per channel" in d.reason
+    elif tail:
         assert d.precision == "bf16" and "power-of-two" not in d.reason
     else:
         assert d.precision == "fp16" and "power-of-two scales" in d.reason
+
+
+def test_a_matmul_scaled_per_channel_is_exact_but_for_fp16s_rounding():
+    """The weight is W[k, n] * 2^(a_k - c_n) rounded to FP16 once, x's channels are multiplied by 2^-a
+    and the product's by 2^c in FP32; on held-out inputs the output is as close to FP32 as FP16 rounding
+    allows, 8x closer than BF16's."""
+    m = _outlier_matmul()
+    ranges = collect_ranges(m, _outlier_samples(True), runner=InProcessRunner())
+    peaks = ranges["x"].channel_peaks
+    assert peaks is not None and peaks.channels == 32 and peaks.peaks[0] == (0, 4e5) and peaks.rest < 10
+    r = convert(m, ranges=ranges)
+    out = r.model
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    mm = next(n for n in out.graph.node if n.name == "mm")
+    scale_in = next(n for n in out.graph.node if n.name == "mm/scale_input0")
+    unscale = next(n for n in out.graph.node if n.name == "mm/unscale_output")
+    a = -np.log2(inits[scale_in.input[1]].astype(np.float64))
+    c = np.log2(inits[unscale.input[1]].astype(np.float64))
+    assert a.shape == (32,) and c.shape == (16,)
+    assert a[0] == least_shift(4e5, 8.0) and not a[1:].any()  # only the large channel is shifted
+    assert c.min() > 0  # every product channel reads channel 0
+    w32 = numpy_helper.to_array(m.graph.initializer[0])
+    expected = (w32.astype(np.float64) * np.exp2(a[:, None] - c[None, :])).astype(np.float32).astype(np.float16)
+    np.testing.assert_array_equal(inits[mm.input[1]], expected)
+    onnx.checker.check_model(out, full_check=True)
+    bf16 = convert(m, ranges=ranges, range_fallback="bf16").model
+    for x in _outlier_samples(True, n=3, seed=11):
+        ref = run_onnxruntime(m, x)[0].astype(np.float64)
+        got = run_onnxruntime(emulate(out), x)[0]
+        other = run_onnxruntime(emulate(bf16), x)[0]
+        error = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert np.isfinite(got).all() and error < 2e-3
+        assert error < np.linalg.norm(other - ref) / np.linalg.norm(ref) / 4
 
 
 def test_ranges_without_a_histogram_give_no_scaling():
