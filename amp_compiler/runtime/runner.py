@@ -88,6 +88,7 @@ class ChildRunner(Runner):
             child_command(self.budget.memory), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, bufsize=0, env=env,
         )
+        _widen_pipes(self._proc)
         self._pending = bytearray()
         self._ready = False
         self.onnxruntime_version = ""  # known once the child answered
@@ -115,10 +116,12 @@ class ChildRunner(Runner):
         return _ChildSession(self, answer["session"], answer)
 
     def load_chain(
-        self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False
+        self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False,
+        data_folder: str | os.PathLike | None = None,
     ) -> list[Session]:
         """As :meth:`Runner.load_chain`, each model serialized while the child makes the session of the one
         before (serializing is most of the parent's part of a load, making the session the child's)."""
+        folder = {"data_folder": os.path.abspath(data_folder)} if data_folder is not None else {}
         sessions: list[Session] = []
         sent: float | None = None  # the deadline of a load sent whose answer is not read yet
         try:
@@ -129,7 +132,7 @@ class ChildRunner(Runner):
                     sessions.append(self._loaded(deadline))
                 with self._guard("loading"):
                     sent = self._send({"op": "load", "bytes": len(payload), "provider": CPU, "basic": basic,
-                                       "chained": chained}, raw=[payload])
+                                       "chained": chained, **folder}, raw=[payload])
                 del payload
             if sent is not None:
                 deadline, sent = sent, None
@@ -388,6 +391,28 @@ class ChildRunner(Runner):
                 raise _Ended
             out.append(np.frombuffer(self._read_exact(nbytes, deadline), dtype=dtype).reshape(shape))
         return out
+
+
+#: Linux's fcntl command that sets a pipe's capacity (F_SETPIPE_SZ; Python's fcntl names it from 3.10 on
+#: some builds only).
+_SET_PIPE_SIZE = 1031
+#: The capacity asked for: 1 MiB, Linux's default most a process may set (/proc/sys/fs/pipe-max-size).
+PIPE_BYTES = 1 << 20
+
+
+def _widen_pipes(proc: subprocess.Popen) -> None:
+    """Give the child's pipes 1 MiB instead of 64 KiB: a model's bytes (a ViT-B's 346 MB of weights)
+    cross in a sixteenth of the round trips, in about half the time. Elsewhere than Linux, or where
+    refused, the pipes stay as they are."""
+    for stream in (proc.stdin, proc.stdout):
+        if stream is None:
+            continue
+        try:
+            import fcntl
+
+            fcntl.fcntl(stream.fileno(), getattr(fcntl, "F_SETPIPE_SZ", _SET_PIPE_SIZE), PIPE_BYTES)
+        except (ImportError, OSError):
+            pass
 
 
 def _checked_statistics(raw: object, fields: int = len(child_folds.STAT_FIELDS)) -> dict[str, list[float]]:

@@ -309,3 +309,22 @@ def test_merged_channel_peaks_bound_every_channel_over_all_arrays():
     assert all(m == 900.0 for i, m in listed.items() if i not in (3, 9))
     child_folds.fold_array(np, stats, "t", np.full((2, 8), 3e3, np.float32))
     assert _peaks(stats["t"])[0] == -1
+
+
+def test_the_childs_pipes_are_widened_on_linux():
+    """The child's pipes hold 1 MiB (not Linux's 64 KiB): a model's bytes cross in fewer round trips."""
+    import sys
+
+    from amp_compiler.runtime.runner import PIPE_BYTES
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("expected: pipe sizes are Linux's")
+    with open("/proc/sys/fs/pipe-max-size") as f:
+        if int(f.read()) < PIPE_BYTES:
+            pytest.skip("expected: this system lets a process widen its pipes less")
+    import fcntl
+
+    with ChildRunner() as runner:
+        proc = runner._proc
+        sizes = [fcntl.fcntl(s.fileno(), getattr(fcntl, "F_GETPIPE_SZ", 1032)) for s in (proc.stdin, proc.stdout)]
+    assert sizes == [PIPE_BYTES, PIPE_BYTES]
