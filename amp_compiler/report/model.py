@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from amp_compiler.core.measures import ChannelPeaks, NodeError, OutputAccuracy, TensorRange
+from amp_compiler.core.measures import NodeError, OutputAccuracy, TensorRange
 
 __all__ = ["SCHEMA_VERSION", "NodeError", "NodeReport", "OutputAccuracy", "PrecisionReport", "Summary", "TensorRange"]
 
@@ -88,6 +88,10 @@ class PrecisionReport:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        for node in data["nodes"]:  # what range scaling chose from is not the report's (its reasons say what it chose)
+            if node.get("range"):
+                node["range"].pop("binades", None)
+                node["range"].pop("channel_peaks", None)
         for entry, accuracy in zip(data["summary"]["accuracy"], self.summary.accuracy, strict=True):
             entry["error_of_range"] = accuracy.error_of_range  # derived, written for readers of the JSON
         return data
@@ -103,7 +107,7 @@ class PrecisionReport:
         nodes = []
         for n in data["nodes"]:
             n = dict(n)
-            n["range"] = _tensor_range(n["range"]) if n.get("range") else None
+            n["range"] = TensorRange(**n["range"]) if n.get("range") else None
             n["error"] = NodeError(**n["error"]) if n.get("error") else None
             nodes.append(NodeReport(**n))
         return cls(
@@ -124,14 +128,3 @@ def _accuracy(entry: dict[str, Any], version: int) -> OutputAccuracy:
         value_range = error / ratio if 0 < ratio < float("inf") else 0.0
         return OutputAccuracy(entry["name"], entry["cosine"], error, value_range, entry["finite"])
     return OutputAccuracy(**{k: v for k, v in entry.items() if k != "error_of_range"})
-
-
-def _tensor_range(data: dict[str, Any]) -> TensorRange:
-    """A node's :class:`TensorRange` as :meth:`PrecisionReport.to_dict` wrote it (JSON has lists, not tuples)."""
-    data = dict(data)
-    data["binades"] = tuple(data.get("binades", ()))
-    peaks = data.get("channel_peaks")
-    if peaks is not None:
-        listed = tuple((int(i), float(m)) for i, m in peaks["peaks"])
-        data["channel_peaks"] = ChannelPeaks(int(peaks["channels"]), listed, float(peaks["rest"]))
-    return TensorRange(**data)

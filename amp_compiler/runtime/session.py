@@ -65,14 +65,15 @@ class Runner(abc.ABC):
         session of a chain that :meth:`fold` runs (:func:`runner_child.session_options`)."""
 
     def load_chain(
-        self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False
+        self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False,
+        data_folder: str | os.PathLike | None = None,
     ) -> list[Session]:
-        """The sessions of ``models`` (taken one at a time), as :meth:`load` with ``basic`` and ``chained``
-        makes them, in order; where one fails, those made are closed."""
+        """The sessions of ``models`` (taken one at a time), as :meth:`load` with ``basic``, ``chained`` and
+        ``data_folder`` makes them, in order; where one fails, those made are closed."""
         sessions: list[Session] = []
         try:
             for model in models:
-                sessions.append(self.load(model, basic=basic, chained=chained))
+                sessions.append(self.load(model, basic=basic, chained=chained, data_folder=data_folder))
         except BaseException:
             for session in sessions:
                 session.close()

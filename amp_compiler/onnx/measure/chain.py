@@ -10,11 +10,15 @@ one piece's tensors and the values between pieces are alive, not every activatio
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 
 import numpy as np
 import onnx
 from google.protobuf.message import Message
+from onnx import numpy_helper
 
 from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.onnx.measure.pieces import chain_pieces, live_bytes
@@ -93,10 +97,17 @@ class ModelChain:
         sizes = _tensor_bytes(exposed)
         budget = live_bytes(model, sizes)  # the model's own outputs: in ``exposed`` every tensor is one
         joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
-        pieces = _with_weights(chain_pieces(exposed, self.names, sizes, budget, joined), exposed, model, stubbed)
-        # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
-        # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
-        self.sessions: list[Session] = runner.load_chain(pieces, basic=True, chained=True)
+        self._weights = _WeightFile(model, stubbed)
+        try:
+            pieces = _with_weights(chain_pieces(exposed, self.names, sizes, budget, joined), exposed, model,
+                                   self._weights)
+            # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+            # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+            self.sessions: list[Session] = runner.load_chain(pieces, basic=True, chained=True,
+                                                             data_folder=self._weights.folder)
+        except BaseException:
+            self._weights.remove()
+            raise
         graph_inputs = {i.name for i in model.graph.input}
         self.inputs = {n: t for s in self.sessions for n, t in zip(s.input_names, s.input_types, strict=True)
                        if n in graph_inputs}
@@ -110,20 +121,67 @@ class ModelChain:
         for session in self.sessions:
             session.close()
         self.sessions = []
+        self._weights.remove()
+
+
+#: Where the chain's weights file goes: memory (tmpfs) where the system has it.
+_SHARED_MEMORY = "/dev/shm"
+_WEIGHTS = "weights.bin"
+_ALIGN = 4096  # each weight starts on a page: onnxruntime maps it from the file
+
+
+class _WeightFile:
+    """The weights :func:`_weightless` left out of ``model`` (``stubbed``), written once into a file of a
+    new folder (in memory where the system has a tmpfs) that the pieces refer to as external data: each
+    piece's session maps them from there, and no weight is serialized into a piece, sent through the
+    runner's pipe or copied into a session's bytes (a ViT-B's 346 MB took 2-3 s so, on 2 cores)."""
+
+    def __init__(self, model: onnx.ModelProto, stubbed: set[str]):
+        shared = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) and os.access(_SHARED_MEMORY, os.W_OK) else None
+        self.folder: str | None = tempfile.mkdtemp(prefix="amp-chain-", dir=shared)
+        self.places: dict[str, tuple[int, int]] = {}  # name -> (offset, length)
+        try:
+            with open(os.path.join(self.folder, _WEIGHTS), "wb") as f:
+                for t in model.graph.initializer:
+                    if t.name not in stubbed or t.name in self.places:
+                        continue
+                    data = t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes()
+                    f.write(b"\0" * (-f.tell() % _ALIGN))
+                    self.places[t.name] = (f.tell(), len(data))
+                    f.write(data)
+                    del data
+        except BaseException:
+            self.remove()
+            raise
+
+    def refer(self, tensor: onnx.TensorProto) -> None:
+        """Make the stub ``tensor`` (its name, type and dims) refer to its values in the file."""
+        offset, length = self.places[tensor.name]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        for key, value in (("location", _WEIGHTS), ("offset", str(offset)), ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+
+    def remove(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
 def _with_weights(
-    pieces: Iterator[onnx.ModelProto], exposed: onnx.ModelProto, model: onnx.ModelProto, stubbed: set[str]
+    pieces: Iterator[onnx.ModelProto], exposed: onnx.ModelProto, model: onnx.ModelProto, weights: _WeightFile
 ) -> Iterator[onnx.ModelProto]:
-    """``pieces`` (of ``exposed``, :func:`_weightless`'s copy of ``model`` with every tensor exposed) with the
-    weights ``stubbed`` put back, one at a time; a single piece takes ``model``'s own inputs (no shapes
-    bound to the sample)."""
-    weights = {t.name: t for t in model.graph.initializer}
+    """``pieces`` (of ``exposed``, :func:`_weightless`'s copy of ``model`` with every tensor exposed) with
+    their stubbed weights referring to ``weights``' file, one at a time; a single piece takes ``model``'s
+    own inputs (no shapes bound to the sample)."""
     for piece in pieces:
         if piece is exposed:
             del piece.graph.input[:], piece.graph.value_info[:]
             piece.graph.input.extend(model.graph.input)
-        _restore_weights(piece, weights, stubbed)
+        for t in piece.graph.initializer:
+            if t.name in weights.places:
+                weights.refer(t)
         yield piece
 
 
@@ -169,13 +227,6 @@ def _copy_fields(source: Message, target: Message, skip: str) -> None:
             getattr(target, field.name).CopyFrom(value)
         else:
             setattr(target, field.name, value)
-
-
-def _restore_weights(piece: onnx.ModelProto, weights: dict[str, onnx.TensorProto], stubbed: set[str]) -> None:
-    """Put the values of the initializers :func:`_weightless` left out (``stubbed``) back into ``piece``."""
-    for t in piece.graph.initializer:
-        if t.name in stubbed:
-            t.CopyFrom(weights[t.name])
 
 
 def _tensor_bytes(model: onnx.ModelProto) -> dict[str, int]:

@@ -4,6 +4,8 @@ exposed, in this process and in the child alike."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -83,3 +85,65 @@ def test_the_in_process_and_the_child_runner_measure_the_same():
         a, b = (measure(fp32, converted, samples, Target.FP16, runner=r) for r in (here, child))
     assert a[1] == b[1] and a[2] == b[2]
     assert {i: e.rel_l2 for i, e in a[0].items()} == {i: e.rel_l2 for i, e in b[0].items()}
+
+
+class _Recording(InProcessRunner):
+    """An in-process runner that keeps the pieces it was given and the folder their data is in."""
+
+    def load_chain(self, models, *, basic=False, chained=False, data_folder=None):
+        self.pieces = [m.__deepcopy__() for m in models]
+        self.folder = data_folder
+        from amp_compiler.runtime.session import Runner
+
+        return Runner.load_chain(self, iter(self.pieces), basic=basic, chained=chained, data_folder=data_folder)
+
+
+@pytest.mark.parametrize("runner_type", [InProcessRunner, ChildRunner])
+def test_the_pieces_weights_lie_in_one_file_the_chain_removes(runner_type):
+    """Every large weight is written once into a file the pieces refer to (no piece carries its bytes,
+    none is written twice), the sessions read it there, and closing the chain removes it."""
+    import onnx
+
+    model = catalog.load("resnet50-small")
+    sample = catalog.get("resnet50-small").make_inputs(np.random.default_rng(0))
+    with runner_type() as runner:
+        chain = ModelChain(model, runner, sample)
+        folder = chain._weights.folder
+        assert folder is not None and os.path.isfile(os.path.join(folder, "weights.bin"))
+        large = {t.name: t for t in model.graph.initializer if len(t.raw_data) >= 1024}
+        places = chain._weights.places
+        assert set(places) == set(large)
+        stored = open(os.path.join(folder, "weights.bin"), "rb").read()
+        assert all(stored[o:o + n] == large[name].raw_data for name, (o, n) in places.items())
+        weight_bytes = sum(len(t.raw_data) for t in large.values())
+        assert os.path.getsize(os.path.join(folder, "weights.bin")) < weight_bytes + 4096 * len(large)
+        runner.fold(chain.sessions, chain.feeds(sample), 3)
+        assert runner.statistics(3)
+        chain.close()
+        assert not os.path.exists(folder)
+    recording = _Recording()
+    chain = ModelChain(model, recording, sample)
+    refs = [t for p in recording.pieces for t in p.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert {t.name for t in refs} == set(large) and not any(t.raw_data for t in refs)
+    chain.close()
+
+
+def test_a_chain_that_fails_to_load_leaves_no_weights_file():
+    import glob
+    import tempfile
+
+    from amp_compiler.errors import ModelRefusedError
+
+    class _Refusing(InProcessRunner):
+        def load_chain(self, models, **kwargs):
+            self.folder = kwargs.get("data_folder")
+            raise ModelRefusedError("refused")
+
+    runner = _Refusing()
+    model = catalog.load("resnet50-small")
+    before = set(glob.glob("/dev/shm/amp-chain-*")) | set(glob.glob(f"{tempfile.gettempdir()}/amp-chain-*"))
+    with pytest.raises(ModelRefusedError):
+        ModelChain(model, runner, catalog.get("resnet50-small").make_inputs(np.random.default_rng(0)))
+    assert runner.folder is not None and not os.path.exists(runner.folder)
+    after = set(glob.glob("/dev/shm/amp-chain-*")) | set(glob.glob(f"{tempfile.gettempdir()}/amp-chain-*"))
+    assert after <= before
