@@ -105,9 +105,8 @@ class ModelChain:
             # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
             self.sessions: list[Session] = runner.load_chain(pieces, basic=True, chained=True,
                                                              data_folder=self._weights.folder)
-        except BaseException:
+        finally:  # the sessions hold what they read (mapped pages outlive the file): nothing is left behind
             self._weights.remove()
-            raise
         graph_inputs = {i.name for i in model.graph.input}
         self.inputs = {n: t for s in self.sessions for n, t in zip(s.input_names, s.input_types, strict=True)
                        if n in graph_inputs}
@@ -121,7 +120,6 @@ class ModelChain:
         for session in self.sessions:
             session.close()
         self.sessions = []
-        self._weights.remove()
 
 
 #: Where the chain's weights file goes: memory (tmpfs) where the system has it.
@@ -134,7 +132,8 @@ class _WeightFile:
     """The weights :func:`_weightless` left out of ``model`` (``stubbed``), written once into a file of a
     new folder (in memory where the system has a tmpfs) that the pieces refer to as external data: each
     piece's session maps them from there, and no weight is serialized into a piece, sent through the
-    runner's pipe or copied into a session's bytes (a ViT-B's 346 MB took 2-3 s so, on 2 cores)."""
+    runner's pipe or copied into a session's bytes (a ViT-B's 346 MB took 2-3 s so, on 2 cores). The
+    file is removed once the sessions are made (a tmpfs file holds memory until it is)."""
 
     def __init__(self, model: onnx.ModelProto, stubbed: set[str]):
         shared = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) and os.access(_SHARED_MEMORY, os.W_OK) else None
