@@ -83,7 +83,8 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def fold(self, sessions: list[Session], feeds: Mapping[str, np.ndarray], key: int) -> None:
         """Run the chain ``sessions`` (this runner's) on ``feeds`` where they run and fold their float
-        outputs into the running statistics ``key`` (:func:`runner_child.run_chain`): no tensor comes back."""
+        outputs into the running statistics ``key`` (:func:`runner_child.run_chain`, which folds one
+        session's outputs while the next runs): no tensor comes back."""
 
     @abc.abstractmethod
     def statistics(self, key: int) -> dict[str, list[float]]:

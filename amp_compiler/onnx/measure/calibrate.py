@@ -5,8 +5,8 @@ them against the model's inputs before anything runs). Statistics are computed w
 (the runner's child process): the model, every main-graph float tensor exposed, is cut into a chain
 of pieces (:mod:`amp_compiler.onnx.measure.chain`) run one after the other; each piece's tensors are
 folded into running min/max/counts (:func:`amp_compiler.runtime.child_folds.fold_array`) and dropped, and only
-the statistics come back. Memory holds one piece's tensors and the values between pieces, not every
-activation of a run; time is one run of the model per sample plus the folding.
+the statistics come back. Memory holds two pieces' tensors (one folded while the next runs) and the
+values between pieces, not every activation of a run; time is one run of the model per sample plus the folding.
 
 :class:`IntermediateRunner` runs a model with every float tensor of its main graph exposed as an
 output and returns them all; ``compare`` uses it to compare converted and FP32 tensors.
@@ -135,7 +135,7 @@ def _collect(
     model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], runner: Runner
 ) -> dict[str, TensorRange]:
     samples = list(samples)
-    chain = ModelChain(model, runner, samples[0] if samples else {})
+    chain = ModelChain(model, runner, samples[0] if samples else {}, at_once=2)  # see runner_child.run_chain
     try:
         key = id(chain)  # this collection's running statistics in the runner (which others may share)
         inputs: dict[str, list] = {}

@@ -5,7 +5,8 @@ onnxruntime keeps every graph output of a run alive until the run ends, so one s
 whose tensors are all outputs holds every activation at once. The chain's pieces
 (:mod:`amp_compiler.onnx.measure.pieces`, cut by the tensors' sizes at a sample's dims) run one after
 the other (:meth:`~amp_compiler.runtime.session.Runner.fold`, :meth:`~amp_compiler.runtime.session.Runner.compare`):
-one piece's tensors and the values between pieces are alive, not every activation of a run.
+one piece's tensors (two where one is folded while the next runs) and the values between pieces are
+alive, not every activation of a run.
 """
 
 from __future__ import annotations
@@ -87,15 +88,19 @@ def as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
 
 class ModelChain:
     """``model``'s pieces loaded into ``runner``, every main-graph float tensor exposed (``names``: the
-    exposed tensors, the graph outputs first), cut by their sizes at ``sample``'s dims; ``inputs``: the
-    graph inputs the chain takes, with their onnxruntime types; ``runs``: runs counted by the caller."""
+    exposed tensors, the graph outputs first), cut by their sizes at ``sample``'s dims so that ``at_once``
+    pieces' outputs hold no more than the model's live activations; ``inputs``: the graph inputs the chain
+    takes, with their onnxruntime types; ``runs``: runs counted by the caller."""
 
-    def __init__(self, model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray]):
+    def __init__(self, model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray], *,
+                 at_once: int = 1):
         light, stubbed = _weightless(model, sample)
         exposed, self.names = exposed_model(light)
         del light
         sizes = _tensor_bytes(exposed)
-        budget = live_bytes(model, sizes)  # the model's own outputs: in ``exposed`` every tensor is one
+        # the model's own live bytes (in ``exposed`` every tensor is an output), shared by the pieces whose
+        # outputs the runner holds at once (``at_once``: 2 where it folds one while the next runs)
+        budget = live_bytes(model, sizes) // at_once
         joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
         self._weights = _WeightFile(model, stubbed)
         try:
