@@ -37,13 +37,21 @@ def fp16_relative_error(exponent: int) -> float:
     return min(1.0, 2.0 ** (-25 - exponent))
 
 
+def _counted(binades: Sequence[float]) -> list[tuple[int, float]]:
+    """(exponent, count) of the non-empty bins; the first bin holds every value below 2^-23 too: lost to
+    FP16 shifted or not (relative error 1)."""
+    return [(BINADE_LOW + i if i else -_FLUSHED_ALWAYS, n) for i, n in enumerate(binades) if n]
+
+
+def _mean_error(counted: list[tuple[int, float]], total: float, shift: int) -> float:
+    return sum(n * fp16_relative_error(e - shift) for e, n in counted) / total
+
+
 def mean_fp16_error(binades: Sequence[float], shift: int = 0) -> float:
     """The mean of :func:`fp16_relative_error` over values whose magnitudes fall in ``binades``
-    (:data:`BINADE_LOW` on) shifted by 2^-shift; the first bin holds every value below 2^-23 too: lost to
-    FP16 shifted or not (relative error 1)."""
+    (:data:`BINADE_LOW` on) shifted by 2^-shift (0 when nothing was counted)."""
     total = float(sum(binades))
-    counted = [(BINADE_LOW + i if i else -_FLUSHED_ALWAYS, n) for i, n in enumerate(binades) if n]
-    return sum(n * fp16_relative_error(e - shift) for e, n in counted) / total
+    return _mean_error(_counted(binades), total, shift) if total > 0 else 0.0
 
 
 def shift_cost(binades: Sequence[float], shift: int) -> float:
@@ -51,8 +59,6 @@ def shift_cost(binades: Sequence[float], shift: int) -> float:
     relative precision, on average over its non-zero values: the mean of :func:`fp16_relative_error` over
     its values shifted, less the unshifted one (what plain FP16 already loses of its smallest values, and
     the underflow rules accepted). 0 when nothing was counted."""
-    if float(sum(binades)) <= 0:
-        return 0.0
     return mean_fp16_error(binades, shift) - mean_fp16_error(binades, 0)
 
 
@@ -64,11 +70,14 @@ def shift_room(binades: Sequence[float]) -> int:
     """The largest power-of-two shift down, k in 0..40, that costs a tensor whose magnitudes fall in
     ``binades`` (:data:`BINADE_LOW` on) no more than :data:`SHIFT_BUDGET` (:func:`shift_cost`): no more
     relative precision than BF16 gives up against FP16. -1 when nothing was counted."""
-    if float(sum(binades)) <= 0:
+    total = float(sum(binades))
+    if total <= 0:
         return -1
+    counted = _counted(binades)
+    base = _mean_error(counted, total, 0)
     best = 0
     for k in range(1, _MOST_SHIFT + 1):
-        if shift_cost(binades, k) > SHIFT_BUDGET:
+        if _mean_error(counted, total, k) - base > SHIFT_BUDGET:
             break
         best = k
     return best
