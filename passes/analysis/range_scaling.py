@@ -40,8 +40,9 @@ observed ranges). The shifts:
   (converted offline, no Mul at run time), then to activations; what its room (and the bias's) cannot
   take comes off the activations' headroom first. Every shift is within its tensor's room.
 
-Per channel, first: a MatMul of an activation by a constant matrix (a decoder's projections, whose
-massive activations lie in a few channels, as trained LLMs' do) is scaled per channel where the
+Per channel, first: a MatMul of an activation by a constant matrix, or a Gemm of one (its bias
+scaled as the product), as a decoder's projections are, whose massive activations lie in a few
+channels as trained LLMs' do, is scaled per channel where the
 observed channel peaks allow it
 (:attr:`~amp_compiler.core.measures.TensorRange.channel_peaks`, recorded for tensors reaching 1024):
 the activation's channel k by 2^-a_k and the product's channel n by 2^-c_n, each the least shift that
@@ -53,8 +54,8 @@ activation and the product each at most BF16's loss against FP16; the weight's s
 exactly, at most that too, and none beyond FP16's range. No channel is shifted further than a uniform
 shift would shift it, and most not at all: on the catalog's decoder, per channel first gives 3.457e-4
 mean relative L2 over 5 held-out samples against 3.461e-4 uniform first and 3.456e-4 with the two
-projections in FP32 (benchmarks/RESULTS.md); a uniform shift remains for the rest (Conv, Gemm, two
-activations, a product that needs no channel shift).
+projections in FP32 (benchmarks/RESULTS.md); a uniform shift remains for the rest (Conv, a Gemm that
+transposes its activation, two activations, every channel shifted alike).
 
 Guarantees (checked by ``ensures``): only range-fallback candidates pinned for overflow are scaled,
 and their decisions are unchanged (FP32: what their neighbours see); every scaled tensor's magnitude
@@ -268,10 +269,15 @@ class RangeScalingPass(AnalysisPass):
 
     # -- per channel -------------------------------------------------------------------------------
     def _channel_scaling(self, vertex: Vertex) -> Scaling | None:
-        """The per-channel scaling of a MatMul of an activation by a 2-D constant (see the module
-        docstring), or None where its channel peaks, its weight or its tensors' budgets refuse one."""
+        """The per-channel scaling of a MatMul of an activation by a 2-D constant, or of a Gemm (not
+        transposing its activation) with a constant B and a bias, if any, the product's channels carry too
+        (see the module docstring); None where its channel peaks, its weight or its tensors' budgets
+        refuse one."""
         node = vertex.node
-        if not isinstance(node, ir.Node) or node.op_type != "MatMul" or not is_onnx_domain(node.domain or ""):
+        if not isinstance(node, ir.Node) or node.op_type not in ("MatMul", "Gemm"):
+            return None
+        gemm = node.op_type == "Gemm"
+        if not is_onnx_domain(node.domain or "") or (gemm and node.attributes.get_int("transA", 0)):
             return None
         x, w = node.inputs[0], node.inputs[1]
         if x is None or w is None or is_constant(x) or not is_constant(w):
@@ -279,6 +285,8 @@ class RangeScalingPass(AnalysisPass):
         weight = constant_array(w)
         if weight is None or weight.ndim != 2 or not np.all(np.isfinite(weight)):
             return None
+        weight = np.abs(np.asarray(weight, np.float64))
+        weight = weight.T if gemm and node.attributes.get_int("transB", 0) else weight  # as [K, N]
         rx, ry = self.ranges.get(x.name or ""), self.ranges.get(node.outputs[0].name or "")
         if rx is None or ry is None:
             return None
@@ -286,18 +294,34 @@ class RangeScalingPass(AnalysisPass):
         inputs, outputs = self._channel_shifts(rx, k), self._channel_shifts(ry, n)
         if inputs is None or outputs is None or (len(set(inputs)) <= 1 and len(set(outputs)) <= 1):
             return None  # refused, or one shift for every channel: the uniform scaling's (with its headroom)
-        a, c = np.array(inputs, np.int64), np.array(outputs, np.int64)
-        scaled = np.abs(np.asarray(weight, np.float64)) * np.exp2((a[:, None] - c[None, :]).astype(np.float64))
-        if not float(scaled.max(initial=0.0)) <= FP16_MAX:
+        a, c = np.array(inputs, np.float64), np.array(outputs, np.float64)
+        scaled = weight * np.exp2(a[:, None] - c[None, :])
+        bias = node.inputs[2] if gemm and len(node.inputs) > 2 else None
+        biased = self._scaled_bias(bias, c) if bias is not None else 0.0
+        if biased is None or not max(float(scaled.max(initial=0.0)), biased) <= FP16_MAX:
             return None
-        original = np.abs(np.asarray(weight, np.float64))
-        if original.any() and (mean_fp16_error(binade_counts(scaled[scaled > 0]))
-                               - mean_fp16_error(binade_counts(original[original > 0]))) > SHIFT_BUDGET:
+        if weight.any() and (mean_fp16_error(binade_counts(scaled[scaled > 0]))
+                             - mean_fp16_error(binade_counts(weight[weight > 0]))) > SHIFT_BUDGET:
             return None
         peaks = [self._channel_bound(rx, i) * self.margin * 2.0 ** -s for i, s in enumerate(inputs)]
         peaks += [self._channel_bound(ry, i) * self.margin * 2.0 ** -s for i, s in enumerate(outputs)]
-        top = max([*peaks, float(scaled.max(initial=0.0))])
-        return Scaling({0: 0, 1: 0}, 0, FP16_MAX / top if top > 0 else math.inf, tuple(inputs), tuple(outputs))
+        top = max([*peaks, float(scaled.max(initial=0.0)), biased])
+        shifts = {0: 0, 1: 0, **({2: 0} if bias is not None else {})}
+        return Scaling(shifts, 0, FP16_MAX / top if top > 0 else math.inf, tuple(inputs), tuple(outputs))
+
+    def _scaled_bias(self, bias: ir.Value, outputs: np.ndarray) -> float | None:
+        """The largest magnitude of a Gemm's bias with the product's channel shifts applied (a constant's
+        exactly, an observed one's times ``margin`` at its least shifted channel); None where unknown or
+        where it does not broadcast along the product's channels."""
+        if not is_constant(bias):
+            r = self.ranges.get(bias.name or "")
+            if r is None or not math.isfinite(r.absmax):
+                return None
+            return r.absmax * self.margin * 2.0 ** -float(outputs.min())
+        array = constant_array(bias)
+        if array is None or not np.all(np.isfinite(array)) or (array.ndim and array.shape[-1] not in (1, outputs.size)):
+            return None
+        return float(np.max(np.abs(np.asarray(array, np.float64)) * np.exp2(-outputs), initial=0.0))
 
     @staticmethod
     def _channel_bound(r: TensorRange, channel: int) -> float:

@@ -69,6 +69,16 @@ def scaling_reason(scaling: Scaling, operands: dict[int, str]) -> str:
     )
 
 
+def _channel_exponents(node: ir.Node, inputs: np.ndarray, outputs: np.ndarray) -> dict[int, np.ndarray]:
+    """Per input index of a MatMul or Gemm scaled per channel, the powers of two its values are multiplied
+    by: the activation's channels 2^-a, the weight's entries 2^(a_k - c_n) (as a Gemm's ``transB``
+    stores it), a Gemm's bias 2^-c along the product's channels."""
+    weight = inputs[:, None] - outputs[None, :]
+    if node.op_type == "Gemm" and node.attributes.get_int("transB", 0):
+        weight = weight.T
+    return {0: -inputs, 1: weight, 2: -outputs}
+
+
 def _channels(shifts: tuple[int, ...], shown: int = 4) -> str:
     """The shifted channels of a per-channel scaling, e.g. "3 x 2^-9, 17 x 2^-9"."""
     moved = [(c, k) for c, k in enumerate(shifts) if k]
@@ -140,23 +150,24 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         label = node.name or node.op_type
         channel_in = np.array(scaling.inputs, np.float64)
         channel_out = np.array(scaling.outputs, np.float64)
+        per_channel = _channel_exponents(node, channel_in, channel_out) if scaling.per_channel else {}
         for i, k in scaling.shifts.items():
             value = node.inputs[i]
             assert value is not None
             if is_constant(value):
                 array = np.asarray(constant_array(value), dtype=np.float32)
-                factor = np.exp2(channel_in[:, None] - channel_out[None, :]) if scaling.per_channel else 2.0**-k
+                product = array * (np.exp2(per_channel[i]) if scaling.per_channel else np.float32(2.0**-k))
                 tag = "_channel_scaled" if scaling.per_channel else (f"_shift{k}" if k else "")
                 name = names.fresh(f"{value.name}_fp16{tag}")
-                scaled = ir.Value(name=name, type=ir.TensorType(_FP16), shape=value.shape,
-                                  const_value=ir.tensor((array * factor).astype(np.float16), name=name))
+                scaled = ir.Value(name=name, type=ir.TensorType(_FP16), shape=ir.Shape(list(product.shape)),
+                                  const_value=ir.tensor(product.astype(np.float16), name=name))
                 graph.register_initializer(scaled)
                 node.replace_input_with(i, scaled)
                 _drop_if_unused(value)
                 continue
             source = value
-            by = self._channel_factor(graph, -channel_in, names) if scaling.per_channel and channel_in.any() else (
-                self._factor(graph, -k, names, factors) if k else None)
+            by = (self._channel_factor(graph, per_channel[i], names) if per_channel[i].any() else None) \
+                if scaling.per_channel else (self._factor(graph, -k, names, factors) if k else None)
             if by is not None:
                 shifted = ir.Value(name=names.fresh(f"{value.name}_shift" + ("ed" if scaling.per_channel else f"{k}")),
                                    type=ir.TensorType(_FP32), shape=value.shape)

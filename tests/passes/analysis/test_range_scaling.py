@@ -124,8 +124,15 @@ def test_bf16_and_fp32_fallbacks_leave_such_a_conv_fp32_at_opset_17():
         assert d["hidden"].precision == d["out"].precision == "fp32", fallback
 
 
-def _outlier_matmul():
-    """x @ W, x of 64 tokens by 32 channels, W constant (32 x 16)."""
+def _outlier_matmul(op: str = "MatMul"):
+    """x @ W, x of 64 tokens by 32 channels, W constant (32 x 16); as a Gemm, W stored transposed
+    (``transB``) and a bias of 16."""
+    if op == "Gemm":
+        return model(
+            [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="mm", transB=1)],
+            [vi("x", F32, [64, 32])], [vi("y", F32, [64, 16])],
+            [tensor("w", np.ascontiguousarray(weights((32, 16)).T)), tensor("b", np.linspace(-2, 2, 16, dtype=np.float32))],
+        )
     return model(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         [vi("x", F32, [64, 32])], [vi("y", F32, [64, 16])], [tensor("w", weights((32, 16)))],
@@ -169,11 +176,12 @@ def test_a_shift_that_would_push_the_bulk_below_bf16s_precision_takes_bf16(tail,
         assert d.precision == "fp16" and "power-of-two scales" in d.reason
 
 
-def test_a_matmul_scaled_per_channel_is_exact_but_for_fp16s_rounding():
-    """The weight is W[k, n] * 2^(a_k - c_n) rounded to FP16 once, x's channels are multiplied by 2^-a
-    and the product's by 2^c in FP32; on held-out inputs the output is as close to FP32 as FP16 rounding
-    allows, 8x closer than BF16's."""
-    m = _outlier_matmul()
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_a_matmul_scaled_per_channel_is_exact_but_for_fp16s_rounding(op):
+    """The weight is W[k, n] * 2^(a_k - c_n) rounded to FP16 once (a Gemm's as it stores W, transposed),
+    a Gemm's bias b[n] * 2^-c_n, x's channels are multiplied by 2^-a and the product's by 2^c in FP32;
+    on held-out inputs the output is as close to FP32 as FP16 rounding allows, 4x closer than BF16's."""
+    m = _outlier_matmul(op)
     ranges = collect_ranges(m, _outlier_samples(True), runner=InProcessRunner())
     peaks = ranges["x"].channel_peaks
     assert peaks is not None and peaks.channels == 32 and peaks.peaks[0] == (0, 4e5) and peaks.rest < 10
@@ -189,8 +197,12 @@ def test_a_matmul_scaled_per_channel_is_exact_but_for_fp16s_rounding():
     assert a[0] == least_shift(4e5, 8.0) and not a[1:].any()  # only the large channel is shifted
     assert c.min() > 0  # every product channel reads channel 0
     w32 = numpy_helper.to_array(m.graph.initializer[0])
-    expected = (w32.astype(np.float64) * np.exp2(a[:, None] - c[None, :])).astype(np.float32).astype(np.float16)
+    factor = np.exp2(a[:, None] - c[None, :])
+    expected = (w32.astype(np.float64) * (factor.T if op == "Gemm" else factor)).astype(np.float16)
     np.testing.assert_array_equal(inits[mm.input[1]], expected)
+    if op == "Gemm":
+        b32 = numpy_helper.to_array(m.graph.initializer[1]).astype(np.float64)
+        np.testing.assert_array_equal(inits[mm.input[2]], (b32 * np.exp2(-c)).astype(np.float16))
     onnx.checker.check_model(out, full_check=True)
     bf16 = convert(m, ranges=ranges, range_fallback="bf16").model
     for x in _outlier_samples(True, n=3, seed=11):
