@@ -10,6 +10,11 @@ its neighbours see it), on the lowered model:
 - the node's output becomes FP16 and is Cast back to FP32 and multiplied by 2^output there: the
   tensor its users and the graph's outputs read keeps its name, type and shape.
 
+Per channel (a MatMul or Gemm whose :class:`~amp_compiler.core.plan.Scaling` has ``inputs`` and
+``outputs``): the activation is multiplied by the FP32 vector 2^-inputs along its last axis, the
+weight's entries by 2^(inputs[k] - outputs[n]) offline (as the node stores it: a Gemm's ``transB``),
+a Gemm's bias by 2^-outputs, and the product by the vector 2^outputs after the Cast back.
+
 Powers of two are exact, so the node computes what the FP32 node did up to FP16's rounding of its
 operands and product (and the values the analysis judged pushed below FP16's normals). A Cast from
 FP16 to FP32 that lowering put before an unshifted operand cancels against the new Cast to FP16
@@ -166,11 +171,14 @@ class ScaledProductsPass(ir.passes.InPlacePass):
                 _drop_if_unused(value)
                 continue
             source = value
-            by = (self._channel_factor(graph, per_channel[i], names) if per_channel[i].any() else None) \
-                if scaling.per_channel else (self._factor(graph, -k, names, factors) if k else None)
+            if scaling.per_channel:
+                by = self._channel_factor(graph, per_channel[i], names) if per_channel[i].any() else None
+            else:
+                by = self._factor(graph, -k, names, factors) if k else None
             if by is not None:
-                shifted = ir.Value(name=names.fresh(f"{value.name}_shift" + ("ed" if scaling.per_channel else f"{k}")),
-                                   type=ir.TensorType(_FP32), shape=value.shape)
+                tag = "shifted" if scaling.per_channel else f"shift{k}"
+                shifted = ir.Value(name=names.fresh(f"{value.name}_{tag}"), type=ir.TensorType(_FP32),
+                                   shape=value.shape)
                 before.append(ir.Node("", "Mul", [value, by], outputs=[shifted],
                                       name=names.fresh(f"{label}/scale_input{i}")))
                 source = shifted
@@ -186,10 +194,13 @@ class ScaledProductsPass(ir.passes.InPlacePass):
         output.type = ir.TensorType(_FP16)
         users.name = out_name
         after: list[ir.Node] = []
-        unscale = self._channel_factor(graph, channel_out, names) if channel_out.any() else (
-            self._factor(graph, scaling.output, names, factors) if scaling.output else None)
+        if scaling.per_channel:
+            unscale = self._channel_factor(graph, channel_out, names) if channel_out.any() else None
+        else:
+            unscale = self._factor(graph, scaling.output, names, factors) if scaling.output else None
+        tag = "shifted" if scaling.per_channel else f"shift{scaling.output}"
         cast_out = users if unscale is None else ir.Value(
-            name=names.fresh(f"{out_name}_shifted"), type=ir.TensorType(_FP32), shape=output.shape)
+            name=names.fresh(f"{out_name}_{tag}"), type=ir.TensorType(_FP32), shape=output.shape)
         after.append(ir.Node("", "Cast", [output], attributes=[self._cast_to(_FP32)], outputs=[cast_out],
                              name=names.fresh(f"{label}/cast_output")))
         if unscale is not None:
