@@ -277,7 +277,9 @@ class RangeScalingPass(AnalysisPass):
         if not isinstance(node, ir.Node) or node.op_type not in ("MatMul", "Gemm"):
             return None
         gemm = node.op_type == "Gemm"
-        if not is_onnx_domain(node.domain or "") or (gemm and node.attributes.get_int("transA", 0)):
+        trans_a: int = node.attributes.get_int("transA", 0)
+        trans_b: int = node.attributes.get_int("transB", 0)
+        if not is_onnx_domain(node.domain or "") or (gemm and trans_a):
             return None
         x, w = node.inputs[0], node.inputs[1]
         if x is None or w is None or is_constant(x) or not is_constant(w):
@@ -286,7 +288,7 @@ class RangeScalingPass(AnalysisPass):
         if weight is None or weight.ndim != 2 or not np.all(np.isfinite(weight)):
             return None
         weight = np.abs(np.asarray(weight, np.float64))
-        weight = weight.T if gemm and node.attributes.get_int("transB", 0) else weight  # as [K, N]
+        weight = weight.T if gemm and trans_b else weight  # as [K, N]
         rx, ry = self.ranges.get(x.name or ""), self.ranges.get(node.outputs[0].name or "")
         if rx is None or ry is None:
             return None

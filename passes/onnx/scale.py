@@ -79,7 +79,8 @@ def _channel_exponents(node: ir.Node, inputs: np.ndarray, outputs: np.ndarray) -
     by: the activation's channels 2^-a, the weight's entries 2^(a_k - c_n) (as a Gemm's ``transB``
     stores it), a Gemm's bias 2^-c along the product's channels."""
     weight = inputs[:, None] - outputs[None, :]
-    if node.op_type == "Gemm" and node.attributes.get_int("transB", 0):
+    trans_b: int = node.attributes.get_int("transB", 0)
+    if node.op_type == "Gemm" and trans_b:
         weight = weight.T
     return {0: -inputs, 1: weight, 2: -outputs}
 
