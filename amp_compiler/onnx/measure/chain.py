@@ -135,31 +135,43 @@ _ALIGN = 4096  # each weight starts on a page: onnxruntime maps it from the file
 
 class _WeightFile:
     """The weights :func:`_weightless` left out of ``model`` (``stubbed``), written once into a file of a
-    new folder (in memory where the system has a tmpfs) that the pieces refer to as external data: each
-    piece's session maps them from there, and no weight is serialized into a piece, sent through the
-    runner's pipe or copied into a session's bytes (a ViT-B's 346 MB took 2-3 s so, on 2 cores). The
-    file is removed once the sessions are made (a tmpfs file holds memory until it is)."""
+    new folder that the pieces refer to as external data: each piece's session maps them from there, and
+    no weight is serialized into a piece, sent through the runner's pipe or copied into a session's bytes
+    (a ViT-B's 346 MB took 2-3 s so, on 2 cores). The folder is in memory (``/dev/shm``) where that has
+    room for them twice over (a container's is often 64 MB), else in the temporary folder; where neither
+    can take them (the write fails), there is no file (``folder`` None, no ``places``) and the pieces
+    carry their weights as before. The file is removed once the sessions are made (a tmpfs file holds
+    memory until it is)."""
 
     def __init__(self, model: onnx.ModelProto, stubbed: set[str]):
-        shared = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) and os.access(_SHARED_MEMORY, os.W_OK) else None
-        self.folder: str | None = tempfile.mkdtemp(prefix="amp-chain-", dir=shared)
+        self.folder: str | None = None
         self.places: dict[str, tuple[int, int]] = {}  # name -> (offset, length)
+        self.weights = {t.name: t for t in model.graph.initializer if t.name in stubbed}
+        needed = sum(_value_bytes(t) + _ALIGN for t in self.weights.values())
+        if not needed:
+            return
         try:
+            self.folder = tempfile.mkdtemp(prefix="amp-chain-", dir=_room(_SHARED_MEMORY, 2 * needed))
             with open(os.path.join(self.folder, _WEIGHTS), "wb") as f:
-                for t in model.graph.initializer:
-                    if t.name not in stubbed or t.name in self.places:
-                        continue
+                for t in self.weights.values():
                     data = t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes()
                     f.write(b"\0" * (-f.tell() % _ALIGN))
                     self.places[t.name] = (f.tell(), len(data))
                     f.write(data)
                     del data
+        except OSError:  # no room (ENOSPC), no folder: the pieces carry their weights
+            self.remove()
+            self.places.clear()
         except BaseException:
             self.remove()
             raise
 
-    def refer(self, tensor: onnx.TensorProto) -> None:
-        """Make the stub ``tensor`` (its name, type and dims) refer to its values in the file."""
+    def put(self, tensor: onnx.TensorProto) -> None:
+        """Give the stub ``tensor`` (its name, type and dims) its values: a reference to the file, or where
+        there is none, the values themselves."""
+        if tensor.name not in self.places:
+            tensor.CopyFrom(self.weights[tensor.name])
+            return
         offset, length = self.places[tensor.name]
         tensor.data_location = onnx.TensorProto.EXTERNAL
         del tensor.external_data[:]
@@ -173,19 +185,29 @@ class _WeightFile:
             self.folder = None
 
 
+def _room(folder: str, needed: int) -> str | None:
+    """``folder`` where it is a writable folder with ``needed`` bytes free, else None (the default
+    temporary folder)."""
+    try:
+        stat = os.statvfs(folder)
+    except (OSError, AttributeError):  # no such folder, or no statvfs (Windows)
+        return None
+    return folder if os.access(folder, os.W_OK) and stat.f_bavail * stat.f_frsize >= needed else None
+
+
 def _with_weights(
     pieces: Iterator[onnx.ModelProto], exposed: onnx.ModelProto, model: onnx.ModelProto, weights: _WeightFile
 ) -> Iterator[onnx.ModelProto]:
     """``pieces`` (of ``exposed``, :func:`_weightless`'s copy of ``model`` with every tensor exposed) with
-    their stubbed weights referring to ``weights``' file, one at a time; a single piece takes ``model``'s
+    their stubbed weights put back (:meth:`_WeightFile.put`), one at a time; a single piece takes ``model``'s
     own inputs (no shapes bound to the sample)."""
     for piece in pieces:
         if piece is exposed:
             del piece.graph.input[:], piece.graph.value_info[:]
             piece.graph.input.extend(model.graph.input)
         for t in piece.graph.initializer:
-            if t.name in weights.places:
-                weights.refer(t)
+            if t.name in weights.weights:
+                weights.put(t)
         yield piece
 
 

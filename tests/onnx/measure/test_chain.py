@@ -152,3 +152,34 @@ def test_a_chain_that_fails_to_load_leaves_no_weights_file():
     assert runner.folder is not None and not os.path.exists(runner.folder)
     after = set(glob.glob("/dev/shm/amp-chain-*")) | set(glob.glob(f"{tempfile.gettempdir()}/amp-chain-*"))
     assert after <= before
+
+
+def test_without_room_for_the_weights_file_the_pieces_carry_their_weights(monkeypatch):
+    """A /dev/shm without room (a container's 64 MB) is passed over for the temporary folder; where no
+    folder takes the file (the write fails: ENOSPC), the pieces carry their weights, and the ranges are
+    the same."""
+    import errno
+
+    from amp_compiler.onnx.measure import chain as chain_module
+
+    assert chain_module._room("/definitely/not/a/folder", 1) is None
+    assert chain_module._room(os.path.dirname(os.path.abspath(__file__)), 1 << 62) is None  # more than any disk
+    model = catalog.load("resnet50-small")
+    samples = [catalog.get("resnet50-small").make_inputs(np.random.default_rng(s)) for s in range(2)]
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
+
+    with_file = collect_ranges(model, samples, runner=InProcessRunner())
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(chain_module.tempfile, "mkdtemp", no_room)
+    recording = _Recording()
+    chain = ModelChain(model, recording, samples[0])
+    assert chain._weights.folder is None and recording.folder is None
+    assert all(t.data_location != 1 for p in recording.pieces for t in p.graph.initializer)  # none EXTERNAL
+    assert sum(len(t.raw_data) for p in recording.pieces for t in p.graph.initializer) >= sum(
+        len(t.raw_data) for t in model.graph.initializer)
+    chain.close()
+    inline = collect_ranges(model, samples, runner=InProcessRunner())
+    assert inline == with_file
