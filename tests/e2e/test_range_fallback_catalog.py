@@ -3,14 +3,22 @@ scaled-FP16 and BF16 fallbacks against FP16 with FP32 fallbacks and all-BF16, un
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import pytest
 
-from benchmarks.range_fallback_table import CASES, rows
+from amp_compiler import convert
+from amp_compiler.onnx.measure.calibrate import collect_ranges
+from benchmarks.range_fallback_table import CASES, _inputs, rows
+from models import catalog
+
+_rows = functools.cache(rows)  # each case's conversions and measures, once for the tests below
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_mixed_fp16_bf16_is_finite_beats_all_bf16_and_keeps_tensor_cores_low(case):
-    by_way = {r.way: r for r in rows(case)}
+    by_way = {r.way: r for r in _rows(case)}
     mixed, fp32_fallback = by_way["fp16 + bf16 fallbacks"], by_way["fp16 + fp32 fallbacks"]
     all_bf16, trt = by_way["all bf16"], by_way["tensorrt: fp16 + bf16 fallbacks"]
     assert mixed.finite and trt.finite
@@ -31,7 +39,7 @@ def test_scaled_fp16_fallbacks_leave_no_tensor_core_flop_in_fp32(case):
     """The default on the GPU providers: range-pinned MatMul/Gemm/Conv in FP16 on power-of-two scaled
     operands where the observed ranges allow it (Convs below opset 22 included, which have no BF16),
     BF16 where they do not. Finite, well within all-BF16's error, every Tensor Core FLOP low."""
-    by_way = {r.way: r for r in rows(case)}
+    by_way = {r.way: r for r in _rows(case)}
     all_bf16 = by_way["all bf16"]
     for way in ("fp16 + scaled fp16 fallbacks (then bf16)", "tensorrt: fp16 + scaled fp16 fallbacks (then bf16)"):
         scaled = by_way[way]
@@ -43,3 +51,23 @@ def test_scaled_fp16_fallbacks_leave_no_tensor_core_flop_in_fp32(case):
         assert scaled.error <= bf16.error * 1.05
     else:  # no BF16 kernel (Convs below opset 22): FP16's own cost of the FLOPs it moves off FP32
         assert scaled.error <= 3 * by_way["fp16 + fp32 fallbacks"].error
+
+
+def test_the_decoders_projections_scaled_per_channel_are_as_accurate_as_fp32_ones():
+    """Massive activations lie in a few channels: both overflowing down projections run in FP16 scaled
+    per channel (only those channels shifted), and the decoder is within 1% of FP16 with FP32
+    fallbacks on both providers (one shift per tensor left one projection in BF16: 4.9% more)."""
+    case = next(c for c in CASES if c.name == "llama-massive-activations-small")
+    by_way = {r.way: r for r in _rows(case)}
+    for prefix in ("", "tensorrt: "):
+        scaled, fp32 = by_way[f"{prefix}fp16 + scaled fp16 fallbacks (then bf16)"], by_way[f"{prefix}fp16 + fp32 fallbacks"]
+        assert scaled.fp32_tc == 0.0 < fp32.fp32_tc
+        assert scaled.error <= 1.01 * fp32.error, prefix
+    fp32_model = catalog.load(case.name)
+    ranges = collect_ranges(fp32_model, [_inputs(case, 1000 + k) for k in range(2)])
+    result = convert(fp32_model, provider="cuda", ranges=ranges)
+    projections = [d for d in result.decisions if d.op_type == "MatMul" and d.rule == "calibration.overflow"]
+    assert len(projections) == 2
+    assert all(d.precision == "fp16" and "per channel" in d.reason for d in projections)
+    assert not any(d.precision == "bf16" for d in result.decisions)
+    assert np.isfinite([by_way["fp16 + scaled fp16 fallbacks (then bf16)"].error]).all()
