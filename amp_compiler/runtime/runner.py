@@ -49,6 +49,7 @@ from amp_compiler.runtime import child as runner_child
 from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.budget import RunBudget
 from amp_compiler.runtime.in_process import InProcessRunner
+from amp_compiler.runtime.pipes import widen_pipes
 from amp_compiler.runtime.session import CPU, Runner, Session, check_provider, compare_feeds
 from amp_compiler.sizes import format_bytes
 
@@ -88,7 +89,7 @@ class ChildRunner(Runner):
             child_command(self.budget.memory), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, bufsize=0, env=env,
         )
-        _widen_pipes(self._proc)
+        widen_pipes(self._proc)
         self._pending = bytearray()
         self._ready = False
         self.onnxruntime_version = ""  # known once the child answered
@@ -391,28 +392,6 @@ class ChildRunner(Runner):
                 raise _Ended
             out.append(np.frombuffer(self._read_exact(nbytes, deadline), dtype=dtype).reshape(shape))
         return out
-
-
-#: Linux's fcntl command that sets a pipe's capacity (F_SETPIPE_SZ; Python's fcntl names it from 3.10 on
-#: some builds only).
-_SET_PIPE_SIZE = 1031
-#: The capacity asked for: 1 MiB, Linux's default most a process may set (/proc/sys/fs/pipe-max-size).
-PIPE_BYTES = 1 << 20
-
-
-def _widen_pipes(proc: subprocess.Popen) -> None:
-    """Give the child's pipes 1 MiB instead of 64 KiB: a model's bytes (a ViT-B's 346 MB of weights)
-    cross in a sixteenth of the round trips, in about half the time. Elsewhere than Linux, or where
-    refused, the pipes stay as they are."""
-    for stream in (proc.stdin, proc.stdout):
-        if stream is None:
-            continue
-        try:
-            import fcntl
-
-            fcntl.fcntl(stream.fileno(), getattr(fcntl, "F_SETPIPE_SZ", _SET_PIPE_SIZE), PIPE_BYTES)
-        except (ImportError, OSError):
-            pass
 
 
 def _checked_statistics(raw: object, fields: int = len(child_folds.STAT_FIELDS)) -> dict[str, list[float]]:

@@ -317,7 +317,7 @@ def test_the_childs_pipes_are_widened_on_linux():
     """The child's pipes hold 1 MiB (not Linux's 64 KiB): a model's bytes cross in fewer round trips."""
     import sys
 
-    from amp_compiler.runtime.runner import PIPE_BYTES
+    from amp_compiler.runtime.pipes import PIPE_BYTES
 
     if not sys.platform.startswith("linux"):
         pytest.skip("expected: pipe sizes are Linux's")

@@ -17,7 +17,8 @@ to check) to the child's stdin; the child
 writes one JSON line to its stdout: the checker's error (or null) and the inferred types
 (:class:`InferredTypes`, or null when inference failed).
 
-This file must import nothing from amp_compiler: the child runs it as a script.
+This file must import nothing from amp_compiler at its top: the child runs it as a script (the parent's
+side, :class:`NativeChecks`, imports the pipes' widening when it starts the child).
 """
 
 from __future__ import annotations
@@ -271,6 +272,9 @@ class NativeChecks:
         self._proc = subprocess.Popen(
             child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
+        from amp_compiler.runtime.pipes import widen_pipes  # here: the child runs this file, importing nothing
+
+        widen_pipes(self._proc)  # the model's bytes cross in fewer round trips
         self._out: list[bytes] = []
         # Writing and reading the pipes release the GIL: the parent's own work goes on meanwhile.
         self._writer = threading.Thread(target=self._write, args=(header, check_bytes, infer_bytes), daemon=True)

@@ -139,3 +139,21 @@ def test_a_child_that_fails_on_its_own_hands_the_work_back(child, child_always, 
     assert _convert_bytes(m) == expected
     with pytest.raises(ModelLoadError, match="cycle"):
         convert(_cyclic(), probe=False)  # and the checker's verdict still comes, from this process
+
+
+def test_the_native_checks_pipes_are_widened_on_linux():
+    """The model's bytes go to the checks' child through a 1 MiB pipe, as to the runner's."""
+    import fcntl
+    import os
+
+    from amp_compiler.runtime.pipes import PIPE_BYTES
+
+    if not sys.platform.startswith("linux") or not os.path.exists("/proc/sys/fs/pipe-max-size"):
+        pytest.skip("expected: pipe sizes are Linux's")
+    with open("/proc/sys/fs/pipe-max-size") as f:
+        if int(f.read()) < PIPE_BYTES:
+            pytest.skip("expected: this system lets a process widen its pipes less")
+    checks = native_checks.NativeChecks(None, onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])))
+    size = fcntl.fcntl(checks._proc.stdout.fileno(), getattr(fcntl, "F_GETPIPE_SZ", 1032))
+    checks.result()
+    assert size == PIPE_BYTES
