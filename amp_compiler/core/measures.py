@@ -100,9 +100,12 @@ class ChannelPeaks:
     peaks: tuple[tuple[int, float], ...]  # (channel, its largest magnitude), largest first
     rest: float  # the largest magnitude of every channel not listed
 
-    def bound(self, channel: int) -> float:
-        """The largest magnitude channel ``channel`` reached."""
-        return dict(self.peaks).get(channel, self.rest)
+    def bounds(self) -> list[float]:
+        """The largest magnitude each channel reached, in channel order."""
+        out = [self.rest] * self.channels
+        for channel, peak in self.peaks:
+            out[channel] = peak
+        return out
 
 
 @dataclasses.dataclass

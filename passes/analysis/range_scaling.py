@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
@@ -305,8 +306,8 @@ class RangeScalingPass(AnalysisPass):
         if weight.any() and (mean_fp16_error(binade_counts(scaled[scaled > 0]))
                              - mean_fp16_error(binade_counts(weight[weight > 0]))) > SHIFT_BUDGET:
             return None
-        peaks = [self._channel_bound(rx, i) * self.margin * 2.0 ** -s for i, s in enumerate(inputs)]
-        peaks += [self._channel_bound(ry, i) * self.margin * 2.0 ** -s for i, s in enumerate(outputs)]
+        peaks = [b * self.margin * 2.0 ** -s for b, s in zip(self._channel_bounds(rx, k), inputs, strict=True)]
+        peaks += [b * self.margin * 2.0 ** -s for b, s in zip(self._channel_bounds(ry, n), outputs, strict=True)]
         top = max([*peaks, float(scaled.max(initial=0.0)), biased])
         shifts = {0: 0, 1: 0, **({2: 0} if bias is not None else {})}
         return Scaling(shifts, 0, FP16_MAX / top if top > 0 else math.inf, tuple(inputs), tuple(outputs))
@@ -326,8 +327,9 @@ class RangeScalingPass(AnalysisPass):
         return float(np.max(np.abs(np.asarray(array, np.float64)) * np.exp2(-outputs), initial=0.0))
 
     @staticmethod
-    def _channel_bound(r: TensorRange, channel: int) -> float:
-        return r.channel_peaks.bound(channel) if r.channel_peaks is not None else r.absmax
+    def _channel_bounds(r: TensorRange, channels: int) -> list[float]:
+        """Each channel's largest magnitude: its peak, or the tensor's where none were recorded."""
+        return r.channel_peaks.bounds() if r.channel_peaks is not None else [r.absmax] * channels
 
     def _channel_shifts(self, r: TensorRange, channels: int) -> list[int] | None:
         """Each channel's least shift (the observed tensor ``r``'s last axis of ``channels``), or None where
@@ -339,6 +341,6 @@ class RangeScalingPass(AnalysisPass):
         peaks = r.channel_peaks
         if peaks is None or peaks.channels != channels or not r.binades:
             return None
-        shifts = [least_shift(peaks.bound(i), self.margin) for i in range(channels)]
-        cost = sum(shift_cost(r.binades, s) for s in shifts if s) / channels
+        shifts = [least_shift(bound, self.margin) for bound in peaks.bounds()]
+        cost = sum(n * shift_cost(r.binades, s) for s, n in Counter(shifts).items() if s) / channels
         return shifts if cost <= SHIFT_BUDGET else None
