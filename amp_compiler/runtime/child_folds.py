@@ -153,44 +153,65 @@ _BLOCK = 2 * _SQUARES_CHUNK
 def _finite_stats(np: Any, a: Any) -> list | None:
     """The flat float32 or float64 array ``a``'s :data:`STAT_FIELDS`, or None once a block holds NaN or inf.
     Per block: three passes over all its values, in the cache (its min, its max, its chunks' dot
-    products), then its sample's (:func:`sample_stride`): its magnitudes' bits (sign cleared), their
-    binades, their non-zero count, and those below 2^-14 (bits minus one, below 2^-14's bits minus one:
-    positive floats order as their bits, a zero wraps around to the largest), the flushed among them and
-    their storage error, scaled up to the block. Extremes and energy are the whole array's (its blocks'
-    extremes' extremes; the energy's chunks the same, in the same order, as one pass gives); a zero
-    extreme is +0.0."""
+    products), and its sample (:func:`sample_stride`) gathered as its magnitudes' bits (sign cleared)
+    into one buffer; then, once over the whole sample: its binades, its non-zero count, and those below
+    2^-14 (bits minus one, below 2^-14's bits minus one: positive floats order as their bits, a zero
+    wraps around to the largest), the flushed among them and their storage error, each value's scaled
+    up by its block's size over its block's sample's. Extremes and energy are the whole array's (its
+    blocks' extremes' extremes; the energy's chunks the same, in the same order, as one pass gives); a
+    zero extreme is +0.0. The array is read from memory once (the fold is bound by memory, not by
+    arithmetic: a block's later passes find it in the cache); the sample's passes, done once, cost
+    a few numpy calls per array, not per block."""
     uint = np.dtype(f"u{a.dtype.itemsize}")
     magnitude, one = uint.type(np.iinfo(uint).max >> 1), uint.type(1)
-    subnormal_bits, flushed_bits = (np.array(t, a.dtype).view(uint) - one for t in (_SUBNORMAL, _FLUSHED))
     bits = a.view(uint)
-    lows, highs = [], []
-    mantissa_bits = _MANTISSA_BITS[a.dtype.itemsize]
-    exponents = np.zeros(1 << (8 * a.dtype.itemsize - 1 - mantissa_bits), np.int64)  # biased exponent counts
     stride = sample_stride(a.size)
-    nonzero = flushed = subnormal = 0
-    energy = lost = 0.0
+    full = -(-min(_BLOCK, a.size) // stride)  # a full block's sample
+    blocks = -(-a.size // _BLOCK)
+    sample = np.empty(full * blocks, uint)
+    lows, highs = np.empty(blocks, a.dtype), np.empty(blocks, a.dtype)
+    taken, energy = 0, 0.0
     with np.errstate(over="ignore"):
-        for start in range(0, a.size, _BLOCK):
+        for b, start in enumerate(range(0, a.size, _BLOCK)):
             block = a[start:start + _BLOCK]
-            lows.append(block.min())
-            highs.append(block.max())
-            if not (np.isfinite(lows[-1]) and np.isfinite(highs[-1])):  # NaN (it propagates) or inf
+            lows[b], highs[b] = block.min(), block.max()
+            if not (np.isfinite(lows[b]) and np.isfinite(highs[b])):  # NaN (it propagates) or inf
                 return None
             energy = _sum_squares(np, block, energy)
-            m = np.bitwise_and(bits[start:start + block.size:stride], magnitude)
-            exponents += np.bincount(m >> uint.type(mantissa_bits), minlength=exponents.size)
-            sample_nonzero = int(np.count_nonzero(m))
-            exponents[0] -= m.size - sample_nonzero  # a zero's biased exponent is 0, as a subnormal's
-            nonzero += sample_nonzero
-            m -= one
-            where = np.flatnonzero(m < subnormal_bits)
-            if where.size:  # the flushed are among the subnormal (most blocks have none)
-                subnormal += where.size
-                flushed += int(np.count_nonzero(m[where] < flushed_bits))
-                lost += _storage_error(np, block[::stride][where]) * (block.size / m.size)
-    lo, hi = float(min(lows)) + 0.0, float(max(highs)) + 0.0  # + 0.0: a zero extreme is +0.0 whatever its sign
+            part = bits[start:start + block.size:stride]
+            np.bitwise_and(part, magnitude, out=sample[taken:taken + part.size])
+            taken += part.size
+    nonzero, flushed, subnormal, lost, exponents = _sample_counts(np, a, sample[:taken], full)
+    lo, hi = float(lows.min()) + 0.0, float(highs.max()) + 0.0  # + 0.0: a zero extreme is +0.0 whatever its sign
     return [lo, hi, max(-lo, hi), nonzero, flushed, subnormal, int(a.size), energy, lost,
             *_binades_of_exponents(exponents)]
+
+
+def _sample_counts(np: Any, a: Any, m: Any, full: int) -> tuple[int, int, int, float, Any]:
+    """From the magnitudes' bits ``m`` of the flat array ``a``'s sample (:func:`_finite_stats`; ``full`` values
+    from each full block, then the last block's): the non-zero count, the flushed and subnormal ones,
+    their storage error scaled up to the array (each block's by its size over its sample's: the last
+    block's may differ) and the biased exponents' counts (``m`` is overwritten)."""
+    uint = m.dtype
+    one = uint.type(1)
+    subnormal_bits, flushed_bits = (np.array(t, a.dtype).view(uint) - one for t in (_SUBNORMAL, _FLUSHED))
+    mantissa_bits = _MANTISSA_BITS[a.dtype.itemsize]
+    exponents = np.bincount(m >> uint.type(mantissa_bits), minlength=1 << (8 * a.dtype.itemsize - 1 - mantissa_bits))
+    exponents = exponents.astype(np.int64)
+    nonzero = int(np.count_nonzero(m))
+    exponents[0] -= m.size - nonzero  # a zero's biased exponent is 0, as a subnormal's
+    m -= one
+    where = np.flatnonzero(m < subnormal_bits)
+    if not where.size:  # the flushed are among the subnormal (most arrays have none)
+        return nonzero, 0, 0, 0.0, exponents
+    flushed = int(np.count_nonzero(m[where] < flushed_bits))
+    small = (m[where] + one).view(a.dtype)
+    whole = (a.size // _BLOCK) * full  # the sample's values from full blocks
+    lost = 0.0
+    for part, block, taken in ((small[where < whole], _BLOCK, full), (small[where >= whole], a.size % _BLOCK, 0)):
+        if part.size:
+            lost += _storage_error(np, part) * (block / (taken or m.size - whole))
+    return nonzero, flushed, where.size, lost, exponents
 
 
 def _binades_of_exponents(counts: Any) -> list[int]:
