@@ -163,7 +163,7 @@ def _finite_stats(np: Any, a: Any) -> list | None:
     arithmetic: a block's later passes find it in the cache); the sample's passes, done once, cost
     a few numpy calls per array, not per block."""
     uint = np.dtype(f"u{a.dtype.itemsize}")
-    magnitude, one = uint.type(np.iinfo(uint).max >> 1), uint.type(1)
+    magnitude = uint.type(np.iinfo(uint).max >> 1)
     bits = a.view(uint)
     stride = sample_stride(a.size)
     full = -(-min(_BLOCK, a.size) // stride)  # a full block's sample
