@@ -347,6 +347,15 @@ def _die_with_parent() -> None:
         pass
 
 
+def _exit(stdout: BinaryIO) -> None:
+    """End the child at once: its answers are all written, and nothing it holds needs tearing down (its
+    sessions' memory, onnxruntime's arena, the interpreter's modules go with the process; destroying
+    them one by one took ppocr-v4-det's calibration child 0.06-0.11 s, against 0.03 s, which the
+    parent, waiting for the exit, paid)."""
+    stdout.flush()
+    os._exit(0)
+
+
 def _serve(limit: int) -> None:
     _limit_memory(limit)
     _die_with_parent()
@@ -362,8 +371,8 @@ def _serve(limit: int) -> None:
     next_id = 0
     while True:
         line = stdin.readline()
-        if not line:
-            return
+        if not line:  # the parent closed the pipe: done
+            _exit(stdout)
         request = json.loads(line)
         op = request["op"]
         try:
@@ -420,7 +429,7 @@ def _serve(limit: int) -> None:
             else:
                 write_message(stdout, {"ok": False, "kind": "error", "message": f"unknown request {op!r}"})
         except EOFError:
-            return
+            _exit(stdout)
         except Exception as exc:  # onnxruntime refused the model or failed running it; MemoryError too
             write_message(stdout, {"ok": False, "kind": error_kind(exc), "message": first_line(exc)})
 
