@@ -15,6 +15,17 @@ entry). Tensor types come from onnx's shape inference, and for the ops it does n
 low-precision outputs are rounded too; their kernels run in FP32 on rounded inputs. A tensor whose
 type neither gives is not rounded (none is, in the catalog's models).
 
+``tf32=True`` also rounds the FP32 operands of every Tensor Core op (the ``gemm`` layouts' operands in
+the policy table: MatMul's A and B, a convolution's data and weight) to TF32, 10 explicit mantissa
+bits, as GPUs from Ampere on read them where FP32 GEMMs run on Tensor Cores: onnxruntime's CUDA
+provider does by default (``use_tf32``), as does TensorRT (``BuilderFlag.TF32``). That is what an FP32
+node of the written model computes there unless the user turns TF32 off; the product itself stays
+exact FP32 (TF32 accumulates in FP32). Rounding is to nearest, ties to even (Veltkamp's split in FP32
+arithmetic: ``t = x * (2^13 + 1)``, ``x' = t - (t - x)``, exact); kernels that convert with
+``cvt.rna`` differ at ties only, kernels that read the operand's top bits (truncation) err up to
+twice as far, toward zero. Magnitudes from 2^114 on (where the split would overflow), inf and NaN
+pass unrounded.
+
 FP8 (E4M3) Q/DQ graphs run as they are: onnxruntime's CPU QuantizeLinear/DequantizeLinear with
 float8e4m3fn is exact, and :mod:`amp_compiler.core.fp8_numbers` computes the same values in numpy
 (bit for bit: ``tests/onnx/fp8/test_fp8.py``). Run such graphs at onnxruntime's BASIC optimization
@@ -31,6 +42,7 @@ import onnx_ir as ir
 
 from amp_compiler.onnx.ir.schema_typing import type_from_schemas
 from amp_compiler.onnx.ir.walk import iter_graphs
+from amp_compiler.policy import default_table
 
 __all__ = ["emulate", "emulate_bf16", "emulate_in_place", "rounded_origin", "stored_values", "typed_model"]
 
@@ -92,10 +104,11 @@ def stored_values(values: dict) -> dict:
     return out
 
 
-def emulate(model: onnx.ModelProto) -> onnx.ModelProto:
-    """An FP32 model that computes what ``model`` computes with FP16/BF16 storage (see module doc)."""
+def emulate(model: onnx.ModelProto, *, tf32: bool = False) -> onnx.ModelProto:
+    """An FP32 model that computes what ``model`` computes with FP16/BF16 storage (see module doc); with
+    ``tf32``, its FP32 Tensor Core ops' operands rounded to TF32, as a GPU runs them by default."""
     m = typed_model(model)
-    emulate_in_place(m)
+    emulate_in_place(m, tf32=tf32)
     out = ir.to_proto(m)
     out.ir_version = model.ir_version
     return out
@@ -109,9 +122,10 @@ def typed_model(model: onnx.ModelProto) -> ir.Model:
     return m
 
 
-def emulate_in_place(m: ir.Model) -> dict[ir.Value, ir.Value]:
+def emulate_in_place(m: ir.Model, *, tf32: bool = False) -> dict[ir.Value, ir.Value]:
     """Rewrite a typed model (:func:`typed_model`) as :func:`emulate` does; returns each rounded copy
-    with the value it rounds. Nodes stay the same objects (rounding Casts are added after them), so a
+    with the value it rounds (``tf32``'s roundings are not listed: they are what an op reads, not what
+    the model stores). Nodes stay the same objects (rounding Casts are added after them), so a
     caller can find them again."""
     rounded: dict[ir.Value, ir.Value] = {}
     tag = 0
@@ -142,7 +156,57 @@ def emulate_in_place(m: ir.Model) -> dict[ir.Value, ir.Value]:
         for value in graph.outputs:
             if value.dtype in _LOW:
                 value.type = ir.TensorType(_F32)
+        if tf32:
+            _read_as_tf32(graph)
     return rounded
+
+
+#: Veltkamp's splitting constant for TF32: 2^(24 - 11) + 1 (FP32's 24 significant bits, TF32's 11).
+_TF32_SPLIT = 8193.0
+#: Magnitudes from here on pass unrounded: ``x * 8193`` would overflow FP32 (its largest is 2^128 - 2^104).
+_TF32_LARGEST = 2.0**114
+
+
+def _read_as_tf32(graph: ir.Graph) -> None:
+    """Make this graph's Tensor Core ops read their FP32 operands rounded to TF32 (module doc): one
+    rounded copy per value, made before its first such reader."""
+    table = default_table()
+    copies: dict[ir.Value, ir.Value] = {}
+    for node in list(graph):
+        tensor_core = table.is_tensor_core(node.domain, node.op_type)
+        layout = table.gemm_layout(node.domain, node.op_type) if tensor_core else None
+        if layout is None:
+            continue
+        for index in layout.operands:
+            if not isinstance(index, int) or index >= len(node.inputs):
+                continue
+            value = node.inputs[index]
+            if value is None or value.dtype != _F32:
+                continue
+            if value not in copies:
+                copies[value] = _tf32_copy(graph, value, node)
+            node.replace_input_with(index, copies[value])
+
+
+def _tf32_copy(graph: ir.Graph, value: ir.Value, before: ir.Node) -> ir.Value:
+    """``value`` rounded to TF32 by nodes inserted before ``before``: ``Where(|x| < 2^114, t - (t - x), x)``
+    with ``t = x * 8193``."""
+    name = value.name or "tf32"
+
+    def made(op: str, inputs: list[ir.Value], suffix: str, **attributes: float) -> ir.Value:
+        attrs = [ir.AttrFloat32(k, v) for k, v in attributes.items()]
+        node = ir.Node("", op, inputs, attrs, outputs=[ir.Value(name=f"{name}__tf32{suffix}")])
+        graph.insert_before(before, node)
+        return node.outputs[0]
+
+    split = made("Constant", [], "_split", value_float=_TF32_SPLIT)
+    largest = made("Constant", [], "_largest", value_float=_TF32_LARGEST)
+    t = made("Mul", [value, split], "_t")
+    hi = made("Sub", [t, made("Sub", [t, value], "_d")], "_hi")
+    small = made("Less", [made("Abs", [value], "_abs"), largest], "_small")
+    out = made("Where", [small, hi, value], "")
+    out.type, out.shape = ir.TensorType(_F32), value.shape
+    return out
 
 
 def _keep(rounded: dict[ir.Value, ir.Value], copy: ir.Value | None, original: ir.Value) -> None:
