@@ -40,7 +40,7 @@ class CompareCommand(Command):
         with self.running.runner() as runner:  # both models run in one budgeted child process
             comparison = compare_models(
                 fp32, converted, samples, provider=o.provider, top=o.top, names=(o.fp32.name, o.converted.name),
-                runner=runner, metric=o.metric,
+                runner=runner, metric=o.metric, tf32=o.tf32,
             )
         text = render_comparison(comparison, o.format)
         if o.output is not None:

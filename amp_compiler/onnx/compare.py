@@ -94,6 +94,7 @@ class Comparison:
     warnings: list[str] = dataclasses.field(default_factory=list)
     metric: str = Metric.REL_L2.value  # the metric of ``error`` and each output's ``error``
     error: float = 0.0  # the worst output's error under the metric
+    tf32: bool = False  # emulated with the FP32 Tensor Core ops' operands read as TF32 (a GPU's default)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -111,17 +112,24 @@ def compare_models(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     runner: Runner | None = None,
     metric: ErrorMetric | str = Metric.REL_L2,
+    tf32: bool = False,
 ) -> Comparison:
     """Run both models on ``samples`` (default: one generated sample, ``input_shapes`` fixing dynamic
     dims) and compare them (see the module docstring). ``top``: how many nodes of largest error growth
     to name. ``runner``: where the models run (default: a child process with the default budget).
     ``metric``: the outputs' error (a :class:`~amp_compiler.targets.Metric` or its name, or a callable
     ``(fp32_outputs, converted_outputs) -> float`` over dicts of float outputs, one array per sample).
+    ``tf32``: the emulation reads the converted model's FP32 Tensor Core operands as TF32, as onnxruntime's
+    CUDA provider and TensorRT run them by default (:func:`~amp_compiler.onnx.measure.emulate.emulate`;
+    the CPU provider only: on ``cuda`` onnxruntime's own ``use_tf32`` decides, on by default).
     Raises :class:`ModelRunError` when onnxruntime cannot run either model."""
     metric = parse_metric(metric)
+    if tf32 and provider is not Provider.CPU:
+        raise OptionError("TF32 is emulated on the cpu provider; on cuda onnxruntime's use_tf32 decides "
+                          "(on by default)", option="tf32")
     runner, owned = default_runner(runner)
     try:
-        return _compare(fp32, converted, samples, provider, top, names, input_shapes, runner, metric)
+        return _compare(fp32, converted, samples, provider, top, names, input_shapes, runner, metric, tf32)
     finally:
         if owned:
             runner.close()
@@ -130,20 +138,21 @@ def compare_models(
 def _compare(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]] | None,
     provider: Provider, top: int, names: tuple[str, str], input_shapes: dict[str, tuple[int, ...]] | None,
-    runner: Runner, metric: ErrorMetric = Metric.REL_L2,
+    runner: Runner, metric: ErrorMetric = Metric.REL_L2, tf32: bool = False,
 ) -> Comparison:
     generated = not samples
     samples = list(samples) if samples else random_samples(fp32, input_shapes)
     emulated = provider is Provider.CPU
     reference = _runner(fp32, runner, Provider.CPU, names[0])
-    runnable = emulate(converted) if emulated else converted
+    runnable = emulate(converted, tf32=tf32) if emulated else converted
     try:
         candidate = _runner(runnable, runner, provider, names[1])
     except BaseException:
         reference.close()
         raise
     try:
-        return _measure(fp32, converted, samples, reference, candidate, provider, top, names, generated, metric)
+        found = _measure(fp32, converted, samples, reference, candidate, provider, top, names, generated, metric)
+        return dataclasses.replace(found, tf32=tf32)
     finally:
         reference.close()
         candidate.close()

@@ -31,6 +31,8 @@ def render_comparison(comparison: Comparison, fmt: str = "terminal") -> str:
 
 def _terminal(c: Comparison) -> list[str]:
     how = "exact FP16/BF16 emulation" if c.emulated else "its kernels"
+    if c.tf32:
+        how += ", FP32 matrix products' operands as TF32"
     inputs = "generated inputs" if c.generated_inputs else f"{c.samples} sample(s)"
     lines = textwrap.wrap(
         f"{c.converted} vs {c.fp32}: {c.provider} ({how}), {inputs}, {c.tensors_compared} tensors compared",

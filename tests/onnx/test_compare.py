@@ -184,3 +184,23 @@ def test_compares_argmax_is_the_metrics_a_nan_row_never_agrees_one_logit_has_non
     c = compare_models(pair(np.zeros((2, 3), np.float32)), pair(nan_offset), [sample], runner=InProcessRunner())
     by_name = {o.name: o for o in c.outputs}
     assert by_name["y"].argmax_agreement == 0.5 and by_name["p"].argmax_agreement is None
+
+
+def test_tf32_reads_a_kept_fp32_product_as_the_gpu_does(tmp_path, capsys):
+    """``--tf32``: the converted model's FP32 Tensor Core ops read their operands at TF32's precision
+    (onnxruntime's CUDA provider and TensorRT by default). An FP32 model compared with itself differs by
+    nothing under exact emulation and by TF32's rounding of its MatMuls' operands with it, a relative
+    L2 error of about 2^-12; the comparison says how it ran. On ``cuda`` (real kernels, onnxruntime's own
+    ``use_tf32``) the option is refused in one line."""
+    fp32 = catalog.load("mlp-softmax")
+    samples = _samples("mlp-softmax")
+    exact = compare_models(fp32, fp32, samples, runner=InProcessRunner())
+    tf32 = compare_models(fp32, fp32, samples, runner=InProcessRunner(), tf32=True)
+    assert tf32.tf32 and not exact.tf32
+    assert exact.error == 0.0 and 1e-5 < tf32.error < 1e-2
+    a = _saved(tmp_path, "fp32.onnx", fp32)
+    assert main(["compare", str(a), str(a), "--tf32"]) == 0
+    assert "FP32 matrix products' operands as TF32" in " ".join(capsys.readouterr().out.split())
+    assert main(["compare", str(a), str(a), "--tf32", "--provider", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--tf32" in err and "use_tf32" in err and "\n" not in err

@@ -17,17 +17,18 @@ FORMATS = ("terminal", "json")
 
 
 class CompareArgs(ArgGroup):
-    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--provider``, ``--top``, ``--metric``, ``--format``,
-    ``-o``. Depends on nothing."""
+    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--provider``, ``--tf32``, ``--top``, ``--metric``,
+    ``--format``, ``-o``. Depends on nothing."""
 
     title = "comparison"
-    flags = {"provider": "--provider", "data": "--data", "top": "--top", "metric": "--metric"}
+    flags = {"provider": "--provider", "data": "--data", "top": "--top", "metric": "--metric", "tf32": "--tf32"}
 
     def __init__(self) -> None:
         self.fp32 = Path()
         self.converted = Path()
         self.data: Path | None = None
         self.provider = Provider.CPU
+        self.tf32 = False
         self.top = 5
         self.metric = Metric.REL_L2
         self.format = "terminal"
@@ -46,6 +47,12 @@ class CompareArgs(ArgGroup):
             "(its real kernels; needs onnxruntime-gpu)",
         )
         group.add_argument(
+            "--tf32", action="store_true",
+            help="emulate the FP32 matrix products and convolutions as Ampere and later GPUs run them by "
+            "default: their operands rounded to TF32's 10 mantissa bits (onnxruntime's CUDA provider, "
+            "use_tf32; TensorRT's TF32 flag); with --provider cpu",
+        )
+        group.add_argument(
             "--top", type=int, default=5, metavar="N", help="name the N nodes where the error grows most"
         )
         group.add_argument(
@@ -60,6 +67,10 @@ class CompareArgs(ArgGroup):
         self.fp32, self.converted = Path(args.fp32_model), Path(args.converted_model)
         self.data = Path(args.data) if args.data else None
         self.provider = Provider.parse(args.provider)
+        self.tf32 = bool(args.tf32)
+        if self.tf32 and self.provider is not Provider.CPU:
+            raise OptionError("emulates TF32 on the cpu provider; on cuda onnxruntime's use_tf32 decides "
+                              "(on by default)", option="tf32")
         if args.top < 0:
             raise OptionError(f"must be 0 or more, got {args.top}", option="top")
         self.top, self.format, self.metric = args.top, args.format, Metric(args.metric)
