@@ -51,6 +51,7 @@ from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.write.output import output_proto as _output_proto
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.onnx.write.strongly_typed import tensorrt_warnings
+from amp_compiler.onnx.write.tf32 import tf32_warnings
 from amp_compiler.options import (
     ConvertOptions,
     check_allow_ops,
@@ -244,7 +245,7 @@ def _convert_ranged(
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
-        provider_warnings=provider_warnings,
+        provider_warnings=[*provider_warnings, *tf32_warnings(decisions, opts.provider)],
         load_check_skips=skips, probe_skipped=probe_skipped,
     )
     if probe is not None and probe_model is not None and runner is not None:

@@ -1,0 +1,50 @@
+"""What a GPU does with the FP32 matrix products a conversion keeps for their precision: TF32.
+
+From Ampere on, onnxruntime's CUDA provider (``use_tf32``, on unless set to 0) and TensorRT
+(``BuilderFlag.TF32``, on unless cleared) run FP32 MatMul, Gemm and convolutions on Tensor Cores as
+TF32: each operand is read at 10 mantissa bits, FP16's precision, and the products accumulate in
+FP32. A Tensor Core op kept in FP32 because FP16's precision is not enough for it (a signal path into
+a Log, a product before a quantizer, a ``--tolerance`` pin, a node the user blocked) then gets FP16's
+operand rounding back, and on the catalog that undoes the rule whole: ``cqt-log``'s three Convs kept
+FP32 give a relative L2 error of 2.4e-4 exact and 2.0e-2 read as TF32, what FP16 gives them;
+``quantized-encoder``'s four MatMuls 0 and 9.1e-3 (8.2e-3 in FP16). Nodes kept FP32 for their range
+only lose nothing: TF32 has FP32's range. ONNX cannot say "no TF32", so the conversion says it
+(:func:`tf32_warnings`) and ``compare --tf32`` measures it (:func:`amp_compiler.onnx.measure.emulate.emulate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from amp_compiler.core.decision import NodeDecision
+from amp_compiler.core.plan import RANGE_ONLY_RULES
+from amp_compiler.policy import default_table
+from amp_compiler.targets import Provider
+
+__all__ = ["TF32_PROVIDERS", "tf32_warnings"]
+
+#: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
+TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
+_RANGE_RULES = frozenset(rule.value for rule in RANGE_ONLY_RULES)
+_NAMED = 3  # nodes named in the warning; the rest counted
+
+
+def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider) -> list[str]:
+    """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
+    Core ops in FP32 for their precision (any rule but the range-only ones): which, why, and what to do."""
+    if provider not in TF32_PROVIDERS:
+        return []
+    table = default_table()
+    kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _RANGE_RULES
+            and table.is_tensor_core(d.domain, d.op_type)]
+    if not kept:
+        return []
+    names = ", ".join(d.node for d in kept[:_NAMED]) + (f" and {len(kept) - _NAMED} more" if len(kept) > _NAMED else "")
+    rules = ", ".join(dict.fromkeys(d.rule for d in kept))
+    products = "product" if len(kept) == 1 else "products"
+    return [
+        f"{len(kept)} matrix {products} kept in FP32 for precision ({names}: {rules}) run as TF32 by default on "
+        f"Ampere and later GPUs, which reads their operands at FP16's precision and undoes that: run them with "
+        f"TF32 off (onnxruntime: use_tf32=0; TensorRT: without BuilderFlag.TF32), or measure what it costs with "
+        f"`amp-compiler compare --tf32`"
+    ]

@@ -1,0 +1,60 @@
+"""The TF32 warning: Tensor Core ops kept in FP32 for their precision, on providers that read them as TF32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from amp_compiler import convert
+from amp_compiler.core.tensor_error import accuracy
+from amp_compiler.onnx.measure.checks import run_onnxruntime
+from amp_compiler.onnx.measure.emulate import emulate
+from models import catalog
+
+_SIGNAL_PATH = ("cqt_0", "downsample", "cqt_1")  # cqt-log's Convs on the audio's linear path into a Log
+
+
+@pytest.mark.parametrize("provider", ["cuda", "tensorrt"])
+def test_products_kept_fp32_for_precision_are_named_with_the_remedy(provider):
+    (line,) = convert(catalog.load("cqt-log"), provider=provider).provider_warnings
+    assert line.startswith("3 matrix products kept in FP32 for precision (cqt_0, downsample, cqt_1: "
+                           "policy.high.signal-path) run as TF32")
+    assert "use_tf32=0" in line and "BuilderFlag.TF32" in line and "compare --tf32" in line
+
+
+def test_more_than_three_are_counted_and_the_cpu_gets_no_warning():
+    fp32 = catalog.load("quantized-encoder")
+    lines = [w for w in convert(fp32, provider="cuda").provider_warnings if "TF32" in w]
+    assert len(lines) == 1 and lines[0].startswith("4 matrix products") and "and 1 more: quantized.requantize" in lines[0]
+    assert convert(fp32, provider="cpu").provider_warnings == []
+
+
+def test_a_user_blocked_product_is_warned_of_a_range_pinned_one_is_not():
+    """TF32 keeps FP32's range: a product kept FP32 for its range loses nothing to it, one the user
+    keeps FP32 (for its precision) does."""
+    fp32 = catalog.load("mlp-softmax")
+    first = next(n.name for n in fp32.graph.node if n.op_type in ("MatMul", "Gemm"))
+    (line,) = convert(fp32, provider="cuda", block_nodes=(f"^{first}$",), probe=False).provider_warnings
+    assert line.startswith(f"1 matrix product kept in FP32 for precision ({first}: ")
+    decoder = catalog.load("llama-massive-activations-small")
+    result = convert(decoder, provider="cuda", range_fallback="fp32")
+    assert any(d.precision == "fp32" and d.op_type == "MatMul" for d in result.decisions)
+    assert not any("TF32" in w for w in result.provider_warnings)
+
+
+def test_what_the_warning_says_tf32_undoes_the_signal_path_rule():
+    """The premise, measured: cqt-log's signal-path Convs kept FP32 are as accurate as FP16 ones once
+    their operands are read as TF32 (about 100x the exact FP32 error)."""
+    entry, fp32 = catalog.get("cqt-log"), catalog.load("cqt-log")
+    kept = convert(fp32, provider="cuda").model
+    low = convert(fp32, provider="cuda", allow_nodes=_SIGNAL_PATH).model
+    errors: dict[str, list[float]] = {"exact": [], "tf32": [], "fp16": []}
+    models = {"exact": emulate(kept), "tf32": emulate(kept, tf32=True), "fp16": emulate(low)}
+    for seed in range(3):
+        feeds = entry.make_inputs(np.random.default_rng(100 + seed))
+        ref = run_onnxruntime(fp32, feeds)
+        for label, model in models.items():
+            got = run_onnxruntime(model, feeds)
+            errors[label].append(max(accuracy("y", [r], [g]).rel_l2 or 0.0 for r, g in zip(ref, got, strict=True)))
+    exact, tf32, fp16 = (float(np.mean(errors[k])) for k in ("exact", "tf32", "fp16"))
+    assert tf32 > 30 * exact and tf32 > 0.8 * fp16
