@@ -33,11 +33,13 @@ from amp_compiler.targets import Provider
 __all__ = ["IntermediateRunner", "collect_ranges"]
 
 #: Calibration's pieces are cut at this fraction of the model's live bytes. Two pieces' outputs are
-#: held at once (:func:`runner_child.run_chain` folds one while the next runs); at a quarter each
-#: (not a half), onnxruntime's arena, which keeps what it allocated for reuse, holds less: the child
-#: of ppocr-v4-det's calibration (77 MB of live activations) peaked at 205 MB instead of 242 MB, in the
-#: same time (43 -> 79 pieces; 8 and 16 a quarter measured no faster or slower either).
-_PIECES_AT_ONCE = 4
+#: held at once (:func:`runner_child.run_chain` folds one while the next runs); at a sixth each (not a
+#: half), onnxruntime's arena, which keeps what it allocated for reuse, holds less: the child of
+#: ppocr-v4-det's calibration (77 MB of live activations; ``benchmarks.calibration_cost``) peaks at
+#: 222 MB, against 237 MB at a quarter and 255 MB at a half (an eighth: no less), in the same time (43
+#: -> 113 pieces: 1.66-1.83 s against 1.82-1.94 s at a quarter, interleaved); resnet50-768 at 303 MB
+#: from a quarter on (353 MB at a half).
+_PIECES_AT_ONCE = 6
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
 
