@@ -17,7 +17,8 @@ from amp_compiler.targets import Provider, Target
 __all__ = [
     "CUSTOM_OP_PRECISIONS", "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops",
     "check_custom_op_precision", "check_fallback", "check_fp8_options", "check_input_ranges", "check_keep_io_types",
-    "RANGE_FALLBACKS", "RANGE_FALLBACK_DEFAULTS", "parse_custom_op_precision", "parse_input_range", "range_fallback",
+    "FP32_PRODUCTS", "RANGE_FALLBACKS", "RANGE_FALLBACK_DEFAULTS", "parse_custom_op_precision", "parse_input_range",
+    "range_fallback",
     "resolve_options",
 ]
 
@@ -103,6 +104,11 @@ class ConvertOptions:
     # BF16 kernel; BF16 Tensor Cores: Ampere sm_80 and later, not Turing/Volta) or "fp32". None: the
     # provider's default, RANGE_FALLBACK_DEFAULTS.
     range_fallback: str | None = None
+    # Tensor Core ops kept in FP32 for their precision: "plain" (as they are; a GPU reading FP32 products
+    # as TF32, onnxruntime's CUDA provider and TensorRT by default, reads their operands at FP16's
+    # precision) or "split" (written TF32-proof: four products of BF16-exact high parts and remainders,
+    # summed in FP32; passes.onnx.split_products).
+    fp32_products: str = "plain"
 
     def __post_init__(self) -> None:
         """Take the plain types people write (``target="bf16"``, ``block_ops=["Softmax"]``,
@@ -133,6 +139,8 @@ class ConvertOptions:
         if isinstance(self.custom_op_precision, Mapping):
             set_("custom_op_precision", tuple(self.custom_op_precision.items()))
         set_("metric", parse_metric(self.metric))
+        if self.fp32_products not in FP32_PRODUCTS:
+            raise OptionError(f"unknown way {self.fp32_products!r}: expected plain or split", option="fp32_products")
         if not (math.isfinite(self.holdout) and 0 <= self.holdout < 1):
             raise OptionError(f"expected a share in [0, 1), got {self.holdout}", option="holdout")
 
@@ -150,6 +158,7 @@ class ConvertOptions:
 #: CPU provider (it has no FP16 Tensor Cores and almost no BF16 kernels).
 RANGE_FALLBACK_DEFAULTS = {Provider.CUDA: "scaled", Provider.TENSORRT: "scaled", Provider.CPU: "fp32"}
 RANGE_FALLBACKS = ("scaled", "bf16", "fp32")
+FP32_PRODUCTS = ("plain", "split")
 
 
 def range_fallback(opts: ConvertOptions) -> str:

@@ -72,6 +72,7 @@ class Rule(enum.Enum):
     UNKNOWN_TYPE = "fixed.unknown-type"  # no element type is known: left as it is, and a warning
     PAD_SLICE = "pad.slice"  # a Slice inserted by the opt-in Tensor Core padding
     RANGE_SCALE = "range-scaling.mul"  # a Mul by a power of two inserted around a range-scaled Tensor Core op
+    TF32_SPLIT = "tf32.split"  # inserted to write an FP32 product TF32-proof (--fp32-products split)
     # Nodes that no vertex decides: what lowering made, and what has no float data.
     LOWERING_CAST = "lowering.cast"  # a Cast lowering inserted
     CONSTANT = "constant"  # a constant, converted offline (or read as it is) for its users
@@ -102,8 +103,9 @@ class Decision:
     reason: str
 
 
-#: The rules of nodes a conversion inserted, not the input model's: lowering's Casts, range scaling's Muls.
-INSERTED_RULES = frozenset({Rule.LOWERING_CAST, Rule.RANGE_SCALE})
+#: The rules of nodes a conversion inserted, not the input model's: lowering's Casts, range scaling's Muls,
+#: the TF32-proof split products' parts.
+INSERTED_RULES = frozenset({Rule.LOWERING_CAST, Rule.RANGE_SCALE, Rule.TF32_SPLIT})
 
 
 #: The range rules that keep a vertex out of FP16 because its values are too large for it: a

@@ -51,7 +51,7 @@ from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.write.output import output_proto as _output_proto
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.onnx.write.strongly_typed import tensorrt_warnings
-from amp_compiler.onnx.write.tf32 import tf32_warnings
+from amp_compiler.onnx.write.tf32 import kept_for_precision, tf32_warnings
 from amp_compiler.options import (
     ConvertOptions,
     check_allow_ops,
@@ -67,7 +67,13 @@ from amp_compiler.passes.analysis import UserChoices, compile_patterns
 from amp_compiler.passes.analysis.hazards import stand_in_skips
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
-from amp_compiler.passes.onnx import LowerPlanPass, PadTensorCoresPass, RemoveCancellingCastsPass, ScaledProductsPass
+from amp_compiler.passes.onnx import (
+    LowerPlanPass,
+    PadTensorCoresPass,
+    RemoveCancellingCastsPass,
+    ScaledProductsPass,
+    SplitProductsPass,
+)
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.sizes import format_bytes
@@ -222,13 +228,16 @@ def _convert_ranged(
     if pad is not None:
         pad(ir_model)
     fp8_lowering = lower_fp8(ir_model, fp8_plan) if fp8_plan is not None else None
+    split = SplitProductsPass(kept_for_precision(graph, plan)) if opts.fp32_products == "split" else None
+    if split is not None:
+        split(ir_model)
     skips = stand_in_skips(ir_model, opts.provider)  # what only the load check's CPU provider trips on
 
     # Decisions, one per node of the output (positions of the input's nodes), and the result.
     decisions = node_decisions(graph, plan, ir_model, lower.casts, nodes, pad.renames() if pad is not None else None)
-    if pad is not None or scale is not None:
+    if pad is not None or scale is not None or split is not None:
         order = node_order(ir_model)
-        for explaining in (pad, scale):
+        for explaining in (pad, scale, split):
             if explaining is not None:
                 explaining.explain(decisions, order)
     if fp8_plan is not None and fp8_lowering is not None:
@@ -245,7 +254,9 @@ def _convert_ranged(
         len(lower.converted_constants), opts, plan.cast_bytes_painting, plan.cast_bytes_final, output,
         casts_removed=sum(n.op_type == "Cast" for n in nodes) - kept, untyped_nodes=untyped,
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
-        provider_warnings=[*provider_warnings, *tf32_warnings(decisions, opts.provider)],
+        provider_warnings=[
+            *provider_warnings, *tf32_warnings(decisions, opts.provider, split.positions if split else ()),
+        ],
         load_check_skips=skips, probe_skipped=probe_skipped,
     )
     if probe is not None and probe_model is not None and runner is not None:

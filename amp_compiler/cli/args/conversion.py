@@ -19,8 +19,8 @@ __all__ = ["ConversionArgs"]
 class ConversionArgs(ArgGroup):
     """``--target``, ``--provider``, ``--block-op``, ``--block-node``, ``--allow-op``, ``--allow-node``,
     ``--keep-io-types``, ``--no-keep-io-types``,
-    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--range-fallback``, ``--fallback``,
-    ``--fp8-margin``,
+    ``--input-shape``, ``--input-range``, ``--pad-tensor-cores``, ``--range-fallback``, ``--fp32-products``,
+    ``--fallback``, ``--fp8-margin``,
     ``--fp8-calibration``, ``--fp8-percentile``, ``--fp8-max-error``, ``--fp8-budget``, ``--strict``,
     ``--custom-op-precision``, ``--metric``, ``--holdout``.
     Depends on nothing.
@@ -42,6 +42,7 @@ class ConversionArgs(ArgGroup):
         "input_ranges": "--input-range",
         "fallback": "--fallback",
         "range_fallback": "--range-fallback",
+        "fp32_products": "--fp32-products",
         "fp8_margin": "--fp8-margin",
         "fp8_calibration": "--fp8-calibration",
         "fp8_percentile": "--fp8-percentile",
@@ -117,6 +118,13 @@ class ConversionArgs(ArgGroup):
             "bf16 where the provider has a BF16 kernel (BF16 Tensor "
             "Cores: Ampere sm_80 and later, Ada, Hopper, Blackwell; not Turing/T4 or Volta/V100: give "
             "fp32 there), or fp32 (default: scaled for cuda and tensorrt, fp32 for cpu and with --tolerance)",
+        )
+        group.add_argument(
+            "--fp32-products", choices=["plain", "split"], default="plain",
+            help="MatMul/Gemm/Conv kept in FP32 for their precision: plain (as they are: GPUs from Ampere "
+            "on read FP32 products as TF32 by default, at FP16's operand precision) or split (written "
+            "TF32-proof: each operand split into a BF16-exact part and the rest, four products summed in "
+            "FP32; 4x their Tensor Core work) (default: %(default)s)",
         )
         group.add_argument(
             "--fallback", choices=[Target.FP16.value, Target.BF16.value], default=None,
@@ -217,6 +225,7 @@ class ConversionArgs(ArgGroup):
             input_ranges=tuple(parse_input_range(text) for text in args.input_range),
             fallback=Target.parse(args.fallback, option="fallback") if args.fallback else None,
             range_fallback=args.range_fallback,
+            fp32_products=args.fp32_products,
             fp8_margin=args.fp8_margin,
             fp8_calibration=args.fp8_calibration,
             fp8_percentile=args.fp8_percentile,

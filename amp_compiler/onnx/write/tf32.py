@@ -9,19 +9,23 @@ operand rounding back, and on the catalog that undoes the rule whole: ``cqt-log`
 FP32 give a relative L2 error of 2.4e-4 exact and 2.0e-2 read as TF32, what FP16 gives them;
 ``quantized-encoder``'s four MatMuls 0 and 9.1e-3 (8.2e-3 in FP16). Nodes kept FP32 for their range
 only lose nothing: TF32 has FP32's range. ONNX cannot say "no TF32", so the conversion says it
-(:func:`tf32_warnings`) and ``compare --tf32`` measures it (:func:`amp_compiler.onnx.measure.emulate.emulate`).
+(:func:`tf32_warnings`), ``compare --tf32`` measures it (:func:`amp_compiler.onnx.measure.emulate.emulate`)
+and ``--fp32-products split`` writes them TF32-proof (:mod:`amp_compiler.passes.onnx.split_products`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+
+import onnx_ir as ir
 
 from amp_compiler.core.decision import NodeDecision
-from amp_compiler.core.plan import RANGE_ONLY_RULES
+from amp_compiler.core.plan import RANGE_ONLY_RULES, PrecisionPlan
+from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider
 
-__all__ = ["TF32_PROVIDERS", "tf32_warnings"]
+__all__ = ["TF32_PROVIDERS", "kept_for_precision", "tf32_warnings"]
 
 #: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
 TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
@@ -29,14 +33,30 @@ _RANGE_RULES = frozenset(rule.value for rule in RANGE_ONLY_RULES)
 _NAMED = 3  # nodes named in the warning; the rest counted
 
 
-def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider) -> list[str]:
+def kept_for_precision(graph: OnnxPrecisionGraph, plan: PrecisionPlan) -> list[ir.Node]:
+    """The main graph's Tensor Core ops the plan keeps in FP32 for their precision: any rule but the
+    range-only ones (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits)."""
+    table = default_table()
+    out = []
+    for node, vids in graph.node_vertices.items():
+        if not isinstance(node, ir.Node) or node.graph is not graph.model.graph or len(vids) != 1:
+            continue
+        decision = plan.decisions[vids[0]]
+        if (decision.dtype == ir.DataType.FLOAT and decision.rule not in RANGE_ONLY_RULES
+                and table.is_tensor_core(node.domain or "ai.onnx", node.op_type)):
+            out.append(node)
+    return out
+
+
+def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
     """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
-    Core ops in FP32 for their precision (any rule but the range-only ones): which, why, and what to do."""
+    Core ops in FP32 for their precision (any rule but the range-only ones) that it did not write
+    TF32-proof (``proof``: the positions of those it did): which, why, and what to do."""
     if provider not in TF32_PROVIDERS:
         return []
     table = default_table()
     kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _RANGE_RULES
-            and table.is_tensor_core(d.domain, d.op_type)]
+            and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in proof]
     if not kept:
         return []
     names = ", ".join(d.node for d in kept[:_NAMED]) + (f" and {len(kept) - _NAMED} more" if len(kept) > _NAMED else "")
@@ -45,6 +65,6 @@ def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider) -> list
     return [
         f"{len(kept)} matrix {products} kept in FP32 for precision ({names}: {rules}) run as TF32 by default on "
         f"Ampere and later GPUs, which reads their operands at FP16's precision and undoes that: run them with "
-        f"TF32 off (onnxruntime: use_tf32=0; TensorRT: without BuilderFlag.TF32), or measure what it costs with "
-        f"`amp-compiler compare --tf32`"
+        f"TF32 off (onnxruntime: use_tf32=0; TensorRT: without BuilderFlag.TF32), write them TF32-proof with "
+        f"--fp32-products split, or measure what it costs with `amp-compiler compare --tf32`"
     ]

@@ -37,9 +37,10 @@ def test_a_user_blocked_product_is_warned_of_a_range_pinned_one_is_not():
     (line,) = convert(fp32, provider="cuda", block_nodes=(f"^{first}$",), probe=False).provider_warnings
     assert line.startswith(f"1 matrix product kept in FP32 for precision ({first}: ")
     decoder = catalog.load("llama-massive-activations-small")
-    result = convert(decoder, provider="cuda", range_fallback="fp32")
+    result = convert(decoder, provider="cuda", range_fallback="fp32", fp32_products="split")
     assert any(d.precision == "fp32" and d.op_type == "MatMul" for d in result.decisions)
     assert not any("TF32" in w for w in result.provider_warnings)
+    assert not any(d.rule == "tf32.split" for d in result.decisions)  # nor split: TF32 has FP32's range
 
 
 def test_what_the_warning_says_tf32_undoes_the_signal_path_rule():
@@ -58,3 +59,20 @@ def test_what_the_warning_says_tf32_undoes_the_signal_path_rule():
             errors[label].append(max(accuracy("y", [r], [g]).rel_l2 or 0.0 for r, g in zip(ref, got, strict=True)))
     exact, tf32, fp16 = (float(np.mean(errors[k])) for k in ("exact", "tf32", "fp16"))
     assert tf32 > 30 * exact and tf32 > 0.8 * fp16
+
+
+def test_split_products_hold_the_signal_path_rule_on_a_tf32_gpu():
+    """``--fp32-products split``: cqt-log's three Convs written TF32-proof err read as TF32 within 2% of
+    exact FP32 (2.50e-4 against 2.49e-4; 2.3e-2 unsplit), and nothing is left to warn of."""
+    entry, fp32 = catalog.get("cqt-log"), catalog.load("cqt-log")
+    result = convert(fp32, provider="cuda", fp32_products="split")
+    assert sum(d.rule == "tf32.split" and d.op_type == "Conv" for d in result.decisions) == 9  # 3 more each
+    assert not any("TF32" in w for w in result.provider_warnings)
+    exact, tf32 = [], []
+    for seed in range(3):
+        feeds = entry.make_inputs(np.random.default_rng(100 + seed))
+        ref = run_onnxruntime(fp32, feeds)
+        for found, model in ((exact, emulate(result.model)), (tf32, emulate(result.model, tf32=True))):
+            got = run_onnxruntime(model, feeds)
+            found.append(max(accuracy("y", [r], [g]).rel_l2 or 0.0 for r, g in zip(ref, got, strict=True)))
+    assert float(np.mean(tf32)) <= 1.02 * float(np.mean(exact)) < 1e-3
