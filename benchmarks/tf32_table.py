@@ -9,8 +9,10 @@ default conversion's rules, or ``--tolerance``'s pins on eight calibration sampl
 held-out samples under exact emulation twice: FP32 products exact (``emulate(model)``: what the
 summary line, ``compare`` and ``--tolerance`` measure) and with their operands read as TF32
 (``emulate(model, tf32=True)``: what the GPU runs unless TF32 is turned off). The worst held-out
-relative L2 of a float output against FP32 is given for both, and for the same conversion with
-those Tensor Core ops allowed into FP16 (what the FP32 choice is for).
+relative L2 of a float output against FP32 is given for both, for the same conversion with those
+Tensor Core ops allowed into FP16 (what the FP32 choice is for), and for the conversion with
+``--fp32-products split`` (those ops written TF32-proof: :mod:`amp_compiler.passes.onnx.split_products`)
+read as TF32.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from amp_compiler import convert, refine
 from amp_compiler.core.tensor_error import accuracy
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.options import ConvertOptions
 from amp_compiler.policy import default_table
 from benchmarks.cold import write_section
@@ -63,12 +66,16 @@ def _worst(fp32: onnx.ModelProto, model: onnx.ModelProto, held: list[dict[str, n
 def row(case: Case) -> str:
     entry, fp32 = catalog.get(case.name), catalog.load(case.name)
     held = [entry.make_inputs(np.random.default_rng(100 + s)) for s in range(6)]
-    if case.tolerance is None:
-        how, result = "default", convert(fp32, provider="cuda")
-    else:
-        samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(8)]
-        how = f"--tolerance {case.tolerance}"
-        result = refine(fp32, samples, case.tolerance, ConvertOptions(provider="cuda")).result
+    samples = [entry.make_inputs(np.random.default_rng(s)) for s in range(8)]
+
+    def conversion(products: str) -> ConversionResult:
+        options = ConvertOptions(provider="cuda", fp32_products=products)
+        if case.tolerance is None:
+            return convert(fp32, options)
+        return refine(fp32, samples, case.tolerance, options).result
+
+    how = "default" if case.tolerance is None else f"--tolerance {case.tolerance}"
+    result = conversion("plain")
     table = default_table()
     kept = [d for d in result.decisions if d.precision == "fp32" and d.index is not None
             and table.is_tensor_core(d.domain, d.op_type)]
@@ -77,14 +84,17 @@ def row(case: Case) -> str:
     names = tuple(f"^{d.node}$" for d in kept)
     low = convert(fp32, provider="cuda", allow_nodes=names).model if names else result.model
     fp16 = _worst(fp32, emulate(low), held)
+    split = _worst(fp32, emulate(conversion("split").model, tf32=True), held)
     limit = f" (limit {case.tolerance:g})" if case.tolerance is not None else ""
-    return (f"| {case.name} | {how} | {len(kept)} ({rules}) | {exact:.2e}{limit} | **{tf32:.2e}** | {fp16:.2e} |")
+    return (f"| {case.name} | {how} | {len(kept)} ({rules}) | {exact:.2e}{limit} | **{tf32:.2e}** | {fp16:.2e} "
+            f"| {split:.2e} |")
 
 
 def table() -> str:
     lines = [
-        "| model | conversion | Tensor Core ops kept FP32 (rule) | held-out error, FP32 exact | as TF32 | those ops in FP16 |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
+        "| model | conversion | Tensor Core ops kept FP32 (rule) | held-out error, FP32 exact | as TF32 | those ops in FP16 "
+        "| `--fp32-products split`, as TF32 |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     return "\n".join(lines + [row(case) for case in CASES])
 
