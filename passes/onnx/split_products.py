@@ -17,7 +17,10 @@ exactly the sum is the product up to FP32's rounding of the four.
 Cost: four products where there was one, each at TF32's rate (half FP16's) on Tensor Cores: 2x an FP16
 product's time, against 16x for FP32 without Tensor Cores on an H100 (67 against 989 dense TFLOPS).
 Nodes left as they are: a Gemm below opset 11 (its ``C`` is required), any node below opset 13 (no
-BF16 Cast), operands that are not FP32.
+BF16 Cast), operands that are not FP32. An infinite operand (or one beyond BF16's largest, 3.39e38)
+has an infinite high part and a NaN rest: the split product is NaN where FP32's may be infinite.
+Checked under exact emulation on a CPU; no GPU has run it yet (its speed, and that TensorRT keeps the
+lossy Cast round trip, which it must in a strongly typed network, are unmeasured).
 
 Guarantees (``ensures``): every split node's operands are BF16-exact high parts or FP32 remainders; every
 tensor the rest of the graph reads keeps its name and type; graph inputs and outputs are unchanged.
