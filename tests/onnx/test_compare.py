@@ -198,6 +198,12 @@ def test_tf32_reads_a_kept_fp32_product_as_the_gpu_does(tmp_path, capsys):
     tf32 = compare_models(fp32, fp32, samples, runner=InProcessRunner(), tf32=True)
     assert tf32.tf32 and not exact.tf32
     assert exact.error == 0.0 and 1e-5 < tf32.error < 1e-2
+    products = sum(n.op_type in ("MatMul", "Gemm") for n in fp32.graph.node)
+    (hint,) = [w for w in exact.warnings if "TF32" in w]  # exact emulation says what it did not measure
+    assert hint.startswith(f"{products} matrix product(s) of converted are FP32 (") and "--tf32" in hint
+    assert not any("TF32" in w for w in tf32.warnings)
+    ours = compare_models(fp32, convert(fp32, probe=False).model, samples, runner=InProcessRunner())
+    assert not any("TF32" in w for w in ours.warnings)  # every product FP16: nothing for TF32 to read
     a = _saved(tmp_path, "fp32.onnx", fp32)
     assert main(["compare", str(a), str(a), "--tf32"]) == 0
     assert "FP32 matrix products' operands as TF32" in " ".join(capsys.readouterr().out.split())

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
+import onnx
+import onnx.shape_inference
 import onnx_ir as ir
 
 from amp_compiler.core.decision import NodeDecision
@@ -25,7 +27,7 @@ from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider
 
-__all__ = ["TF32_PROVIDERS", "kept_for_precision", "tf32_warnings"]
+__all__ = ["TF32_PROVIDERS", "fp32_products", "kept_for_precision", "tf32_warnings"]
 
 #: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
 TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
@@ -46,6 +48,19 @@ def kept_for_precision(graph: OnnxPrecisionGraph, plan: PrecisionPlan) -> list[i
                 and table.is_tensor_core(node.domain or "ai.onnx", node.op_type)):
             out.append(node)
     return out
+
+
+def fp32_products(model: onnx.ModelProto) -> list[str]:
+    """The names (else op types) of the main graph's Tensor Core ops of ``model`` (any tool's) whose first
+    operand is FP32, by onnx's shape inference and the graph's declared types: what a GPU reads as TF32."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    graph = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    table = default_table()
+    return [node.name or node.op_type for node in graph.node
+            if table.is_tensor_core(node.domain or "ai.onnx", node.op_type) and node.input
+            and types.get(node.input[0]) == onnx.TensorProto.FLOAT]
 
 
 def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
