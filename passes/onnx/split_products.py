@@ -40,12 +40,14 @@ from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import home_graph, is_constant
 from amp_compiler.passes.onnx.lower import _Names, cast_to
 
-__all__ = ["SPLIT_OPS", "SplitNode", "SplitProductsPass"]
+__all__ = ["SPLIT_OPS", "SPLIT_PRODUCTS", "SplitNode", "SplitProductsPass"]
 
 _FP32, _BF16 = ir.DataType.FLOAT, ir.DataType.BFLOAT16
 #: The ops the pass splits, with the inputs that are their two operands and the one added after the
 #: product (their bias), by ONNX's definitions.
 SPLIT_OPS = {"MatMul": ((0, 1), None), "Gemm": ((0, 1), 2), "Conv": ((0, 1), 2), "ConvTranspose": ((0, 1), 2)}
+#: The products a split node computes in place of one.
+SPLIT_PRODUCTS = 4
 _BF16_CAST_OPSET = 13  # Cast takes bfloat16 from opset 13
 _GEMM_OPTIONAL_C = 11  # Gemm's C is optional from opset 11
 

@@ -40,6 +40,7 @@ import onnx
 
 from amp_compiler.core.knapsack import Option
 from amp_compiler.onnx.tolerance.units import Unit
+from amp_compiler.passes.onnx.split_products import SPLIT_PRODUCTS
 from amp_compiler.targets import GEMM_RATE, Target
 
 __all__ = ["Choice", "Decided", "Level", "decide", "decide_fp32", "switches_on", "unit_choices", "value"]
@@ -73,20 +74,24 @@ class Choice:
 _ROOT_LEVEL = {Level.LOW: Level.LOW_ROOT, Level.FP8: Level.FP8_ROOT}
 
 
-def value(flops: int, target: Target) -> int:
+def value(flops: int, target: Target, fp32_products: str = "plain") -> int:
     """The GEMM time ``flops`` save in ``target`` against FP32 (TF32 on Tensor Cores), in units of
-    half an FP16 FLOP: 2 per FLOP in FP16/BF16, 3 in FP8."""
-    return round(2 * flops * (1 / GEMM_RATE["fp32"] - 1 / GEMM_RATE[target.value]))
+    half an FP16 FLOP: 2 per FLOP in FP16/BF16, 3 in FP8. With ``fp32_products`` ``split`` an FP32
+    level is written as :data:`~amp_compiler.passes.onnx.split_products.SPLIT_PRODUCTS` TF32 products
+    (``--fp32-products split``): 14 per FLOP in FP16/BF16, 15 in FP8."""
+    fp32 = (SPLIT_PRODUCTS if fp32_products == "split" else 1) / GEMM_RATE["fp32"]
+    return round(2 * flops * (fp32 - 1 / GEMM_RATE[target.value]))
 
 
 def unit_choices(
     error_alone: Callable[[frozenset[int]], float], unit: Unit, groups: Sequence[int], fp8_group: int | None,
-    low: Target, room: float = math.inf,
+    low: Target, room: float = math.inf, fp32_products: str = "plain",
 ) -> list[Choice]:
     """A unit's levels (see module doc), FP32 first. ``groups``: its probe groups, the root's first
     (a Tensor Core unit with followers has two); ``fp8_group``: its root's FP8 switch, if it has one;
     ``error_alone``: the error the groups switched on alone add at the outputs; ``room``: the error a
-    level may add alone and still fit (a whole unit whose root level is beyond it is not measured)."""
+    level may add alone and still fit (a whole unit whose root level is beyond it is not measured);
+    ``fp32_products``: how an FP32 level is written, which its price follows (:func:`value`)."""
     flops, root = unit.tensor_core_flops, frozenset(groups[:1])
     found = [Choice(Level.FP32, Option(0.0, 0), frozenset())]
     levels = [(Level.LOW, low, frozenset(groups))]
@@ -96,7 +101,7 @@ def unit_choices(
         levels += [(Level.FP8_ROOT, Target.FP8, root | {fp8_group})] if len(groups) > 1 else []
         levels += [(Level.FP8, Target.FP8, frozenset(groups) | {fp8_group})]
     for level, target, on in levels:
-        worth = max(value(flops, target) + (1 if level.followers_low else 0), 1)  # ties: fewer pins
+        worth = max(value(flops, target, fp32_products) + (1 if level.followers_low else 0), 1)  # ties: fewer pins
         root_level = next((c for c in found if c.level is _ROOT_LEVEL.get(level)), None)
         if root_level is not None and root_level.option.error > room:
             found.append(Choice(level, Option(root_level.option.error, worth), on, measured=False))

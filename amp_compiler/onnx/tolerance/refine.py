@@ -306,8 +306,8 @@ class _Refiner:
                room: float) -> _Chosen:
         """Each unit's levels measured alone, the set chosen on the probe, converted and measured."""
         low = self.opts.low_target
-        items = [unit_choices(self.alone(probe, room), unit, part, fp8_group.get(unit.root), low, room)
-                 for unit, part in zip(units, parts, strict=True)]
+        items = [unit_choices(self.alone(probe, room), unit, part, fp8_group.get(unit.root), low, room,
+                              self.opts.fp32_products) for unit, part in zip(units, parts, strict=True)]
 
         def error(picks: tuple[int, ...]) -> float:
             return probe.error(switches_on(items, picks), above=self.tolerance)

@@ -15,6 +15,8 @@ def test_levels_are_worth_the_gemm_time_they_save_against_tf32():
     # FP32 runs as TF32 at half FP16's rate, FP8 at twice it: FP16 saves 1 s per FP16-second, FP8 1.5
     assert value(1000, Target.FP16) == 2000 and value(1000, Target.BF16) == 2000
     assert value(1000, Target.FP8) == 3000
+    # --fp32-products split: FP32 is four TF32 products, 8 FP16-seconds per FP16-second: FP16 saves 7, FP8 7.5
+    assert value(1000, Target.FP16, "split") == 14000 and value(1000, Target.FP8, "split") == 15000
 
 
 def test_a_tensor_core_unit_with_followers_has_every_level_cheaper_ones_first():
