@@ -39,7 +39,7 @@ from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
-from amp_compiler.onnx.write.tf32 import fp32_products
+from amp_compiler.onnx.write.tf32 import fp32_products_warnings
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.runtime.samples import random_samples
 from amp_compiler.targets import Provider, Target
@@ -153,12 +153,8 @@ def _compare(
         raise
     try:
         found = _measure(fp32, converted, samples, reference, candidate, provider, top, names, generated, metric)
-        kept = fp32_products(converted) if emulated and not tf32 else []
-        if kept:
-            shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
-            found.warnings.append(
-                f"{len(kept)} matrix product(s) of {names[1]} are FP32 ({shown}), measured exact here: GPUs from "
-                f"Ampere on read them as TF32 by default (FP16's operand precision); --tf32 measures that")
+        if emulated and not tf32:
+            found.warnings.extend(fp32_products_warnings(converted, names[1]))
         return dataclasses.replace(found, tf32=tf32)
     finally:
         reference.close()

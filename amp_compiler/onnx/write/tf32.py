@@ -27,7 +27,7 @@ from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider
 
-__all__ = ["TF32_PROVIDERS", "fp32_products", "kept_for_precision", "tf32_warnings"]
+__all__ = ["TF32_PROVIDERS", "fp32_products", "fp32_products_warnings", "kept_for_precision", "tf32_warnings"]
 
 #: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
 TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
@@ -63,6 +63,21 @@ def fp32_products(model: onnx.ModelProto) -> list[str]:
             and types.get(node.input[0]) == onnx.TensorProto.FLOAT]
 
 
+def fp32_products_warnings(model: onnx.ModelProto, name: str) -> list[str]:
+    """One line when ``model`` (any tool's, called ``name``) has FP32 matrix products (:func:`fp32_products`)
+    that an exact emulation measured as FP32: what ``compare`` says without ``--tf32``."""
+    kept = fp32_products(model)
+    if not kept:
+        return []
+    return [f"{len(kept)} matrix product(s) of {name} are FP32 ({_listed(kept)}), measured exact here: GPUs from "
+            f"Ampere on read them as TF32 by default (FP16's operand precision); --tf32 measures that"]
+
+
+def _listed(names: list[str]) -> str:
+    """The first :data:`_NAMED` of ``names``, and how many more."""
+    return ", ".join(names[:_NAMED]) + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
+
+
 def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
     """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
     Core ops in FP32 for their precision (any rule but the range-only ones) that it did not write
@@ -74,7 +89,7 @@ def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: 
             and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in proof]
     if not kept:
         return []
-    names = ", ".join(d.node for d in kept[:_NAMED]) + (f" and {len(kept) - _NAMED} more" if len(kept) > _NAMED else "")
+    names = _listed([d.node for d in kept])
     rules = ", ".join(dict.fromkeys(d.rule for d in kept))
     products = "product" if len(kept) == 1 else "products"
     return [
