@@ -172,6 +172,7 @@ def _read_as_tf32(graph: ir.Graph) -> None:
     rounded copy per value, made before its first such reader."""
     table = default_table()
     copies: dict[ir.Value, ir.Value] = {}
+    constants: list[ir.Value] = []  # the split's two scalars, made once per graph at its first use
     for node in list(graph):
         tensor_core = table.is_tensor_core(node.domain, node.op_type)
         layout = table.gemm_layout(node.domain, node.op_type) if tensor_core else None
@@ -184,13 +185,14 @@ def _read_as_tf32(graph: ir.Graph) -> None:
             if value is None or value.dtype != _F32:
                 continue
             if value not in copies:
-                copies[value] = _tf32_copy(graph, value, node)
+                copies[value] = _tf32_copy(graph, value, node, constants)
             node.replace_input_with(index, copies[value])
 
 
-def _tf32_copy(graph: ir.Graph, value: ir.Value, before: ir.Node) -> ir.Value:
+def _tf32_copy(graph: ir.Graph, value: ir.Value, before: ir.Node, constants: list[ir.Value]) -> ir.Value:
     """``value`` rounded to TF32 by nodes inserted before ``before``: ``Where(|x| < 2^114, t - (t - x), x)``
-    with ``t = x * 8193``."""
+    with ``t = x * 8193``; ``constants``: the graph's 8193 and 2^114, made here where it has none yet
+    (before the first reader, so before every later one)."""
     name = value.name or "tf32"
 
     def made(op: str, inputs: list[ir.Value], suffix: str, **attributes: float) -> ir.Value:
@@ -199,8 +201,10 @@ def _tf32_copy(graph: ir.Graph, value: ir.Value, before: ir.Node) -> ir.Value:
         graph.insert_before(before, node)
         return node.outputs[0]
 
-    split = made("Constant", [], "_split", value_float=_TF32_SPLIT)
-    largest = made("Constant", [], "_largest", value_float=_TF32_LARGEST)
+    if not constants:
+        constants += [made("Constant", [], "_split", value_float=_TF32_SPLIT),
+                      made("Constant", [], "_largest", value_float=_TF32_LARGEST)]
+    split, largest = constants
     t = made("Mul", [value, split], "_t")
     hi = made("Sub", [t, made("Sub", [t, value], "_d")], "_hi")
     small = made("Less", [made("Abs", [value], "_abs"), largest], "_small")
