@@ -37,8 +37,8 @@ from amp_compiler.onnx.measure.generated_inputs import batch_dims, dim_key, dyna
 from amp_compiler.runtime.samples import model_inputs, waveform_inputs
 
 __all__ = [
-    "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size", "probe_dims",
-    "probe_shapes",
+    "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "SHORTEST_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size",
+    "probe_dims", "probe_shapes",
 ]
 
 #: A token sequence's length when the graph states none (no position table): a typical sentence-pair
@@ -47,6 +47,8 @@ DEFAULT_SEQUENCE = 128
 #: The longest sequence the probe runs, whatever the position table allows (a 4096-row rotary cache
 #: would make the probe's run, with every tensor observed, cost 32x a 128-token one in attention).
 MAX_SEQUENCE = 512
+#: The shortest sequence a refused one falls back to (:func:`_shorter`) before the generic search.
+SHORTEST_SEQUENCE = 16
 #: A waveform's lengths, in turn: one second at 16 kHz (speech models' rate; Silero VAD refuses all
 #: but 8/16 kHz), then a 32 ms streaming chunk (a model that keeps a recurrent state between calls
 #: takes one chunk per call and refuses a whole second: Silero VAD).
@@ -55,16 +57,17 @@ _PAST = re.compile(r"past", re.IGNORECASE)
 _TOTAL = re.compile(r"total|all_?seq|kv_?seq", re.IGNORECASE)
 _SEQUENCE = re.compile(r"seq|len|token", re.IGNORECASE)
 #: Ops an arange of positions passes through on its way to the position table's Gather.
-_POSITION_PATH = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Cast", "Identity", "Add"})
+_POSITION_PATH = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Cast", "Identity"})
 #: Contrib ops that take a position table, and which input it is (its first dim is the positions).
 _TABLE_INPUTS = {"EmbedLayerNormalization": 3, "GroupQueryAttention": 7, "RotaryEmbedding": 2}
 
 
 def position_table_size(model: onnx.ModelProto) -> int:
-    """The rows of the model's position table (0: none found): the largest initializer table a Gather
-    indexes with an arange (a Range, or an integer initializer counting 0, 1, 2..., through reshapes,
-    slices and Casts), or the position input of a fused embedding or attention op (onnxruntime's
-    EmbedLayerNormalization, GroupQueryAttention's cos cache, RotaryEmbedding)."""
+    """The longest sequence the model's position table takes (0: none found): the largest initializer
+    table a Gather indexes with positions counting up (:func:`_first_position`), its rows less the first
+    position (a table of 130 rows indexed from 2 takes 128 tokens), or the rows of the position input
+    of a fused embedding or attention op (onnxruntime's EmbedLayerNormalization, GroupQueryAttention's
+    cos cache, RotaryEmbedding)."""
     inits = {i.name: i for i in model.graph.initializer}
     producers = {out: node for node in model.graph.node for out in node.output}
     sizes = [0]
@@ -75,8 +78,9 @@ def position_table_size(model: onnx.ModelProto) -> int:
             sizes.append(int(table.dims[0]) if table.dims else 0)
         elif node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits:
             table = inits[node.input[0]]
-            if len(table.dims) == 2 and _is_arange(node.input[1], producers, inits):
-                sizes.append(int(table.dims[0]))
+            first = _first_position(node.input[1], producers, inits) if len(table.dims) == 2 else None
+            if first is not None:
+                sizes.append(max(int(table.dims[0]) - max(first, 0), 0))
     return max(sizes)
 
 
@@ -119,20 +123,55 @@ def _projection_width(node: onnx.NodeProto | None, inits: Mapping[str, onnx.Tens
     return int(weight.dims[1]) if weight is not None and len(weight.dims) == 2 else 0
 
 
-def _is_arange(name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]) -> bool:
-    for _ in range(8):
-        if name in inits:
-            array = onnx.numpy_helper.to_array(inits[name]).ravel()
-            return array.size > 1 and array.dtype.kind in "iu" and bool((array == range(array.size)).all())
-        node = producers.get(name)
-        if node is None or not node.input:
-            return False
-        if node.op_type == "Range":
-            return True
-        if node.op_type not in _POSITION_PATH:
-            return False
-        name = node.input[0]
-    return False
+def _first_position(
+    name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto], depth: int = 0,
+) -> int | None:
+    """The first index of the positions ``name`` holds, where they count up by one (None: they do not,
+    as far as the graph says): a Range's start (0 where it is not constant: a KV cache's past length,
+    empty in the probe), 0 for an integer initializer counting 0, 1, 2..., 1 for a running count
+    (CumSum: HF RoBERTa's positions, counted over the mask and multiplied by it), plus every constant an
+    Add puts on the way (BART's and RoBERTa's offset of 2: their tables have two rows more than the
+    positions they take), through reshapes, slices and Casts."""
+    if depth > 12:
+        return None
+    if name in inits:
+        array = onnx.numpy_helper.to_array(inits[name]).ravel()
+        counts = array.size > 1 and array.dtype.kind in "iu" and bool((array == range(array.size)).all())
+        return 0 if counts else None
+    node = producers.get(name)
+    if node is None or not node.input:
+        return None
+    if node.op_type == "Range":
+        start = _constant_int(node.input[0], producers, inits)
+        return start if start is not None else 0
+    if node.op_type == "CumSum":
+        return 1
+    if node.op_type == "Add" and len(node.input) == 2:
+        for constant, other in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
+            added = _constant_int(constant, producers, inits)
+            if added is not None:
+                first = _first_position(other, producers, inits, depth + 1)
+                return None if first is None else first + added
+    if node.op_type in ("Add", "Mul") and len(node.input) == 2:  # plus a past length; times a mask of ones
+        found = [_first_position(x, producers, inits, depth + 1) for x in node.input]
+        return next((f for f in found if f is not None), None)
+    if node.op_type not in _POSITION_PATH:
+        return None
+    return _first_position(node.input[0], producers, inits, depth + 1)
+
+
+def _constant_int(
+    name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]
+) -> int | None:
+    """The value of a one-value integer constant (an initializer or a Constant node), else None."""
+    tensor = inits.get(name)
+    node = producers.get(name)
+    if tensor is None and node is not None and node.op_type == "Constant":
+        tensor = next((a.t for a in node.attribute if a.name == "value"), None)
+    if tensor is None:
+        return None
+    array = onnx.numpy_helper.to_array(tensor)
+    return int(array.ravel()[0]) if array.size == 1 and array.dtype.kind in "iu" else None
 
 
 def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | None = None) -> list[dict[str, int]]:
@@ -149,6 +188,7 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
     sequence = min(table, MAX_SEQUENCE) if table else DEFAULT_SEQUENCE
     out: dict[str, int] = {}
     waves: set[str] = set()
+    sequences: list[str] = []  # the keys sized as the token sequence
     for info in inputs:
         if info.name in fixed:
             continue
@@ -164,16 +204,25 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
                 out[key] = heads[key]
             elif _PAST.search(key):
                 out[key] = 0
-            elif _TOTAL.search(key):
+            elif _TOTAL.search(key) or (integer and len(dims) == 2 and axis == 1) or (
+                    dim.HasField("dim_param") and _SEQUENCE.search(key)):
                 out[key] = sequence
-            elif (integer and len(dims) == 2 and axis == 1) or (dim.HasField("dim_param") and _SEQUENCE.search(key)):
-                out[key] = sequence
+                sequences.append(key)
             elif info.name in waveforms and axis == len(dims) - 1:
                 out[key] = WAVEFORM_SAMPLES[0]
                 waves.add(key)
     if not any(value > 1 or value == 0 for value in out.values()):
         return []  # nothing but batches: the search's own start
-    return [out, *({**out, **dict.fromkeys(waves, size)} for size in WAVEFORM_SAMPLES[1:] if waves)]
+    shorter = [{**out, **dict.fromkeys(sequences, length)} for length in _shorter(sequence) if sequences]
+    return [out, *shorter, *({**out, **dict.fromkeys(waves, size)} for size in WAVEFORM_SAMPLES[1:] if waves)]
+
+
+def _shorter(sequence: int) -> list[int]:
+    """The lengths a refused sequence falls back to before the generic search (which starts at one
+    token): a half and a quarter of it, down to :data:`SHORTEST_SEQUENCE`. A model may refuse the length
+    for what the graph does not say (positions counted otherwise than :func:`_first_position` follows,
+    a length it must divide); one token shows no attention at all."""
+    return [length for length in (sequence // 2, sequence // 4) if length >= SHORTEST_SEQUENCE]
 
 
 def probe_shapes(

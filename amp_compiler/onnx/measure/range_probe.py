@@ -135,7 +135,7 @@ def _sized(
             if exc.option != "run_memory":
                 raise  # over the time budget: the runner's child was stopped, nothing more runs in it
             refused.append((max(sized.values()), first_line(exc)))
-            break  # over the memory budget at these sizes: the generic search's smallest ones
+            continue  # over the memory budget at these sizes: shorter ones, then the generic search's smallest
         except (ModelRunError, SampleSizeError) as exc:
             refused.append((max(sized.values()), first_line(exc)))
             continue

@@ -56,11 +56,71 @@ def _embedding(positions: int | None, vocab: int = 50) -> object:
 def test_a_token_sequence_takes_the_position_tables_length_else_a_default(positions, expected):
     m = _embedding(positions)
     assert position_table_size(m) == (positions or 0)
-    assert probe_dims(m) == [{"batch": 1, "sequence": expected}]
+    assert probe_dims(m)[0] == {"batch": 1, "sequence": expected}
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.samples[0]["ids"].shape == (1, expected) and probe.dims == {"batch": 1, "sequence": expected}
     # attention over the sequence: no probability is 1 any more (at one token every one is)
     assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == expected * expected
+
+
+def _offset_positions(rows: int, counted: bool, vocab: int = 50) -> object:
+    """ids [batch, sequence] -> a token table plus a position table of ``rows`` rows indexed from 2 on:
+    positions ``Range(0, sequence) + 2`` (BART's learned positions), or with ``counted`` a running count
+    over the mask of non-padding ids, times that mask, + 1 (RoBERTa's, from padding index 1)."""
+    nodes = [helper.make_node("Gather", ["tokens", "ids"], ["emb"], name="embed")]
+    if counted:
+        nodes += [
+            helper.make_node("Equal", ["ids", "one"], ["is_pad"], name="is_pad"),
+            helper.make_node("Not", ["is_pad"], ["real"], name="real"),
+            helper.make_node("Cast", ["real"], ["mask"], name="mask", to=I64),
+            helper.make_node("CumSum", ["mask", "one"], ["count"], name="count"),
+            helper.make_node("Mul", ["count", "mask"], ["counted"], name="masked"),
+            helper.make_node("Add", ["counted", "one_scalar"], ["pos_ids"], name="from_padding"),
+        ]
+    else:
+        nodes += [
+            helper.make_node("Shape", ["ids"], ["shape"], name="shape", start=1, end=2),
+            helper.make_node("Squeeze", ["shape"], ["length"], name="length"),
+            helper.make_node("Range", ["zero", "length", "one_scalar"], ["arange"], name="arange"),
+            helper.make_node("Add", ["arange", "two"], ["pos_ids"], name="offset"),
+        ]
+    nodes += [helper.make_node("Gather", ["positions", "pos_ids"], ["pos"], name="embed_pos"),
+              helper.make_node("Add", ["emb", "pos"], ["y"], name="add_pos")]
+    inits = [tensor("tokens", weights((vocab, 8))), tensor("positions", weights((rows, 8), seed=1)),
+             tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+             tensor("one_scalar", np.array(1, np.int64)), tensor("two", np.array(2, np.int64))]
+    return model(nodes, [vi("ids", I64, ["batch", "sequence"])], [vi("y", F32, ["batch", "sequence", 8])], inits)
+
+
+@pytest.mark.parametrize("counted", [False, True], ids=["bart-arange-plus-2", "roberta-count-over-mask"])
+def test_a_position_table_indexed_from_an_offset_takes_its_rows_less_the_offset(counted):
+    """Before: the table's 130 rows were taken for the length; onnxruntime refused 130 tokens (index
+    131 beyond the table) and the probe ran one token."""
+    m = _offset_positions(130, counted)
+    assert position_table_size(m) == 128
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["ids"].shape == (1, 128) and probe.dims["sequence"] == 128
+
+
+def test_a_refused_sequence_falls_back_to_a_half_before_one_token():
+    """A table of 100 rows indexed through an op the table search does not follow (a Neg twice): the
+    default 128 tokens are refused, 64 run; before, the generic search ran one token."""
+    m = _embedding(None)
+    m.graph.node.insert(0, helper.make_node("Shape", ["ids"], ["shape"], name="shape", start=1, end=2))
+    m.graph.node.insert(1, helper.make_node("Squeeze", ["shape"], ["length"], name="length"))
+    m.graph.node.insert(2, helper.make_node("Range", ["zero", "length", "one"], ["arange"], name="arange"))
+    m.graph.node.insert(3, helper.make_node("Neg", ["arange"], ["negated"], name="neg"))
+    m.graph.node.insert(4, helper.make_node("Neg", ["negated"], ["pos_ids"], name="neg_again"))
+    m.graph.node.insert(5, helper.make_node("Gather", ["positions", "pos_ids"], ["pos"], name="embed_pos"))
+    m.graph.node.append(helper.make_node("ReduceSum", ["pos"], ["pos_sum"], name="pos_sum", keepdims=0))
+    m.graph.output.append(vi("pos_sum", F32, []))
+    m.graph.initializer.extend([tensor("positions", weights((100, 8), seed=1)), tensor("zero", np.array(0, np.int64)),
+                                tensor("one", np.array(1, np.int64))])
+    assert position_table_size(m) == 0
+    assert [d["sequence"] for d in probe_dims(m)] == [DEFAULT_SEQUENCE, DEFAULT_SEQUENCE // 2, DEFAULT_SEQUENCE // 4]
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["ids"].shape == (1, DEFAULT_SEQUENCE // 2) and probe.dims["sequence"] == 64
+    assert "sizes 128 did not run" in probe.inputs
 
 
 def _clip_like(positions: int = 77):
@@ -133,9 +193,11 @@ def _decoder_with_cache():
 
 def test_a_kv_cache_is_probed_empty_at_the_prompts_length_with_positions_counting():
     m = _decoder_with_cache()
-    (dims,) = probe_dims(m)
+    dims, *shorter = probe_dims(m)
     length = DEFAULT_SEQUENCE
     assert dims == {"batch": 1, "sequence": length, "total_sequence": length, "past_sequence": 0}
+    # refused, the prompt is shorter, the cache still empty
+    assert shorter == [{**dims, "sequence": n, "total_sequence": n} for n in (length // 2, length // 4)]
     shapes = probe_shapes(m, dims)
     assert shapes == {"ids": (1, length), "mask": (1, length), "past": (1, 2, 0, 8), "position_ids": (1, length)}
     assert input_kinds(m)["position_ids"].kind == "positions"
@@ -213,18 +275,20 @@ def test_the_catalogs_transformers_are_probed_at_a_real_length(name, length, cau
         assert softmax and all(probe.ranges[out].max < 1 for out in softmax)
 
 
-def test_a_sequence_over_the_memory_budget_falls_back_to_the_smallest(monkeypatch):
-    m = _embedding(32)
+@pytest.mark.parametrize("fits, expected", [(32, 32), (1, 1)])
+def test_a_sequence_over_the_memory_budget_falls_back_to_shorter_ones_then_the_smallest(monkeypatch, fits, expected):
+    m = _embedding(128)
     real = range_probe.runnable_inputs
 
     def over_budget(model, runner, fixed=None, **kwargs):
-        if fixed and fixed.get("ids", (1, 1))[1] > 1:
+        if fixed and fixed.get("ids", (1, 1))[1] > fits:
             raise RunBudgetError("running the model needed more than its memory budget", option="run_memory")
         return real(model, runner, fixed, **kwargs)
 
     monkeypatch.setattr(range_probe, "runnable_inputs", over_budget)
     probe = range_probe.probe_ranges(m, InProcessRunner())
-    assert probe.samples[0]["ids"].shape == (1, 1) and probe.runs == 3  # the refused, the kept, the observed
+    refused = 2 if fits == 32 else 3  # 128 and 64; else 32 too
+    assert probe.samples[0]["ids"].shape == (1, expected) and probe.runs == refused + 2  # the kept, the observed
 
 
 def test_a_sequence_over_the_time_budget_stops_the_probe(monkeypatch):
