@@ -1,6 +1,7 @@
 """Compare a converted model with its FP32 original: the outputs, and where in the graph the error grows.
 
-    samples (or generated inputs) -> both models run with every main-graph float tensor exposed
+    samples (or the inputs convert's range probe generates) -> both models run with every main-graph
+       float tensor exposed
     -> per output: cosine, max error of range, NaN/Inf, argmax agreement, and its error under the
        metric (``metric``: relative L2 by default, or any other :data:`amp_compiler.core.tensor_error.ErrorMetric`,
        the user's callable included: the one error ``--tolerance`` and the FP8 budget hold)
@@ -39,9 +40,9 @@ from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.measure.calibrate import IntermediateRunner
 from amp_compiler.onnx.measure.emulate import emulate, stored_values
+from amp_compiler.onnx.measure.range_probe import probe_samples
 from amp_compiler.onnx.write.tf32 import fp32_products_warnings
 from amp_compiler.runtime.runner import Runner, default_runner
-from amp_compiler.runtime.samples import random_samples
 from amp_compiler.targets import Provider, Target
 
 __all__ = ["Comparison", "NodeComparison", "OutputComparison", "SCHEMA_VERSION", "compare_models"]
@@ -115,8 +116,9 @@ def compare_models(
     metric: ErrorMetric | str = Metric.REL_L2,
     tf32: bool = False,
 ) -> Comparison:
-    """Run both models on ``samples`` (default: one generated sample, ``input_shapes`` fixing dynamic
-    dims) and compare them (see the module docstring). ``top``: how many nodes of largest error growth
+    """Run both models on ``samples`` (default: the range probe's generated samples, those ``convert`` ran
+    without data, :func:`~amp_compiler.onnx.measure.range_probe.probe_samples`; ``input_shapes`` fixing
+    dynamic dims) and compare them (see the module docstring). ``top``: how many nodes of largest error growth
     to name. ``runner``: where the models run (default: a child process with the default budget).
     ``metric``: the outputs' error (a :class:`~amp_compiler.targets.Metric` or its name, or a callable
     ``(fp32_outputs, converted_outputs) -> float`` over dicts of float outputs, one array per sample).
@@ -130,19 +132,21 @@ def compare_models(
                           "(on by default)", option="tf32")
     runner, owned = default_runner(runner)
     try:
-        return _compare(fp32, converted, samples, provider, top, names, input_shapes, runner, metric, tf32)
+        return _compare(fp32, converted, list(samples) if samples else None, provider, top, names, input_shapes, runner, metric, tf32)
     finally:
         if owned:
             runner.close()
 
 
 def _compare(
-    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]] | None,
+    fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]] | None,
     provider: Provider, top: int, names: tuple[str, str], input_shapes: dict[str, tuple[int, ...]] | None,
     runner: Runner, metric: ErrorMetric = Metric.REL_L2, tf32: bool = False,
 ) -> Comparison:
-    generated = not samples
-    samples = list(samples) if samples else random_samples(fp32, input_shapes)
+    generated = ""  # how the inputs were generated, when no samples were given
+    if not samples:
+        probe = probe_samples(fp32, runner, input_shapes=input_shapes)
+        samples, generated = probe.samples, probe.inputs
     emulated = provider is Provider.CPU
     reference = _runner(fp32, runner, Provider.CPU, names[0])
     runnable = emulate(converted, tf32=tf32) if emulated else converted
@@ -164,7 +168,7 @@ def _compare(
 def _measure(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
     reference: IntermediateRunner, candidate: IntermediateRunner, provider: Provider, top: int,
-    names: tuple[str, str], generated: bool, metric: ErrorMetric = Metric.REL_L2,
+    names: tuple[str, str], generated: str, metric: ErrorMetric = Metric.REL_L2,
 ) -> Comparison:
     emulated = provider is Provider.CPU
 
@@ -194,7 +198,8 @@ def _measure(
 
     warnings = []
     if generated:
-        warnings.append("inputs were generated (floats ~ N(0, 1), integers 1): give data for real ones")
+        warnings.append(f"inputs were generated as convert's range probe makes them ({generated}): "
+                        "give data for real ones")
     missing = [n for n in outputs if out_stats[n].count == 0]
     if missing:
         warnings.append(f"outputs not compared (not float, or absent from {names[1]}): {', '.join(missing)}")
@@ -205,7 +210,7 @@ def _measure(
     by_output = dict(zip(floats or [], by_metric.relative() if by_metric is not None else [], strict=True))
     return Comparison(
         fp32=names[0], converted=names[1], provider=provider.value, emulated=emulated,
-        samples=len(samples), generated_inputs=generated,
+        samples=len(samples), generated_inputs=bool(generated),
         outputs=[_output(name, out_stats[name], agree[name], by_output.get(name, 0.0))
                  for name in outputs if out_stats[name].count],
         growth=[e for e in growth if e.growth > 0], first_nonfinite=first_bad,

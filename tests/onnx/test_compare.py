@@ -210,3 +210,27 @@ def test_tf32_reads_a_kept_fp32_product_as_the_gpu_does(tmp_path, capsys):
     assert main(["compare", str(a), str(a), "--tf32", "--provider", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--tf32" in err and "use_tf32" in err and "\n" not in err
+
+
+def test_without_data_compare_runs_the_inputs_convert_stated_its_error_on():
+    """Before: one N(0, 1) sample with every integer 1 (a single token of id 1 for a text model), not
+    the probe's: `convert` warned of an error that the `compare` it named did not show."""
+    fp32 = catalog.load("bert-base-small")
+    result = convert(fp32)
+    c = compare_models(fp32, result.model)
+    stated = {a.name: a.error_of_range for a in result.accuracy}
+    assert stated and set(stated) == {o.name for o in c.outputs}
+    for o in c.outputs:
+        assert o.error_of_range == pytest.approx(stated[o.name], rel=1e-6, abs=1e-9)
+    assert any("range probe" in w and "sequence=64" in w for w in c.warnings)
+
+
+def test_without_data_compare_runs_an_image_model_on_the_probes_two_images():
+    """Uniform noise and dead leaves at 224x224, as the probe (each output's error over both: convert
+    states the worse of the two, each against its own image's output range)."""
+    fp32 = catalog.load("mobilenetv2-small")
+    result = convert(fp32)
+    c = compare_models(fp32, result.model)
+    assert c.samples == 2 and any("dead leaves" in w for w in c.warnings)
+    stated = max(a.error_of_range for a in result.accuracy)
+    assert 0.5 * stated <= max(o.error_of_range for o in c.outputs) <= 1.5 * stated

@@ -39,7 +39,8 @@ class CompareArgs(ArgGroup):
         group.add_argument("converted_model", help="its conversion (by amp-compiler or any other tool)")
         group.add_argument(
             "--data", metavar="PATH",
-            help="inputs: an .npz keyed by graph input name, or a folder of them (default: generated inputs)",
+            help="inputs: an .npz keyed by graph input name, or a folder of them (default: the inputs convert's "
+                 "range probe generates)",
         )
         group.add_argument(
             "--provider", default="cpu", choices=["cpu", "cuda"],

@@ -48,7 +48,8 @@ from amp_compiler.runtime.runner import Runner
 from amp_compiler.runtime.samples import SampleSizeError, image_inputs, input_kinds, model_inputs
 
 __all__ = [
-    "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSkipped", "RangeProbe", "probe_ranges",
+    "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped", "RangeProbe",
+    "probe_ranges", "probe_samples",
 ]
 
 #: Models whose weights take more than this are converted without the probe (one warning): their
@@ -165,26 +166,35 @@ class ProbeSkipped(Exception):
     """The probe did not run; the message is the warning line's reason."""
 
 
-def probe_ranges(
+@dataclasses.dataclass
+class ProbeSamples:
+    """The range probe's generated samples (:func:`probe_samples`), the FP32 model's outputs on them, the
+    runs their search took (refused sizes and the one kept), how they were made and the dynamic dims'
+    values."""
+
+    samples: list[dict[str, np.ndarray]]
+    outputs: list[list[np.ndarray]]
+    runs: int
+    inputs: str
+    dims: dict[str, int]
+    kinds: list[str]
+
+
+def probe_samples(
     model: onnx.ModelProto, runner: Runner, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     input_ranges: Mapping[str, tuple[float, float]] | None = None, seed: int = 0,
-) -> RangeProbe:
-    """Run the FP32 ``model`` (weights in memory) on one generated sample through ``runner`` (two for a
-    model with an image input: :data:`IMAGE_SAMPLES`) and observe every float tensor. Raises
-    :class:`ProbeSkipped` when the model cannot be run on generated inputs (over the run budget,
-    crashed, refused, inputs too large)."""
+) -> ProbeSamples:
+    """The samples the range probe runs the FP32 ``model`` on (the module doc: one generated sample the
+    model runs, sized as the graph says real inputs are; for a model with an image input a second, with
+    dead-leaves images) and its outputs on them: what ``compare`` takes without data, so that its
+    numbers are the ones ``convert``'s summary line stated. Raises the :class:`ModelRunError` or
+    :class:`SampleSizeError` that ended the search."""
     images = image_inputs(model, input_ranges)
-    try:
-        generated = _generated(model, runner, input_shapes, input_ranges, seed)
-        samples, outputs = list(generated.samples), list(generated.outputs)
-        if images:
-            samples.append(_with_leaves(samples[0], images, seed))
-            outputs.append(_run(model, runner, samples[-1]))
-        ranges = collect_ranges(model, samples, runner=runner)
-    except RunBudgetError as exc:
-        raise ProbeSkipped(f"its run exceeds the run budget ({first_line(exc)})") from None
-    except (ModelRunError, SampleSizeError) as exc:
-        raise ProbeSkipped(first_line(exc)) from None
+    generated = _generated(model, runner, input_shapes, input_ranges, seed)
+    samples, outputs = list(generated.samples), list(generated.outputs)
+    if images:
+        samples.append(_with_leaves(samples[0], images, seed))
+        outputs.append(_run(model, runner, samples[-1]))
     kinds = input_kinds(model, input_ranges)
     described = [f"{name}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
                  for name, kind in kinds.items()]
@@ -194,10 +204,31 @@ def probe_ranges(
     sized = {info.name for info in model_inputs(model) if info.name not in given and _dynamic_image(info)}
     described += [f"{name}: {'x'.join(map(str, array.shape))}" for name, array in generated.samples[0].items()
                   if name in sized]
-    return RangeProbe(
-        samples, outputs, ranges, runs=len(generated.refused) + 2 * len(samples),  # outputs, then observed
+    return ProbeSamples(
+        samples, outputs, runs=len(generated.refused) + len(samples),
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
         kinds=list(IMAGE_SAMPLES) if images else [],
+    )
+
+
+def probe_ranges(
+    model: onnx.ModelProto, runner: Runner, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None, seed: int = 0,
+) -> RangeProbe:
+    """Run the FP32 ``model`` (weights in memory) on one generated sample through ``runner`` (two for a
+    model with an image input: :data:`IMAGE_SAMPLES`) and observe every float tensor. Raises
+    :class:`ProbeSkipped` when the model cannot be run on generated inputs (over the run budget,
+    crashed, refused, inputs too large)."""
+    try:
+        found = probe_samples(model, runner, input_shapes=input_shapes, input_ranges=input_ranges, seed=seed)
+        ranges = collect_ranges(model, found.samples, runner=runner)
+    except RunBudgetError as exc:
+        raise ProbeSkipped(f"its run exceeds the run budget ({first_line(exc)})") from None
+    except (ModelRunError, SampleSizeError) as exc:
+        raise ProbeSkipped(first_line(exc)) from None
+    return RangeProbe(
+        found.samples, found.outputs, ranges, runs=found.runs + len(found.samples),  # outputs, then observed
+        inputs=found.inputs, dims=found.dims, kinds=found.kinds,
     )
 
 
