@@ -1,6 +1,6 @@
 """``amp-compiler compare``: run an FP32 model and its conversion side by side and say where they differ.
 
-    both model files (read safely) -> inputs (--data, or generated) -> compare_models -> text or JSON
+    both model files (read safely) -> inputs (--data, or generated: --input-shape) -> compare_models -> text or JSON
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class CompareCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from amp_compiler.onnx.compare import compare_models
+        from amp_compiler.onnx.costs.costs import bind_input_shapes
         from amp_compiler.onnx.load import files as onnx_files
         from amp_compiler.report.comparison import render_comparison
         from amp_compiler.runtime.samples import load_samples
@@ -37,10 +38,11 @@ class CompareCommand(Command):
         fp32 = onnx_files.load_model(o.fp32)
         converted = onnx_files.load_model(o.converted)
         samples = load_samples(o.data, fp32) if o.data is not None else None
+        shapes = bind_input_shapes(fp32, o.input_shapes) if o.input_shapes else None  # OptionError: a bad name
         with self.running.runner() as runner:  # both models run in one budgeted child process
             comparison = compare_models(
                 fp32, converted, samples, provider=o.provider, top=o.top, names=(o.fp32.name, o.converted.name),
-                runner=runner, metric=o.metric, tf32=o.tf32,
+                input_shapes=shapes, runner=runner, metric=o.metric, tf32=o.tf32,
             )
         text = render_comparison(comparison, o.format)
         if o.output is not None:

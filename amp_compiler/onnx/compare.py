@@ -132,7 +132,8 @@ def compare_models(
                           "(on by default)", option="tf32")
     runner, owned = default_runner(runner)
     try:
-        return _compare(fp32, converted, list(samples) if samples else None, provider, top, names, input_shapes, runner, metric, tf32)
+        given = list(samples) if samples else None
+        return _compare(fp32, converted, given, provider, top, names, input_shapes, runner, metric, tf32)
     finally:
         if owned:
             runner.close()

@@ -234,3 +234,21 @@ def test_without_data_compare_runs_an_image_model_on_the_probes_two_images():
     assert c.samples == 2 and any("dead leaves" in w for w in c.warnings)
     stated = max(a.error_of_range for a in result.accuracy)
     assert 0.5 * stated <= max(o.error_of_range for o in c.outputs) <= 1.5 * stated
+
+
+def test_cli_input_shape_sizes_the_generated_inputs(tmp_path, capsys):
+    fp32 = catalog.load("bert-base-small")
+    a = _saved(tmp_path, "fp32.onnx", fp32)
+    b = _saved(tmp_path, "fp16.onnx", convert(fp32, probe=False).model)
+    assert main(["compare", str(a), str(b), "--input-shape", "input_ids:1x16", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["generated_inputs"] and out["outputs"]
+    assert main(["compare", str(a), str(b), "--input-shape", "input_ids:1x4096"]) == 2  # beyond the position table
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "64 by 4096" in err
+    assert main(["compare", str(a), str(b), "--input-shape", "ids:1x16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--input-shape" in err and "not a graph input" in err
+    np.savez(tmp_path / "x.npz", input_ids=np.ones((1, 16), np.int64))
+    assert main(["compare", str(a), str(b), "--input-shape", "input_ids:1x16", "--data", str(tmp_path / "x.npz")]) == 2
+    assert "--data gives the inputs" in capsys.readouterr().err

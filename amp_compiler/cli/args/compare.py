@@ -17,16 +17,19 @@ FORMATS = ("terminal", "json")
 
 
 class CompareArgs(ArgGroup):
-    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--provider``, ``--tf32``, ``--top``, ``--metric``,
-    ``--format``, ``-o``. Depends on nothing."""
+    """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--input-shape``, ``--provider``, ``--tf32``, ``--top``,
+    ``--metric``, ``--format``, ``-o``. Depends on nothing. ``--input-shape``'s names are checked against
+    the model where it is read (:meth:`check_shapes`)."""
 
     title = "comparison"
-    flags = {"provider": "--provider", "data": "--data", "top": "--top", "metric": "--metric", "tf32": "--tf32"}
+    flags = {"provider": "--provider", "data": "--data", "top": "--top", "metric": "--metric", "tf32": "--tf32",
+             "input_shapes": "--input-shape"}
 
     def __init__(self) -> None:
         self.fp32 = Path()
         self.converted = Path()
         self.data: Path | None = None
+        self.input_shapes: dict[str, tuple[int, ...]] | None = None  # None: no --input-shape
         self.provider = Provider.CPU
         self.tf32 = False
         self.top = 5
@@ -41,6 +44,11 @@ class CompareArgs(ArgGroup):
             "--data", metavar="PATH",
             help="inputs: an .npz keyed by graph input name, or a folder of them (default: the inputs convert's "
                  "range probe generates)",
+        )
+        group.add_argument(
+            "--input-shape", action="append", default=[], metavar="NAME:DIMS",
+            help="without --data: fix a graph input's shape for the generated inputs, e.g. input_ids:1x256 "
+            "(as convert's --input-shape; repeatable)",
         )
         group.add_argument(
             "--provider", default="cpu", choices=["cpu", "cuda"],
@@ -67,6 +75,18 @@ class CompareArgs(ArgGroup):
     def parse(self, args: argparse.Namespace) -> None:
         self.fp32, self.converted = Path(args.fp32_model), Path(args.converted_model)
         self.data = Path(args.data) if args.data else None
+        if args.input_shape:
+            from amp_compiler.onnx.costs.costs import parse_input_shape
+
+            if self.data is not None:
+                raise OptionError("sizes the generated inputs; --data gives the inputs", option="input_shapes")
+            shapes: dict[str, tuple[int, ...]] = {}
+            for text in args.input_shape:
+                name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
+                if name in shapes:
+                    raise OptionError(f"{name} is given twice", option="input_shapes")
+                shapes[name] = shape
+            self.input_shapes = shapes
         self.provider = Provider.parse(args.provider)
         self.tf32 = bool(args.tf32)
         if self.tf32 and self.provider is not Provider.CPU:
