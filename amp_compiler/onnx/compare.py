@@ -258,8 +258,12 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
 def _node_errors(
     fp32: onnx.ModelProto, converted: onnx.ModelProto, tensors: dict[str, ErrorStats]
 ) -> list[NodeComparison]:
-    """One entry per FP32 main-graph node whose first float output was compared, in graph order."""
+    """One entry per FP32 main-graph node whose first float output was compared, in graph order. Its
+    precision is the type its namesake in the converted model writes (a node that writes a graph output
+    kept FP32 writes a low-precision tensor, which a Cast takes to the output's name), else the type of
+    the tensor of its output's name."""
     types = _types(converted)
+    written = {n.name: list(n.output) for n in converted.graph.node if n.name}
     rel = {name: s.rel_l2 for name, s in tensors.items()}
     out = []
     for i, node in enumerate(fp32.graph.node):
@@ -268,7 +272,10 @@ def _node_errors(
             continue
         s = tensors[tensor]
         worst_in = max((rel.get(x, 0.0) for x in node.input if x), default=0.0)
-        dtype = types.get(tensor)
+        namesake = written.get(node.name) if node.name else None
+        k = list(node.output).index(tensor)
+        dtype = types.get(namesake[k]) if namesake is not None and k < len(namesake) else None
+        dtype = dtype or types.get(tensor)
         out.append(NodeComparison(
             position=i, node=node.name, op_type=node.op_type, tensor=tensor,
             precision=short_name(ir.DataType(dtype)) if dtype else "?",

@@ -252,3 +252,18 @@ def test_cli_input_shape_sizes_the_generated_inputs(tmp_path, capsys):
     np.savez(tmp_path / "x.npz", input_ids=np.ones((1, 16), np.int64))
     assert main(["compare", str(a), str(b), "--input-shape", "input_ids:1x16", "--data", str(tmp_path / "x.npz")]) == 2
     assert "--data gives the inputs" in capsys.readouterr().err
+
+
+def test_a_node_writing_a_graph_output_kept_fp32_shows_its_own_precision():
+    """The MatMul writes the output's FP16 copy and a Cast the output's name; before, the row of the
+    MatMul showed the Cast's fp32 (the type of the tensor of its output's name)."""
+    x, y = helper.make_tensor_value_info("x", 1, [4, 16]), helper.make_tensor_value_info("y", 1, [4, 8])
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
+    m = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="last")], "g", [x], [y], [w]),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=9,
+    )
+    converted = convert(m, probe=False).model
+    assert [n.op_type for n in converted.graph.node if "y" in n.output] == ["Cast"]
+    c = compare_models(m, converted, [{"x": np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)}])
+    assert [(g.node, g.precision) for g in c.growth] == [("last", "fp16")]
