@@ -198,6 +198,7 @@ def probe_samples(
     kinds = input_kinds(model, input_ranges)
     described = [f"{name}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
                  for name, kind in kinds.items()]
+    described += [f"{name}: {_default_values(array)}" for name, array in samples[0].items() if name not in kinds]
     if generated.dims:
         described.append(generated.describe())
     given = input_shapes or {}
@@ -230,6 +231,11 @@ def probe_ranges(
         found.samples, found.outputs, ranges, runs=found.runs + len(found.samples),  # outputs, then observed
         inputs=found.inputs, dims=found.dims, kinds=found.kinds,
     )
+
+
+def _default_values(array: np.ndarray) -> str:
+    """What :func:`~amp_compiler.runtime.samples.random_samples` gives an input it knows nothing of."""
+    return "N(0, 1)" if np.issubdtype(array.dtype, np.floating) else "True" if array.dtype == bool else "1"
 
 
 def _with_leaves(

@@ -88,6 +88,7 @@ def test_a_model_without_an_image_input_is_probed_on_one_sample():
               [vi("y", F32, [1, 4])], [tensor("w", weights((16, 4)))])
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert len(probe.samples) == len(probe.outputs) == 1 and probe.kinds == [] and probe.runs == 2
+    assert probe.inputs == "x: N(0, 1)"  # an input of no known kind is named with what it took
     result = convert(m, probe=True, runner=InProcessRunner())
     assert result.accuracy and result.accuracy_on == {}
 
