@@ -72,6 +72,7 @@ def sample_stride(size: int) -> int:
 
 
 _FLUSHED, _SUBNORMAL = 2.0**-25, 2.0**-14
+_INF = float("inf")
 
 #: The running error sums of a tensor against its FP32 reference (:func:`error_sums`), in this order:
 #: the sums of squared errors, of squared finite reference values, of squared converted and of the
@@ -171,15 +172,19 @@ def _finite_stats(np: Any, a: Any) -> list | None:
     sample = np.empty(full * blocks, uint)
     lows, highs = np.empty(blocks, a.dtype), np.empty(blocks, a.dtype)
     taken, energy = 0, 0.0
+    low, high, dot, bitwise_and = np.minimum.reduce, np.maximum.reduce, np.dot, np.bitwise_and  # looked up once
     with np.errstate(over="ignore"):
         for b, start in enumerate(range(0, a.size, _BLOCK)):
             block = a[start:start + _BLOCK]
-            lows[b], highs[b] = block.min(), block.max()
-            if not (np.isfinite(lows[b]) and np.isfinite(highs[b])):  # NaN (it propagates) or inf
+            lows[b] = lo = low(block)
+            highs[b] = hi = high(block)
+            if not -_INF < lo <= hi < _INF:  # NaN (it propagates, and fails every comparison) or inf
                 return None
-            energy = _sum_squares(np, block, energy)
+            for chunk in range(0, block.size, _SQUARES_CHUNK):  # _sum_squares inline: no call, no errstate
+                part = block[chunk:chunk + _SQUARES_CHUNK]
+                energy += float(dot(part, part))
             part = bits[start:start + block.size:stride]
-            np.bitwise_and(part, magnitude, out=sample[taken:taken + part.size])
+            bitwise_and(part, magnitude, out=sample[taken:taken + part.size])
             taken += part.size
     nonzero, flushed, subnormal, lost, exponents = _sample_counts(np, a, sample[:taken], full)
     lo, hi = float(lows.min()) + 0.0, float(highs.max()) + 0.0  # + 0.0: a zero extreme is +0.0 whatever its sign
@@ -219,12 +224,12 @@ def _binades_of_exponents(counts: Any) -> list[int]:
     :data:`EXPONENT_FIELDS`' bins: subnormals (field 0) and every binade below the first bin go to it,
     every one above the last to it."""
     bias = (counts.size >> 1) - 1
-    binades = [0] * len(EXPONENT_FIELDS)
-    last = len(binades) - 1
-    for field in counts.nonzero()[0].tolist():
-        exponent = (field if field else 1) - bias  # a subnormal lies below its type's smallest normal
-        binades[min(max(exponent - EXPONENT_LOW, 0), last)] += int(counts[field])
-    return binades
+    last = len(EXPONENT_FIELDS) - 1
+    # field f's binade is f - bias (a subnormal, field 0, lies below its type's smallest normal: as field 1)
+    first, top = EXPONENT_LOW + bias, EXPONENT_LOW + bias + last  # the fields of the first and last bins
+    below, above = int(counts[:first + 1].sum()), int(counts[top:].sum())
+    middle = counts[first + 1:top].tolist()
+    return [below, *middle, above]
 
 
 def _nonfinite_stats(np: Any, a: Any) -> list:
