@@ -11,7 +11,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from amp_compiler.core.plan import Rule
+from amp_compiler.core.plan import RANGE_ONLY_RULES, Rule
 
 __all__ = ["NodeDecision", "allow_message", "count_by_precision", "count_by_rule", "untyped_message", "untyped_nodes"]
 
@@ -66,15 +66,20 @@ def untyped_message(untyped: Sequence[str]) -> str:
 
 def allow_message(decisions: Iterable[NodeDecision], allowed: Iterable[int], low: str) -> str | None:
     """One line about the nodes ``--allow-op``/``--allow-node`` force into ``low`` precision (``allowed``:
-    their positions): how many went low whatever the policy says, and those that stayed FP32 all the same
-    (low precision cannot run them or hold their values) with their rule ids; None when there are none.
+    their positions): how many went low whatever the policy says, those run low only on power-of-two
+    scaled operands (a range rule decided them: their values do not fit ``low``), and those that stayed
+    out of it all the same (low precision cannot run them or hold their values), with their rule ids;
+    None when there are none.
     Nodes without float data are left out: nothing to force."""
     picked = set(allowed)
     mine = [d for d in decisions if d.index is not None and d.index in picked and d.precision != "none"]
     if not mine:
         return None
     forced = [d for d in mine if d.rule == Rule.USER_ALLOW.value]
-    kept = [d for d in mine if d.rule != Rule.USER_ALLOW.value]
+    # decided by a range rule yet low: run in ``low`` on power-of-two scaled operands (the range fallback)
+    ranged = {rule.value for rule in RANGE_ONLY_RULES}
+    scaled = [d for d in mine if d.rule in ranged and d.precision == low]
+    kept = [d for d in mine if d.rule != Rule.USER_ALLOW.value and d not in scaled]
 
     def shown(ds: Sequence[NodeDecision], rules: bool) -> str:
         names = [_short(d.node or d.op_type) + (f": {d.rule}" if rules else "") for d in ds[:3]]
@@ -82,6 +87,9 @@ def allow_message(decisions: Iterable[NodeDecision], allowed: Iterable[int], low
 
     text = f"--allow-op/--allow-node forced {len(forced)} node(s) into {low} whatever the policy says"
     text += f" ({shown(forced, False)})" if forced else ""
+    if scaled:
+        text += f"; {len(scaled)} in {low} on power-of-two scaled operands, their range beyond it "
+        text += f"({shown(scaled, True)})"
     if kept:
         text += f"; {len(kept)} kept out of {low} all the same ({shown(kept, True)})"
     return text

@@ -19,6 +19,7 @@ from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Role, Rule
 from amp_compiler.errors import OptionError
 from amp_compiler.passes.analysis import UserChoices, compile_patterns
+from amp_compiler.runtime.runner import InProcessRunner
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
@@ -212,3 +213,16 @@ def test_tolerance_never_pins_a_forced_node():
     d = _decisions(r.result)
     assert (d["block0/exp"].precision, d["block0/exp"].rule) == ("fp16", "user.allow")
     assert d["mm1"].precision == d["mm2"].precision == "fp32"
+
+
+def test_an_allowed_node_scaled_into_fp16_for_its_range_is_said_to_run_scaled_not_kept_out():
+    """A MatMul whose stated input range overflows FP16 runs in FP16 on power-of-two scaled operands (the
+    GPU providers' range fallback); before, the message said it was kept out of fp16 all the same."""
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, [2, 8])],
+              [vi("y", F32, [2, 8])], [tensor("w", weights((8, 8), seed=1))])
+    result = convert(m, allow_ops=["MatMul"], input_ranges={"x": (-1e6, 1e6)}, runner=InProcessRunner())
+    d = _decisions(result)["mm"]  # the probe observed the stated range: scales for the operands
+    assert (d.precision, d.rule) == ("fp16", Rule.RANGE_OVERFLOW.value)
+    assert allow_message(result.decisions, result.allowed, "fp16") == (
+        "--allow-op/--allow-node forced 0 node(s) into fp16 whatever the policy says; 1 in fp16 on power-of-two "
+        "scaled operands, their range beyond it ('mm': input-range.overflow)")
