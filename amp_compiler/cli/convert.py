@@ -54,6 +54,7 @@ class ConvertCommand(Command):
         parser.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
 
     def run(self, args: argparse.Namespace) -> int:
+        from amp_compiler.core.decision import unconverted_message
         from amp_compiler.onnx.convert import convert
         from amp_compiler.onnx.write.load_check import OutputLoadCheck
 
@@ -93,6 +94,8 @@ class ConvertCommand(Command):
             if check is not None:
                 check.start(result)  # the pieces of an in-memory output load while it is written
             output_files = files.save(result, check)
+            unconverted = unconverted_message(result.decisions, result.options.low_target.value)
+            warnings.extend([unconverted] if unconverted else [])
             warnings.extend(result.provider_warnings)
             warnings.extend(check.warnings if check is not None else ())
         accuracy, measured_on, kinds = _measured(result, analysis)

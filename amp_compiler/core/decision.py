@@ -11,9 +11,12 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from amp_compiler.core.plan import RANGE_ONLY_RULES, Rule
+from amp_compiler.core.plan import INSERTED_RULES, RANGE_ONLY_RULES, Rule
 
-__all__ = ["NodeDecision", "allow_message", "count_by_precision", "count_by_rule", "untyped_message", "untyped_nodes"]
+__all__ = [
+    "NodeDecision", "allow_message", "count_by_precision", "count_by_rule", "unconverted_message", "untyped_message",
+    "untyped_nodes",
+]
 
 
 @dataclasses.dataclass(slots=True)  # no __dict__: a conversion makes one per node
@@ -93,6 +96,30 @@ def allow_message(decisions: Iterable[NodeDecision], allowed: Iterable[int], low
     if kept:
         text += f"; {len(kept)} kept out of {low} all the same ({shown(kept, True)})"
     return text
+
+
+def unconverted_message(decisions: Iterable[NodeDecision], low: str) -> str | None:
+    """One line when the conversion left every node of the input as it was (none in a low-precision
+    type): that it did, and the rules that kept the most nodes FP32, with their counts (an int8 model's
+    ``quantized.requantize``, an audio front end's signal path); None when some node went low."""
+    inserted = {rule.value for rule in INSERTED_RULES}
+    own = [d for d in decisions if d.rule not in inserted and d.index is not None]
+    if not own or any(d.precision in _LOW_PRECISIONS for d in own):
+        return None
+    kept = Counter(d.rule for d in own if d.precision == "fp32")
+    causes = Counter({rule: n for rule, n in kept.items() if rule not in _CONSEQUENCES}) or kept
+    rules = ", ".join(f"{rule} {n}" for rule, n in causes.most_common(3)) or "no float computation"
+    return f"no node was converted to {low}: the output computes as the input does (nodes kept fp32 by {rules})"
+
+
+#: Rules that follow from other nodes' precision (constants for their readers, painting, dtypes fixed by the
+#: model): no cause of an FP32 model, left out of :func:`unconverted_message`'s rules where others are.
+_CONSEQUENCES = frozenset({
+    Rule.CONSTANT.value, Rule.FIXED.value, Rule.PAINT_DENY.value, Rule.PAINT_BETWEEN_LOW.value, Rule.PAINT_PASS.value,
+    Rule.PAINT_DEFAULT.value, Rule.POLICY_FOLLOW.value, Rule.POLICY_PASS.value,
+})
+#: The precisions that count as converted ("mixed": a node with low and FP32 tensors).
+_LOW_PRECISIONS = frozenset({"fp16", "bf16", "fp8", "mixed"})
 
 
 def _short(name: str, limit: int = 40) -> str:

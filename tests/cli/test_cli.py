@@ -53,6 +53,17 @@ def test_convert_writes_a_valid_fp16_model(good_model, tmp_path, capsys):
     assert "Tensor Core ops in fp16: 1/1" in stdout
 
 
+def test_a_conversion_that_converts_nothing_says_so_and_why(good_model, tmp_path, capsys):
+    """Every node blocked: the summary's counts said it (nodes: fp32 2), no line did."""
+    out = tmp_path / "out.onnx"
+    code, stdout, err = _run(["convert", good_model, "-o", out, "--block-op", "MatMul", "--block-op", "Relu"], capsys)
+    assert code == 0 and "Tensor Core ops in fp16: 0/1" in stdout
+    assert "warning: no node was converted to fp16: the output computes as the input does (nodes kept fp32 by " \
+           "user.block-op 2)" in err
+    code, _, err = _run(["convert", good_model, "-o", out, "--force"], capsys)
+    assert code == 0 and "no node was converted" not in err
+
+
 def test_convert_bf16_with_options(good_model, tmp_path, capsys):
     out = tmp_path / "out.onnx"
     code, _, err = _run(
