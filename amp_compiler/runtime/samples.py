@@ -350,14 +350,15 @@ def image_inputs(
 
 def waveform_inputs(model: onnx.ModelProto) -> set[str]:
     """The float inputs of rank 1 or 2 (``[samples]``, ``[batch, samples]``) that are audio: the model
-    has a scalar sample-rate input (``sr``), or the input is named like audio (``waveform``, ``speech``)."""
+    has a scalar sample-rate input (``sr``), or the input or its last dim is named like audio
+    (``waveform``, ``speech``; openWakeWord's melspectrogram: ``input [batch_size, samples]``)."""
     inputs = model_inputs(model)
     rate = any(_SAMPLE_RATE.fullmatch(i.name) and _rank(i) == 0 for i in inputs)
     return {
         i.name for i in inputs
         if 1 <= _rank(i) <= 2 and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
                                                 np.floating)
-        and (rate or _AUDIO.search(i.name))
+        and (rate or _AUDIO.search(i.name) or _AUDIO.search(i.type.tensor_type.shape.dim[-1].dim_param))
     }
 
 

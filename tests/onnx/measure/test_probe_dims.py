@@ -20,7 +20,7 @@ from amp_compiler.onnx.measure.probe_dims import (
     probe_shapes,
 )
 from amp_compiler.runtime.runner import InProcessRunner
-from amp_compiler.runtime.samples import input_kinds, random_samples
+from amp_compiler.runtime.samples import input_kinds, random_samples, waveform_inputs
 from models import catalog
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
@@ -299,3 +299,16 @@ def test_a_sequence_over_the_time_budget_stops_the_probe(monkeypatch):
     monkeypatch.setattr(range_probe, "runnable_inputs", over_time)
     with pytest.raises(range_probe.ProbeSkipped, match="run budget"):
         range_probe.probe_ranges(_embedding(32), InProcessRunner())
+
+
+def test_a_float_input_whose_last_dim_is_named_samples_is_a_waveform():
+    """openWakeWord's melspectrogram takes ``input [batch_size, samples]``: before, no waveform was seen
+    (its name says nothing), and the generic search ran it at 512 samples of N(0, 1)."""
+    frames = [helper.make_node("Unsqueeze", ["input", "axis1"], ["x3"], name="channels"),
+              helper.make_node("Conv", ["x3", "w"], ["spec"], name="stft", strides=[160]),
+              helper.make_node("ReduceMean", ["spec", "axis1"], ["y"], name="mean", keepdims=0)]
+    m = model(frames, [vi("input", F32, ["batch_size", "samples"])], [vi("y", F32, ["batch_size", None])],
+              [tensor("axis1", np.array([1], np.int64)), tensor("w", weights((8, 1, 400), scale=0.05))])
+    assert waveform_inputs(m) == {"input"} and input_kinds(m)["input"].bounds == (-1.0, 1.0)
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["input"].shape == (1, WAVEFORM_SAMPLES[0]) and "input: waveform -1..1" in probe.inputs
