@@ -20,7 +20,7 @@ from amp_compiler.onnx.write.inline_output import inline_chunks, placeholders
 from amp_compiler.onnx.write.save import OutputPath, Verify
 from amp_compiler.passes.onnx import ConvertedConstant
 
-__all__ = ["DeferredOutput", "output_proto"]
+__all__ = ["DeferredOutput", "keep_declared_shapes", "output_proto"]
 
 
 def output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelProto:
@@ -43,7 +43,51 @@ def output_proto(ir_model: ir.Model, original: onnx.ModelProto) -> onnx.ModelPro
     out = ir.to_proto(ir_model)
     out.ir_version = original.ir_version
     keep_value_info_of(original, out, described)
+    keep_declared_shapes(original, out)
     return out
+
+
+def keep_declared_shapes(original: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """Give every graph output (each graph's and subgraph's, by position) and every value_info entry (by
+    name) of ``out`` the dims ``original`` declares for it where it declares them symbolic or unknown, and
+    no shape where it declares none (:func:`_declared_shape`): the conversion changes element types, not
+    shapes. Shape inference, which typed the conversion's IR, merges a declared shape with what it
+    infers, and inside subgraphs what it infers can be one size where the model takes many: the merged
+    decoder of an Optimum T5 export declares its If's ``present.0.encoder.key`` as ``[batch_size, 4,
+    encoder_sequence_length, 16]``, inference with data propagation made it ``[1, 4, 4, 16]``, and
+    onnxruntime, which allocates an If's outputs as their branch declares them, refused every other
+    size. A declared size that inference contradicts (a stale value_info entry) stays corrected.
+    Graphs are paired in order (the conversion adds no subgraph), and left alone where the two models'
+    graphs do not pair."""
+    pairs = list(zip(iter_proto_graphs(original.graph), iter_proto_graphs(out.graph), strict=False))
+    if len(pairs) != sum(1 for _ in iter_proto_graphs(out.graph)) or any(
+        a.name != b.name or len(a.output) != len(b.output) for a, b in pairs
+    ):
+        return
+    for declared, written in pairs:
+        for before, after in zip(declared.output, written.output, strict=True):
+            _declared_shape(before, after)
+        kept = {v.name: v for v in declared.value_info}
+        for after in written.value_info:
+            if after.name in kept:
+                _declared_shape(kept[after.name], after)
+
+
+def _declared_shape(before: onnx.ValueInfoProto, after: onnx.ValueInfoProto) -> None:
+    """``after``'s tensor shape as ``before`` declares it: none where it declares none; its symbolic and
+    unknown dims where the ranks agree (a size both give stays ``after``'s: inference's correction
+    of a stale one); ``after``'s where the ranks differ (inference corrected the declaration)."""
+    if before.type.WhichOneof("value") != "tensor_type" or after.type.WhichOneof("value") != "tensor_type":
+        return
+    declared, written = before.type.tensor_type, after.type.tensor_type
+    if not declared.HasField("shape"):
+        written.ClearField("shape")
+    elif not written.HasField("shape"):
+        written.shape.CopyFrom(declared.shape)
+    elif len(declared.shape.dim) == len(written.shape.dim):
+        for was, now in zip(declared.shape.dim, written.shape.dim, strict=True):
+            if not (was.HasField("dim_value") and now.HasField("dim_value")):
+                now.CopyFrom(was)
 
 
 def described_names(model: onnx.ModelProto) -> set[str]:
