@@ -18,7 +18,7 @@ import re
 import stat
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,8 +30,8 @@ from amp_compiler.errors import AmpUserError
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "image_inputs", "input_kinds",
-    "load_samples", "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
+    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "image_channels", "image_inputs",
+    "image_like", "input_kinds", "load_samples", "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -280,6 +280,10 @@ _POSITIONS = re.compile(r"(\w*_)?pos(ition)?_?ids?", re.IGNORECASE)
 #: A float waveform (``[batch, samples]`` or ``[samples]``) in a model with a sample-rate input, or named
 #: like audio, is audio scaled to -1..1 (what decoders and speech front ends produce).
 _AUDIO = re.compile(r"audio|wave(form)?|speech|pcm|input_values|samples", re.IGNORECASE)
+#: A KV cache, by its name or its dims' (not an image whatever its dim 1: its heads).
+_CACHE = re.compile(r"past|present|cache|key_?values?", re.IGNORECASE)
+_CACHE_DIM = re.compile(r"past|seq|length|total", re.IGNORECASE)
+_CHANNELS = re.compile(r"channel", re.IGNORECASE)
 #: Ops an index input may pass through on its way to an embedding Gather.
 _INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
 
@@ -300,10 +304,12 @@ def input_kinds(
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    inits = {i.name: i for i in model.graph.initializer}
+    inits: dict[str, onnx.TensorProto] = {}
+    for graph in _graphs(model.graph):  # a merged decoder looks its tokens up inside an If
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
+        inits.update((i.name, i) for i in graph.initializer)
     kinds: dict[str, InputKind] = {}
     waveforms = waveform_inputs(model)
     for info in model_inputs(model):
@@ -311,7 +317,7 @@ def input_kinds(
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if info.name in stated:
             kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
-        elif np.issubdtype(dtype, np.floating) and _image_like(tt):
+        elif np.issubdtype(dtype, np.floating) and image_like(info):
             readers = consumers.get(info.name, ())
             top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)
             if not any(n.op_type in _NORMALIZE_OPS for n in readers):
@@ -343,7 +349,7 @@ def image_inputs(
     kinds = input_kinds(model, input_ranges)
     return {
         info.name: kinds[info.name].bounds for info in model_inputs(model)
-        if info.name in kinds and info.name not in (input_ranges or {}) and _image_like(info.type.tensor_type)
+        if info.name in kinds and info.name not in (input_ranges or {}) and image_like(info)
         and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type), np.floating)
     }
 
@@ -367,9 +373,23 @@ def _rank(info: onnx.ValueInfoProto) -> int:
     return len(tt.shape.dim) if tt.HasField("shape") else -1
 
 
-def _image_like(tt: onnx.TypeProto.Tensor) -> bool:
+def image_channels(info: onnx.ValueInfoProto) -> int | None:
+    """The channels of an image input: a 4-D input whose dim 1 is 1, 3 or 4 (3 where it is named like
+    channels: Optimum's ``num_channels``), and that is not a KV cache, whose dim 1 is its heads (GPT-2's
+    and T5's 4) and which is named like one (``past_key_values.0.key``) or has a dim named like a
+    sequence (``past_sequence_length``); None for any other input."""
+    tt = info.type.tensor_type
     dims = tt.shape.dim if tt.HasField("shape") else []
-    return len(dims) == 4 and dims[1].HasField("dim_value") and dims[1].dim_value in (1, 3, 4)
+    if len(dims) != 4 or _CACHE.search(info.name) or any(_CACHE_DIM.search(d.dim_param) for d in dims if d.dim_param):
+        return None
+    if dims[1].HasField("dim_value") and dims[1].dim_value in (1, 3, 4):
+        return int(dims[1].dim_value)
+    return 3 if _CHANNELS.search(dims[1].dim_param) else None
+
+
+def image_like(info: onnx.ValueInfoProto) -> bool:
+    """An image input (:func:`image_channels`)."""
+    return image_channels(info) is not None
 
 
 def _constant_absmax(node: onnx.NodeProto, name: str, inits: Mapping[str, onnx.TensorProto]) -> float:
@@ -384,6 +404,15 @@ def _constant_absmax(node: onnx.NodeProto, name: str, inits: Mapping[str, onnx.T
             if array.size and np.issubdtype(array.dtype, np.floating):
                 top = max(top, float(np.max(np.abs(array))))
     return top
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and its subgraphs (If branches, Loop and Scan bodies), parents first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                yield from _graphs(sub)
 
 
 def _vocabulary(name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto]) -> int:

@@ -44,6 +44,8 @@ def dead_leaves(rng: np.random.Generator, shape: tuple[int, ...], low: float, hi
     state gives the same images."""
     n, c, h, w = shape
     out = np.empty(shape, np.float32)
+    if out.size == 0:  # nothing to draw (an empty batch)
+        return out
     side = min(h, w)
     r_max = max(2 * _MIN_RADIUS, _MAX_RADIUS_SHARE * side)
     # E[r^2] of the density r^-3 on [r_min, r_max]: 2 r_min^2 ln(r_max / r_min) / (1 - (r_min / r_max)^2)

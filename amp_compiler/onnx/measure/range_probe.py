@@ -41,11 +41,11 @@ from amp_compiler.errors import (
 )
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.measure.calibrate import collect_ranges
-from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
+from amp_compiler.onnx.measure.generated_inputs import Generated, dynamic_dims, runnable_inputs
 from amp_compiler.onnx.measure.images import dead_leaves
 from amp_compiler.onnx.measure.probe_dims import probe_dims, probe_shapes
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.runtime.samples import SampleSizeError, image_inputs, input_kinds, model_inputs
+from amp_compiler.runtime.samples import SampleSizeError, image_channels, image_inputs, input_kinds, model_inputs
 
 __all__ = [
     "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped", "RangeProbe",
@@ -106,7 +106,7 @@ def _generated(
         for info in images:
             dims = info.type.tensor_type.shape.dim
             fixed[info.name] = (
-                _static(dims[0], 1), dims[1].dim_value, _static(dims[2], height), _static(dims[3], width)
+                _static(dims[0], 1), image_channels(info) or 3, _static(dims[2], height), _static(dims[3], width)
             )
         try:
             return _sized(model, runner, fixed, input_ranges, seed)
@@ -149,12 +149,13 @@ def _sized(
 
 
 def _dynamic_image(info: onnx.ValueInfoProto) -> bool:
+    """A float image input (:func:`~amp_compiler.runtime.samples.image_channels`) whose channels, height or
+    width are dynamic."""
     dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
     return (
         info.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-        and len(dims) == 4 and dims[1].HasField("dim_value") and dims[1].dim_value in (1, 3, 4)
-        and not (dims[2].HasField("dim_value") and dims[2].dim_value > 0
-                 and dims[3].HasField("dim_value") and dims[3].dim_value > 0)
+        and image_channels(info) is not None
+        and not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[1:])
     )
 
 
@@ -226,7 +227,9 @@ def probe_ranges(
     except RunBudgetError as exc:
         raise ProbeSkipped(f"its run exceeds the run budget ({first_line(exc)})") from None
     except (ModelRunError, SampleSizeError) as exc:
-        raise ProbeSkipped(first_line(exc)) from None
+        unsized = dynamic_dims(model, input_shapes)
+        hint = f" (its dynamic dims {', '.join(unsized[:4])}: --input-shape NAME:DIMS gives them)" if unsized else ""
+        raise ProbeSkipped(first_line(exc) + hint) from None
     return RangeProbe(
         found.samples, found.outputs, ranges, runs=found.runs + len(found.samples),  # outputs, then observed
         inputs=found.inputs, dims=found.dims, kinds=found.kinds,

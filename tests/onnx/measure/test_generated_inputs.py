@@ -24,15 +24,16 @@ from amp_compiler.runtime.runner import InProcessRunner
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
-def _audio_front_end(batch: str = "batch", name: str = "audio") -> onnx.ModelProto:
+def _audio_front_end(batch: str = "batch", name: str = "audio", samples: str = "samples") -> onnx.ModelProto:
     """audio [batch, samples] -> a 400-tap filterbank as a Conv with stride 160 (an STFT's shape):
-    onnxruntime refuses fewer than 400 samples ("Invalid input shape: {1}"). ``name``: the input's
-    (one not named like audio is sized by the generic search alone, the range probe's included)."""
+    onnxruntime refuses fewer than 400 samples ("Invalid input shape: {1}"). ``name``, ``samples``: the
+    input's and its length's (one named like audio by neither is sized by the generic search alone, the
+    range probe's included)."""
     return model(
         [helper.make_node("Unsqueeze", [name, "axis"], ["a3"], name="unsqueeze"),
          helper.make_node("Conv", ["a3", "filters"], ["spec"], name="stft", strides=[160]),
          helper.make_node("Relu", ["spec"], ["y"], name="relu")],
-        [vi(name, F32, [batch, "samples"])], [vi("y", F32, [batch, 64, "frames"])],
+        [vi(name, F32, [batch, samples])], [vi("y", F32, [batch, 64, "frames"])],
         [tensor("axis", np.array([1], np.int64)), tensor("filters", weights((64, 1, 400)))],
     )
 
@@ -166,13 +167,13 @@ def test_report_input_shapes_that_cannot_work_are_one_line(tmp_path, shape, need
 
 def test_report_on_the_command_line_shows_the_dims_and_keeps_them_in_json(tmp_path):
     path = tmp_path / "audio.onnx"
-    onnx.save(_audio_front_end(name="signal"), path)
+    onnx.save(_audio_front_end(name="signal", samples="duration"), path)
     code, out, err = _cli("report", path)
     assert code == 0 and err == ""
     text = " ".join(out.split())  # the terminal report wraps its lines
-    assert "worst output cosine" in text and "samples=512" in text and "Invalid input shape: {1}" in text
+    assert "worst output cosine" in text and "duration=512" in text and "Invalid input shape: {1}" in text
     code, out, _ = _cli("report", path, "--format", "json")
-    assert json.loads(out)["summary"]["generated_dims"] == {"batch": 1, "samples": 512}
+    assert json.loads(out)["summary"]["generated_dims"] == {"batch": 1, "duration": 512}
 
 
 def test_the_given_shapes_keep_their_option_error_through_the_api():

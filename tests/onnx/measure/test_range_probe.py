@@ -10,8 +10,9 @@ from onnx import TensorProto, helper
 
 from amp_compiler import convert
 from amp_compiler.onnx.measure import range_probe
+from amp_compiler.onnx.measure.images import dead_leaves
 from amp_compiler.runtime.runner import InProcessRunner
-from amp_compiler.runtime.samples import input_kinds, random_samples
+from amp_compiler.runtime.samples import image_inputs, input_kinds, random_samples
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
@@ -140,3 +141,67 @@ def test_the_report_says_which_generated_image_showed_each_outputs_error():
     assert set(on) == {"y"} and on["y"] in range_probe.IMAGE_SAMPLES
     assert any(part.endswith(f"(on {on['y']})") for part in summary_parts(report))
     assert PrecisionReport.from_dict(report.to_dict()).summary.accuracy_on == on
+
+
+def _merged_decoder():
+    """input_ids [batch_size, sequence_length], past_key_values.0.key [batch_size, 4, past_sequence_length, 8]
+    and use_cache_branch, as Optimum's merged decoders take them: an If whose branches each look the ids
+    up in the main graph's token table (the lookup inside the If) and append them to the cache (4 heads:
+    dim 1 of the cache is 4, as an RGBA image's channels are)."""
+    def branch(tag: str):
+        return helper.make_graph([
+            helper.make_node("Gather", ["tokens", "input_ids"], [f"emb_{tag}"], name=f"embed_{tag}"),
+            helper.make_node("Reshape", [f"emb_{tag}", "heads"], [f"k_{tag}"], name=f"heads_{tag}"),
+            helper.make_node("Concat", ["past_key_values.0.key", f"k_{tag}"], [f"present_{tag}"], name=f"append_{tag}",
+                             axis=2),
+        ], tag, [], [vi(f"present_{tag}", F32, ["batch_size", 4, "total", 8])])
+    return model(
+        [helper.make_node("If", ["use_cache_branch"], ["present.0.key"], name="optimum::if",
+                          then_branch=branch("cached"), else_branch=branch("first"))],
+        [vi("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+         vi("past_key_values.0.key", F32, ["batch_size", 4, "past_sequence_length", 8]),
+         vi("use_cache_branch", TensorProto.BOOL, [1])],
+        [vi("present.0.key", F32, ["batch_size", 4, "total", 8])],
+        [tensor("tokens", weights((50, 32))), tensor("heads", np.array([1, 4, -1, 8], np.int64))],
+    )
+
+
+def test_a_kv_cache_is_no_image_and_token_ids_looked_up_inside_an_if_are_ids():
+    """Before: the cache (dim 1 = 4 heads) was taken for an image, sized 224 and drawn as dead leaves,
+    and at an empty past the drawing crashed the conversion (a reduction over zero values); the ids,
+    looked up inside the If, were all 1."""
+    m = _merged_decoder()
+    kinds = input_kinds(m)
+    assert "past_key_values.0.key" not in kinds and kinds["input_ids"].why == "vocabulary"
+    assert image_inputs(m) == {}
+    result = convert(m, runner=InProcessRunner())
+    assert result.probe_dims["past_sequence_length"] == 0 and result.probe_inputs.count("vocabulary") == 1
+    assert "dead leaves" not in result.probe_inputs
+
+
+def test_dead_leaves_of_an_empty_batch_are_empty():
+    assert dead_leaves(np.random.default_rng(0), (1, 4, 0, 8), -1.0, 1.0).shape == (1, 4, 0, 8)
+
+
+def test_an_image_whose_channels_are_a_named_dim_takes_three():
+    """Optimum declares ViT's pixel_values [batch_size, num_channels, height, width]: before, the channels
+    took 1 and every run was refused (the patch Conv wants 3)."""
+    m = _image_model(None)
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    for d, name in zip(dims, ("batch_size", "num_channels", "height", "width"), strict=True):
+        d.Clear()
+        d.dim_param = name
+    m.graph.output[0].type.tensor_type.ClearField("shape")
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["image"].shape == (1, 3, 224, 224) and "image: 1x3x224x224" in probe.inputs
+
+
+def test_a_probe_the_model_refuses_names_its_dynamic_dims_and_the_option():
+    """x [n] reshaped to [3, 5]: only n = 15 runs, which no generated size is."""
+    m = model([helper.make_node("Reshape", ["x", "shape"], ["grid"], name="grid"),
+               helper.make_node("MatMul", ["grid", "w"], ["y"], name="mm")],
+              [vi("x", F32, ["n"])], [vi("y", F32, [3, 4])],
+              [tensor("shape", np.array([3, 5], np.int64)), tensor("w", weights((5, 4)))])
+    with pytest.raises(range_probe.ProbeSkipped) as skipped:
+        range_probe.probe_ranges(m, InProcessRunner())
+    assert str(skipped.value).endswith("(its dynamic dims n: --input-shape NAME:DIMS gives them)")
