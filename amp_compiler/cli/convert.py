@@ -100,6 +100,8 @@ class ConvertCommand(Command):
             warnings.extend(check.warnings if check is not None else ())
         accuracy, measured_on, kinds = _measured(result, analysis)
         warnings.extend(accuracy_warnings(accuracy, measured_on, files.source, output_files[0], kinds))
+        if analysis is None and result.accuracy_not_measured:
+            warnings.append(f"output accuracy not measured: {result.accuracy_not_measured}")
         if result.probe_skipped:
             warnings.append(f"converted without the range probe: {result.probe_skipped}")
         if not args.quiet:

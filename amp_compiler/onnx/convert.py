@@ -23,7 +23,7 @@ from amp_compiler.core.decision import NodeDecision, untyped_message, untyped_no
 from amp_compiler.core.gc_pause import gc_paused
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Rule
-from amp_compiler.errors import ModelRunError, OptionError, UntypedTensorsError
+from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError, UntypedTensorsError
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
 from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
@@ -300,8 +300,11 @@ def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto,
         result.accuracy = [a for a, _ in worst]
         result.accuracy_on = {a.name: probe.kinds[i] for a, i in worst} if probe.kinds else {}
         result.probe_runs += len(probe.samples)
-    except ModelRunError as exc:
+    except RunBudgetError as exc:
         result.accuracy_not_measured = first_line(exc)
+    except ModelRunError as exc:  # the FP32 outputs are the probe's: the written model is what failed
+        result.accuracy_not_measured = (
+            f"the written model does not run on generated inputs the FP32 model runs on ({first_line(exc)})")
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike | DeferredModel, *, all_weights: bool = False) -> DeferredModel:

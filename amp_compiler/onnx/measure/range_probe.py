@@ -193,13 +193,32 @@ def probe_samples(
     images = image_inputs(model, input_ranges)
     generated = _generated(model, runner, input_shapes, input_ranges, seed)
     samples, outputs = list(generated.samples), list(generated.outputs)
+    labels = [""]
     if images:
         samples.append(_with_leaves(samples[0], images, seed))
         outputs.append(_run(model, runner, samples[-1]))
+        labels = list(IMAGE_SAMPLES)
+    switches = _branch_switches(model, samples[0])
+    flipped = 0
+    for sample, label in list(zip(samples, labels, strict=True)) if switches else ():
+        other = {**sample, **{name: np.logical_not(sample[name]) for name in switches}}
+        try:
+            outputs.append(_run(model, runner, other))
+        except (RunBudgetError, ModelCrashError):
+            raise
+        except ModelRunError:  # the other branch does not run on these inputs: the probe keeps to its own
+            break
+        samples.append(other)
+        labels.append(", ".join(filter(None, (label, *(f"{n}={bool(other[n].all())}" for n in switches)))))
+        flipped += 1
+    if flipped:
+        labels[:flipped] = [", ".join(filter(None, (label, *(f"{n}={bool(s[n].all())}" for n in switches))))
+                            for label, s in zip(labels[:flipped], samples, strict=False)]
     kinds = input_kinds(model, input_ranges)
     described = [f"{name}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
                  for name, kind in kinds.items()]
-    described += [f"{name}: {_default_values(array)}" for name, array in samples[0].items() if name not in kinds]
+    described += [f"{name}: " + ("True and False" if name in switches and flipped else _default_values(array))
+                  for name, array in samples[0].items() if name not in kinds]
     if generated.dims:
         described.append(generated.describe())
     given = input_shapes or {}
@@ -209,8 +228,16 @@ def probe_samples(
     return ProbeSamples(
         samples, outputs, runs=len(generated.refused) + len(samples),
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
-        kinds=list(IMAGE_SAMPLES) if images else [],
+        kinds=labels if len(samples) > 1 else [],
     )
+
+
+def _branch_switches(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> list[str]:
+    """The bool graph inputs an If of the main graph takes for its condition (Optimum's merged decoders:
+    ``use_cache_branch``): the probe runs both values, so that both branches run (a merged decoder's
+    first step, without a cache, is the other branch)."""
+    conditions = {node.input[0] for node in model.graph.node if node.op_type == "If" and node.input}
+    return [name for name, array in sample.items() if name in conditions and array.dtype == np.bool_]
 
 
 def probe_ranges(

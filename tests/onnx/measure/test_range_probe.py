@@ -205,3 +205,32 @@ def test_a_probe_the_model_refuses_names_its_dynamic_dims_and_the_option():
     with pytest.raises(range_probe.ProbeSkipped) as skipped:
         range_probe.probe_ranges(m, InProcessRunner())
     assert str(skipped.value).endswith("(its dynamic dims n: --input-shape NAME:DIMS gives them)")
+
+
+def test_a_merged_decoder_is_probed_on_both_branches():
+    """Before: use_cache_branch was True only, and the written model's first step (the other branch)
+    never ran before it was written."""
+    m = _merged_decoder()
+    found = range_probe.probe_samples(m, InProcessRunner())
+    assert [bool(s["use_cache_branch"].all()) for s in found.samples] == [True, False]
+    assert found.kinds == ["use_cache_branch=True", "use_cache_branch=False"]
+    assert "use_cache_branch: True and False" in found.inputs and found.runs == 2
+
+
+def test_a_written_model_that_fails_where_fp32_runs_is_said_on_the_command_line(tmp_path, monkeypatch, capsys):
+    import onnx
+
+    from amp_compiler.cli import main
+    from amp_compiler.errors import ModelRunError
+    from amp_compiler.onnx import convert as convert_module
+
+    def fails(*args, **kwargs):
+        raise ModelRunError("onnxruntime could not run the model: Add: broadcast 4 by 16")
+
+    monkeypatch.setattr(convert_module, "worst_accuracy", fails)
+    source = tmp_path / "m.onnx"
+    onnx.save(_image_model(None), source)
+    assert main(["convert", str(source), "-o", str(tmp_path / "o.onnx")]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: output accuracy not measured: the written model does not run on generated inputs the FP32 "
+            "model runs on (onnxruntime could not run the model: Add: broadcast 4 by 16)") in err
