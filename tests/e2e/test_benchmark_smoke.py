@@ -216,3 +216,52 @@ def test_tf32_table_row_shows_what_tf32_costs_a_product_kept_fp32():
     assert cells[:3] == ["cqt-log", "default", "3 (policy.high.signal-path)"]
     exact, tf32, fp16, split = float(cells[3]), float(cells[4].strip("*")), float(cells[5]), float(cells[6])
     assert tf32 > 30 * exact and tf32 > 0.8 * fp16 and split < 1.05 * exact
+
+
+def test_fresh_architectures_rows_of_a_text_and_a_vision_model_meet_the_goal():
+    """benchmarks.fresh_architectures on its smallest text (bloom) and vision (resnet) architectures:
+    exported, converted with the defaults, measured on held-out inputs; every Tensor Core op in FP16,
+    no NaN/Inf, each output within 2% of its range or flagged by the conversion."""
+    import numpy as np
+
+    from benchmarks.fresh_architectures import held_out_inputs, row, table_line, verdict
+    from benchmarks.fresh_specs import FRESH
+
+    images = held_out_inputs(FRESH["resnet"])
+    assert [tuple(s) for s in images] == [("pixel_values",)] * 3
+    noise, smooth, normalised = (s["pixel_values"] for s in images)
+    assert noise.min() < -2 and 0 <= smooth.min() < smooth.max() <= 1
+    assert normalised.min() < 0 < normalised.max() and not np.allclose(smooth, normalised)
+    for name, family in (("bloom", "text"), ("resnet", "vision")):
+        r = row(FRESH[name])
+        assert (r.model, r.family) == (name, family)
+        assert r.tc_total > 0 and r.tc_low == r.tc_total and r.tc_bf16 == 0
+        assert r.stated is not None and 0 < r.stated < 0.02 and r.flagged == ()
+        (out,) = r.outputs
+        assert out.name == "logits" and out.nonfinite == 0 and out.top1 is not None and out.top1 > 0.9
+        assert 0 < out.error_of_range < 0.02 and out.cosine > 0.999 and 0 < out.rel_l2 < 0.01
+        assert r.finite and r.misses == () and r.goal_met and verdict(r) == "ok"
+        assert "batch=1" in r.probe and r.seconds > 0
+        cells = [c.strip() for c in table_line(r).strip("|").split("|")]
+        assert len(cells) == 13 and cells[:3] == [name, family, f"{r.tc_total}/{r.tc_total}"] and cells[-1] == "ok"
+
+
+def test_fresh_architectures_goal_counts_an_unflagged_error_as_a_miss():
+    """The goal's judgement: past 2% of range (or cosine < 0.999) and flagged is met, unflagged is a
+    miss, NaN/Inf fails whether flagged or not."""
+    from benchmarks.fresh_architectures import Measured, Row, verdict
+
+    def judged(measured: Measured, flagged: tuple[str, ...]) -> tuple[str, bool]:
+        r = Row("m", "text", 4, 4, 0, 0.001, flagged, (measured,), "batch=1", 0.1)
+        return verdict(r), r.goal_met
+
+    within = Measured("logits", 0.019, 1e-3, 0.9995, 0, 1.0)
+    wide = Measured("logits", 0.021, 1e-3, 0.9999, 0, 1.0)
+    turned = Measured("logits", 0.001, 0.05, 0.998, 0, 1.0)
+    broken = Measured("logits", float("inf"), float("inf"), -1.0, 3, 0.5)
+    assert judged(within, ()) == ("ok", True)
+    assert judged(wide, ("logits",)) == ("flagged", True)
+    assert judged(wide, ()) == ("**miss** (logits)", False)
+    assert judged(turned, ()) == ("**miss** (logits)", False)
+    assert judged(wide, ("other",)) == ("**miss** (logits)", False)
+    assert judged(broken, ("logits",)) == ("**NaN/Inf**", False)
