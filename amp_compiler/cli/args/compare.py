@@ -76,17 +76,11 @@ class CompareArgs(ArgGroup):
         self.fp32, self.converted = Path(args.fp32_model), Path(args.converted_model)
         self.data = Path(args.data) if args.data else None
         if args.input_shape:
-            from amp_compiler.onnx.costs.costs import parse_input_shape
+            from amp_compiler.onnx.costs.costs import parse_input_shapes
 
             if self.data is not None:
                 raise OptionError("sizes the generated inputs; --data gives the inputs", option="input_shapes")
-            shapes: dict[str, tuple[int, ...]] = {}
-            for text in args.input_shape:
-                name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
-                if name in shapes:
-                    raise OptionError(f"{name} is given twice", option="input_shapes")
-                shapes[name] = shape
-            self.input_shapes = shapes
+            self.input_shapes = parse_input_shapes(args.input_shape)
         self.provider = Provider.parse(args.provider)
         self.tf32 = bool(args.tf32)
         if self.tf32 and self.provider is not Provider.CPU:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from amp_compiler import targets
 from amp_compiler.cli.args.group import ArgGroup
-from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric, Provider, Target
 
 if TYPE_CHECKING:  # imported once the options are read back, not to build the parser
@@ -194,7 +193,7 @@ class ConversionArgs(ArgGroup):
         return self._options
 
     def parse(self, args: argparse.Namespace) -> None:
-        from amp_compiler.onnx.costs.costs import parse_input_shape
+        from amp_compiler.onnx.costs.costs import parse_input_shapes
         from amp_compiler.options import (
             ConvertOptions,
             check_custom_op_precision,
@@ -202,12 +201,7 @@ class ConversionArgs(ArgGroup):
             parse_input_range,
         )
 
-        shapes: dict[str, tuple[int, ...]] = {}
-        for text in args.input_shape:
-            name, shape = parse_input_shape(text)  # OptionError(option="input_shapes") when malformed
-            if name in shapes:
-                raise OptionError(f"{name} is given twice", option="input_shapes")
-            shapes[name] = shape
+        shapes = parse_input_shapes(args.input_shape)  # OptionError(option="input_shapes") when malformed
         self.input_shapes = shapes or None
         declared = tuple(parse_custom_op_precision(text) for text in args.custom_op_precision)
         check_custom_op_precision(declared)  # an op declared twice

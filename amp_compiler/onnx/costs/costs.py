@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
 import onnx.shape_inference
@@ -39,7 +39,7 @@ from amp_compiler.policy import GemmKind, GemmLayout, PolicyTable, default_table
 
 __all__ = [
     "CostModel", "NodeCost", "bind_input_shapes", "estimate", "iter_nodes", "parse_input_shape",
-    "placement_elements",
+    "parse_input_shapes", "placement_elements",
 ]
 
 LOW_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -88,6 +88,18 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
             f"{text!r}: expected NAME:DIMxDIMx... (e.g. input:1x3x224x224)", option="input_shapes"
         ) from None
     return name, shape
+
+
+def parse_input_shapes(texts: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """``--input-shape`` options (:func:`parse_input_shape` each) by input name; a name given twice is an
+    :class:`OptionError`."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, shape = parse_input_shape(text)
+        if name in shapes:
+            raise OptionError(f"{name} is given twice", option="input_shapes")
+        shapes[name] = shape
+    return shapes
 
 
 def bind_input_shapes(
