@@ -30,7 +30,8 @@ from amp_compiler.errors import AmpUserError
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "image_channels", "image_inputs",
+    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "UngeneratedInputError",
+    "image_channels", "image_inputs",
     "image_like", "input_kinds", "load_samples", "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
 ]
 
@@ -46,6 +47,21 @@ class CalibrationDataError(AmpUserError):
 
 class SampleSizeError(AmpUserError):
     """Generated inputs would hold more than samples may (their shapes were given too large)."""
+
+
+class UngeneratedInputError(SampleSizeError):
+    """The model takes an input of a type generated inputs are not made of (a sequence, an optional, a map:
+    they are tensors); caught wherever generated inputs cannot be made, as :class:`SampleSizeError` is."""
+
+
+def _tensors_only(model: onnx.ModelProto) -> None:
+    """Raise :class:`UngeneratedInputError` for the first graph input that is not a tensor."""
+    for info in model_inputs(model):
+        kind = info.type.WhichOneof("value")
+        if kind != "tensor_type":
+            what = (kind or "untyped").removesuffix("_type")
+            raise UngeneratedInputError(
+                f"input {info.name!r} is of {what} type, and generated inputs are tensors: give the inputs as data")
 
 
 def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -200,7 +216,9 @@ def input_shape(info: onnx.ValueInfoProto, input_shapes: dict[str, tuple[int, ..
 
 
 def sample_bytes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> int:
-    """The bytes one generated sample of ``model`` holds (shapes as :func:`input_shape` gives them)."""
+    """The bytes one generated sample of ``model`` holds (shapes as :func:`input_shape` gives them); an
+    input of another type than a tensor is an :class:`UngeneratedInputError`."""
+    _tensors_only(model)
     total = 0
     for info in model_inputs(model):
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)).itemsize
@@ -222,7 +240,7 @@ def random_samples(
     Samples that would hold more than ``max_bytes`` together are refused (:class:`SampleSizeError`)
     before anything is allocated.
     """
-    total = sample_bytes(model, input_shapes) * n
+    total = sample_bytes(model, input_shapes) * n  # an UngeneratedInputError for inputs not tensors
     if total > max_bytes:
         raise SampleSizeError(
             f"random inputs of these shapes take {format_bytes(total)}, more than the {format_bytes(max_bytes)} "
@@ -243,6 +261,10 @@ def random_samples(
                 sample[info.name] = rng.uniform(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
             elif kind is not None and kind.kind == "value":
                 sample[info.name] = np.full(shape, kind.bounds[0], dtype)
+            elif kind is not None and kind.kind == "beyond":  # the longest token input's length and more
+                longest = max((input_shape(i, input_shapes)[-1] for i in model_inputs(model)
+                               if _rank(i) == 2 and i.type.tensor_type.elem_type in _INTEGER_TYPES), default=0)
+                sample[info.name] = np.full(shape, longest + int(kind.bounds[0]), dtype)
             elif kind is not None and kind.kind == "positions" and np.issubdtype(dtype, np.integer) and shape:
                 sample[info.name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
             elif kind is not None and kind.kind == "ids" and np.issubdtype(dtype, np.integer):
@@ -258,8 +280,9 @@ def random_samples(
 @dataclasses.dataclass(frozen=True)
 class InputKind:
     """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids``
-    (integers in ``[0, bounds[1])``), ``positions`` (0, 1, 2... along the last dim) or ``value``
-    (``bounds[0]`` everywhere), and why (``stated``, ``image 0..1``, ``vocabulary``...)."""
+    (integers in ``[0, bounds[1])``), ``positions`` (0, 1, 2... along the last dim), ``value``
+    (``bounds[0]`` everywhere) or ``beyond`` (the longest token input's length plus ``bounds[0]``: a
+    generation's length limit), and why (``stated``, ``image 0..1``, ``vocabulary``...)."""
 
     kind: str
     bounds: tuple[float, float]
@@ -280,6 +303,13 @@ _POSITIONS = re.compile(r"(\w*_)?pos(ition)?_?ids?", re.IGNORECASE)
 #: A float waveform (``[batch, samples]`` or ``[samples]``) in a model with a sample-rate input, or named
 #: like audio, is audio scaled to -1..1 (what decoders and speech front ends produce).
 _AUDIO = re.compile(r"audio|wave(form)?|speech|pcm|input_values|samples", re.IGNORECASE)
+#: An integer scalar named like a generation's length limit (onnxruntime's GreedySearch/BeamSearch
+#: ``max_length``) is the prompt's length plus :data:`GENERATED_TOKENS`: ones (a limit of 1, below any
+#: prompt) made every run refuse; floats named like penalties or a temperature are 1, neutral.
+_MAX_LENGTH = re.compile(r"max_(length|new_tokens)", re.IGNORECASE)
+_NEUTRAL = re.compile(r"(repetition_|length_)?penalty|temperature", re.IGNORECASE)
+GENERATED_TOKENS = 16
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT32, onnx.TensorProto.INT64})
 #: A KV cache, by its name or its dims' (not an image whatever its dim 1: its heads).
 _CACHE = re.compile(r"past|present|cache|key_?values?", re.IGNORECASE)
 _CACHE_DIM = re.compile(r"past|seq|length|total", re.IGNORECASE)
@@ -300,7 +330,8 @@ def input_kinds(
     (:func:`waveform_inputs`) is -1..1; an integer input named like position ids counts 0, 1, 2...;
     one read (through Casts and reshapes) as the indices of a Gather on an initializer table is token
     ids below the table's first dim; one named like bytes takes 0..255; a scalar integer named like a
-    sample rate (``sr``) is 16000. Other inputs are not in the result
+    sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length plus
+    :data:`GENERATED_TOKENS`; a float penalty or temperature 1. Other inputs are not in the result
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -314,6 +345,8 @@ def input_kinds(
     waveforms = waveform_inputs(model)
     for info in model_inputs(model):
         tt = info.type.tensor_type
+        if not info.type.HasField("tensor_type") or not tt.elem_type:  # a sequence, an optional: no tensor
+            continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if info.name in stated:
             kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
@@ -338,6 +371,11 @@ def input_kinds(
                 kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
             elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
                 kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
+            elif _MAX_LENGTH.fullmatch(info.name) and _rank(info) <= 1:
+                kinds[info.name] = InputKind(
+                    "beyond", (GENERATED_TOKENS, GENERATED_TOKENS), f"the prompt's length + {GENERATED_TOKENS}")
+        elif _NEUTRAL.fullmatch(info.name) and _rank(info) <= 1:
+            kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
     return kinds
 
 

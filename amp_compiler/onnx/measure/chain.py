@@ -51,8 +51,10 @@ def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     existing = {o.name for o in inferred.graph.output}
     types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info
              if vi.type.HasField("tensor_type")}
+    # sequences, optionals and maps are no tensors: a schema's element type must not make them one
+    other = {vi.name for vi in inferred.graph.value_info if not vi.type.HasField("tensor_type")}
     untyped = [name for node in inferred.graph.node for name in node.output
-               if name and name not in existing and name not in types]
+               if name and name not in existing and name not in types and name not in other]
     if untyped:
         types.update(_schema_types(inferred, set(untyped)))
     extra = []
@@ -75,14 +77,17 @@ def _schema_types(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
     typed = ir.from_proto(model)
     type_from_schemas(typed)
     return {v.name: int(v.dtype) for node in typed.graph for v in node.outputs
-            if v.name in names and v.dtype is not None}
+            if v.name in names and v.dtype is not None and (v.type is None or isinstance(v.type, ir.TensorType))}
 
 
 def as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
     """A float sample array in the float type the session's input takes (an FP16 input of a model
-    converted without keeping its I/O types); anything else as it is."""
+    converted without keeping its I/O types; the FP32 input emulation makes of a model's FP16 one:
+    exact); anything else as it is."""
     if ort_type == "tensor(float16)" and np.issubdtype(array.dtype, np.floating):
         return array.astype(np.float16)
+    if ort_type == "tensor(float)" and np.issubdtype(array.dtype, np.floating) and array.dtype != np.float32:
+        return array.astype(np.float32)
     return array
 
 

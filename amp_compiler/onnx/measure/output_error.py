@@ -15,6 +15,7 @@ import onnx
 
 from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.core.tensor_error import accuracy
+from amp_compiler.onnx.measure.chain import as_input
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import Runner
 
@@ -64,8 +65,10 @@ def _outputs(
         finally:
             reference.close()
     mixed = runner.load(emulate(converted))  # exact FP16/BF16 storage, whatever the CPU kernels do
-    try:
-        gots = [mixed.run(sample) for sample in samples]
+    try:  # its FP16 inputs are FP32 (rounded on entry): the samples' FP16 arrays widened, exactly
+        types = dict(zip(mixed.input_names, mixed.input_types, strict=True))
+        gots = [mixed.run({k: as_input(v, types[k]) if k in types else v for k, v in sample.items()})
+                for sample in samples]
     finally:
         mixed.close()
     return refs, gots

@@ -190,7 +190,7 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
     waves: set[str] = set()
     sequences: list[str] = []  # the keys sized as the token sequence
     for info in inputs:
-        if info.name in fixed:
+        if info.name in fixed or not info.type.tensor_type.elem_type:  # fixed, or no tensor
             continue
         dims = _dims(info)
         integer = onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type).kind in "iu"

@@ -45,7 +45,14 @@ from amp_compiler.onnx.measure.generated_inputs import Generated, dynamic_dims, 
 from amp_compiler.onnx.measure.images import dead_leaves
 from amp_compiler.onnx.measure.probe_dims import probe_dims, probe_shapes
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.runtime.samples import SampleSizeError, image_channels, image_inputs, input_kinds, model_inputs
+from amp_compiler.runtime.samples import (
+    SampleSizeError,
+    image_channels,
+    image_inputs,
+    input_kinds,
+    model_inputs,
+    sample_bytes,
+)
 
 __all__ = [
     "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped", "RangeProbe",
@@ -190,6 +197,7 @@ def probe_samples(
     dead-leaves images) and its outputs on them: what ``compare`` takes without data, so that its
     numbers are the ones ``convert``'s summary line stated. Raises the :class:`ModelRunError` or
     :class:`SampleSizeError` that ended the search."""
+    sample_bytes(model)  # an UngeneratedInputError (a SampleSizeError) for an input that is not a tensor
     images = image_inputs(model, input_ranges)
     generated = _generated(model, runner, input_shapes, input_ranges, seed)
     samples, outputs = list(generated.samples), list(generated.outputs)
@@ -253,7 +261,9 @@ def probe_ranges(
         ranges = collect_ranges(model, found.samples, runner=runner)
     except RunBudgetError as exc:
         raise ProbeSkipped(f"its run exceeds the run budget ({first_line(exc)})") from None
-    except (ModelRunError, SampleSizeError) as exc:
+    except SampleSizeError as exc:
+        raise ProbeSkipped(first_line(exc)) from None
+    except ModelRunError as exc:  # the model refused the generated sizes
         unsized = dynamic_dims(model, input_shapes)
         hint = f" (its dynamic dims {', '.join(unsized[:4])}: --input-shape NAME:DIMS gives them)" if unsized else ""
         raise ProbeSkipped(first_line(exc) + hint) from None

@@ -1,0 +1,83 @@
+"""The range probe and compare on inputs and values that are not float tensors: sequences and optionals
+(no crash, and where inputs can be generated, the probe runs), FP16 graph inputs, a generation's length
+limit (sweeps of graph structures nobody had converted: If/Loop/Scan, sequences, onnxruntime's
+GreedySearch/BeamSearch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from amp_compiler import convert
+from amp_compiler.cli import main
+from amp_compiler.runtime.runner import InProcessRunner
+from amp_compiler.runtime.samples import GENERATED_TOKENS, input_kinds, random_samples
+from tests.support.onnx_builders import F32, model, tensor, vi, weights
+
+
+def _reading(first: onnx.NodeProto, value: onnx.ValueInfoProto) -> onnx.ModelProto:
+    """``first`` makes x [2, 8] of the graph input ``value`` (a sequence or an optional), then x @ w."""
+    return model([first, helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [value], [vi("y", F32, [2, 8])],
+                 [tensor("w", weights((8, 8))), tensor("i", np.array(0, np.int64))])
+
+
+_ELEMENT = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 8])
+NOT_TENSORS = {
+    "optional": _reading(helper.make_node("OptionalGetElement", ["o"], ["x"], name="get"),
+                         helper.make_value_info("o", helper.make_optional_type_proto(_ELEMENT))),
+    "sequence": _reading(helper.make_node("SequenceAt", ["o", "i"], ["x"], name="at"),
+                         helper.make_value_info("o", helper.make_sequence_type_proto(_ELEMENT))),
+}
+
+
+@pytest.mark.parametrize("kind", NOT_TENSORS)
+def test_an_input_that_is_no_tensor_skips_the_probe_with_a_line_and_compare_says_give_data(kind, tmp_path, capsys):
+    """Before: an internal error (the probe read the input's tensor element type: 0)."""
+    source, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(NOT_TENSORS[kind], source)
+    assert main(["convert", str(source), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (f"warning: converted without the range probe: input 'o' is of {kind} type, and generated inputs are "
+            "tensors: give the inputs as data") in err
+    assert "internal error" not in err
+    assert main(["compare", str(source), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"input 'o' is of {kind} type" in err
+
+
+def test_a_sequence_inside_the_graph_keeps_the_probe():
+    """Before: the probe's model declared the sequence a float tensor (its op's schema) and onnxruntime
+    refused to load it: no ranges, no stated error."""
+    m = model([helper.make_node("SplitToSequence", ["x"], ["s"], name="split", axis=0),
+               helper.make_node("SequenceAt", ["s", "i"], ["x0"], name="at"),
+               helper.make_node("MatMul", ["x0", "w"], ["y"], name="mm")],
+              [vi("x", F32, [2, 8])], [vi("y", F32, [1, 8])],
+              [tensor("w", weights((8, 8))), tensor("i", np.array(0, np.int64))])
+    result = convert(m, runner=InProcessRunner())
+    assert result.probe_skipped == "" and result.accuracy and result.accuracy_not_measured == ""
+
+
+def test_an_fp16_graph_input_is_measured():
+    """Before: the emulated written model (FP32 inputs) was fed the FP16 sample and refused it, and the
+    warning blamed the written model."""
+    m = model([helper.make_node("Cast", ["x"], ["x32"], name="widen", to=F32),
+               helper.make_node("MatMul", ["x32", "w"], ["y"], name="mm")],
+              [vi("x", TensorProto.FLOAT16, [2, 8])], [vi("y", F32, [2, 8])], [tensor("w", weights((8, 8)))])
+    result = convert(m, runner=InProcessRunner())
+    assert result.accuracy_not_measured == "" and result.accuracy and result.accuracy[0].error_of_range < 0.01
+
+
+def test_a_generations_length_limit_runs_past_the_prompt_and_penalties_are_neutral():
+    """onnxruntime's GreedySearch/BeamSearch take max_length (ones made it 1, below any prompt: every run
+    refused) and penalties (N(0, 1): negative ones)."""
+    m = model([helper.make_node("Identity", ["input_ids"], ["ids"], name="ids")],
+              [vi("input_ids", TensorProto.INT32, ["batch", "sequence"]), vi("max_length", TensorProto.INT32, [1]),
+               vi("repetition_penalty", F32, [1]), vi("temperature", F32, [])],
+              [vi("ids", TensorProto.INT32, ["batch", "sequence"])])
+    kinds = input_kinds(m)
+    assert kinds["max_length"].kind == "beyond" and kinds["repetition_penalty"].bounds == (1.0, 1.0)
+    (sample,) = random_samples(m, {"input_ids": (1, 24)}, informed=True)
+    assert sample["max_length"].tolist() == [24 + GENERATED_TOKENS] and sample["max_length"].dtype == np.int32
+    assert sample["repetition_penalty"].tolist() == [1.0] and float(sample["temperature"]) == 1.0
