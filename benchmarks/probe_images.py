@@ -29,7 +29,7 @@ __all__ = ["main"]
 def _with_images(generator, random_samples):
     """``random_samples`` with every image input (a 4-D float input the probe gives an image range)
     drawn by ``generator`` instead."""
-    from amp_compiler.runtime.samples import input_kinds
+    from amp_compiler.runtime.input_kinds import input_kinds
 
     def patched(model, input_shapes=None, n=1, seed=0, **kwargs):
         out = random_samples(model, input_shapes, n, seed, **kwargs)

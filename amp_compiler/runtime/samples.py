@@ -11,14 +11,12 @@ budget for all the samples together; only then are exactly that many bytes read.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import re
 import stat
 import zipfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,12 +25,12 @@ import onnx
 import onnx.numpy_helper
 
 from amp_compiler.errors import AmpUserError
+from amp_compiler.runtime.input_kinds import INTEGER_TYPES, InputKind, input_kinds, model_inputs, rank
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "MAX_SAMPLE_BYTES", "CalibrationDataError", "InputKind", "SampleSizeError", "UngeneratedInputError",
-    "image_channels", "image_inputs",
-    "image_like", "input_kinds", "load_samples", "model_inputs", "random_samples", "sample_bytes", "waveform_inputs",
+    "MAX_SAMPLE_BYTES", "CalibrationDataError", "SampleSizeError", "UngeneratedInputError", "input_shape",
+    "load_samples", "random_samples", "read_npz", "sample_bytes", "sample_files",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -62,12 +60,6 @@ def _tensors_only(model: onnx.ModelProto) -> None:
             what = (kind or "untyped").removesuffix("_type")
             raise UngeneratedInputError(
                 f"input {info.name!r} is of {what} type, and generated inputs are tensors: give the inputs as data")
-
-
-def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Graph inputs that must be fed (initializers listed as inputs are optional)."""
-    inits = {i.name for i in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in inits]
 
 
 def _shape_text(dims: list[int | None] | tuple[int, ...]) -> str:
@@ -263,7 +255,7 @@ def random_samples(
                 sample[info.name] = np.full(shape, kind.bounds[0], dtype)
             elif kind is not None and kind.kind == "beyond":  # the longest token input's length and more
                 longest = max((input_shape(i, input_shapes)[-1] for i in model_inputs(model)
-                               if _rank(i) == 2 and i.type.tensor_type.elem_type in _INTEGER_TYPES), default=0)
+                               if rank(i) == 2 and i.type.tensor_type.elem_type in INTEGER_TYPES), default=0)
                 sample[info.name] = np.full(shape, longest + int(kind.bounds[0]), dtype)
             elif kind is not None and kind.kind == "positions" and np.issubdtype(dtype, np.integer) and shape:
                 sample[info.name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
@@ -275,199 +267,3 @@ def random_samples(
                 sample[info.name] = np.ones(shape, dtype)
         out.append(sample)
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class InputKind:
-    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids``
-    (integers in ``[0, bounds[1])``), ``positions`` (0, 1, 2... along the last dim), ``value``
-    (``bounds[0]`` everywhere) or ``beyond`` (the longest token input's length plus ``bounds[0]``: a
-    generation's length limit), and why (``stated``, ``image 0..1``, ``vocabulary``...)."""
-
-    kind: str
-    bounds: tuple[float, float]
-    why: str
-
-
-#: Ops that normalize an image input; a constant operand above this says pixels are 0..255.
-_NORMALIZE_OPS = frozenset({"Sub", "Div", "Mul", "Add"})
-_PIXEL_SCALE = 2.0
-#: A scalar integer input named like an audio sample rate takes 16 kHz (speech models: Silero VAD
-#: refuses any other rate but 8 kHz).
-_SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
-#: An integer input named like bytes takes byte values 0..255 (a file-type classifier's input: Magika).
-_BYTES = re.compile(r"bytes?|byte_ids|input_bytes", re.IGNORECASE)
-#: An integer input named like position ids counts 0, 1, 2... (a prompt's positions; a random id
-#: would put tokens at arbitrary places, ones all at the same one).
-_POSITIONS = re.compile(r"(\w*_)?pos(ition)?_?ids?", re.IGNORECASE)
-#: A float waveform (``[batch, samples]`` or ``[samples]``) in a model with a sample-rate input, or named
-#: like audio, is audio scaled to -1..1 (what decoders and speech front ends produce).
-_AUDIO = re.compile(r"audio|wave(form)?|speech|pcm|input_values|samples", re.IGNORECASE)
-#: An integer scalar named like a generation's length limit (onnxruntime's GreedySearch/BeamSearch
-#: ``max_length``) is the prompt's length plus :data:`GENERATED_TOKENS`: ones (a limit of 1, below any
-#: prompt) made every run refuse; floats named like penalties or a temperature are 1, neutral.
-_MAX_LENGTH = re.compile(r"max_(length|new_tokens)", re.IGNORECASE)
-_NEUTRAL = re.compile(r"(repetition_|length_)?penalty|temperature", re.IGNORECASE)
-GENERATED_TOKENS = 16
-_INTEGER_TYPES = frozenset({onnx.TensorProto.INT32, onnx.TensorProto.INT64})
-#: A KV cache, by its name or its dims' (not an image whatever its dim 1: its heads).
-_CACHE = re.compile(r"past|present|cache|key_?values?", re.IGNORECASE)
-_CACHE_DIM = re.compile(r"past|seq|length|total", re.IGNORECASE)
-_CHANNELS = re.compile(r"channel", re.IGNORECASE)
-#: Ops an index input may pass through on its way to an embedding Gather.
-_INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
-
-
-def input_kinds(
-    model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
-) -> dict[str, InputKind]:
-    """What is known of each graph input's values, from the options and the graph: a stated range
-    (``--input-range``); a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
-    normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
-    123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
-    normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
-    normalization exactly; half of ImageNet's mean/std range, -2.1..2.6); a float waveform
-    (:func:`waveform_inputs`) is -1..1; an integer input named like position ids counts 0, 1, 2...;
-    one read (through Casts and reshapes) as the indices of a Gather on an initializer table is token
-    ids below the table's first dim; one named like bytes takes 0..255; a scalar integer named like a
-    sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length plus
-    :data:`GENERATED_TOKENS`; a float penalty or temperature 1. Other inputs are not in the result
-    (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
-    stated = dict(input_ranges or {})
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    inits: dict[str, onnx.TensorProto] = {}
-    for graph in _graphs(model.graph):  # a merged decoder looks its tokens up inside an If
-        for node in graph.node:
-            for name in node.input:
-                consumers.setdefault(name, []).append(node)
-        inits.update((i.name, i) for i in graph.initializer)
-    kinds: dict[str, InputKind] = {}
-    waveforms = waveform_inputs(model)
-    for info in model_inputs(model):
-        tt = info.type.tensor_type
-        if not info.type.HasField("tensor_type") or not tt.elem_type:  # a sequence, an optional: no tensor
-            continue
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if info.name in stated:
-            kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
-        elif np.issubdtype(dtype, np.floating) and image_like(info):
-            readers = consumers.get(info.name, ())
-            top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)
-            if not any(n.op_type in _NORMALIZE_OPS for n in readers):
-                kinds[info.name] = InputKind("range", (-1.0, 1.0), "normalized image -1..1")
-            elif top > _PIXEL_SCALE:
-                kinds[info.name] = InputKind("range", (0.0, 255.0), "image 0..255")
-            else:
-                kinds[info.name] = InputKind("range", (0.0, 1.0), "image 0..1")
-        elif info.name in waveforms:
-            kinds[info.name] = InputKind("range", (-1.0, 1.0), "waveform -1..1")
-        elif np.issubdtype(dtype, np.integer):
-            vocab = _vocabulary(info.name, consumers, inits)
-            if _POSITIONS.fullmatch(info.name) and _rank(info) >= 1:
-                kinds[info.name] = InputKind("positions", (0.0, 0.0), "positions 0, 1, 2...")
-            elif vocab:
-                kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
-            elif _BYTES.fullmatch(info.name):
-                kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
-            elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
-                kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
-            elif _MAX_LENGTH.fullmatch(info.name) and _rank(info) <= 1:
-                kinds[info.name] = InputKind(
-                    "beyond", (GENERATED_TOKENS, GENERATED_TOKENS), f"the prompt's length + {GENERATED_TOKENS}")
-        elif _NEUTRAL.fullmatch(info.name) and _rank(info) <= 1:
-            kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
-    return kinds
-
-
-def image_inputs(
-    model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
-) -> dict[str, tuple[float, float]]:
-    """The inputs :func:`input_kinds` takes for images (4-D floats of 1, 3 or 4 channels whose range no
-    option states), with their pixel range."""
-    kinds = input_kinds(model, input_ranges)
-    return {
-        info.name: kinds[info.name].bounds for info in model_inputs(model)
-        if info.name in kinds and info.name not in (input_ranges or {}) and image_like(info)
-        and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type), np.floating)
-    }
-
-
-def waveform_inputs(model: onnx.ModelProto) -> set[str]:
-    """The float inputs of rank 1 or 2 (``[samples]``, ``[batch, samples]``) that are audio: the model
-    has a scalar sample-rate input (``sr``), or the input or its last dim is named like audio
-    (``waveform``, ``speech``; openWakeWord's melspectrogram: ``input [batch_size, samples]``)."""
-    inputs = model_inputs(model)
-    rate = any(_SAMPLE_RATE.fullmatch(i.name) and _rank(i) == 0 for i in inputs)
-    return {
-        i.name for i in inputs
-        if 1 <= _rank(i) <= 2 and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
-                                                np.floating)
-        and (rate or _AUDIO.search(i.name) or _AUDIO.search(i.type.tensor_type.shape.dim[-1].dim_param))
-    }
-
-
-def _rank(info: onnx.ValueInfoProto) -> int:
-    tt = info.type.tensor_type
-    return len(tt.shape.dim) if tt.HasField("shape") else -1
-
-
-def image_channels(info: onnx.ValueInfoProto) -> int | None:
-    """The channels of an image input: a 4-D input whose dim 1 is 1, 3 or 4 (3 where it is named like
-    channels: Optimum's ``num_channels``), and that is not a KV cache, whose dim 1 is its heads (GPT-2's
-    and T5's 4) and which is named like one (``past_key_values.0.key``) or has a dim named like a
-    sequence (``past_sequence_length``); None for any other input."""
-    tt = info.type.tensor_type
-    dims = tt.shape.dim if tt.HasField("shape") else []
-    if len(dims) != 4 or _CACHE.search(info.name) or any(_CACHE_DIM.search(d.dim_param) for d in dims if d.dim_param):
-        return None
-    if dims[1].HasField("dim_value") and dims[1].dim_value in (1, 3, 4):
-        return int(dims[1].dim_value)
-    return 3 if _CHANNELS.search(dims[1].dim_param) else None
-
-
-def image_like(info: onnx.ValueInfoProto) -> bool:
-    """An image input (:func:`image_channels`)."""
-    return image_channels(info) is not None
-
-
-def _constant_absmax(node: onnx.NodeProto, name: str, inits: Mapping[str, onnx.TensorProto]) -> float:
-    """The largest |x| of an initializer operand of a normalizing ``node`` that reads ``name`` (0: none)."""
-    if node.op_type not in _NORMALIZE_OPS:
-        return 0.0
-    top = 0.0
-    for other in node.input:
-        init = inits.get(other)
-        if other != name and init is not None and math.prod(init.dims) <= 64:
-            array = onnx.numpy_helper.to_array(init)
-            if array.size and np.issubdtype(array.dtype, np.floating):
-                top = max(top, float(np.max(np.abs(array))))
-    return top
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and its subgraphs (If branches, Loop and Scan bodies), parents first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                yield from _graphs(sub)
-
-
-def _vocabulary(name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto]) -> int:
-    """The smallest first dim of the initializer tables ``name`` indexes through Gathers (0: none)."""
-    sizes: list[int] = []
-    stack, seen = [name], {name}
-    while stack:
-        value = stack.pop()
-        for node in consumers.get(value, ()):
-            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
-                table = inits.get(node.input[0])
-                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                if table is not None and axis == 0 and table.dims:
-                    sizes.append(int(table.dims[0]))
-            elif node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
-                for out in node.output:
-                    if out not in seen:
-                        seen.add(out)
-                        stack.append(out)
-    return min(sizes, default=0)

@@ -39,14 +39,9 @@ from amp_compiler.errors import (
 from amp_compiler.onnx.costs import dims as dim_exprs
 from amp_compiler.onnx.load.skeleton import weight_free
 from amp_compiler.onnx.load.text import first_line
+from amp_compiler.runtime.input_kinds import model_inputs
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.runtime.samples import (
-    MAX_SAMPLE_BYTES,
-    SampleSizeError,
-    model_inputs,
-    random_samples,
-    sample_bytes,
-)
+from amp_compiler.runtime.samples import MAX_SAMPLE_BYTES, SampleSizeError, random_samples, sample_bytes
 from amp_compiler.sizes import format_bytes
 
 __all__ = [

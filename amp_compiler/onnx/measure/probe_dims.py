@@ -13,7 +13,7 @@ graph says a real input has:
   (the prompt step: the model computes every key itself, none is random); the head size, where the
   cache states it as a dim (onnxruntime GenAI's ``kv_cache_dim``), what its GroupQueryAttention's
   projection says (:func:`head_sizes`);
-- a **waveform** (:func:`~amp_compiler.runtime.samples.waveform_inputs`: a float ``[batch, samples]``
+- a **waveform** (:func:`~amp_compiler.runtime.input_kinds.waveform_inputs`: a float ``[batch, samples]``
   or ``[samples]`` input in a model with a sample-rate input, or named like audio) takes one second
   at 16 kHz, then, if the model refuses it, a streaming chunk of 512 samples (32 ms: what Silero VAD
   and other streaming detectors take, one frame of their recurrent state at a time);
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 import onnx
 
 from amp_compiler.onnx.measure.generated_inputs import batch_dims, dim_key, dynamic_dims
-from amp_compiler.runtime.samples import model_inputs, waveform_inputs
+from amp_compiler.runtime.input_kinds import model_inputs, waveform_inputs
 
 __all__ = [
     "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "SHORTEST_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size",

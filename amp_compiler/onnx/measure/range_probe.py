@@ -44,15 +44,9 @@ from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.generated_inputs import Generated, dynamic_dims, runnable_inputs
 from amp_compiler.onnx.measure.images import dead_leaves
 from amp_compiler.onnx.measure.probe_dims import probe_dims, probe_shapes
+from amp_compiler.runtime.input_kinds import image_channels, image_inputs, input_kinds, model_inputs
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.runtime.samples import (
-    SampleSizeError,
-    image_channels,
-    image_inputs,
-    input_kinds,
-    model_inputs,
-    sample_bytes,
-)
+from amp_compiler.runtime.samples import SampleSizeError, sample_bytes
 
 __all__ = [
     "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped", "RangeProbe",
@@ -156,7 +150,7 @@ def _sized(
 
 
 def _dynamic_image(info: onnx.ValueInfoProto) -> bool:
-    """A float image input (:func:`~amp_compiler.runtime.samples.image_channels`) whose channels, height or
+    """A float image input (:func:`~amp_compiler.runtime.input_kinds.image_channels`) whose channels, height or
     width are dynamic."""
     dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
     return (

@@ -19,8 +19,9 @@ from amp_compiler.onnx.measure.probe_dims import (
     probe_dims,
     probe_shapes,
 )
+from amp_compiler.runtime.input_kinds import input_kinds, waveform_inputs
 from amp_compiler.runtime.runner import InProcessRunner
-from amp_compiler.runtime.samples import input_kinds, random_samples, waveform_inputs
+from amp_compiler.runtime.samples import random_samples
 from models import catalog
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 

@@ -12,8 +12,9 @@ from onnx import TensorProto, helper
 
 from amp_compiler import convert
 from amp_compiler.cli import main
+from amp_compiler.runtime.input_kinds import GENERATED_TOKENS, input_kinds
 from amp_compiler.runtime.runner import InProcessRunner
-from amp_compiler.runtime.samples import GENERATED_TOKENS, input_kinds, random_samples
+from amp_compiler.runtime.samples import random_samples
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 

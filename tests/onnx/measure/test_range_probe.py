@@ -11,8 +11,9 @@ from onnx import TensorProto, helper
 from amp_compiler import convert
 from amp_compiler.onnx.measure import range_probe
 from amp_compiler.onnx.measure.images import dead_leaves
+from amp_compiler.runtime.input_kinds import image_inputs, input_kinds
 from amp_compiler.runtime.runner import InProcessRunner
-from amp_compiler.runtime.samples import image_inputs, input_kinds, random_samples
+from amp_compiler.runtime.samples import random_samples
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
