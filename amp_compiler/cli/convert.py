@@ -227,7 +227,9 @@ def _shown_on(a: OutputAccuracy, kinds: Mapping[str, str] | None) -> str:
 
 
 def _one_error(a: OutputAccuracy, *, name: bool) -> str:
-    who = f"{a.name} " if name else ""
+    from amp_compiler.onnx.load.text import shown
+
+    who = f"{shown(a.name)} " if name else ""
     if not a.finite:
         return f"{who}NaN/Inf where FP32 is finite"
     rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
@@ -241,6 +243,7 @@ def accuracy_warnings(
     """One warning when an output misses the line (:func:`~amp_compiler.onnx.measure.output_error.misses`):
     the worst such output, how far, on what (``kinds``: the kind of input that showed it, per output),
     and the commands that help."""
+    from amp_compiler.onnx.load.text import quote
     from amp_compiler.onnx.measure.output_error import MAX_ERROR_OF_RANGE, misses
 
     missed = sorted((a for a in accuracy if misses(a)), key=lambda a: (a.finite, -a.error_of_range))
@@ -251,7 +254,7 @@ def accuracy_warnings(
         f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [
-        f"output {a.name!r} {how} on {measured_on}{_shown_on(a, kinds)}{more}, "
+        f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, "
         f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
         f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
         "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32"

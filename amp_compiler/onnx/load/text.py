@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-__all__ = ["first_line", "node_label", "quote"]
+__all__ = ["first_line", "node_label", "quote", "shown"]
 
 
 def first_line(exc: BaseException) -> str:
@@ -21,6 +21,12 @@ def quote(name: str, limit: int = 80) -> str:
     """A name quoted for a one-line message: control characters escaped, long names shortened."""
     text = repr(name)
     return text if len(text) <= limit else f"{text[: limit - 4]}...{text[-1]}"
+
+
+def shown(name: str, limit: int = 60) -> str:
+    """A name unquoted for a one-line summary: control characters escaped, long names shortened."""
+    text = name if name.isprintable() else repr(name)[1:-1]
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:

@@ -38,7 +38,7 @@ from amp_compiler.errors import (
 )
 from amp_compiler.onnx.costs import dims as dim_exprs
 from amp_compiler.onnx.load.skeleton import weight_free
-from amp_compiler.onnx.load.text import first_line
+from amp_compiler.onnx.load.text import first_line, shown
 from amp_compiler.runtime.input_kinds import model_inputs
 from amp_compiler.runtime.runner import Runner
 from amp_compiler.runtime.samples import MAX_SAMPLE_BYTES, SampleSizeError, random_samples, sample_bytes
@@ -75,7 +75,7 @@ class Generated:
     def describe(self) -> str:
         """``batch=1, samples=512 (sizes 1, 256 did not run: ...)``: the dims taken, and the sizes
         onnxruntime refused first, with its first refusal."""
-        taken = ", ".join(f"{name}={value}" for name, value in self.dims.items())
+        taken = ", ".join(f"{shown(name)}={value}" for name, value in self.dims.items())
         if not self.refused:
             return taken
         sizes = ", ".join(str(size) for size, _ in self.refused)

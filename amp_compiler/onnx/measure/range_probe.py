@@ -39,7 +39,7 @@ from amp_compiler.errors import (
     ModelUnsupportedError,
     RunBudgetError,
 )
-from amp_compiler.onnx.load.text import first_line
+from amp_compiler.onnx.load.text import first_line, shown
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.generated_inputs import Generated, dynamic_dims, runnable_inputs
 from amp_compiler.onnx.measure.images import dead_leaves
@@ -211,22 +211,22 @@ def probe_samples(
         except ModelRunError:  # the other branch does not run on these inputs: the probe keeps to its own
             break
         samples.append(other)
-        labels.append(", ".join(filter(None, (label, *(f"{n}={bool(other[n].all())}" for n in switches)))))
+        labels.append(", ".join(filter(None, (label, *(f"{shown(n)}={bool(other[n].all())}" for n in switches)))))
         flipped += 1
     if flipped:
-        labels[:flipped] = [", ".join(filter(None, (label, *(f"{n}={bool(s[n].all())}" for n in switches))))
+        labels[:flipped] = [", ".join(filter(None, (label, *(f"{shown(n)}={bool(s[n].all())}" for n in switches))))
                             for label, s in zip(labels[:flipped], samples, strict=False)]
     kinds = input_kinds(model, input_ranges)
-    described = [f"{name}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
+    described = [f"{shown(name)}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
                  for name, kind in kinds.items()]
-    described += [f"{name}: " + ("True and False" if name in switches and flipped else _default_values(array))
+    described += [f"{shown(name)}: " + ("True and False" if name in switches and flipped else _default_values(array))
                   for name, array in samples[0].items() if name not in kinds]
     if generated.dims:
         described.append(generated.describe())
     given = input_shapes or {}
     sized = {info.name for info in model_inputs(model) if info.name not in given and _dynamic_image(info)}
-    described += [f"{name}: {'x'.join(map(str, array.shape))}" for name, array in generated.samples[0].items()
-                  if name in sized]
+    described += [f"{shown(name)}: {'x'.join(map(str, array.shape))}"
+                  for name, array in generated.samples[0].items() if name in sized]
     return ProbeSamples(
         samples, outputs, runs=len(generated.refused) + len(samples),
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
