@@ -85,10 +85,12 @@ def input_kinds(
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
     inits: dict[str, onnx.TensorProto] = {}
+    producers: dict[str, onnx.NodeProto] = {}
     for graph in _graphs(model.graph):  # a merged decoder looks its tokens up inside an If
         for node in graph.node:
             for name in node.input:
                 consumers.setdefault(name, []).append(node)
+            producers.update((out, node) for out in node.output)
         inits.update((i.name, i) for i in graph.initializer)
     kinds: dict[str, InputKind] = {}
     waveforms = waveform_inputs(model)
@@ -111,7 +113,7 @@ def input_kinds(
         elif info.name in waveforms:
             kinds[info.name] = InputKind("range", (-1.0, 1.0), "waveform -1..1")
         elif np.issubdtype(dtype, np.integer):
-            vocab = _vocabulary(info.name, consumers, inits)
+            vocab = _vocabulary(info.name, consumers, inits, producers)
             if _POSITIONS.fullmatch(info.name) and rank(info) >= 1:
                 kinds[info.name] = InputKind("positions", (0.0, 0.0), "positions 0, 1, 2...")
             elif vocab:
@@ -203,21 +205,51 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from _graphs(sub)
 
 
-def _vocabulary(name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto]) -> int:
-    """The smallest first dim of the initializer tables ``name`` indexes through Gathers (0: none)."""
+def _vocabulary(
+    name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto] | None = None,
+) -> int:
+    """The smallest first dim of the tables ``name`` indexes (0: none): through Gathers on an initializer
+    (or on one dequantized or cast: a QDQ model's table), or as onnxruntime's EmbedLayerNormalization's
+    word or segment ids (its tables, inputs 2 and 4)."""
+    producers = producers or {}
     sizes: list[int] = []
     stack, seen = [name], {name}
     while stack:
         value = stack.pop()
         for node in consumers.get(value, ()):
+            table: str | None = None
             if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
-                table = inits.get(node.input[0])
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                if table is not None and axis == 0 and table.dims:
-                    sizes.append(int(table.dims[0]))
+                table = node.input[0] if axis == 0 else None
+            elif node.op_type == "EmbedLayerNormalization" and value in node.input[:2]:
+                position = _EMBEDDING_TABLES[list(node.input).index(value)]
+                table = node.input[position] if len(node.input) > position else None
             elif node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
                 for out in node.output:
                     if out not in seen:
                         seen.add(out)
                         stack.append(out)
+            rows = _rows(table, producers, inits) if table else 0
+            if rows:
+                sizes.append(rows)
     return min(sizes, default=0)
+
+
+#: EmbedLayerNormalization's index inputs (word ids 0, segment ids 1) and the tables they index.
+_EMBEDDING_TABLES = {0: 2, 1: 4}
+#: Ops a table passes through unchanged in its rows: a QDQ model's dequantized table, a cast one.
+_TABLE_PATH = frozenset({"DequantizeLinear", "Cast", "Identity"})
+
+
+def _rows(name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]) -> int:
+    """The first dim of the initializer ``name`` is, or is made from through :data:`_TABLE_PATH` (0: none)."""
+    for _ in range(4):
+        table = inits.get(name)
+        if table is not None:
+            return int(table.dims[0]) if table.dims else 0
+        node = producers.get(name)
+        if node is None or node.op_type not in _TABLE_PATH or not node.input:
+            return 0
+        name = node.input[0]
+    return 0

@@ -15,7 +15,7 @@ and ``--fp32-products split`` writes them TF32-proof (:mod:`amp_compiler.passes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 import onnx
 import onnx.shape_inference
@@ -27,7 +27,10 @@ from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider
 
-__all__ = ["TF32_PROVIDERS", "fp32_products", "fp32_products_warnings", "kept_for_precision", "tf32_warnings"]
+__all__ = [
+    "TF32_PROVIDERS", "dequantized_products", "fp32_products", "fp32_products_warnings", "kept_for_precision",
+    "tf32_warnings",
+]
 
 #: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
 TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
@@ -78,15 +81,35 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:_NAMED]) + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
 
 
-def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
+def dequantized_products(nodes: Sequence[ir.Node]) -> set[int]:
+    """The positions in ``nodes`` of the Tensor Core ops whose two operands are DequantizeLinear outputs:
+    TensorRT runs such a DequantizeLinear -> product -> QuantizeLinear group as an int8 kernel (its
+    explicit quantization), where TF32 has no say."""
+    table = default_table()
+    found = set()
+    for position, node in enumerate(nodes):
+        if not table.is_tensor_core(node.domain or "ai.onnx", node.op_type) or len(node.inputs) < 2:
+            continue
+        producers = [v.producer() if v is not None else None for v in node.inputs[:2]]
+        if all(p is not None and p.op_type == "DequantizeLinear" for p in producers):
+            found.add(position)
+    return found
+
+
+def tf32_warnings(
+    decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = (), int8: Collection[int] = (),
+) -> list[str]:
     """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
     Core ops in FP32 for their precision (any rule but the range-only ones) that it did not write
-    TF32-proof (``proof``: the positions of those it did): which, why, and what to do."""
+    TF32-proof (``proof``: the positions of those it did): which, why, and what to do. On TensorRT,
+    products of dequantized operands (``int8``: their positions, :func:`dequantized_products`) run in int8
+    and are not named."""
     if provider not in TF32_PROVIDERS:
         return []
     table = default_table()
+    skipped = set(proof) | (set(int8) if provider is Provider.TENSORRT else set())
     kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _RANGE_RULES
-            and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in proof]
+            and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in skipped]
     if not kept:
         return []
     names = _listed([d.node for d in kept])

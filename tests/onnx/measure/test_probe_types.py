@@ -82,3 +82,28 @@ def test_a_generations_length_limit_runs_past_the_prompt_and_penalties_are_neutr
     (sample,) = random_samples(m, {"input_ids": (1, 24)}, informed=True)
     assert sample["max_length"].tolist() == [24 + GENERATED_TOKENS] and sample["max_length"].dtype == np.int32
     assert sample["repetition_penalty"].tolist() == [1.0] and float(sample["temperature"]) == 1.0
+
+
+def test_token_ids_of_a_fused_embedding_or_a_dequantized_table_are_ids():
+    """onnxruntime's optimizer fuses BERT's embeddings into EmbedLayerNormalization (tables: its inputs 2
+    and 4), and static quantization dequantizes the table before its Gather: both inputs were generated
+    as ones (one embedding row for every token)."""
+    ids, segments = vi("input_ids", TensorProto.INT32, [1, 16]), vi("segment_ids", TensorProto.INT32, [1, 16])
+    fused = model(
+        [helper.make_node("EmbedLayerNormalization",
+                          ["input_ids", "segment_ids", "words", "positions", "segments", "gamma", "beta"],
+                          ["y", "mask_index"], name="embed", domain="com.microsoft")],
+        [ids, segments], [vi("y", F32, [1, 16, 8])],
+        [tensor("words", weights((50, 8))), tensor("positions", weights((16, 8))), tensor("segments", weights((2, 8))),
+         tensor("gamma", np.ones(8, np.float32)), tensor("beta", np.zeros(8, np.float32))],
+        extra_opsets=[helper.make_opsetid("com.microsoft", 1)],
+    )
+    kinds = input_kinds(fused)
+    assert kinds["input_ids"].bounds == (0.0, 50.0) and kinds["segment_ids"].bounds == (0.0, 2.0)
+    quantized = model(
+        [helper.make_node("DequantizeLinear", ["words_q", "scale"], ["words"], name="dq"),
+         helper.make_node("Gather", ["words", "input_ids"], ["y"], name="embed")],
+        [ids], [vi("y", F32, [1, 16, 8])],
+        [tensor("words_q", np.ones((30, 8), np.int8)), tensor("scale", np.array(0.1, np.float32))],
+    )
+    assert input_kinds(quantized)["input_ids"].bounds == (0.0, 30.0)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 
 from amp_compiler import convert
 from amp_compiler.core.tensor_error import accuracy
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
 from models import catalog
+from tests.support.onnx_builders import F32, tensor, vi
+from tests.support.onnx_builders import model as make_model
 
 _SIGNAL_PATH = ("cqt_0", "downsample", "cqt_1")  # cqt-log's Convs on the audio's linear path into a Log
 
@@ -76,3 +79,23 @@ def test_split_products_hold_the_signal_path_rule_on_a_tf32_gpu():
             got = run_onnxruntime(model, feeds)
             found.append(max(accuracy("y", [r], [g]).rel_l2 or 0.0 for r, g in zip(ref, got, strict=True)))
     assert float(np.mean(tf32)) <= 1.02 * float(np.mean(exact)) < 1e-3
+
+
+def test_tensorrt_runs_a_product_of_dequantized_operands_in_int8_and_is_not_warned_of():
+    """DequantizeLinear -> MatMul -> QuantizeLinear: TensorRT's explicit quantization runs the group as an
+    int8 kernel, where TF32 has no say; onnxruntime's CUDA provider runs the MatMul in FP32 (TF32)."""
+    m = make_model(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+         helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["wd"], name="dqw"),
+         helper.make_node("MatMul", ["xd", "wd"], ["p"], name="mm"),
+         helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"], name="qp"),
+         helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["y"], name="dqy")],
+        [vi("x", F32, [2, 8])], [vi("y", F32, [2, 8])],
+        [tensor("s", np.array(0.05, np.float32)), tensor("z", np.array(0, np.int8)),
+         tensor("wq", np.arange(64, dtype=np.int8).reshape(8, 8))],
+    )
+    on = {p: convert(m, provider=p, probe=False) for p in ("cuda", "tensorrt")}
+    assert [d.rule for d in on["cuda"].decisions if d.node == "mm"] == ["quantized.requantize"]
+    assert any("TF32" in w and "mm" in w for w in on["cuda"].provider_warnings)
+    assert not any("TF32" in w for w in on["tensorrt"].provider_warnings)
