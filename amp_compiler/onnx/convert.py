@@ -37,6 +37,7 @@ from amp_compiler.onnx.load.foreign_ops import foreign_ops
 from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
+from amp_compiler.onnx.measure.emulate import emulate, stores_low_precision
 from amp_compiler.onnx.measure.output_error import worst_accuracy
 from amp_compiler.onnx.measure.range_probe import (
     PROBE_MAX_NODES,
@@ -296,8 +297,11 @@ def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto,
     which kind that sample is when they differ (an image model's noise and dead leaves)."""
     result.probe_inputs, result.probe_runs, result.probe_dims = probe.inputs, probe.runs, probe.dims
     result.probe_shapes = {k: tuple(v.shape) for k, v in probe.samples[0].items()}
+    reference, refs = fp32, probe.outputs
+    if stores_low_precision(fp32):  # an input already partly FP16/BF16: exact emulation of it is the reference
+        reference, refs = emulate(fp32), None
     try:
-        worst = worst_accuracy(fp32, result.model, probe.samples, runner, probe.outputs)
+        worst = worst_accuracy(reference, result.model, probe.samples, runner, refs)
         result.accuracy = [a for a, _ in worst]
         result.accuracy_on = {a.name: probe.kinds[i] for a, i in worst} if probe.kinds else {}
         result.probe_runs += len(probe.samples)

@@ -42,9 +42,13 @@ import onnx_ir as ir
 
 from amp_compiler.onnx.ir.schema_typing import type_from_schemas
 from amp_compiler.onnx.ir.walk import iter_graphs
+from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.policy import default_table
 
-__all__ = ["emulate", "emulate_bf16", "emulate_in_place", "rounded_origin", "stored_values", "typed_model"]
+__all__ = [
+    "emulate", "emulate_bf16", "emulate_in_place", "rounded_origin", "stored_values", "stores_low_precision",
+    "typed_model",
+]
 
 # The rounded copy of a tensor ``X`` is named ``X__f32emu<n>`` (see rounded_origin).
 ROUNDED_TAG = "__f32emu"
@@ -216,6 +220,23 @@ def _tf32_copy(graph: ir.Graph, value: ir.Value, before: ir.Node, constants: lis
 def _keep(rounded: dict[ir.Value, ir.Value], copy: ir.Value | None, original: ir.Value) -> None:
     if copy is not None:
         rounded[copy] = original
+
+
+def stores_low_precision(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` holds FP16 or BF16 values anywhere (an input, a weight, a Cast to them, a Constant):
+    an input already partly low, which onnxruntime's CPU provider runs otherwise than a GPU would, so its
+    own outputs there are no exact reference (:func:`emulate` of it is)."""
+    for graph in iter_proto_graphs(model.graph):
+        if any(t.data_type in _LOW_INTS for t in graph.initializer):
+            return True
+        if any(v.type.tensor_type.elem_type in _LOW_INTS for v in graph.input):
+            return True
+        for node in graph.node:
+            for attr in node.attribute:
+                if (node.op_type == "Cast" and attr.name == "to" and attr.i in _LOW_INTS) or (
+                        attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in _LOW_INTS):
+                    return True
+    return False
 
 
 def emulate_bf16(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -61,7 +61,9 @@ def _outputs(
     if refs is None:
         reference = runner.load(fp32)
         try:
-            refs = [reference.run(sample) for sample in samples]
+            wants = dict(zip(reference.input_names, reference.input_types, strict=True))
+            refs = [reference.run({k: as_input(v, wants[k]) if k in wants else v for k, v in sample.items()})
+                    for sample in samples]
         finally:
             reference.close()
     mixed = runner.load(emulate(converted))  # exact FP16/BF16 storage, whatever the CPU kernels do

@@ -107,3 +107,17 @@ def test_token_ids_of_a_fused_embedding_or_a_dequantized_table_are_ids():
         [tensor("words_q", np.ones((30, 8), np.int8)), tensor("scale", np.array(0.1, np.float32))],
     )
     assert input_kinds(quantized)["input_ids"].bounds == (0.0, 30.0)
+
+
+def test_an_input_already_fp16_is_measured_against_its_own_exact_emulation():
+    """Its conversion changes nothing: before, the stated error was onnxruntime's CPU run of the FP16
+    input against exact emulation of the same model (rel-L2 1.6e-4 to 4.4e-4, never 0)."""
+    m = model([helper.make_node("Cast", ["x"], ["x16"], name="narrow", to=TensorProto.FLOAT16),
+               helper.make_node("MatMul", ["x16", "w"], ["m"], name="mm"),
+               helper.make_node("Tanh", ["m"], ["t"], name="tanh"),
+               helper.make_node("MatMul", ["t", "w"], ["m2"], name="mm2"),
+               helper.make_node("Cast", ["m2"], ["y"], name="widen", to=F32)],
+              [vi("x", F32, ["b", 64])], [vi("y", F32, ["b", 64])],
+              [tensor("w", weights((64, 64)).astype(np.float16))])
+    result = convert(m, runner=InProcessRunner())
+    assert result.accuracy and result.accuracy[0].error_of_range == 0.0 and result.accuracy[0].rel_l2 == 0.0
