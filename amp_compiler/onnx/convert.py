@@ -297,7 +297,8 @@ def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto,
     which kind that sample is when they differ (an image model's noise and dead leaves)."""
     result.probe_inputs, result.probe_runs, result.probe_dims = probe.inputs, probe.runs, probe.dims
     result.probe_shapes = {k: tuple(v.shape) for k, v in probe.samples[0].items()}
-    reference, refs = fp32, probe.outputs
+    reference: onnx.ModelProto = fp32
+    refs: list[list[np.ndarray]] | None = probe.outputs
     if stores_low_precision(fp32):  # an input already partly FP16/BF16: exact emulation of it is the reference
         reference, refs = emulate(fp32), None
     try:
