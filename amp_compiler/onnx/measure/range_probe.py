@@ -201,21 +201,10 @@ def probe_samples(
         outputs.append(_run(model, runner, samples[-1]))
         labels = list(IMAGE_SAMPLES)
     switches = _branch_switches(model, samples[0])
-    flipped = 0
-    for sample, label in list(zip(samples, labels, strict=True)) if switches else ():
-        other = {**sample, **{name: np.logical_not(sample[name]) for name in switches}}
-        try:
-            outputs.append(_run(model, runner, other))
-        except (RunBudgetError, ModelCrashError):
-            raise
-        except ModelRunError:  # the other branch does not run on these inputs: the probe keeps to its own
-            break
-        samples.append(other)
-        labels.append(", ".join(filter(None, (label, *(f"{shown(n)}={bool(other[n].all())}" for n in switches)))))
-        flipped += 1
-    if flipped:
-        labels[:flipped] = [", ".join(filter(None, (label, *(f"{shown(n)}={bool(s[n].all())}" for n in switches))))
-                            for label, s in zip(labels[:flipped], samples, strict=False)]
+    flipped = _add_other_branches(model, runner, samples, outputs, switches) if switches else 0
+    if flipped:  # each sample labelled with its kind and its branches (a flipped one has its original's kind)
+        kinds_of = labels + labels[:flipped]
+        labels = [_label(kind, sample, switches) for kind, sample in zip(kinds_of, samples, strict=True)]
     kinds = input_kinds(model, input_ranges)
     described = [f"{shown(name)}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
                  for name, kind in kinds.items()]
@@ -232,6 +221,30 @@ def probe_samples(
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
         kinds=labels if len(samples) > 1 else [],
     )
+
+
+def _add_other_branches(
+    model: onnx.ModelProto, runner: Runner, samples: list[dict[str, np.ndarray]], outputs: list[list[np.ndarray]],
+    switches: list[str],
+) -> int:
+    """Append to ``samples`` (and their FP32 ``outputs``) each sample with its ``switches`` the other way,
+    as long as the model runs them (the other branch may want what these inputs are not); how many."""
+    originals = list(samples)
+    for sample in originals:
+        other = {**sample, **{name: np.logical_not(sample[name]) for name in switches}}
+        try:
+            outputs.append(_run(model, runner, other))
+        except (RunBudgetError, ModelCrashError):
+            raise
+        except ModelRunError:  # the other branch does not run on these inputs: the probe keeps to its own
+            break
+        samples.append(other)
+    return len(samples) - len(originals)
+
+
+def _label(kind: str, sample: Mapping[str, np.ndarray], switches: list[str]) -> str:
+    """A sample's label: its kind (an image model's noise or dead leaves), then its switches' values."""
+    return ", ".join(filter(None, (kind, *(f"{shown(n)}={bool(sample[n].all())}" for n in switches))))
 
 
 def _branch_switches(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> list[str]:
