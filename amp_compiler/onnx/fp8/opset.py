@@ -49,6 +49,7 @@ def raise_opset(model: onnx.ModelProto, opset: int = FP8_OPSET) -> onnx.ModelPro
                 option="target",
             ) from None
         _put_back(out, aside)
+        _keep_described(model, out)
     if out.ir_version < FP8_IR_VERSION:
         if out is model:
             out = onnx.ModelProto()
@@ -68,6 +69,23 @@ def _set_aside(model: onnx.ModelProto) -> set[str]:
     if aside:
         model.opset_import.append(onnx.helper.make_opsetid(_ASIDE, 1))
     return aside
+
+
+def _keep_described(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """Drop the value_info entries onnx's version converter added (its shape inference's, which the
+    input did not describe): inside an If's branches they can contradict each other (an Optimum merged
+    decoder's: a tensor of rank 1 in one branch, 3 in the other), and onnxruntime then refuses the
+    written model. Each graph keeps the entries its counterpart in ``original`` had."""
+    before = [{v.name for v in g.value_info} for g in model_graphs(original)]
+    after = list(model_graphs(converted))
+    if len(before) != len(after):
+        every = set().union(*before)
+        before = [every] * len(after)
+    for graph, names in zip(after, before, strict=True):
+        kept = [v for v in graph.value_info if v.name in names]
+        if len(kept) != len(graph.value_info):
+            del graph.value_info[:]
+            graph.value_info.extend(kept)
 
 
 def _put_back(model: onnx.ModelProto, aside: set[str]) -> None:

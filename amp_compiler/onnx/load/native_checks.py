@@ -213,17 +213,22 @@ def _value_info_conflicts(model: onnx.ModelProto) -> tuple[list[str], set[str]]:
     contradicts, the names whose shape it contradicts)."""
     bare = onnx.ModelProto()
     bare.CopyFrom(model)
-    producers: dict[str, str] = {}
     for g in iter_proto_graphs(bare.graph):
         del g.value_info[:]
-        producers.update((out, node.op_type) for node in g.node for out in node.output)
     inferred_model = _lenient(bare)
     if inferred_model is None:
         return [], set()
-    inferred = {v.name: v.type for g in iter_proto_graphs(inferred_model.graph) for v in g.value_info}
+    graphs = list(iter_proto_graphs(model.graph))
+    typed = list(iter_proto_graphs(inferred_model.graph))
+    if len(graphs) != len(typed):
+        return [], set()
     conflicts: list[str] = []
     stale: set[str] = set()
-    for g in iter_proto_graphs(model.graph):
+    # each graph against its own inference: a name is a graph's own (an If's two branches may each make
+    # a tensor of one name, an int64 in one and a float in the other, as an Optimum merged decoder does)
+    for g, t in zip(graphs, typed, strict=True):
+        inferred = {v.name: v.type for v in t.value_info}
+        producers = {out: node.op_type for node in g.node for out in node.output}
         for v in g.value_info:
             found = inferred.get(v.name)
             if found is None or not (v.type.HasField("tensor_type") and found.HasField("tensor_type")):

@@ -299,8 +299,20 @@ class _Refiner:
         finally:
             self.runs += probe.runs
             probe.close()
+        why = chosen.why if units else self.nothing_to_pin(plain)
         return self.done(chosen.result, chosen.errors, chosen.outputs, chosen.held, chosen.decided.pinned,
-                         units=len(units), why_fp32=chosen.why, **chosen.shares)
+                         units=len(units), why_fp32=why, **chosen.shares)
+
+    def nothing_to_pin(self, plain: ConversionResult) -> str | None:
+        """Why the tolerance found no unit to pin, when the conversion's low-precision nodes all lie inside
+        subgraphs (an Optimum merged decoder computes everything inside an If): units are the main
+        graph's, and the tolerance cannot act there; None when there is no low-precision node at all."""
+        low = self.opts.low_target.value
+        inside = sum(1 for d in plain.decisions if d.graph != "main" and d.precision == low)
+        if not inside:
+            return None
+        return (f"--tolerance pins nodes of the main graph only, and this model's {inside} {low} node(s) all lie "
+                "inside If/Loop/Scan bodies: keep them FP32 with --block-node REGEX or --block-op OP")
 
     def choose(self, probe: SwitchProbe, units: list[Unit], parts: list[tuple[int, ...]], fp8_group: dict[int, int],
                room: float) -> _Chosen:
