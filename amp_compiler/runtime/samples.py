@@ -30,7 +30,7 @@ from amp_compiler.sizes import format_bytes
 
 __all__ = [
     "MAX_SAMPLE_BYTES", "CalibrationDataError", "SampleSizeError", "UngeneratedInputError", "input_shape",
-    "load_samples", "random_samples", "read_npz", "sample_bytes", "sample_files",
+    "load_samples", "random_samples", "read_npz", "sample_bytes", "sample_files", "tensors_only",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -52,7 +52,7 @@ class UngeneratedInputError(SampleSizeError):
     they are tensors); caught wherever generated inputs cannot be made, as :class:`SampleSizeError` is."""
 
 
-def _tensors_only(model: onnx.ModelProto) -> None:
+def tensors_only(model: onnx.ModelProto) -> None:
     """Raise :class:`UngeneratedInputError` for the first graph input that is not a tensor."""
     for info in model_inputs(model):
         kind = info.type.WhichOneof("value")
@@ -210,7 +210,7 @@ def input_shape(info: onnx.ValueInfoProto, input_shapes: dict[str, tuple[int, ..
 def sample_bytes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None) -> int:
     """The bytes one generated sample of ``model`` holds (shapes as :func:`input_shape` gives them); an
     input of another type than a tensor is an :class:`UngeneratedInputError`."""
-    _tensors_only(model)
+    tensors_only(model)
     total = 0
     for info in model_inputs(model):
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)).itemsize

@@ -19,7 +19,7 @@ FORMATS = ("terminal", "json")
 class CompareArgs(ArgGroup):
     """``FP32_MODEL CONVERTED_MODEL``, ``--data``, ``--input-shape``, ``--provider``, ``--tf32``, ``--top``,
     ``--metric``, ``--format``, ``-o``. Depends on nothing. ``--input-shape``'s names are checked against
-    the model where it is read (:meth:`check_shapes`)."""
+    the model once it is read (the command's ``bind_input_shapes``)."""
 
     title = "comparison"
     flags = {"provider": "--provider", "data": "--data", "top": "--top", "metric": "--metric", "tf32": "--tf32",

@@ -23,7 +23,7 @@ import onnx
 
 from amp_compiler.core.measures import ChannelPeaks, TensorRange, shift_room
 from amp_compiler.errors import OptionError
-from amp_compiler.onnx.measure.chain import ModelChain, as_input, exposed_model
+from amp_compiler.onnx.measure.chain import ModelChain, exposed_model, session_feeds
 from amp_compiler.policy.kernels import ORT_NAMES
 from amp_compiler.runtime import child as runner_child
 from amp_compiler.runtime import child_folds
@@ -68,7 +68,7 @@ class IntermediateRunner:
 
     def run(self, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
-        feeds = {k: as_input(v, self.feeds[k]) for k, v in sample.items() if k in self.feeds}
+        feeds = session_feeds(sample, self.feeds)
         return dict(zip(self.names, self.session.run(feeds), strict=True))
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.onnx.measure.pieces import chain_pieces, live_bytes
 from amp_compiler.runtime.runner import Runner, Session
 
-__all__ = ["ModelChain", "as_input", "exposed_model"]
+__all__ = ["ModelChain", "as_input", "exposed_model", "session_feeds"]
 
 # onnxruntime's Python binding cannot return bfloat16 outputs ("No corresponding Numpy type"): an
 # emulated BF16 model's rounded copies are exposed in FP32 instead (amp_compiler.onnx.measure.emulate).
@@ -80,6 +80,12 @@ def _schema_types(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
             if v.name in names and v.dtype is not None and (v.type is None or isinstance(v.type, ir.TensorType))}
 
 
+def session_feeds(sample: Mapping[str, np.ndarray], types: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The arrays of ``sample`` a session takes (``types``: its inputs' onnxruntime types, by name), each
+    in the type it takes (:func:`as_input`)."""
+    return {k: as_input(v, types[k]) for k, v in sample.items() if k in types}
+
+
 def as_input(array: np.ndarray, ort_type: str) -> np.ndarray:
     """A float sample array in the float type the session's input takes (an FP16 input of a model
     converted without keeping its I/O types; the FP32 input emulation makes of a model's FP16 one:
@@ -124,7 +130,7 @@ class ModelChain:
 
     def feeds(self, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The arrays of ``sample`` the chain takes, in the types it takes them (:func:`as_input`)."""
-        return {k: as_input(v, self.inputs[k]) for k, v in sample.items() if k in self.inputs}
+        return session_feeds(sample, self.inputs)
 
     def close(self) -> None:
         for session in self.sessions:

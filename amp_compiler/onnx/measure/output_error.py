@@ -15,7 +15,7 @@ import onnx
 
 from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.core.tensor_error import accuracy
-from amp_compiler.onnx.measure.chain import as_input
+from amp_compiler.onnx.measure.chain import session_feeds
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import Runner
 
@@ -59,21 +59,19 @@ def _outputs(
 ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
     """The FP32 model's outputs per sample (``refs`` when given) and the emulated converted model's."""
     if refs is None:
-        reference = runner.load(fp32)
-        try:
-            wants = dict(zip(reference.input_names, reference.input_types, strict=True))
-            refs = [reference.run({k: as_input(v, wants[k]) if k in wants else v for k, v in sample.items()})
-                    for sample in samples]
-        finally:
-            reference.close()
-    mixed = runner.load(emulate(converted))  # exact FP16/BF16 storage, whatever the CPU kernels do
-    try:  # its FP16 inputs are FP32 (rounded on entry): the samples' FP16 arrays widened, exactly
-        types = dict(zip(mixed.input_names, mixed.input_types, strict=True))
-        gots = [mixed.run({k: as_input(v, types[k]) if k in types else v for k, v in sample.items()})
-                for sample in samples]
+        refs = _run_all(runner, fp32, samples)
+    # exact FP16/BF16 storage, whatever the CPU kernels do; its FP16 inputs are FP32 (rounded on entry)
+    return refs, _run_all(runner, emulate(converted), samples)
+
+
+def _run_all(runner: Runner, model: onnx.ModelProto, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    """``model``'s outputs on each sample, its float arrays in the types the model's inputs take."""
+    session = runner.load(model)
+    try:
+        types = dict(zip(session.input_names, session.input_types, strict=True))
+        return [session.run(session_feeds(sample, types)) for sample in samples]
     finally:
-        mixed.close()
-    return refs, gots
+        session.close()
 
 
 def _float_outputs(fp32: onnx.ModelProto, refs: list[list[np.ndarray]]) -> list[tuple[int, str]]:

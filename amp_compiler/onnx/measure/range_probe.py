@@ -46,7 +46,7 @@ from amp_compiler.onnx.measure.images import dead_leaves
 from amp_compiler.onnx.measure.probe_dims import probe_dims, probe_shapes
 from amp_compiler.runtime.input_kinds import image_channels, image_inputs, input_kinds, model_inputs
 from amp_compiler.runtime.runner import Runner
-from amp_compiler.runtime.samples import SampleSizeError, sample_bytes
+from amp_compiler.runtime.samples import SampleSizeError, tensors_only
 
 __all__ = [
     "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped", "RangeProbe",
@@ -191,7 +191,7 @@ def probe_samples(
     dead-leaves images) and its outputs on them: what ``compare`` takes without data, so that its
     numbers are the ones ``convert``'s summary line stated. Raises the :class:`ModelRunError` or
     :class:`SampleSizeError` that ended the search."""
-    sample_bytes(model)  # an UngeneratedInputError (a SampleSizeError) for an input that is not a tensor
+    tensors_only(model)  # an UngeneratedInputError (a SampleSizeError) for an input that is not a tensor
     images = image_inputs(model, input_ranges)
     generated = _generated(model, runner, input_shapes, input_ranges, seed)
     samples, outputs = list(generated.samples), list(generated.outputs)
