@@ -35,7 +35,10 @@ def _pairs(reference_names, converted_names):
 @pytest.mark.parametrize("runner_type", [InProcessRunner, ChildRunner])
 @pytest.mark.parametrize(("name", "target"), [("mobilenetv2-small", "fp16"), ("text-det-sigmoid", "fp16"),
                                               ("resnet50-small", "bf16")])
-def test_the_chains_sums_are_the_whole_models(runner_type, name, target):
+def test_the_chains_sums_are_the_whole_models(runner_type, name, target, monkeypatch):
+    from amp_compiler.onnx.measure import chain as chain_module
+
+    monkeypatch.setattr(chain_module, "LEAST_PIECE_BYTES", 0)  # the small entries cut as large models are
     fp32, emulated, samples = _model(name, 2, target)
     with runner_type() as runner:
         reference, converted = ModelChain(fp32, runner, samples[0]), ModelChain(emulated, runner, samples[0])
@@ -183,3 +186,62 @@ def test_without_room_for_the_weights_file_the_pieces_carry_their_weights(monkey
     chain.close()
     inline = collect_ranges(model, samples, runner=InProcessRunner())
     assert inline == with_file
+
+
+def _head_split(batch: int, seq: int, heads: int, width: int):
+    """A transformer's head split as exporters write it: the shape computed from the input's
+    (``Shape -> Gather -> Concat -> Reshape``), then a Transpose and a MatMul of the heads."""
+    import onnx
+    from onnx import helper as oh
+
+    nodes = [
+        oh.make_node("Shape", ["x"], ["shape"]),
+        oh.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        oh.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+        oh.make_node("Concat", ["batch", "seq", "heads", "head_width"], ["split"], axis=0),
+        oh.make_node("Reshape", ["x", "split"], ["h"]),
+        oh.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1, 3]),
+        oh.make_node("MatMul", ["t", "w"], ["y"]),
+    ]
+    inits = [
+        oh.make_tensor("zero", onnx.TensorProto.INT64, [1], [0]),
+        oh.make_tensor("one", onnx.TensorProto.INT64, [1], [1]),
+        oh.make_tensor("heads", onnx.TensorProto.INT64, [1], [heads]),
+        oh.make_tensor("head_width", onnx.TensorProto.INT64, [1], [width // heads]),
+        oh.make_tensor("w", onnx.TensorProto.FLOAT, [width // heads, width // heads],
+                       np.eye(width // heads, dtype=np.float32).ravel()),
+    ]
+    graph = oh.make_graph(nodes, "heads", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", "s", width])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    return model, {"x": np.ones((batch, seq, width), np.float32)}
+
+
+def test_pieces_are_sized_through_shapes_the_graph_computes():
+    """Tensors after a Reshape to a computed shape are sized (data propagation), not left unknown: a
+    piece whose outputs' sizes are unknown is cut by its node count alone, whatever they hold."""
+    from amp_compiler.onnx.measure import chain as chain_module
+
+    model, sample = _head_split(2, 64, 4, 32)
+    light, _ = chain_module._weightless(model, sample)
+    exposed, _ = exposed_model(light)
+    plain = chain_module._tensor_bytes(exposed)
+    sizes = chain_module._sizes(light, exposed)
+    assert "t" not in plain and "y" not in plain  # what onnx's plain shape inference leaves unknown
+    assert sizes["h"] == sizes["t"] == sizes["y"] == 2 * 64 * 32 * 4
+
+
+def test_pieces_are_cut_no_smaller_than_least_piece_bytes(monkeypatch):
+    """Pieces are not cut below LEAST_PIECE_BYTES of outputs (a small model's chain is a few sessions of
+    MAX_NODES nodes, not dozens of runs of a few kB each); without that floor, at the live bytes' share."""
+    from amp_compiler.onnx.measure import chain as chain_module
+
+    model = catalog.load("mobilenetv2-small")
+    sample = catalog.get("mobilenetv2-small").make_inputs(np.random.default_rng(0))
+    recording = _Recording()
+    ModelChain(model, recording, sample, at_once=6).close()
+    whole = len(recording.pieces)
+    monkeypatch.setattr(chain_module, "LEAST_PIECE_BYTES", 0)
+    recording = _Recording()
+    ModelChain(model, recording, sample, at_once=6).close()
+    assert whole == -(-len(model.graph.node) // MAX_NODES) < len(recording.pieces)
