@@ -118,12 +118,13 @@ class ConvertCommand(Command):
 
 
 def summary_line(result: ConversionResult, input_files: list[Path], output_files: list[Path], seconds: float) -> str:
-    """One line: where the model went, its nodes by precision, Tensor Core ops, Casts (inserted, and the
+    """One line: where the model went, its nodes by precision, Tensor Core ops (float ones in the target, and
+    apart from them the int8 DequantizeLinear -> product units the provider fuses), Casts (inserted, and the
     input's that became unnecessary), the size (model file plus external data files, before and after),
     a warning counting the nodes left as they are for want of an element type, what ``--allow-op``/
     ``--allow-node`` forced, and the first overflow that depends on an input's scale, if any."""
     from amp_compiler.core.decision import allow_message
-    from amp_compiler.core.plan import INSERTED_RULES, RANGE_ONLY_RULES
+    from amp_compiler.core.plan import INSERTED_RULES, RANGE_ONLY_RULES, Rule
     from amp_compiler.onnx.fp8.steps import fp8_flop_share
     from amp_compiler.policy import default_table
     from amp_compiler.targets import Target
@@ -133,6 +134,8 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     target = result.options.target.value
     policy = default_table()
     heavy = [d for d in decisions if policy.is_tensor_core(d.domain, d.op_type)]
+    # int8 DQ -> product units the provider fuses (quantized.product): no float product, counted apart
+    int8 = sum(1 for d in heavy if d.rule == Rule.QUANTIZED_PRODUCT.value)
     heavy_low = sum(1 for d in heavy if d.precision == target)
     # FP16 conversions: Tensor Core ops in BF16 (the range fallback) are on Tensor Cores too
     heavy_bf16 = sum(1 for d in heavy if d.precision == Target.BF16.value) if target == Target.FP16.value else 0
@@ -147,7 +150,8 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     return (
         f"{dst}: {target} model written in {seconds:.2f} s | nodes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(by_precision.items()))
-        + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy)}"
+        + f" | Tensor Core ops in {target}: {heavy_low}/{len(heavy) - int8}"
+        + (f", int8 (QDQ, run by the provider): {int8}" if int8 else "")
         + (f" (range-scaled: {heavy_scaled})" if heavy_scaled else "")
         + (f" (bf16 range fallback: {heavy_bf16})" if heavy_bf16 else "")
         + (f" ({fp8_flop_share(result):.0%} of their FLOPs)" if target == Target.FP8.value else "")

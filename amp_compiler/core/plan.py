@@ -47,6 +47,9 @@ class Rule(enum.Enum):
     CONSTANT_MASK = "constant.mask-lowest"
     QUANTIZED_REQUANTIZE = "quantized.requantize"  # its result is quantized again
     QUANTIZED_SCALE = "quantized.scale"  # reads a quantizer's scale (dequantization)
+    # a Tensor Core op reading DequantizeLinear outputs that its provider fuses with them into an int8 kernel:
+    # kept in the DQ's output type, no Cast between (policy/qdq_units.toml)
+    QUANTIZED_PRODUCT = "quantized.product"
     RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"

@@ -52,7 +52,7 @@ from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
 from amp_compiler.onnx.write.output import output_proto as _output_proto
 from amp_compiler.onnx.write.result import ConversionResult
 from amp_compiler.onnx.write.strongly_typed import tensorrt_warnings
-from amp_compiler.onnx.write.tf32 import dequantized_products, kept_for_precision, tf32_warnings
+from amp_compiler.onnx.write.tf32 import kept_for_precision, tf32_warnings
 from amp_compiler.options import (
     ConvertOptions,
     check_allow_ops,
@@ -257,7 +257,7 @@ def _convert_ranged(
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
         provider_warnings=[
             *provider_warnings,
-            *tf32_warnings(decisions, opts.provider, split.positions if split else (), dequantized_products(nodes)),
+            *tf32_warnings(decisions, opts.provider, split.positions if split else ()),
         ],
         load_check_skips=skips, probe_skipped=probe_skipped,
     )

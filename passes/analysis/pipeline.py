@@ -104,7 +104,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
-    passes.append(QuantizedIslandPass())
+    passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))

@@ -16,21 +16,40 @@ quantizer kept FP32 as much as without; only the whole island in FP32 leaves the
 - what a quantizer's float outputs (its scale) feed stays FP32 (rule ``quantized.scale``): scale
   products of 1e-5 and below are FP16 subnormals, and the int32 results they rescale exceed 65504.
 
-Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
-(``user.allow``), is pinned to FP32 (DENY) with one of the two rules and the quantizer in its
-reason; nothing else changes.
+A statically quantized model's convolutions and matrix products read DequantizeLinear outputs: the
+DQ -> product "node unit" that TensorRT's explicit quantization (and, for MatMul/Gemm, onnxruntime's
+CPU QDQ transformer) fuse into an int8 kernel, with or without a QuantizeLinear after the product.
+A Cast between a DQ and its product breaks the unit: the user's int8 product becomes an FP16 one on
+dequantized values (measured on a CNN with two QDQ Convs and no Q after them: before this rule both
+ran FP16 on ``DequantizeLinear -> Cast -> Conv`` for every provider). So:
+
+- a Tensor Core op whose quantizable operands (the policy table's ``[op.gemm]`` operands) all come
+  straight from DequantizeLinear, on a provider that fuses such a unit (``policy/qdq_units.toml``),
+  keeps its DQs' output type, FP32, fixed (FIXED, rule ``quantized.product``: a fact of the provider's
+  kernel, so it pulls no neighbour into FP32); where the provider runs the DQs and a float product
+  apart, the product goes low as any other, and its decision says why (a note). Weight-only units
+  (a DQ on the weight alone) are not units here (``qdq_units.toml`` says why).
+
+Guarantees (checked by ``ensures``): every free vertex found by the first two rules, unless the user
+forced it low (``user.allow``), is pinned to FP32 (DENY) with one of them and the quantizer in its
+reason, every fused unit's product is FIXED by ``quantized.product``; nothing else changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import onnx_ir as ir
+
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require_roles
 from amp_compiler.passes.analysis.classify import user_allowed
+from amp_compiler.policy import default_table
+from amp_compiler.policy.qdq_units import qdq_unit_table
+from amp_compiler.targets import Provider
 
-__all__ = ["QuantizedIslandPass"]
+__all__ = ["QuantizedIslandPass", "dequantized_products"]
 
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
@@ -64,22 +83,93 @@ def quantization_neighbours(graph: PrecisionGraph) -> dict[int, tuple[Rule, Vert
     return found
 
 
+def _dq_name(dq: Vertex) -> str:
+    """A DequantizeLinear by its node's name, else by the tensor it writes."""
+    if dq.node is not None and dq.node.name:
+        return dq.describe()
+    written = next((s.value.name for s in dq.slots if s.defines and s.value is not None), None)
+    return f"the DequantizeLinear writing {written!r}"
+
+
+def dequantized_products(graph: PrecisionGraph) -> dict[int, list[Vertex]]:
+    """Per vertex of a Tensor Core op (the policy table's ``tensor_core``) whose quantizable operands (its
+    ``[op.gemm]`` operands, else its first two inputs) all come straight from DequantizeLinear outputs:
+    those DequantizeLinears' vertices, in operand order. A DQ -> product unit (see the module docstring)."""
+    table = default_table()
+    found: dict[int, list[Vertex]] = {}
+    producers: dict[int, Vertex] = {}  # id of a tensor -> the vertex of the DequantizeLinear defining it
+    for vertex in graph.vertices:
+        if vertex.node is not None and vertex.node.op_type == "DequantizeLinear":
+            for slot in vertex.slots:
+                if slot.defines and slot.value is not None:
+                    producers[id(slot.value)] = vertex
+    if not producers:
+        return found
+    for node, vids in graph.node_vertices.items():
+        if len(vids) != 1 or not table.is_tensor_core(node.domain or "ai.onnx", node.op_type):
+            continue
+        layout = table.gemm_layout(node.domain or "ai.onnx", node.op_type)
+        operands = [i for i in layout.operands if isinstance(i, int)] if layout is not None else [0, 1]
+        inputs = node.inputs
+        if len(operands) < 2 or max(operands) >= len(inputs):
+            continue
+        dqs = [producers.get(id(inputs[i])) if inputs[i] is not None else None for i in operands]
+        if all(dq is not None for dq in dqs):
+            found[vids[0]] = [dq for dq in dqs if dq is not None]
+    return found
+
+
 @dataclasses.dataclass
 class QuantizedIslandPass(AnalysisPass):
+    """``provider``: whose fusion of DequantizeLinear -> product units decides ``quantized.product``."""
+
+    provider: Provider = Provider.CUDA
+
     def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         require_roles(self, graph, plan)
 
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
-        rules = frozenset({Rule.QUANTIZED_REQUANTIZE, Rule.QUANTIZED_SCALE})
-        ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, rules)
+        units = self._fused_units(graph)
+        pinned = {Rule.QUANTIZED_REQUANTIZE, Rule.QUANTIZED_SCALE}
+
+        def kept_or_pinned(vertex: Vertex) -> bool:
+            vid = vertex.id
+            if plan.roles[vid] is before.roles[vid] and plan.role_rules[vid] == before.role_rules[vid]:
+                return True
+            rule, reason = plan.role_rules[vid]
+            if not reason or before.roles[vid] not in _PINNABLE:
+                return False
+            return (plan.roles[vid] is Role.DENY and rule in pinned) or (
+                plan.roles[vid] is Role.FIXED and rule is Rule.QUANTIZED_PRODUCT and vid in units)
+
+        ensure_all(self, graph.vertices, kept_or_pinned, "changed role, where only the quantized rules may")
         found = quantization_neighbours(graph)
         ensure_all(
             self, graph.vertices,
             lambda v: v.id not in found or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
             "feeds a quantizer or reads its scale but was left free",
         )
+        ensure_all(
+            self, graph.vertices,
+            lambda v: v.id not in units or before.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id)
+            or plan.role_rules[v.id][0] is Rule.QUANTIZED_PRODUCT,
+            "a fused DequantizeLinear -> product unit was left free",
+        )
+
+    def _fused_units(self, graph: PrecisionGraph) -> dict[int, tuple[list[Vertex], str]]:
+        """The DQ -> product units the provider fuses whose DQs all write FP32: per product vertex, the DQs and
+        the provider's reason. (A DQ already writing FP16/BF16 needs no rule: its product goes low with it.)"""
+        facts = qdq_unit_table()
+        out = {}
+        for vid, dqs in dequantized_products(graph).items():
+            node = graph.vertices[vid].node
+            fact = facts.fact(self.provider, node.domain, node.op_type) if node is not None else None
+            if fact is not None and fact.fused and all(dq.dtype == ir.DataType.FLOAT for dq in dqs):
+                out[vid] = (dqs, fact.reason)
+        return out
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        self._units(graph, plan)
         for vid, (rule, q) in sorted(quantization_neighbours(graph).items()):
             if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
                 continue
@@ -90,3 +180,23 @@ class QuantizedIslandPass(AnalysisPass):
                 why = (f"it reads the quantization scale of {q.describe()}: scale products of 1e-5 and below "
                        "are FP16 subnormals, and the int32 results they rescale exceed FP16's range")
             plan.set_role(vid, Role.DENY, rule, f"FP32: {why}")
+
+    def _units(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        """DQ -> product units: fixed in the DQs' type where the provider fuses them, else a note that says
+        why the product may go low."""
+        facts = qdq_unit_table()
+        fused = self._fused_units(graph)
+        for vid, dqs in sorted(dequantized_products(graph).items()):
+            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
+                continue
+            names = ", ".join(dict.fromkeys(_dq_name(dq) for dq in dqs))
+            if vid in fused:
+                plan.set_role(vid, Role.FIXED, Rule.QUANTIZED_PRODUCT, (
+                    f"int8 on {self.provider.value}, in the DequantizeLinear outputs' type (FP32) with no Cast "
+                    f"between: its operands come straight from {names}, and {fused[vid][1]}"))
+                continue
+            node = graph.vertices[vid].node
+            fact = facts.fact(self.provider, node.domain, node.op_type) if node is not None else None
+            if fact is not None and not fact.fused:
+                note = f"its operands come from {names}, but {fact.reason}"
+                plan.notes[vid] = f"{plan.notes[vid]}; {note}" if vid in plan.notes else note

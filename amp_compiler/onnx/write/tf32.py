@@ -15,32 +15,36 @@ and ``--fp32-products split`` writes them TF32-proof (:mod:`amp_compiler.passes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 
 import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
 from amp_compiler.core.decision import NodeDecision
-from amp_compiler.core.plan import RANGE_ONLY_RULES, PrecisionPlan
+from amp_compiler.core.plan import RANGE_ONLY_RULES, PrecisionPlan, Rule
 from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.policy import default_table
 from amp_compiler.targets import Provider
 
 __all__ = [
-    "TF32_PROVIDERS", "dequantized_products", "fp32_products", "fp32_products_warnings", "kept_for_precision",
+    "TF32_PROVIDERS", "fp32_products", "fp32_products_warnings", "kept_for_precision",
     "tf32_warnings",
 ]
 
 #: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
 TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
 _RANGE_RULES = frozenset(rule.value for rule in RANGE_ONLY_RULES)
+# Tensor Core ops whose FP32 is no choice of precision: int8 units the provider fuses with their DequantizeLinears
+# (quantized.product), where TF32 has no say and a TF32-proof split would break the unit.
+_NOT_FLOAT_PRODUCTS = frozenset({Rule.QUANTIZED_PRODUCT})
 _NAMED = 3  # nodes named in the warning; the rest counted
 
 
 def kept_for_precision(graph: OnnxPrecisionGraph, plan: PrecisionPlan) -> list[ir.Node]:
     """The main graph's Tensor Core ops the plan keeps in FP32 for their precision: any rule but the
-    range-only ones (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits)."""
+    range-only ones and the int8 DQ -> product units (``quantized.product``: the provider runs them in
+    int8) (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits)."""
     table = default_table()
     out = []
     for node, vids in graph.node_vertices.items():
@@ -48,6 +52,7 @@ def kept_for_precision(graph: OnnxPrecisionGraph, plan: PrecisionPlan) -> list[i
             continue
         decision = plan.decisions[vids[0]]
         if (decision.dtype == ir.DataType.FLOAT and decision.rule not in RANGE_ONLY_RULES
+                and decision.rule not in _NOT_FLOAT_PRODUCTS
                 and table.is_tensor_core(node.domain or "ai.onnx", node.op_type)):
             out.append(node)
     return out
@@ -81,34 +86,17 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:_NAMED]) + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
 
 
-def dequantized_products(nodes: Sequence[ir.Node]) -> set[int]:
-    """The positions in ``nodes`` of the Tensor Core ops whose two operands are DequantizeLinear outputs:
-    TensorRT runs such a DequantizeLinear -> product -> QuantizeLinear group as an int8 kernel (its
-    explicit quantization), where TF32 has no say."""
-    table = default_table()
-    found = set()
-    for position, node in enumerate(nodes):
-        if not table.is_tensor_core(node.domain or "ai.onnx", node.op_type) or len(node.inputs) < 2:
-            continue
-        producers = [v.producer() if v is not None else None for v in node.inputs[:2]]
-        if all(p is not None and p.op_type == "DequantizeLinear" for p in producers):
-            found.add(position)
-    return found
-
-
-def tf32_warnings(
-    decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = (), int8: Collection[int] = (),
-) -> list[str]:
+def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
     """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
     Core ops in FP32 for their precision (any rule but the range-only ones) that it did not write
-    TF32-proof (``proof``: the positions of those it did): which, why, and what to do. On TensorRT,
-    products of dequantized operands (``int8``: their positions, :func:`dequantized_products`) run in int8
-    and are not named."""
+    TF32-proof (``proof``: the positions of those it did): which, why, and what to do. Products the
+    provider runs in int8 with their DequantizeLinears (``quantized.product``) are not named."""
     if provider not in TF32_PROVIDERS:
         return []
     table = default_table()
-    skipped = set(proof) | (set(int8) if provider is Provider.TENSORRT else set())
-    kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _RANGE_RULES
+    skipped = set(proof)
+    not_float = {rule.value for rule in _NOT_FLOAT_PRODUCTS}
+    kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _RANGE_RULES and d.rule not in not_float
             and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in skipped]
     if not kept:
         return []
