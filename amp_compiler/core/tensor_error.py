@@ -78,7 +78,7 @@ class ErrorStats:
     ref_min: float = math.inf
     ref_max: float = -math.inf
     nonfinite: int = 0  # NaN/inf where the reference is finite
-    unmatched: int = 0  # values other than the reference's where it is NaN/inf (a NaN matches nothing)
+    unmatched: int = 0  # values other than the reference's where it is NaN/inf (a NaN matches a NaN)
     count: int = 0
 
     def add(self, reference: np.ndarray, got: np.ndarray) -> None:
@@ -89,17 +89,18 @@ class ErrorStats:
         r, g = r.ravel(), g.ravel()
         self.count += r.size
         finite = np.isfinite(r)
+        kept = (r == g) | (np.isnan(r) & np.isnan(g))  # where FP32 is NaN/inf: its own NaN or same-signed inf
         with np.errstate(over="ignore", invalid="ignore"):
             # a NaN or inf where FP32 is finite is an infinite error (g - r would be NaN for a NaN, which
             # every comparison, max's included, passes over)
-            d = np.where(finite, np.where(np.isfinite(g), g - r, np.inf), np.where(r == g, 0.0, np.inf))
+            d = np.where(finite, np.where(np.isfinite(g), g - r, np.inf), np.where(kept, 0.0, np.inf))
             self.diff2 += float(np.sum(d * d))
             both = finite & np.isfinite(g)
             self.ref2 += float(np.sum(np.where(finite, r * r, 0.0)))
             self.got2 += float(np.sum(np.where(both, g * g, 0.0)))
             self.dot += float(np.sum(np.where(both, r * g, 0.0)))
         self.nonfinite += int(np.count_nonzero(finite & ~np.isfinite(g)))
-        self.unmatched += int(np.count_nonzero(~finite & (r != g)))
+        self.unmatched += int(np.count_nonzero(~finite & ~kept))
         if d.size:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(d))))
         if finite.any():

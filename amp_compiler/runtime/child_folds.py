@@ -315,14 +315,15 @@ def error_sums(np: Any, reference: Any, got: Any) -> list | None:
                         max(float(d.max()), -float(d.min())), float(r_own.min()), float(r_own.max()), 0, 0]
             else:
                 finite = np.isfinite(r)
-                d = np.where(finite, np.where(np.isfinite(g), d, np.inf), np.where(r == g, 0.0, np.inf))
+                kept = (r == g) | (np.isnan(r) & np.isnan(g))  # FP32's own NaN, or its inf of the same sign
+                d = np.where(finite, np.where(np.isfinite(g), d, np.inf), np.where(kept, 0.0, np.inf))
                 both = finite & np.isfinite(g)
                 fin = r[finite]
                 part = [float(np.sum(d * d)), float(np.sum(np.where(finite, r * r, 0.0))),
                         float(np.sum(np.where(both, g * g, 0.0))), float(np.sum(np.where(both, r * g, 0.0))),
                         float(np.max(np.abs(d))), float(fin.min()) if fin.size else float("inf"),
                         float(fin.max()) if fin.size else float("-inf"),
-                        int(np.count_nonzero(finite & ~np.isfinite(g))), int(np.count_nonzero(~finite & (r != g)))]
+                        int(np.count_nonzero(finite & ~np.isfinite(g))), int(np.count_nonzero(~finite & ~kept))]
             out = add_sums(out, [*part, 0])
     return out
 

@@ -82,7 +82,10 @@ def test_an_output_of_one_value_is_judged_against_that_value_not_against_a_range
 @pytest.mark.parametrize(("ref", "got", "finite"), [
     ([1.0, np.inf], [1.0, np.inf], True),  # FP32's own inf, kept
     ([1.0, np.inf], [1.0, 65504.0], False),  # ... not kept
-    ([1.0, np.nan], [1.0, np.nan], False),  # a NaN in FP32 matches nothing
+    ([1.0, np.nan], [1.0, np.nan], True),  # FP32's own NaN, kept
+    ([1.0, np.nan], [1.0, 2.0], False),  # ... not kept
+    ([1.0, -np.inf], [1.0, np.inf], False),  # an inf of the other sign
+    ([1.0, np.inf], [1.0, np.nan], False),
     ([1.0, 2.0], [1.0, np.inf], False),
 ])
 def test_an_output_is_finite_only_where_it_keeps_fp32s_values(ref, got, finite):
@@ -120,3 +123,13 @@ def test_a_nan_or_inf_where_fp32_is_finite_is_an_infinite_error_not_a_zero_one(b
     s.add(np.array([1.0, 2.0, 3.0]), np.array([1.0, bad, 3.0]))
     assert s.max_abs == math.inf and s.rel_l2 == math.inf and s.error_of_range == math.inf
     assert s.nonfinite == 1 and not s.finite
+
+
+def test_a_nan_where_fp32_has_nan_is_a_match_not_an_infinite_error():
+    """A model whose FP32 outputs are NaN on some inputs (log of a negative feature) and whose converted
+    model gives the same NaN there: before, NaN != NaN counted it unmatched, the error infinite and the
+    output 'NaN/Inf where FP32 is finite'."""
+    s = ErrorStats()
+    s.add(np.array([np.nan, 2.0, -np.inf, 4.0]), np.array([np.nan, 2.5, -np.inf, 4.0]))
+    assert s.finite and s.unmatched == 0 and s.nonfinite == 0
+    assert s.max_abs == 0.5 and s.rel_l2 == pytest.approx(0.5 / math.sqrt(20.0))

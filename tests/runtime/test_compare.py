@@ -26,7 +26,8 @@ def _close(a: ErrorStats, b: ErrorStats) -> bool:
                zip(dataclasses.astuple(a), dataclasses.astuple(b), strict=True))
 
 
-@pytest.mark.parametrize("special", ["none", "inf-got", "nan-got", "inf-both", "nan-ref", "all-nan", "empty"])
+@pytest.mark.parametrize("special", ["none", "inf-got", "nan-got", "inf-both", "nan-ref", "nan-both", "inf-other-sign",
+                                     "all-nan", "empty"])
 @pytest.mark.parametrize("chunk", [7, 1 << 20])
 def test_error_sums_are_error_stats(special, chunk, monkeypatch):
     monkeypatch.setattr(child_folds, "_ERROR_CHUNK", chunk)
@@ -43,6 +44,11 @@ def test_error_sums_are_error_stats(special, chunk, monkeypatch):
         pairs[1][0][0, 0] = pairs[1][1][0, 0] = -np.inf
     elif special == "nan-ref":
         pairs[2][0][1, 1] = np.nan
+    elif special == "nan-both":  # FP32's own NaN kept (before: NaN != NaN, an infinite error in both copies)
+        pairs[2][0][1, 1] = pairs[2][1][1, 1] = np.nan
+        pairs[0][0][0, 2] = pairs[0][1][0, 2] = np.nan
+    elif special == "inf-other-sign":
+        pairs[1][0][0, 0], pairs[1][1][0, 0] = np.inf, -np.inf
     elif special == "all-nan":
         pairs.append((np.full(4, np.nan, np.float32), np.full(4, np.nan, np.float32)))
     elif special == "empty":
@@ -54,6 +60,7 @@ def test_error_sums_are_error_stats(special, chunk, monkeypatch):
         assert new is not None
         sums = new if sums is None else child_folds.add_sums(sums, new)
     assert sums is not None and _close(_stats(sums), expected)
+    assert expected.finite is (special in ("none", "inf-both", "nan-both", "all-nan", "empty"))
     assert child_folds.error_sums(np, np.zeros(3), np.zeros(4)) is None  # shapes differ: nothing to compare
 
 
