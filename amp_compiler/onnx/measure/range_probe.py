@@ -49,8 +49,8 @@ from amp_compiler.runtime.runner import Runner
 from amp_compiler.runtime.samples import SampleSizeError, tensors_only
 
 __all__ = [
-    "IMAGE_SAMPLES", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped", "RangeProbe",
-    "probe_ranges", "probe_samples",
+    "IMAGE_SAMPLES", "MOSTLY_NONFINITE", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped",
+    "RangeProbe", "probe_ranges", "probe_samples",
 ]
 
 #: Models whose weights take more than this are converted without the probe (one warning): their
@@ -74,9 +74,15 @@ class RangeProbe:
     outputs: list[list[np.ndarray]]
     ranges: dict[str, TensorRange]
     runs: int
-    inputs: str  # "x: image 0..1; batch=1" (what each input's values followed, and dynamic dims)
+    inputs: str  # "x: image 0..1; batch=1" (what each input's values followed, dynamic dims, mostly NaN outputs)
     dims: dict[str, int] = dataclasses.field(default_factory=dict)  # the dynamic dims' values (the search's)
     kinds: list[str] = dataclasses.field(default_factory=list)  # per sample, what its images are (image models)
+
+
+#: When more than this share of the FP32 model's float output values on the generated samples are NaN or
+#: infinite (log(x + 1) of an N(0, 1) feature: NaN below -1), the probe's description says so: its ranges
+#: and the written model's error on them say little (a reference of NaN compares as a match, range 0).
+MOSTLY_NONFINITE = 0.5
 
 
 #: What the samples of a model with an image input hold there, in order: the generated sample's
@@ -216,6 +222,9 @@ def probe_samples(
     sized = {info.name for info in model_inputs(model) if info.name not in given and _dynamic_image(info)}
     described += [f"{shown(name)}: {'x'.join(map(str, array.shape))}"
                   for name, array in generated.samples[0].items() if name in sized]
+    share = _nonfinite_share(outputs)
+    if share > MOSTLY_NONFINITE:
+        described.append(f"FP32 outputs {share:.0%} NaN/Inf on them")
     return ProbeSamples(
         samples, outputs, runs=len(generated.refused) + len(samples),
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
@@ -278,6 +287,13 @@ def probe_ranges(
         found.samples, found.outputs, ranges, runs=found.runs + len(found.samples),  # outputs, then observed
         inputs=found.inputs, dims=found.dims, kinds=found.kinds,
     )
+
+
+def _nonfinite_share(outputs: list[list[np.ndarray]]) -> float:
+    """The share of the float output values, over all samples, that are NaN or infinite (0: none)."""
+    floats = [np.asarray(a) for sample in outputs for a in sample if np.issubdtype(np.asarray(a).dtype, np.floating)]
+    total = sum(a.size for a in floats)
+    return sum(int(np.count_nonzero(~np.isfinite(a))) for a in floats) / total if total else 0.0
 
 
 def _default_values(array: np.ndarray) -> str:

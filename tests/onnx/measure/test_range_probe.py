@@ -235,3 +235,27 @@ def test_a_written_model_that_fails_where_fp32_runs_is_said_on_the_command_line(
     err = capsys.readouterr().err
     assert ("warning: output accuracy not measured: the written model does not run on generated inputs the FP32 "
             "model runs on (onnxruntime could not run the model: Add: broadcast 4 by 16)") in err
+
+
+def _log1p_model():
+    """x (1, 13) -> Add(1) -> Log -> MatMul -> y: FP32's output is NaN wherever a feature is below -1, as
+    for DLRM's log1p of counts fed N(0, 1)."""
+    return model(
+        [helper.make_node("Add", ["x", "one"], ["x1"], name="add"), helper.make_node("Log", ["x1"], ["lx"], name="log"),
+         helper.make_node("MatMul", ["lx", "w"], ["y"], name="mm")],
+        [vi("x", F32, [1, 13])], [vi("y", F32, [1, 8])],
+        [tensor("one", np.array(1.0, np.float32)), tensor("w", weights((13, 8)))],
+    )
+
+
+def test_a_probe_whose_fp32_outputs_are_mostly_nan_says_so_and_does_not_call_the_written_model_wrong():
+    """Before: the description said nothing of it, and FP32's NaN kept by the written model was 'NaN/Inf
+    where FP32 is finite' (infinite error)."""
+    m = _log1p_model()
+    found = range_probe.probe_samples(m, InProcessRunner(), seed=0)
+    assert np.isnan(found.outputs[0][0]).mean() > 0.5
+    assert found.inputs.startswith("x: N(0, 1)") and found.inputs.endswith("FP32 outputs 100% NaN/Inf on them")
+    result = convert(m, probe=True, runner=InProcessRunner())
+    (accuracy,) = result.accuracy
+    assert accuracy.finite and "NaN/Inf on them" in result.probe_inputs
+    assert "NaN" not in range_probe.probe_samples(_image_model(0.45), InProcessRunner()).inputs
