@@ -92,6 +92,7 @@ def input_kinds(
                 consumers.setdefault(name, []).append(node)
             producers.update((out, node) for out in node.output)
         inits.update((i.name, i) for i in graph.initializer)
+        inits.update(_constant_nodes(graph))  # torch.onnx writes `x / 255` with a Constant node
     kinds: dict[str, InputKind] = {}
     waveforms = waveform_inputs(model)
     for info in model_inputs(model):
@@ -182,8 +183,34 @@ def image_like(info: onnx.ValueInfoProto) -> bool:
     return image_channels(info) is not None
 
 
+#: A Constant node's attributes that hold its value as numbers, with their element types (``value`` holds a
+#: tensor already; ``sparse_value`` and the strings hold no pixel scale or table).
+_CONSTANT_NUMBERS = {
+    "value_float": onnx.TensorProto.FLOAT, "value_floats": onnx.TensorProto.FLOAT,
+    "value_int": onnx.TensorProto.INT64, "value_ints": onnx.TensorProto.INT64,
+}
+
+
+def _constant_nodes(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(output name, value) of ``graph``'s Constant nodes whose value is a tensor or numbers: what
+    initializers are to a model saved by torch.onnx, which writes its literals (a ``/ 255``) as Constant
+    nodes."""
+    for node in graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.output:
+            continue
+        for attr in node.attribute:
+            if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                yield node.output[0], attr.t
+            elif attr.name in _CONSTANT_NUMBERS:
+                value = onnx.helper.get_attribute_value(attr)
+                values = value if isinstance(value, list) else [value]
+                dims = [len(values)] if isinstance(value, list) else []
+                yield node.output[0], onnx.helper.make_tensor("", _CONSTANT_NUMBERS[attr.name], dims, values)
+
+
 def _constant_absmax(node: onnx.NodeProto, name: str, inits: Mapping[str, onnx.TensorProto]) -> float:
-    """The largest |x| of an initializer operand of a normalizing ``node`` that reads ``name`` (0: none)."""
+    """The largest |x| of a constant operand (an initializer, a Constant node) of a normalizing ``node``
+    that reads ``name`` (0: none)."""
     if node.op_type not in _NORMALIZE_OPS:
         return 0.0
     top = 0.0

@@ -40,6 +40,22 @@ def test_an_image_takes_the_range_its_normalization_implies(normalize, bounds, w
     assert bounds[0] <= sample.min() and sample.max() <= bounds[1] and sample.max() - sample.min() > 0.5 * (bounds[1] - bounds[0])
 
 
+@pytest.mark.parametrize("attribute", ["value", "value_float", "value_floats"])
+def test_an_image_scaled_by_a_constant_node_takes_the_range_its_value_implies(attribute):
+    """torch.onnx writes `x / 255` with a Constant node: before, only initializers were read, and the image
+    was generated 0..1 for a model that takes 0..255."""
+    value = {"value": helper.make_tensor("c", TensorProto.FLOAT, [], [255.0]), "value_float": 255.0,
+             "value_floats": [255.0]}[attribute]
+    m = model(
+        [helper.make_node("Constant", [], ["c255"], name="c", **{attribute: value}),
+         helper.make_node("Div", ["image", "c255"], ["x"], name="scale"),
+         helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        [vi("image", F32, [1, 3, 8, 8])], [vi("y", F32, [1, 4, 8, 8])], [tensor("w", weights((4, 3, 3, 3)))],
+    )
+    kind = input_kinds(m)["image"]
+    assert (kind.bounds, kind.why) == ((0.0, 255.0), "image 0..255")
+
+
 def test_token_ids_stay_below_the_vocabulary_masks_are_ones_and_a_stated_range_wins():
     m = model(
         [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
