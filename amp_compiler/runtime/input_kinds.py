@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 
 __all__ = [
-    "GENERATED_TOKENS", "INTEGER_TYPES", "InputKind", "image_channels", "image_inputs", "image_like", "input_kinds",
-    "model_inputs", "rank", "waveform_inputs",
+    "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "image_channels", "image_inputs",
+    "image_like", "input_kinds", "model_inputs", "rank", "waveform_inputs",
 ]
 
 
@@ -28,10 +28,11 @@ def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 @dataclasses.dataclass(frozen=True)
 class InputKind:
-    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids``
-    (integers in ``[0, bounds[1])``), ``positions`` (0, 1, 2... along the last dim), ``value``
-    (``bounds[0]`` everywhere) or ``beyond`` (the longest token input's length plus ``bounds[0]``: a
-    generation's length limit), and why (``stated``, ``image 0..1``, ``vocabulary``...)."""
+    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids`` (token ids)
+    or ``index`` (indices into a dim, :data:`INDEX_INPUTS`) (integers in ``[0, bounds[1])``), ``positions``
+    (0, 1, 2... along the last dim), ``value`` (``bounds[0]`` everywhere) or ``beyond`` (the longest token
+    input's length plus ``bounds[0]``: a generation's length limit), and why (``stated``, ``image 0..1``,
+    ``vocabulary``...)."""
 
     kind: str
     bounds: tuple[float, float]
@@ -63,8 +64,41 @@ INTEGER_TYPES = frozenset({onnx.TensorProto.INT32, onnx.TensorProto.INT64})
 _CACHE = re.compile(r"past|present|cache|key_?values?", re.IGNORECASE)
 _CACHE_DIM = re.compile(r"past|seq|length|total", re.IGNORECASE)
 _CHANNELS = re.compile(r"channel", re.IGNORECASE)
-#: Ops an index input may pass through on its way to an embedding Gather.
-_INDEX_PATH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
+#: Ops an index input may pass through (as their input 0: their output holds its values, or some of them) on
+#: its way to an embedding Gather or another op it indexes with: casts and reshapes, and selections (DLRM's
+#: sparse ids, ``[batch, tables]``, reach each table through a Gather on axis 1 of the input).
+_INDEX_PATH = frozenset({
+    "Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten", "Gather", "Slice", "Split", "Transpose", "Expand",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexInput:
+    """An op's integer input whose values index a dim of another of its inputs: its ``position``, the
+    input it indexes (``data``), which of that input's dims (``dims``: ``axis``, the op's axis attribute,
+    default 0; ``first``, dim 0; ``leading``, those from ``batch_dims`` on, GatherND's index tuples; ``value``,
+    no dim but ``data``'s value, OneHot's depth), and why an index out of range matters."""
+
+    position: int
+    data: int
+    dims: str
+    reason: str
+
+
+#: Integer inputs that index a dim of another input: a generated one is drawn below that dim's size, or is 0
+#: where the size is not known (0 is valid for any non-empty dim; the generic 1 is not for a batch of 1:
+#: onnxruntime refused every probe run of a RoiAlign taking its ``batch_indices`` as a graph input). A
+#: count (TopK's k) is no index. Here, not in ``policy/onnx_ops.toml``: ``runtime/`` sits below ``policy/``.
+INDEX_INPUTS: dict[str, IndexInput] = {
+    "Gather": IndexInput(1, 0, "axis", "onnxruntime refuses an index outside [-n, n) of data's axis"),
+    "GatherElements": IndexInput(1, 0, "axis", "onnxruntime refuses an index outside [-n, n) of data's axis"),
+    "ScatterElements": IndexInput(1, 0, "axis", "onnxruntime refuses an index outside [-n, n) of data's axis"),
+    "Scatter": IndexInput(1, 0, "axis", "ScatterElements before opset 11: the same indices"),
+    "GatherND": IndexInput(1, 0, "leading", "each index tuple addresses data's dims from batch_dims on"),
+    "ScatterND": IndexInput(1, 0, "leading", "each index tuple addresses data's leading dims"),
+    "RoiAlign": IndexInput(2, 0, "first", "batch_indices: the image of X's batch each box is in; checked in range"),
+    "OneHot": IndexInput(0, 1, "value", "an index outside depth gives a row of zeros, no one-hot row"),
+}
 
 
 def input_kinds(
@@ -77,8 +111,10 @@ def input_kinds(
     normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
     normalization exactly; half of ImageNet's mean/std range, -2.1..2.6); a float waveform
     (:func:`waveform_inputs`) is -1..1; an integer input named like position ids counts 0, 1, 2...;
-    one read (through Casts and reshapes) as the indices of a Gather on an initializer table is token
-    ids below the table's first dim; one named like bytes takes 0..255; a scalar integer named like a
+    one read (through Casts, reshapes and selections) as the indices of a Gather on an initializer table is
+    token ids below the table's first dim; one read as an index into another input's dim
+    (:data:`INDEX_INPUTS`: RoiAlign's batch_indices, Gather's, Scatter's, OneHot's indices) is below that
+    dim's size where the graph states it, else 0; one named like bytes takes 0..255; a scalar integer named like a
     sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length plus
     :data:`GENERATED_TOKENS`; a float penalty or temperature 1. Other inputs are not in the result
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
@@ -86,7 +122,10 @@ def input_kinds(
     consumers: dict[str, list[onnx.NodeProto]] = {}
     inits: dict[str, onnx.TensorProto] = {}
     producers: dict[str, onnx.NodeProto] = {}
+    shapes: dict[str, list[int | None]] = {}
     for graph in _graphs(model.graph):  # a merged decoder looks its tokens up inside an If
+        shapes.update((v.name, _static_dims(v)) for v in [*graph.input, *graph.value_info, *graph.output]
+                      if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"))
         for node in graph.node:
             for name in node.input:
                 consumers.setdefault(name, []).append(node)
@@ -115,10 +154,15 @@ def input_kinds(
             kinds[info.name] = InputKind("range", (-1.0, 1.0), "waveform -1..1")
         elif np.issubdtype(dtype, np.integer):
             vocab = _vocabulary(info.name, consumers, inits, producers)
+            index = _index_size(info.name, consumers, inits, producers, shapes)
             if _POSITIONS.fullmatch(info.name) and rank(info) >= 1:
                 kinds[info.name] = InputKind("positions", (0.0, 0.0), "positions 0, 1, 2...")
-            elif vocab:
+            elif vocab and (index is None or vocab <= index[0]):
                 kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
+            elif index is not None:
+                size, where = index
+                kinds[info.name] = InputKind("index", (0.0, float(size)), f"below {size} ({where})" if size > 1
+                                             else f"0 ({where})")
             elif _BYTES.fullmatch(info.name):
                 kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
             elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
@@ -241,26 +285,86 @@ def _vocabulary(
     word or segment ids (its tables, inputs 2 and 4)."""
     producers = producers or {}
     sizes: list[int] = []
+    for node, position in _reached(name, consumers):
+        table: str | None = None
+        if node.op_type == "Gather" and position == 1:
+            table = node.input[0] if _attribute(node, "axis", 0) == 0 else None
+        elif node.op_type == "EmbedLayerNormalization" and position in _EMBEDDING_TABLES:
+            table = node.input[_EMBEDDING_TABLES[position]] if len(node.input) > _EMBEDDING_TABLES[position] else None
+        rows = _rows(table, producers, inits) if table else 0
+        if rows:
+            sizes.append(rows)
+    return min(sizes, default=0)
+
+
+def _reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:
+    """(node, input position) of every use of ``name``'s values: its own uses, and those of what it passes
+    through (:data:`_INDEX_PATH`, as their input 0)."""
     stack, seen = [name], {name}
     while stack:
         value = stack.pop()
         for node in consumers.get(value, ()):
-            table: str | None = None
-            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
-                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                table = node.input[0] if axis == 0 else None
-            elif node.op_type == "EmbedLayerNormalization" and value in node.input[:2]:
-                position = _EMBEDDING_TABLES[list(node.input).index(value)]
-                table = node.input[position] if len(node.input) > position else None
-            elif node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
+            for position in (k for k, used in enumerate(node.input) if used == value):
+                yield node, position
+            if node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
                 for out in node.output:
                     if out not in seen:
                         seen.add(out)
                         stack.append(out)
-            rows = _rows(table, producers, inits) if table else 0
-            if rows:
-                sizes.append(rows)
-    return min(sizes, default=0)
+
+
+def _index_size(
+    name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto], shapes: Mapping[str, list[int | None]],
+) -> tuple[int, str] | None:
+    """The smallest size of the dims ``name`` indexes (:data:`INDEX_INPUTS`; 1 where one is not known: only
+    0 is drawn) and the op input that indexes it (``RoiAlign batch_indices``); None when it indexes none."""
+    found: list[tuple[int, str]] = []
+    for node, position in _reached(name, consumers):
+        entry = INDEX_INPUTS.get(node.op_type)
+        if entry is None or node.domain not in ("", "ai.onnx") or entry.position != position:
+            continue
+        data = node.input[entry.data] if len(node.input) > entry.data else ""
+        found.append((max(_indexed(node, entry, data, inits, producers, shapes) or 1, 1),
+                      f"{node.op_type} {_formal(node.op_type, position)}"))
+    return min(found) if found else None
+
+
+def _indexed(
+    node: onnx.NodeProto, entry: IndexInput, data: str, inits: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto], shapes: Mapping[str, list[int | None]],
+) -> int | None:
+    """The size of the dims ``node``'s index input addresses in ``data`` (the smallest of several), as far as
+    the graph states it (None: not known)."""
+    if entry.dims == "value":
+        value = inits.get(data)
+        array = onnx.numpy_helper.to_array(value) if value is not None and math.prod(value.dims) == 1 else None
+        return int(array.ravel()[0]) if array is not None and np.issubdtype(array.dtype, np.number) else None
+    dims = _dims(data, producers, inits, shapes)
+    if not dims:
+        return None
+    if entry.dims == "leading":
+        leading = dims[_attribute(node, "batch_dims", 0):]
+        return min(leading) if leading and None not in leading else None  # type: ignore[type-var]
+    axis = _attribute(node, "axis", 0) if entry.dims == "axis" else 0
+    return dims[axis] if -len(dims) <= axis < len(dims) else None
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def _formal(op_type: str, position: int) -> str:
+    """The name onnx's schema gives an op's input (``batch_indices``), else ``input N``."""
+    try:
+        return onnx.defs.get_schema(op_type).inputs[position].name
+    except (onnx.defs.SchemaError, IndexError):
+        return f"input {position}"
+
+
+def _static_dims(info: onnx.ValueInfoProto) -> list[int | None]:
+    """A value's dims, None where not a fixed size."""
+    return [int(d.dim_value) if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
 
 
 #: EmbedLayerNormalization's index inputs (word ids 0, segment ids 1) and the tables they index.
@@ -271,12 +375,24 @@ _TABLE_PATH = frozenset({"DequantizeLinear", "Cast", "Identity"})
 
 def _rows(name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]) -> int:
     """The first dim of the initializer ``name`` is, or is made from through :data:`_TABLE_PATH` (0: none)."""
+    dims = _dims(name, producers, inits, {})
+    return (dims[0] or 0) if dims else 0
+
+
+def _dims(
+    name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto],
+    shapes: Mapping[str, list[int | None]],
+) -> list[int | None] | None:
+    """The dims of the constant ``name`` is, or is made from through :data:`_TABLE_PATH`, else those its
+    declared shape fixes (``shapes``; None: not known)."""
     for _ in range(4):
         table = inits.get(name)
         if table is not None:
-            return int(table.dims[0]) if table.dims else 0
+            return [int(d) for d in table.dims]
+        if name in shapes:
+            return list(shapes[name])
         node = producers.get(name)
         if node is None or node.op_type not in _TABLE_PATH or not node.input:
-            return 0
+            return None
         name = node.input[0]
-    return 0
+    return None

@@ -259,7 +259,7 @@ def random_samples(
                 sample[info.name] = np.full(shape, longest + int(kind.bounds[0]), dtype)
             elif kind is not None and kind.kind == "positions" and np.issubdtype(dtype, np.integer) and shape:
                 sample[info.name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
-            elif kind is not None and kind.kind == "ids" and np.issubdtype(dtype, np.integer):
+            elif kind is not None and kind.kind in ("ids", "index") and np.issubdtype(dtype, np.integer):
                 sample[info.name] = rng.integers(0, int(kind.bounds[1]), shape).astype(dtype)
             elif np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.standard_normal(shape).astype(dtype)

@@ -275,3 +275,61 @@ def test_a_probe_whose_fp32_outputs_are_mostly_nan_says_so_and_does_not_call_the
     (accuracy,) = result.accuracy
     assert accuracy.finite and "NaN/Inf on them" in result.probe_inputs
     assert "NaN" not in range_probe.probe_samples(_image_model(0.45), InProcessRunner()).inputs
+
+
+def test_roialign_batch_indices_are_0_and_the_probe_runs():
+    """Before: integers were 1, out of range for a batch of 1: onnxruntime refused every run and the
+    conversion went without the probe and its accuracy check."""
+    m = model(
+        [helper.make_node("Conv", ["image", "w"], ["f"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("RoiAlign", ["f", "rois", "batch_idx"], ["roi"], name="roi", output_height=2,
+                          output_width=2)],
+        [vi("image", F32, [1, 3, 8, 8]), vi("rois", F32, [4, 4]), vi("batch_idx", TensorProto.INT64, [4])],
+        [vi("roi", F32, [4, 4, 2, 2])], [tensor("w", weights((4, 3, 3, 3)))],
+    )
+    kind = input_kinds(m)["batch_idx"]
+    assert (kind.kind, kind.bounds, kind.why) == ("index", (0.0, 1.0), "0 (RoiAlign batch_indices)")
+    assert (random_samples(m, informed=True)[0]["batch_idx"] == 0).all()
+    result = convert(m, probe=True, runner=InProcessRunner())
+    assert result.probe_skipped == "" and "batch_idx: 0 (RoiAlign batch_indices)" in result.probe_inputs
+    assert [a.name for a in result.accuracy] == ["roi"]
+
+
+def test_indices_into_a_dim_the_graph_states_are_drawn_below_its_size_else_0():
+    """GatherElements along axis 1 of an input of 6 columns: indices below 6 (the generic 1 is out of
+    range for a dim of 1); through a Cast; and a OneHot below its depth, a Constant node."""
+    m = model(
+        [helper.make_node("Cast", ["pick"], ["pick64"], to=TensorProto.INT64, name="cast"),
+         helper.make_node("GatherElements", ["x", "pick64"], ["picked"], name="ge", axis=1),
+         helper.make_node("GatherElements", ["picked", "again"], ["y"], name="ge2", axis=0),
+         helper.make_node("Constant", [], ["depth"], name="c", value_int=5),
+         helper.make_node("OneHot", ["hot", "depth", "offon"], ["h"], name="onehot")],
+        [vi("x", F32, [3, 6]), vi("pick", TensorProto.INT32, [3, 40]), vi("again", TensorProto.INT64, [3, 40]),
+         vi("hot", TensorProto.INT64, [40])],
+        [vi("y", F32, [3, 40]), vi("h", F32, [40, 5])], [tensor("offon", np.array([0.0, 1.0], np.float32))],
+    )
+    kinds = input_kinds(m)
+    assert (kinds["pick"].kind, kinds["pick"].bounds) == ("index", (0.0, 6.0))
+    assert kinds["pick"].why == "below 6 (GatherElements indices)"
+    assert kinds["again"].bounds == (0.0, 1.0)  # picked's dims are not declared: 0
+    assert kinds["hot"].bounds == (0.0, 5.0)
+    sample = random_samples(m, informed=True, seed=1)[0]
+    assert sample["pick"].dtype == np.int32 and set(np.unique(sample["pick"])) == set(range(6))
+    assert (sample["again"] == 0).all() and sample["hot"].max() < 5 and len(np.unique(sample["hot"])) > 2
+    assert range_probe.probe_ranges(m, InProcessRunner()).outputs  # onnxruntime runs it
+
+
+def test_ids_selected_from_an_input_on_their_way_to_tables_stay_below_the_smallest_table():
+    """DLRM's sparse features [batch, tables]: a Gather on axis 1 picks each table's column, then a Gather
+    on the table (before: 1, not followed through the selection)."""
+    nodes, inits = [], []
+    for k, rows in enumerate((1000, 40)):
+        nodes += [helper.make_node("Gather", ["sparse", f"col{k}"], [f"ids{k}"], name=f"pick{k}", axis=1),
+                  helper.make_node("Gather", [f"table{k}", f"ids{k}"], [f"e{k}"], name=f"embed{k}")]
+        inits += [tensor(f"col{k}", np.array(k, np.int64)), tensor(f"table{k}", weights((rows, 4)))]
+    nodes.append(helper.make_node("Add", ["e0", "e1"], ["y"], name="add"))
+    m = model(nodes, [vi("sparse", TensorProto.INT64, ["batch", 2])], [vi("y", F32, ["batch", 4])], inits)
+    kind = input_kinds(m)["sparse"]
+    assert (kind.kind, kind.bounds, kind.why) == ("ids", (0.0, 40.0), "vocabulary")
+    sample = random_samples(m, {"sparse": (64, 2)}, informed=True)[0]["sparse"]
+    assert sample.max() < 40 and len(np.unique(sample)) > 10
