@@ -25,7 +25,6 @@ from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Rule
 from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError, UntypedTensorsError
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
-from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
 from amp_compiler.onnx.graph.custom_ops import declared_types
 from amp_compiler.onnx.graph.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
@@ -34,6 +33,7 @@ from amp_compiler.onnx.ir.walk import node_order
 from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, with_small_weights
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
+from amp_compiler.onnx.load.opset import OpsetChange, for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
@@ -130,8 +130,12 @@ def convert(
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     source = _read(model, all_weights=fp8)
     proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])
+    opset = None
     if fp8:
         proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
+    elif opts.target is Target.BF16:  # Conv takes bfloat16 from opset 22
+        opset = for_bf16(proto)
+        proto, checked = opset.model, checked and opset.model is proto
     check_keep_io_types(opts.keep_io_types, (i.name for i in proto.graph.input), (o.name for o in proto.graph.output))
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
     ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
@@ -163,7 +167,7 @@ def convert(
             except ProbeSkipped as exc:
                 probe_skipped = str(exc)
     try:
-        return _convert_ranged(
+        result = _convert_ranged(
             source, proto, ir_model, locations, origin, checked, shapes, opts, policy, patterns, allow_patterns,
             fp8_plan, probe.ranges if probe is not None else ranges, probe, probe_skipped, probe_model,
             probe_runner[0] if probe_runner else None, declared, provider_warnings,
@@ -171,6 +175,24 @@ def convert(
     finally:
         if probe_runner is not None and probe_runner[1]:
             probe_runner[0].close()
+    if opset is not None:
+        _say_opset(result, opset)
+    return result
+
+
+def _say_opset(result: ConversionResult, opset: OpsetChange) -> None:
+    """The summary's note of a raised opset; where it could not be raised, a warning naming the Tensor
+    Core ops that keep FP32 for it."""
+    result.opset_change = opset.note
+    if not opset.refused:
+        return
+    policy = default_table()
+    kept = [d.node or d.op_type for d in result.decisions
+            if d.rule == Rule.FIXED.value and d.precision == "fp32" and policy.is_tensor_core(d.domain, d.op_type)]
+    if kept:
+        result.provider_warnings.append(
+            f"{len(kept)} Tensor Core op(s) keep FP32 ({', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}): "
+            f"their schema at opset {opset.before} takes no bfloat16, and {opset.refused}")
 
 
 def _convert_ranged(
@@ -247,7 +269,7 @@ def _convert_ranged(
     if opts.strict and untyped:
         raise UntypedTensorsError(untyped_message(untyped))
     inserted = sum(d.rule == Rule.LOWERING_CAST.value for d in decisions)
-    kept = sum(d.op_type == "Cast" and d.rule != Rule.LOWERING_CAST.value for d in decisions)
+    kept = sum(d.op_type == "Cast" and d.index is not None for d in decisions)  # the input's own: they have a position
     types = value_types(ir_model)  # before the output drops the types the input did not describe
     output = _DeferredOutput(ir_model, proto, source.inline) if locations else None
     result = ConversionResult(

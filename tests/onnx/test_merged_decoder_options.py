@@ -9,7 +9,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from amp_compiler import convert, refine
-from amp_compiler.onnx.fp8.opset import raise_opset
+from amp_compiler.onnx.load.opset import raise_opset
 from amp_compiler.onnx.load.proto_walk import model_graphs
 from amp_compiler.runtime.runner import InProcessRunner
 from tests.support.onnx_builders import F32, tensor, vi, weights

@@ -1,6 +1,6 @@
 """The FP8 conversion's own steps around the FP16 pipeline: opset, per-layer choice, Q/DQ, decisions.
 
-    FP32 model -> opset raised to 19, 22 with a BF16 fallback (amp_compiler.onnx.fp8.opset) -> FP8
+    FP32 model -> opset raised to 19, 22 with a BF16 fallback (amp_compiler.onnx.load.opset) -> FP8
     candidates (MatMul/Gemm/Conv) with their scales (amp_compiler.onnx.fp8.scales) -> statistics on the
     calibration samples -> choice per GEMM -> [the FP16 (BF16) pipeline runs] -> Q/DQ before the
     chosen GEMMs' inputs (passes/fp8.py) -> decisions say fp8 and why

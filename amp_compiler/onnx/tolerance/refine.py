@@ -53,8 +53,8 @@ from amp_compiler.core.tensor_error import ErrorMetric, ErrorStats, Metric, Outp
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.costs.costs import estimate
-from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import local_choice
+from amp_compiler.onnx.load.opset import for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.chain import ModelChain
 from amp_compiler.onnx.measure.emulate import emulate, rounded_origin
@@ -201,6 +201,8 @@ def refine(
     opts = dataclasses.replace(opts, range_fallback="fp32")
     if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
         fp32 = raise_opset(fp32, fp8_opset(opts.low_target))
+    elif opts.target is Target.BF16:  # ... and at the opset its conversions raise it to (Conv's bfloat16)
+        fp32 = for_bf16(fp32).model
     runner, owned = default_runner(runner)
     try:
         refiner = _Refiner(fp32, samples, tolerance, opts, ranges, policy, runner)

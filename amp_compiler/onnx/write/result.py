@@ -52,8 +52,12 @@ class ConversionResult:
     # says how many went low, and which stayed FP32 all the same and by which rule.
     allowed: tuple[int, ...] = ()
     # What the provider cannot take whatever the precision, one line per kind (TensorRT: ops its
-    # ONNX parser does not import, onnxruntime contrib ops, custom ops without a declared precision).
+    # ONNX parser does not import, onnxruntime contrib ops, custom ops without a declared precision),
+    # and what keeps FP32 because the model's opset could not be raised for the target's type.
     provider_warnings: list[str] = dataclasses.field(default_factory=list)
+    # The model's opset where the conversion raised it for its types ("opset 17 -> 22 (bfloat16 Conv)":
+    # amp_compiler.onnx.load.opset.for_bf16), "" where it did not.
+    opset_change: str = ""
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).

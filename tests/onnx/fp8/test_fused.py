@@ -10,8 +10,8 @@ import onnx.helper as oh
 import pytest
 
 from amp_compiler.core.plan import Rule
-from amp_compiler.onnx.fp8.opset import raise_opset
 from amp_compiler.onnx.fp8.steps import fp8_flop_share
+from amp_compiler.onnx.load.opset import raise_opset
 from amp_compiler.onnx.measure.chain import exposed_model
 from amp_compiler.onnx.measure.checks import compare
 from amp_compiler.onnx.measure.emulate import emulate

@@ -14,8 +14,8 @@ import pytest
 from amp_compiler import convert
 from amp_compiler.core.fp8_numbers import dequantize, quantize
 from amp_compiler.onnx.costs.costs import estimate
-from amp_compiler.onnx.fp8.opset import raise_opset
 from amp_compiler.onnx.fp8.stats import fp8_candidates
+from amp_compiler.onnx.load.opset import raise_opset
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe, switch_name

@@ -12,8 +12,8 @@ import pytest
 
 from amp_compiler import convert
 from amp_compiler.cli import main
-from amp_compiler.onnx.fp8.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.fp8.steps import local_choice
+from amp_compiler.onnx.load.opset import fp8_opset, raise_opset
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.onnx.measure.probe import build_probe, switch_name
 from amp_compiler.onnx.tolerance.refine import refine
