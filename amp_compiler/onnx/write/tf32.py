@@ -34,25 +34,25 @@ __all__ = [
 
 #: The providers that run FP32 Tensor Core ops as TF32 by default (on Ampere and later GPUs).
 TF32_PROVIDERS = frozenset({Provider.CUDA, Provider.TENSORRT})
-_RANGE_RULES = frozenset(rule.value for rule in RANGE_ONLY_RULES)
-# Tensor Core ops whose FP32 is no choice of precision: int8 units the provider fuses with their DequantizeLinears
-# (quantized.product), where TF32 has no say and a TF32-proof split would break the unit.
-_NOT_FLOAT_PRODUCTS = frozenset({Rule.QUANTIZED_PRODUCT})
+#: Rules that keep a product FP32 for no precision of its own: its range (TF32 has FP32's), no low type
+#: for it (its schema at the model's opset, an unknown type, no provider kernel: FP32 is all it has, and
+#: TF32 undoes no choice), or an int8 unit the provider fuses with its DequantizeLinears (quantized.product:
+#: TF32 has no say, and a TF32-proof split would break the unit). The others keep it FP32 for its precision.
+_NOT_FOR_PRECISION = RANGE_ONLY_RULES | {Rule.FIXED, Rule.UNKNOWN_TYPE, Rule.PROVIDER_NO_KERNEL, Rule.QUANTIZED_PRODUCT}
+_NOT_FOR_PRECISION_IDS = frozenset(rule.value for rule in _NOT_FOR_PRECISION)
 _NAMED = 3  # nodes named in the warning; the rest counted
 
 
 def kept_for_precision(graph: OnnxPrecisionGraph, plan: PrecisionPlan) -> list[ir.Node]:
-    """The main graph's Tensor Core ops the plan keeps in FP32 for their precision: any rule but the
-    range-only ones and the int8 DQ -> product units (``quantized.product``: the provider runs them in
-    int8) (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits)."""
+    """The main graph's Tensor Core ops the plan keeps in FP32 for their precision: any rule but
+    :data:`_NOT_FOR_PRECISION` (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits)."""
     table = default_table()
     out = []
     for node, vids in graph.node_vertices.items():
         if not isinstance(node, ir.Node) or node.graph is not graph.model.graph or len(vids) != 1:
             continue
         decision = plan.decisions[vids[0]]
-        if (decision.dtype == ir.DataType.FLOAT and decision.rule not in RANGE_ONLY_RULES
-                and decision.rule not in _NOT_FLOAT_PRODUCTS
+        if (decision.dtype == ir.DataType.FLOAT and decision.rule not in _NOT_FOR_PRECISION
                 and table.is_tensor_core(node.domain or "ai.onnx", node.op_type)):
             out.append(node)
     return out
@@ -88,19 +88,17 @@ def _listed(names: list[str]) -> str:
 
 def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
     """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
-    Core ops in FP32 for their precision (any rule but the range-only ones) that it did not write
-    TF32-proof (``proof``: the positions of those it did): which, why, and what to do. Products the
-    provider runs in int8 with their DequantizeLinears (``quantized.product``) are not named."""
+    Core ops in FP32 for their precision (any rule but :data:`_NOT_FOR_PRECISION`) that it did not write
+    TF32-proof (``proof``: the positions of those it did): which, why, and what to do."""
     if provider not in TF32_PROVIDERS:
         return []
     table = default_table()
     skipped = set(proof)
-    not_float = {rule.value for rule in _NOT_FLOAT_PRODUCTS}
-    kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _RANGE_RULES and d.rule not in not_float
+    kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _NOT_FOR_PRECISION_IDS
             and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in skipped]
     if not kept:
         return []
-    names = _listed([d.node for d in kept])
+    names = _listed([d.node or f"{d.op_type} #{d.index}" for d in kept])  # unnamed: its position
     rules = ", ".join(dict.fromkeys(d.rule for d in kept))
     products = "product" if len(kept) == 1 else "products"
     return [

@@ -99,3 +99,18 @@ def test_tensorrt_runs_a_product_of_dequantized_operands_in_int8_and_is_not_warn
     assert [d.rule for d in on["cuda"].decisions if d.node == "mm"] == ["quantized.requantize"]
     assert any("TF32" in w and "mm" in w for w in on["cuda"].provider_warnings)
     assert not any("TF32" in w for w in on["tensorrt"].provider_warnings)
+
+
+def test_products_fp32_for_want_of_a_low_type_are_not_warned_of_and_unnamed_ones_are_placed():
+    """A product FP32 because its schema takes no low type (rule fixed) was chosen for no precision:
+    TF32 undoes nothing. An unnamed product the warning names is named by its op and position."""
+    from amp_compiler.core.decision import NodeDecision
+    from amp_compiler.onnx.write.tf32 import tf32_warnings
+    from amp_compiler.targets import Provider
+
+    def decision(index: int, rule: str) -> NodeDecision:
+        return NodeDecision("main", "", "Conv", "ai.onnx", "fp32", rule, "", ["float"], ["float"], index)
+
+    assert tf32_warnings([decision(0, "fixed"), decision(1, "provider.no-kernel")], Provider.CUDA) == []
+    (line,) = tf32_warnings([decision(0, "fixed"), decision(4, "user.block-op")], Provider.CUDA)
+    assert line.startswith("1 matrix product kept in FP32 for precision (Conv #4: user.block-op)")

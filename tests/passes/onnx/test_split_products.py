@@ -71,6 +71,7 @@ def test_decisions_say_what_was_split_and_warn_of_nothing_left():
     assert product.reason.startswith("FP32 written TF32-proof (--fp32-products split): 'x' and 'w'")
     inserted = [d for d in result.decisions if d.rule == "tf32.split"]
     assert {d.op_type for d in inserted} == {"Cast", "Sub", "Gemm", "Add"} and all(d.index is None for d in inserted)
+    assert result.casts_removed == 0 and result.casts_inserted == 0  # the split's Casts are no Cast of the input's
     assert not any("TF32" in w for w in result.provider_warnings)
     plain = convert(fp32, provider="tensorrt", block_nodes=("^product$",), probe=False)
     assert any("--fp32-products split" in w for w in plain.provider_warnings)
