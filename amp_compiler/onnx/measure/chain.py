@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from onnx import numpy_helper
 
 from amp_compiler.dtypes import FLOAT_TYPES
+from amp_compiler.errors import ModelRefusedError
 from amp_compiler.onnx.measure.pieces import chain_pieces, live_bytes
 from amp_compiler.runtime.runner import Runner, Session
 
@@ -109,18 +110,23 @@ class ModelChain:
         exposed, self.names = exposed_model(light)
         sizes = _sizes(light, exposed)
         del light
+        shapes = _shapes(_weightless(model, {})[0])
         # the model's own live bytes (in ``exposed`` every tensor is an output), shared by the pieces whose
         # outputs the runner holds at once (``at_once``: 2 where it folds one while the next runs)
         budget = max(live_bytes(model, sizes) // at_once, LEAST_PIECE_BYTES)
         joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
         self._weights = _WeightFile(model, stubbed)
+        # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
+        # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+        def load(pieces: Iterator[onnx.ModelProto]) -> list[Session]:
+            return runner.load_chain(_with_weights(pieces, exposed, model, self._weights), basic=True, chained=True,
+                                     data_folder=self._weights.folder)
+
         try:
-            pieces = _with_weights(chain_pieces(exposed, self.names, sizes, budget, joined), exposed, model,
-                                   self._weights)
-            # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
-            # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
-            self.sessions: list[Session] = runner.load_chain(pieces, basic=True, chained=True,
-                                                             data_folder=self._weights.folder)
+            try:
+                self.sessions = load(chain_pieces(exposed, self.names, sizes, budget, joined, shapes))
+            except ModelRefusedError:  # a piece onnxruntime refuses: the model whole, as it loads it
+                self.sessions = load(iter([exposed]))
         finally:  # the sessions hold what they read (mapped pages outlive the file): nothing is left behind
             self._weights.remove()
         graph_inputs = {i.name for i in model.graph.input}
@@ -270,6 +276,19 @@ def _copy_fields(source: Message, target: Message, skip: str) -> None:
             getattr(target, field.name).CopyFrom(value)
         else:
             setattr(target, field.name, value)
+
+
+def _shapes(unbound: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The types of ``unbound``'s main-graph tensors (a weightless copy of the model at its own inputs'
+    dims) with the shapes onnx's inference gives them there: what holds for every sample, which the
+    pieces' inputs declare (:func:`amp_compiler.onnx.measure.pieces.chain_pieces`); none where inference
+    fails."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(unbound, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError):
+        return {}
+    graph = inferred.graph
+    return {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
 
 
 def _sizes(light: onnx.ModelProto, exposed: onnx.ModelProto) -> dict[str, int]:

@@ -7,7 +7,8 @@ tensors and the values that cross to later pieces are alive. Guarantees of :func
 
 - the pieces' nodes are the main graph's, in its order, each in exactly one piece, unchanged;
 - a piece's inputs are the graph inputs and earlier pieces' outputs it uses (its nodes' subgraphs'
-  references to outer-scope names included); its initializers, those its nodes use;
+  references to outer-scope names included), of their element types and with the shapes ``shapes``
+  gives them (those that hold for every sample), else none; its initializers, those its nodes use;
 - a piece's outputs are the names of ``exposed`` it produces, then those a later piece uses;
 - with ``sizes`` (bytes per tensor, where known), a piece's outputs of known size hold at most
   ``budget`` bytes together (or it is one node), and a piece holds at most :data:`MAX_NODES` nodes;
@@ -91,11 +92,16 @@ def _spans(nodes: Sequence[onnx.NodeProto], joined: frozenset[str]) -> set[int]:
 
 def chain_pieces(
     model: onnx.ModelProto, exposed: Sequence[str], sizes: Mapping[str, int] | None = None, budget: int = 0,
-    joined: Collection[str] = (),
+    joined: Collection[str] = (), shapes: Mapping[str, onnx.TypeProto] | None = None,
 ) -> Iterator[onnx.ModelProto]:
     """The pieces of ``model`` (see module doc), built one at a time; ``exposed``: the names every
     piece must give out when it computes them; ``sizes``, ``budget``: how pieces are cut, by size;
-    ``joined``: values that must not cross between pieces."""
+    ``joined``: values that must not cross between pieces; ``shapes``: the tensors' types with the
+    shapes that hold for every input size (the model inferred at its own inputs' dims, not a sample's),
+    which a piece's inputs declare: a piece's inputs declared without a shape lose what onnxruntime's
+    inference needs of a value computed elsewhere (a Resize whose ``scales`` is an empty tensor and
+    ``sizes`` four values, both computed: without their shapes, onnxruntime refused the piece of YOLOS's
+    patch-embedding interpolation that the whole model loads with)."""
     graph = model.graph
     nodes = list(graph.node)
     inputs = {i.name for i in graph.input}
@@ -132,7 +138,7 @@ def chain_pieces(
         outputs = [o for o in own if o in wanted] + [o for o in own if o in used_after[p] and o not in wanted]
         piece = oh.make_graph(
             nodes[lo:hi], f"{graph.name}_piece{p}",
-            [_value(n, types[n]) for n in feeds],
+            [_value(n, types[n], (shapes or {}).get(n)) for n in feeds],
             [_value(n, types[n]) if n in types else onnx.ValueInfoProto(name=n) for n in outputs],
             [initializers[n] for n in needed if n in initializers],
         )
@@ -141,10 +147,17 @@ def chain_pieces(
         yield out
 
 
-def _value(name: str, type_proto: onnx.TypeProto) -> onnx.ValueInfoProto:
-    """A value of ``type_proto``'s element type and no shape (inferred shapes are not checked here)."""
+def _value(name: str, type_proto: onnx.TypeProto, shaped: onnx.TypeProto | None = None) -> onnx.ValueInfoProto:
+    """A value of ``type_proto``'s element type, with ``shaped``'s shape where it is a tensor of that
+    type, else no shape (``type_proto``'s are a sample's sizes: other samples may differ)."""
     if type_proto.HasField("tensor_type"):
-        return oh.make_tensor_value_info(name, type_proto.tensor_type.elem_type, None)
+        elem = type_proto.tensor_type.elem_type
+        if (shaped is not None and shaped.HasField("tensor_type") and shaped.tensor_type.elem_type == elem
+                and shaped.tensor_type.HasField("shape")):
+            value = onnx.ValueInfoProto(name=name)
+            value.type.CopyFrom(shaped)
+            return value
+        return oh.make_tensor_value_info(name, elem, None)
     value = onnx.ValueInfoProto(name=name)
     value.type.CopyFrom(type_proto)
     return value

@@ -245,3 +245,67 @@ def test_pieces_are_cut_no_smaller_than_least_piece_bytes(monkeypatch):
     recording = _Recording()
     ModelChain(model, recording, sample, at_once=6).close()
     assert whole == -(-len(model.graph.node) // MAX_NODES) < len(recording.pieces)
+
+
+def _resize_to_computed_sizes():
+    """TorchScript's interpolation: a Resize whose ``scales`` is empty and whose ``sizes`` is computed from
+    the input's shape, each value its own node (and so, cut one node a piece, ``sizes`` the border of the
+    Resize's piece)."""
+    import onnx
+    from onnx import helper as oh
+
+    nodes = [
+        oh.make_node("Shape", ["x"], ["shape"]),
+        oh.make_node("Slice", ["shape", "zero", "two"], ["batch_channels"]),
+        oh.make_node("Concat", ["batch_channels", "eight"], ["sizes"], axis=0),
+        oh.make_node("Relu", ["x"], ["r"]),
+        oh.make_node("Resize", ["r", "", "scales", "sizes"], ["y"], mode="linear"),
+    ]
+    inits = [oh.make_tensor("zero", onnx.TensorProto.INT64, [1], [0]), oh.make_tensor("two", onnx.TensorProto.INT64, [1], [2]),
+             oh.make_tensor("scales", onnx.TensorProto.FLOAT, [0], []),
+             oh.make_tensor("eight", onnx.TensorProto.INT64, [2], [8, 8])]
+    graph = oh.make_graph(nodes, "resize", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", 3, "h", "w"])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    return model, {"x": np.random.default_rng(0).uniform(0, 1, (1, 3, 5, 6)).astype(np.float32)}
+
+
+def test_pieces_inputs_keep_the_shapes_every_sample_gives_them(monkeypatch):
+    """Cut one node a piece, the Resize's piece takes ``sizes`` from another: declared with its shape at
+    the model's own dims (4 values), onnxruntime loads it; declared shapeless, it refused it ("Number of elements of input 'sizes' (0) must be same as rank of input 'X' (4)"), and
+    calibration and the probe failed on a model onnxruntime runs."""
+    from amp_compiler.onnx.measure import chain as chain_module
+    from amp_compiler.onnx.measure.calibrate import collect_ranges
+
+    monkeypatch.setattr(chain_module, "LEAST_PIECE_BYTES", 0)
+    model, sample = _resize_to_computed_sizes()
+    recording = _Recording()
+    chain = ModelChain(model, recording, sample, at_once=1000)
+    assert len(chain.sessions) > 2
+    resize = next(p for p in recording.pieces if p.graph.node[-1].op_type == "Resize")
+    declared = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in resize.graph.input}
+    assert declared["sizes"] == [4]
+    chain.close()
+    other = {"x": np.ones((2, 3, 9, 4), np.float32)}  # other dims than the chain was cut at
+    ranges = collect_ranges(model, [sample, other], runner=InProcessRunner())
+    assert ranges["y"].count == (1 + 2) * 3 * 8 * 8
+
+
+def test_a_chain_whose_pieces_onnxruntime_refuses_loads_the_model_whole():
+    from amp_compiler.errors import ModelRefusedError
+
+    class _RefusingPieces(InProcessRunner):
+        def load_chain(self, models, **kwargs):
+            models = list(models)
+            if len(models) > 1:
+                raise ModelRefusedError("onnxruntime could not load the model: a piece")
+            return super().load_chain(models, **kwargs)
+
+    model = catalog.load("mobilenetv2-small")
+    sample = catalog.get("mobilenetv2-small").make_inputs(np.random.default_rng(0))
+    runner = _RefusingPieces()
+    chain = ModelChain(model, runner, sample)
+    assert len(chain.sessions) == 1
+    runner.fold(chain.sessions, chain.feeds(sample), 5)
+    assert set(runner.statistics(5)) >= {o.name for o in model.graph.output}
+    chain.close()
