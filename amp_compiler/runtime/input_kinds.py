@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 
 __all__ = [
-    "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "image_channels", "image_inputs",
-    "image_like", "input_kinds", "model_inputs", "rank", "waveform_inputs",
+    "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "constant_nodes", "image_channels",
+    "image_inputs", "image_like", "input_kinds", "model_inputs", "rank", "waveform_inputs",
 ]
 
 
@@ -131,7 +131,7 @@ def input_kinds(
                 consumers.setdefault(name, []).append(node)
             producers.update((out, node) for out in node.output)
         inits.update((i.name, i) for i in graph.initializer)
-        inits.update(_constant_nodes(graph))  # torch.onnx writes `x / 255` with a Constant node
+        inits.update(constant_nodes(graph))  # torch.onnx writes `x / 255` with a Constant node
     kinds: dict[str, InputKind] = {}
     waveforms = waveform_inputs(model)
     for info in model_inputs(model):
@@ -189,17 +189,31 @@ def image_inputs(
 
 
 def waveform_inputs(model: onnx.ModelProto) -> set[str]:
-    """The float inputs of rank 1 or 2 (``[samples]``, ``[batch, samples]``) that are audio: the model
-    has a scalar sample-rate input (``sr``), or the input or its last dim is named like audio
-    (``waveform``, ``speech``; openWakeWord's melspectrogram: ``input [batch_size, samples]``)."""
+    """The float inputs of a waveform's layout (``[samples]``, ``[batch, samples]``, or ``[batch, channels,
+    samples]`` with 1 or 2 channels, or a channel dim named so: EnCodec's mono ``input_values [batch, 1,
+    samples]``) that are audio: the model has a scalar sample-rate input (``sr``), or the input or its last
+    dim is named like audio (``waveform``, ``speech``; openWakeWord's melspectrogram: ``input [batch_size,
+    samples]``)."""
     inputs = model_inputs(model)
     rate = any(_SAMPLE_RATE.fullmatch(i.name) and rank(i) == 0 for i in inputs)
     return {
         i.name for i in inputs
-        if 1 <= rank(i) <= 2 and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
-                                                np.floating)
+        if _waveform_layout(i) and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
+                                                 np.floating)
         and (rate or _AUDIO.search(i.name) or _AUDIO.search(i.type.tensor_type.shape.dim[-1].dim_param))
     }
+
+
+def _waveform_layout(info: onnx.ValueInfoProto) -> bool:
+    """Rank 1 or 2, or rank 3 whose dim 1 is a few channels (1 or 2, or named like channels)."""
+    if 1 <= rank(info) <= 2:
+        return True
+    if rank(info) != 3:
+        return False
+    channels = info.type.tensor_type.shape.dim[1]
+    if channels.HasField("dim_value"):
+        return channels.dim_value in (1, 2)
+    return bool(_CHANNELS.search(channels.dim_param))
 
 
 def rank(info: onnx.ValueInfoProto) -> int:
@@ -235,7 +249,7 @@ _CONSTANT_NUMBERS = {
 }
 
 
-def _constant_nodes(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+def constant_nodes(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
     """(output name, value) of ``graph``'s Constant nodes whose value is a tensor or numbers: what
     initializers are to a model saved by torch.onnx, which writes its literals (a ``/ 255``) as Constant
     nodes."""

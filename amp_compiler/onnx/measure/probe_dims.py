@@ -13,8 +13,9 @@ graph says a real input has:
   (the prompt step: the model computes every key itself, none is random); the head size, where the
   cache states it as a dim (onnxruntime GenAI's ``kv_cache_dim``), what its GroupQueryAttention's
   projection says (:func:`head_sizes`);
-- a **waveform** (:func:`~amp_compiler.runtime.input_kinds.waveform_inputs`: a float ``[batch, samples]``
-  or ``[samples]`` input in a model with a sample-rate input, or named like audio) takes one second
+- a **waveform** (:func:`~amp_compiler.runtime.input_kinds.waveform_inputs`: a float ``[batch, samples]``,
+  ``[batch, channels, samples]`` (one channel) or ``[samples]`` input in a model with a sample-rate
+  input, or named like audio) takes one second
   at 16 kHz, then, if the model refuses it, a streaming chunk of 512 samples (32 ms: what Silero VAD
   and other streaming detectors take, one frame of their recurrent state at a time);
 - a batch keeps 1 (:func:`~amp_compiler.onnx.measure.generated_inputs.batch_dims`).
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 import onnx
 
 from amp_compiler.onnx.measure.generated_inputs import batch_dims, dim_key, dynamic_dims
-from amp_compiler.runtime.input_kinds import model_inputs, waveform_inputs
+from amp_compiler.runtime.input_kinds import constant_nodes, model_inputs, waveform_inputs
 
 __all__ = [
     "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "SHORTEST_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size",
@@ -63,12 +64,13 @@ _TABLE_INPUTS = {"EmbedLayerNormalization": 3, "GroupQueryAttention": 7, "Rotary
 
 
 def position_table_size(model: onnx.ModelProto) -> int:
-    """The longest sequence the model's position table takes (0: none found): the largest initializer
-    table a Gather indexes with positions counting up (:func:`_first_position`), its rows less the first
-    position (a table of 130 rows indexed from 2 takes 128 tokens), or the rows of the position input
-    of a fused embedding or attention op (onnxruntime's EmbedLayerNormalization, GroupQueryAttention's
-    cos cache, RotaryEmbedding)."""
+    """The longest sequence the model's position table takes (0: none found): the largest constant
+    table (an initializer, a Constant node) a Gather indexes with positions counting up
+    (:func:`_first_position`), its rows less the first position (a table of 130 rows indexed from 2 takes
+    128 tokens), or the rows of the position input of a fused embedding or attention op (onnxruntime's
+    EmbedLayerNormalization, GroupQueryAttention's cos cache, RotaryEmbedding)."""
     inits = {i.name: i for i in model.graph.initializer}
+    inits.update(constant_nodes(model.graph))  # TorchScript writes its position ids buffer as a Constant node
     producers = {out: node for node in model.graph.node for out in node.output}
     sizes = [0]
     for node in model.graph.node:
@@ -211,6 +213,8 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
             elif info.name in waveforms and axis == len(dims) - 1:
                 out[key] = WAVEFORM_SAMPLES[0]
                 waves.add(key)
+            elif info.name in waveforms and axis == 1 and len(dims) == 3:  # [batch, channels, samples]: mono
+                out[key] = 1
     if not any(value > 1 or value == 0 for value in out.values()):
         return []  # nothing but batches: the search's own start
     shorter = [{**out, **dict.fromkeys(sequences, length)} for length in _shorter(sequence) if sequences]

@@ -103,6 +103,27 @@ def test_a_position_table_indexed_from_an_offset_takes_its_rows_less_the_offset(
     assert probe.samples[0]["ids"].shape == (1, 128) and probe.dims["sequence"] == 128
 
 
+def test_a_position_table_indexed_by_a_constant_nodes_count_takes_its_rows():
+    """TorchScript's export (BERT, CLIP's text tower): the position ids buffer [1, rows] is a Constant
+    node, sliced to the sequence. Before, only an initializer's count was read: a 512-row table was
+    probed at the default 128 tokens, and CLIP's 77-row one at 128 (refused), then 64."""
+    positions = np.arange(77, dtype=np.int64)[None]
+    nodes = [
+        helper.make_node("Gather", ["tokens", "ids"], ["emb"], name="embed"),
+        helper.make_node("Constant", [], ["buffer"], name="position_ids", value=tensor("buffer", positions)),
+        helper.make_node("Shape", ["ids"], ["length"], name="shape", start=1, end=2),
+        helper.make_node("Slice", ["buffer", "zero", "length", "one"], ["pos_ids"], name="slice"),
+        helper.make_node("Gather", ["positions", "pos_ids"], ["pos"], name="embed_pos"),
+        helper.make_node("Add", ["emb", "pos"], ["y"], name="add_pos"),
+    ]
+    inits = [tensor("tokens", weights((50, 8))), tensor("positions", weights((77, 8), seed=1)),
+             tensor("zero", np.array([0], np.int64)), tensor("one", np.array([1], np.int64))]
+    m = model(nodes, [vi("ids", I64, ["batch", "sequence"])], [vi("y", F32, ["batch", "sequence", 8])], inits)
+    assert position_table_size(m) == 77
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["ids"].shape == (1, 77) and probe.dims["sequence"] == 77
+
+
 def test_a_refused_sequence_falls_back_to_a_half_before_one_token():
     """A table of 100 rows indexed through an op the table search does not follow (a Neg twice): the
     default 128 tokens are refused, 64 run; before, the generic search ran one token."""
@@ -313,3 +334,21 @@ def test_a_float_input_whose_last_dim_is_named_samples_is_a_waveform():
     assert waveform_inputs(m) == {"input"} and input_kinds(m)["input"].bounds == (-1.0, 1.0)
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.samples[0]["input"].shape == (1, WAVEFORM_SAMPLES[0]) and "input: waveform -1..1" in probe.inputs
+
+
+@pytest.mark.parametrize("channels", [1, "channels"])
+def test_a_mono_waveform_with_a_channel_dim_is_a_waveform(channels):
+    """EnCodec takes ``input_values [batch, 1, samples]``: before, only ranks 1 and 2 were waveforms, the
+    generic search ran it at one sample and a reflect Pad refused every size ("converted without the
+    range probe")."""
+    frames = [helper.make_node("Pad", ["input_values", "pads"], ["padded"], name="pad", mode="reflect"),
+              helper.make_node("Conv", ["padded", "w"], ["spec"], name="stft", strides=[160]),
+              helper.make_node("ReduceMean", ["spec", "axis1"], ["y"], name="mean", keepdims=0)]
+    inits = [tensor("pads", np.array([0, 0, 200, 0, 0, 200], np.int64)), tensor("axis1", np.array([1], np.int64)),
+             tensor("w", weights((8, 1, 400), scale=0.05))]
+    m = model(frames, [vi("input_values", F32, ["batch", channels, "samples"])], [vi("y", F32, ["batch", None])],
+              inits)
+    assert waveform_inputs(m) == {"input_values"}
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["input_values"].shape == (1, 1, WAVEFORM_SAMPLES[0])
+    assert "input_values: waveform -1..1" in probe.inputs
