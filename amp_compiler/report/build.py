@@ -139,7 +139,12 @@ def build_report(
         notes.append(
             "dynamic dims taken as 1 for cost estimates: " + ", ".join(costs.assumed)
             + " (fix them with --input-shape NAME:DIMxDIM...)"
+            + (f"; and {costs.underived} dim(s) inside the graph that onnx's shape inference could not derive from them"
+               if costs.underived else "")
         )
+    elif costs.underived:
+        notes.append(f"{costs.underived} dim(s) inside the graph taken as 1 for cost estimates: onnx's shape "
+                     "inference could not derive them from the inputs'")
     unknown = sorted({r.op_type for r in reports if r.rule == Rule.UNKNOWN_OP.value})
     if unknown:
         notes.append("ops unknown to the policy table, kept FP32 with casts: " + ", ".join(unknown))

@@ -4,7 +4,8 @@ Shapes come from onnx shape inference on the model with its graph inputs' dynami
 (``input_shapes``, e.g. ``{"pixel_values": (1, 3, 224, 224)}``), and where it has none for a model
 with ops onnx does not define, from onnxruntime's symbolic shape inference
 (:mod:`amp_compiler.onnx.load.symbolic_shapes`); dims still unknown count as 1, and the caller is told
-(``CostModel.assumed``).
+(``CostModel.assumed``: the graph inputs' dims, which ``--input-shape`` fixes; ``CostModel.underived``: how
+many inside the graph inference could not derive from them).
 
 FLOPs count a multiply-add as 2: MatMul/Gemm ``2*M*N*K``, Conv ``2 * out elements * C_in/group *
 kernel``, ConvTranspose ``2 * in elements * C_out/group * kernel``, LSTM/GRU/RNN their gate GEMMs per
@@ -64,7 +65,8 @@ class CostModel:
     """Costs of every node, in the order of :func:`iter_nodes`."""
 
     nodes: list[NodeCost]
-    assumed: list[str]  # dynamic dims that were taken as 1
+    assumed: list[str]  # the graph inputs' dynamic dims that were taken as 1 (--input-shape fixes them)
+    underived: int = 0  # dims inside the graph taken as 1: onnx's inference could not derive them from the inputs'
 
 
 def iter_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
@@ -357,7 +359,11 @@ def estimate(
     hold the product's dims (default: the shipped table)."""
     policy = policy or default_table()
     fixed = with_input_shapes(model, input_shapes) if input_shapes else model
-    shapes, types, assumed = _shapes(fixed, dims.bindings(model, input_shapes or {}))
+    shapes, types, unknown = _shapes(fixed, dims.bindings(model, input_shapes or {}))
+    # the inputs' own dims are the user's to give; the rest (onnx's unk__N, an exporter's names inside) follow them
+    given = {d.dim_param or "?" for i in fixed.graph.input if i.type.HasField("tensor_type")
+             for d in i.type.tensor_type.shape.dim if not d.HasField("dim_value") or d.dim_value <= 0}
+    assumed = [d for d in unknown if d in given]
     sizes = {t: onnx.helper.tensor_dtype_to_np_dtype(t).itemsize for t in set(types.values()) if t}
 
     def shape(name: str):
@@ -377,4 +383,4 @@ def estimate(
                 tensor_core_note=note,
             )
         )
-    return CostModel(costs, assumed)
+    return CostModel(costs, assumed, len(unknown) - len(assumed))

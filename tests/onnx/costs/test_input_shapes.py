@@ -85,3 +85,23 @@ def test_an_int_input_sharing_a_named_dim_gets_it_too():
     m = model([helper.make_node("Cast", ["ids"], ["f"], to=F32, name="cast"), helper.make_node("Add", ["f", "x"], ["y"])],
               [vi("ids", TensorProto.INT64, ["b", "s"]), vi("x", F32, ["b", "s"])], [vi("y", F32, ["b", "s"])])
     assert bind_input_shapes(m, {"x": (3, 5)}) == {"x": (3, 5), "ids": (3, 5)}
+
+
+def test_dims_inside_the_graph_are_counted_not_listed_as_the_users_to_give():
+    """A dim onnx's inference cannot derive (NonZero's count: its unk__N) is no input's: the note names
+    the inputs' dims, which --input-shape fixes, and counts the others (SAM's report listed ~290
+    unk__N dims and told the user to give them)."""
+    nodes = [helper.make_node("NonZero", ["x"], ["where"]), helper.make_node("Transpose", ["where"], ["rows"]),
+             helper.make_node("Cast", ["rows"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["f", "w"], ["y"], name="mm")]
+    m = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 3])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2, 3], np.ones(6, np.float32))]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    costs = estimate(m)
+    assert costs.assumed == ["batch"] and costs.underived >= 1
+    report = analyze(m, ConvertOptions(probe=False), runner=InProcessRunner()).report
+    (note,) = [w for w in report.warnings if "taken as 1" in w]
+    assert note.startswith("dynamic dims taken as 1 for cost estimates: batch (fix them with --input-shape")
+    assert "unk__" not in note and "dim(s) inside the graph" in note
