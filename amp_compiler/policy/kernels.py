@@ -21,7 +21,12 @@ inputs, leaves them free). Operators it does not import fall back to the CUDA pr
 onnxruntime's TensorRT provider runs them on CUDA (a TensorRT engine cannot hold them at all).
 
 One lookup answers for every provider: :meth:`KernelCoverage.supports` (a node's types, exactly) and
-:meth:`KernelCoverage.takes` ("does the provider have a kernel for op X in type T").
+:meth:`KernelCoverage.takes` ("does the provider have a kernel for op X in type T"). A registry says
+nothing of attributes: a kernel registered for FP16 may refuse it for some attribute values (the CPU
+provider's ScatterElements with ``reduction="add"``: "MLFloat16 data type is not supported ... when
+reduction is 'add'" at run time). Those limits are data, ``policy/ort_kernel_limits.json`` (measured,
+with the source that shows each), attached to the provider's coverage and asked by
+:meth:`KernelCoverage.refused`.
 
 ``AMP_COMPILER_KERNEL_SOURCE=snapshot`` skips the probe (reproducible conversions on any machine).
 
@@ -39,7 +44,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,12 +56,14 @@ if TYPE_CHECKING:  # onnx is imported where a model is checked
     pass
 
 __all__ = [
-    "ANY_FLOAT", "FLOAT_NAMES", "KernelCoverage", "KernelDef", "OPEN_END", "ORT_NAMES", "SHORT_NAMES", "SNAPSHOT",
-    "SOURCE_ENV", "TRT_SNAPSHOT", "coverage_for", "load_snapshot", "load_trt_snapshot", "probe_registry",
+    "ANY_FLOAT", "FLOAT_NAMES", "LIMITS", "OPEN_END", "ORT_NAMES", "SHORT_NAMES", "SNAPSHOT", "KernelCoverage",
+    "KernelDef", "KernelLimit", "SOURCE_ENV", "TRT_SNAPSHOT", "coverage_for", "load_limits", "load_snapshot",
+    "load_trt_snapshot", "probe_registry",
     "read_snapshot_data", "read_trt_snapshot_data", "runs_on", "short_type", "trt_coverage",
 ]
 
 SNAPSHOT = "ort_cuda_kernels.json"
+LIMITS = "ort_kernel_limits.json"
 TRT_SNAPSHOT = "trt_onnx_ops.json"
 #: A type parameter name standing for every float type parameter of an op (TensorRT's table lists one
 #: set of types per operator, not per parameter).
@@ -130,6 +137,24 @@ class KernelDef:
 
 
 @dataclasses.dataclass(frozen=True)
+class KernelLimit:
+    """A kernel that refuses some types for some values of an attribute (``ort_kernel_limits.json``)."""
+
+    op: str
+    since: int  # applies to nodes whose schema since_version is at least this
+    attribute: str
+    values: frozenset[str]
+    refuses: frozenset[str]  # short type names ("float16")
+    fails: str  # what happens: "at run time: '...'", "silently: ..."
+    source: str
+
+    def refuses_node(self, since_version: int, value: object, type_name: str) -> bool:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        return since_version >= self.since and type_name in self.refuses and str(value) in self.values
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelCoverage:
     """One provider's kernels, by (domain, op), and where they were read."""
 
@@ -141,6 +166,22 @@ class KernelCoverage:
     fallback: KernelCoverage | None = None
     # Per (domain, op) the provider's own words on it (TensorRT's restrictions), for decision reasons.
     notes: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    # Per (domain, op) the attribute-dependent limits of its kernels (:class:`KernelLimit`).
+    limits: Mapping[tuple[str, str], tuple[KernelLimit, ...]] = dataclasses.field(default_factory=dict)
+
+    def limit_attributes(self, domain: str, op: str) -> tuple[str, ...]:
+        """The attributes whose values :meth:`refused` reads for ``op`` (none for most ops)."""
+        return tuple(sorted({lim.attribute for lim in self.limits.get((canonical_domain(domain), op), ())}))
+
+    def refused(
+        self, domain: str, op: str, since_version: int, attribute: Callable[[str], object], type_name: str
+    ) -> KernelLimit | None:
+        """The limit under which ``op``'s kernel refuses ``type_name`` for a node whose attribute values
+        ``attribute(name)`` gives (None: absent), or None when nothing refuses it."""
+        for lim in self.limits.get((canonical_domain(domain), op), ()):
+            if lim.refuses_node(since_version, attribute(lim.attribute), type_name):
+                return lim
+        return None
 
     def defs(self, domain: str, op: str, since_version: int) -> tuple[KernelDef, ...]:
         return tuple(k for k in self.kernels.get((canonical_domain(domain), op), ()) if k.serves(since_version))
@@ -188,7 +229,9 @@ def _build(provider: Provider, version: str, source: str, rows: Iterable) -> Ker
                 {p: frozenset(short_type(t) for t in ts) for p, ts in types.items()},
             )
         )
-    return KernelCoverage(provider, version, source, {k: tuple(v) for k, v in kernels.items()})
+    return KernelCoverage(
+        provider, version, source, {k: tuple(v) for k, v in kernels.items()}, limits=load_limits(provider)
+    )
 
 
 def read_snapshot_data() -> dict:
@@ -223,6 +266,21 @@ def trt_coverage(data: Mapping) -> KernelCoverage:
     return KernelCoverage(
         Provider.TENSORRT, version, f"TensorRT {version} ONNX parser operator table", kernels, notes=notes
     )
+
+
+@functools.cache
+def load_limits(provider: Provider) -> dict[tuple[str, str], tuple[KernelLimit, ...]]:
+    """``provider``'s attribute-dependent kernel limits, from ``ort_kernel_limits.json``."""
+    data = json.loads(resources.files("amp_compiler.policy").joinpath(LIMITS).read_text("utf-8"))
+    out: dict[tuple[str, str], list[KernelLimit]] = {}
+    for row in data["limits"]:
+        if row["provider"] != provider.value:
+            continue
+        out.setdefault((canonical_domain(row["domain"]), row["op"]), []).append(KernelLimit(
+            row["op"], int(row["since"]), row["attribute"], frozenset(row["values"]), frozenset(row["refuses"]),
+            row["fails"], row["source"],
+        ))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 @functools.cache

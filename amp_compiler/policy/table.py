@@ -5,7 +5,10 @@ need FP32 arithmetic inside, the providers whose kernels already accumulate in F
 ``tensor_core`` marks matrix-product ops, ``gemm`` says how their operands hold the product's dims
 (:class:`GemmLayout`, read by the cost model, Tensor Core padding and the FX path's FLOPs), and
 ``shape_inputs`` the inputs an op reads only the shape of; ``fp8_inputs``/``fp8_reason`` say which
-Tensor Core ops take FP8 inputs through Q/DQ, and why the others do not.
+Tensor Core ops take FP8 inputs through Q/DQ, and why the others do not. An entry's ``[[op.when]]``
+cases (:class:`AttributeCase`) decide it differently for some values of one attribute: a scatter with
+``reduction = "add"`` sums (a segment sum, HIGH like ReduceSum) where one without only moves values
+(PASS); :meth:`OpPolicy.resolve` picks the case a node's attributes select.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 
 import tomllib
@@ -21,7 +24,9 @@ import tomllib
 from amp_compiler.policy.schemas import canonical_domain
 from amp_compiler.targets import Provider
 
-__all__ = ["Category", "GemmKind", "GemmLayout", "OpPolicy", "PolicyTable", "Sensitivity", "default_table"]
+__all__ = [
+    "AttributeCase", "Category", "GemmKind", "GemmLayout", "OpPolicy", "PolicyTable", "Sensitivity", "default_table",
+]
 
 
 class Category(enum.Enum):
@@ -136,10 +141,46 @@ class OpPolicy:
     # (MatMul, Gemm, Conv), or why the op does not (every other Tensor Core op).
     fp8_inputs: tuple[int, ...] = ()
     fp8_reason: str = ""
+    # Cases that decide the op differently for some values of one attribute (``[[op.when]]``), first
+    # match wins; a node whose attribute is absent (its schema default) or matches none takes this entry.
+    when: tuple[AttributeCase, ...] = ()
+
+    def resolve(self, attribute: Callable[[str], object]) -> OpPolicy:
+        """The policy for a node whose attribute values ``attribute(name)`` gives (None: absent): the
+        first :class:`AttributeCase` it matches, else this entry."""
+        for case in self.when:
+            if case.matches(attribute(case.attribute)):
+                return case.policy
+        return self
+
+    def case_index(self, attribute: Callable[[str], object]) -> int | None:
+        """Which of :attr:`when` a node selects (None: the entry itself); nodes alike in it are decided alike."""
+        for i, case in enumerate(self.when):
+            if case.matches(attribute(case.attribute)):
+                return i
+        return None
 
     def accumulates_fp32_on(self, provider: Provider) -> bool:
         """True when ``provider``'s kernel takes low-precision I/O but computes in FP32 inside."""
         return self.sensitivity is Sensitivity.ARITHMETIC and provider.value in self.fp32_inside
+
+
+@dataclasses.dataclass(frozen=True)
+class AttributeCase:
+    """One ``[[op.when]]`` of an entry: for nodes whose ``attribute`` is one of ``values``, the op is
+    decided by ``policy`` (the entry with the case's category, reason and sensitivity)."""
+
+    attribute: str
+    values: frozenset[str]
+    policy: OpPolicy
+
+    def matches(self, value: object) -> bool:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        return value is not None and str(value) in self.values
+
+
+_CASE_FIELDS = frozenset({"attribute", "values", "category", "reason", "sensitivity", "refs", "signal"})
 
 
 class PolicyTable:
@@ -180,32 +221,47 @@ class PolicyTable:
         data = tomllib.loads(text)
         entries = []
         for raw in data.get("op", []):
-            sens = raw.get("sensitivity")
-            entries.append(
-                OpPolicy(
-                    op=raw["op"],
-                    domain=raw.get("domain", "ai.onnx"),
-                    category=Category(raw["category"]),
-                    reason=raw["reason"],
-                    sensitivity=Sensitivity(sens) if sens else None,
-                    fp32_inside=dict(raw.get("fp32_inside", {})),
-                    dtype_attr=raw.get("dtype_attr"),
-                    refs=raw.get("refs", ""),
-                    tensor_core=bool(raw.get("tensor_core", False)),
-                    gemm=GemmLayout.from_toml(raw["gemm"], raw["op"]) if "gemm" in raw else None,
-                    shape_inputs=frozenset(raw.get("shape_inputs", ())),
-                    signal=bool(raw.get("signal", False)),
-                    dynamic_range=bool(raw.get("dynamic_range", False)),
-                    quantizes=raw.get("quantizes"),
-                    recurrent=bool(raw.get("recurrent", False)),
-                    tiny_outputs=bool(raw.get("tiny_outputs", False)),
-                    zero_singular=tuple(raw.get("zero_singular", ())),
-                    keeps_zeros=bool(raw.get("keeps_zeros", False)),
-                    fp8_inputs=tuple(raw.get("fp8_inputs", ())),
-                    fp8_reason=raw.get("fp8_reason", ""),
-                )
-            )
+            entry = cls._entry(raw)
+            cases = []
+            for case in raw.get("when", ()):
+                extra = set(case) - _CASE_FIELDS
+                if extra or not case.get("values") or not str(case.get("reason", "")).strip():
+                    raise ValueError(
+                        f"{raw['op']}: a [[op.when]] names an attribute, its values and a reason"
+                        + (f" (unknown fields {sorted(extra)})" if extra else "")
+                    )
+                merged = {k: v for k, v in raw.items() if k != "when"}
+                merged.pop("sensitivity", None)
+                merged.update({k: v for k, v in case.items() if k not in ("attribute", "values")})
+                cases.append(AttributeCase(case["attribute"], frozenset(map(str, case["values"])), cls._entry(merged)))
+            entries.append(dataclasses.replace(entry, when=tuple(cases)) if cases else entry)
         return cls(entries)
+
+    @staticmethod
+    def _entry(raw: dict) -> OpPolicy:
+        sens = raw.get("sensitivity")
+        return OpPolicy(
+            op=raw["op"],
+            domain=raw.get("domain", "ai.onnx"),
+            category=Category(raw["category"]),
+            reason=raw["reason"],
+            sensitivity=Sensitivity(sens) if sens else None,
+            fp32_inside=dict(raw.get("fp32_inside", {})),
+            dtype_attr=raw.get("dtype_attr"),
+            refs=raw.get("refs", ""),
+            tensor_core=bool(raw.get("tensor_core", False)),
+            gemm=GemmLayout.from_toml(raw["gemm"], raw["op"]) if "gemm" in raw else None,
+            shape_inputs=frozenset(raw.get("shape_inputs", ())),
+            signal=bool(raw.get("signal", False)),
+            dynamic_range=bool(raw.get("dynamic_range", False)),
+            quantizes=raw.get("quantizes"),
+            recurrent=bool(raw.get("recurrent", False)),
+            tiny_outputs=bool(raw.get("tiny_outputs", False)),
+            zero_singular=tuple(raw.get("zero_singular", ())),
+            keeps_zeros=bool(raw.get("keeps_zeros", False)),
+            fp8_inputs=tuple(raw.get("fp8_inputs", ())),
+            fp8_reason=raw.get("fp8_reason", ""),
+        )
 
 
 @functools.cache

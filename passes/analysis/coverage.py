@@ -23,6 +23,13 @@ pinning would keep most of a model FP32, the CPU provider having FP16 kernels fo
 BF16 coverage is smaller still: a BF16 model needs a GPU provider (``emulate_bf16`` runs it
 anywhere).
 
+A kernel registered for the target type that refuses it for the node's attribute values (the
+provider's ``KernelCoverage.refused``, from ``policy/ort_kernel_limits.json``: the CPU provider's
+ScatterElements with ``reduction="add"`` in FP16) is pinned on every provider, the CPU's included:
+onnxruntime picks that kernel and adds no Casts, so the written model would fail at run time ("MLFloat16
+data type is not supported with ScatterElements opset 16 when reduction is 'add'") or, on CUDA for BF16,
+compute wrong values.
+
 TensorRT (11 builds strongly typed networks only: each tensor's type is the one the ONNX file gives)
 has no kernel registry: its ONNX parser's operator table says which types it imports each op in
 (``policy/trt_onnx_ops.json``), and an op it imports in FP32 but not in the target type stays FP32
@@ -31,7 +38,7 @@ at all cannot be in a TensorRT engine whatever its type: onnxruntime's TensorRT 
 CUDA, so the CUDA provider's coverage decides it (the conversion warns about such ops once).
 
 Guarantees (checked by ``ensures``): only free, not yet denied vertices change, to FIXED with the rule
-``provider.no-kernel`` (none on the CPU provider); each pinned vertex names the op, the provider and
+``provider.no-kernel`` (on the CPU provider only for a kernel limit); each pinned vertex names the op, the provider and
 where the coverage came from.
 """
 
@@ -45,7 +52,7 @@ from amp_compiler.core.graph import PrecisionGraph, SlotKind
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.dtypes import schema_type
 from amp_compiler.onnx.ir.slots import shape_codes
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require, require_roles
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require, require_roles
 from amp_compiler.policy import schemas
 from amp_compiler.policy.kernels import SHORT_NAMES, KernelCoverage, coverage_for, short_type
 from amp_compiler.targets import Provider
@@ -57,6 +64,9 @@ _NODE_IN, _NODE_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT
 
 
 _FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+# Why a vertex has no low-precision kernel, the coverage that says so, and whether a kernel limit refuses
+# the type (the kernel exists but fails at run time: pinned on every provider).
+_Missing = tuple[str, str, bool]
 
 
 @dataclasses.dataclass
@@ -72,8 +82,13 @@ class KernelCoveragePass(AnalysisPass):
         require(isinstance(graph.model, ir.Model), self, "kernels are looked up for the ops of an ONNX model")
 
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
-        pins = frozenset() if self.provider is Provider.CPU else frozenset({Rule.PROVIDER_NO_KERNEL})
-        ensure_only_pinned(self, graph, plan, before, _FREE, Role.FIXED, pins)
+        ensure_only_pinned(self, graph, plan, before, _FREE, Role.FIXED, frozenset({Rule.PROVIDER_NO_KERNEL}))
+        if self.provider is Provider.CPU:
+            ensure_all(
+                self, graph.vertices,
+                lambda v: plan.roles[v.id] == before.roles[v.id] or self._refuses(graph, v),
+                "is pinned on the CPU provider for a missing kernel (only kernel limits pin there)",
+            )
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         self._by_shape.clear()
@@ -89,8 +104,8 @@ class KernelCoveragePass(AnalysisPass):
             found = self._missing(vertex, coverage, target, opsets)
             if found is None:
                 continue
-            missing, source = found
-            if pin:
+            missing, source, refused = found
+            if pin or refused:
                 plan.set_role(vertex.id, Role.FIXED, Rule.PROVIDER_NO_KERNEL, f"FP32: {missing} ({source})")
             else:
                 # "no FP16 kernel for Conv-11 on the CPU provider (onnxruntime adds Casts around it)"
@@ -101,17 +116,25 @@ class KernelCoveragePass(AnalysisPass):
                 note = f"{missing} ({consequence})"
                 plan.notes[vertex.id] = f"{plan.notes[vertex.id]}; {note}" if vertex.id in plan.notes else note
 
+    def _refuses(self, graph: PrecisionGraph, vertex) -> bool:
+        """Whether a kernel limit refuses the target type for the vertex's nodes."""
+        coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
+        found = None if coverage is None else self._missing(
+            vertex, coverage, short_type(graph.target.type_str), graph.model.opset_imports)
+        return found is not None and found[2]
+
     def kernel_missing(self, graph: PrecisionGraph, vertex, type_name: str) -> tuple[str, str] | None:
         """Why the provider has no kernel taking ``type_name`` ("bfloat16") for the vertex's nodes, and
         the coverage that says so; None when it has one (or no coverage is known)."""
         coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
         if coverage is None or not isinstance(graph.model, ir.Model):
             return None
-        return self._missing(vertex, coverage, type_name, graph.model.opset_imports)
+        found = self._missing(vertex, coverage, type_name, graph.model.opset_imports)
+        return None if found is None else found[:2]
 
-    def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> tuple[str, str] | None:
-        """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ...") and
-        the coverage that says so, or None."""
+    def _missing(self, vertex, coverage: KernelCoverage, target: str, opsets) -> _Missing | None:
+        """Why the vertex's nodes have no low-precision kernel ("no FP16 kernel for X-13 on ..."), the
+        coverage that says so, and whether a kernel limit refuses the type (it fails at run time); or None."""
         by_node: dict[int, tuple[ir.Node, set[tuple[bool, int]]]] = {}
         for kind, owner, index in vertex.slots:
             if kind is _NODE_IN or kind is _NODE_OUT:
@@ -123,7 +146,8 @@ class KernelCoveragePass(AnalysisPass):
             # What the answer depends on, cheaply: the op, which slots are the vertex's, the other
             # slots' types. Most nodes of a model repeat a few of these.
             shape_key = (
-                node.domain, node.op_type, frozenset(mine), shape_codes(node.inputs), shape_codes(node.outputs)
+                node.domain, node.op_type, frozenset(mine), shape_codes(node.inputs), shape_codes(node.outputs),
+                tuple(_value(node, a) for a in coverage.limit_attributes(node.domain or "", node.op_type)),
             )
             if shape_key in self._by_shape:
                 found = self._by_shape[shape_key]
@@ -133,7 +157,7 @@ class KernelCoveragePass(AnalysisPass):
                 return found
         return None
 
-    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets) -> tuple[str, str] | None:
+    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets) -> _Missing | None:
         domain = node.domain or ""
         opset = opsets.get("" if domain == "ai.onnx" else domain)
         if opset is None and schemas.is_onnx_domain(domain):
@@ -148,19 +172,44 @@ class KernelCoveragePass(AnalysisPass):
             found = self._node_missing(node, mine, coverage.fallback, target, opsets)
             if found is None:
                 return None
-            return f"TensorRT does not import {op}, and {found[0]}", found[1]
+            return f"TensorRT does not import {op}, and {found[0]}", found[1], found[2]
         provider = SHORT_NAMES[coverage.provider]
+        limited = _refused(node, sig.since_version, coverage, target)
+        if limited is not None:
+            return limited
         if not coverage.has_op(domain, node.op_type):
-            return f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)", coverage.source
+            why = f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
+            return why, coverage.source, False
         if not coverage.supports(domain, node.op_type, sig.since_version, requirements):
             if coverage.provider is Provider.TENSORRT:
                 types = coverage.float_types(domain, node.op_type, sig.since_version)
                 listed = ", ".join(target_label(t) for t in types)
                 note = coverage.notes.get((schemas.canonical_domain(domain), node.op_type))
                 why = f"TensorRT's ONNX parser imports {node.op_type} in {listed} only, not {target_label(target)}"
-                return why, coverage.source + (f"; its restrictions: {note}" if note else "")
-            return f"no {target_label(target)} kernel for {op} on the {provider} provider", coverage.source
+                return why, coverage.source + (f"; its restrictions: {note}" if note else ""), False
+            return f"no {target_label(target)} kernel for {op} on the {provider} provider", coverage.source, False
         return None
+
+
+def _value(node: ir.Node, name: str) -> object:
+    """A node's attribute value (strings as str), None when absent."""
+    attr = node.attributes.get(name)
+    value = None if attr is None else attr.value
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _refused(node: ir.Node, since: int, coverage: KernelCoverage, target: str) -> _Missing | None:
+    """Why the provider's kernel refuses the target type for this node's attribute values, or None."""
+    limit = coverage.refused(node.domain or "", node.op_type, since, lambda name: _value(node, name), target)
+    if limit is None:
+        return None
+    provider = SHORT_NAMES[coverage.provider]
+    shown = _value(node, limit.attribute)
+    why = (
+        f"the {provider} provider's {node.op_type}-{since} kernel refuses {target_label(target)} with "
+        f"{limit.attribute}={shown!r}: it fails {limit.fails}"
+    )
+    return why, limit.source, True
 
 
 def target_label(type_name: str) -> str:

@@ -291,3 +291,64 @@ def test_a_build_without_the_provider_library_is_not_imported_to_ask(monkeypatch
     assert providers._may_list("CUDAExecutionProvider")
     monkeypatch.setattr(providers.importlib.util, "find_spec", lambda name: None)
     assert not providers._may_list("CPUExecutionProvider")
+
+
+# -- attribute-dependent kernel limits ------------------------------------------------------------
+
+
+def _scatter_feeds(edges: int = 3000):
+    rng = np.random.default_rng(0)
+    return {"msg": rng.standard_normal((edges, 4)).astype(np.float32), "dst": rng.integers(0, 8, edges).astype(np.int64)}
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+@pytest.mark.parametrize("reduction", ["add", "max"])
+def test_a_scatter_written_for_the_cpu_provider_runs_there(op, reduction):
+    """onnxruntime's CPU scatter kernels are registered for FP16 but refuse it for reductions at run time
+    ("MLFloat16 data type is not supported with ScatterElements opset 16 when reduction is 'add'"); even
+    forced low by the user, the written model runs."""
+    from tests.support.onnx_builders import scatter_hub_model
+
+    if coverage_for(Provider.CPU) is None:
+        pytest.skip("cannot read the installed CPU provider's registry")
+    m = scatter_hub_model(op, reduction)
+    for allow in ((), (op,)):
+        result = convert(m, provider="cpu", allow_ops=list(allow), probe=False)
+        run_onnxruntime(result.model, _scatter_feeds())  # raised before: the FP16 kernel refused the reduction
+    d = _decisions(result)["node"]
+    if op == "ScatterND" or reduction == "add":  # what onnxruntime 1.32's CPU kernels refuse in FP16
+        assert (d.precision, d.rule) == ("fp32", "provider.no-kernel")
+        assert f"kernel refuses FP16 with reduction='{reduction}'" in d.reason
+    else:
+        assert d.precision == "fp16"  # ScatterElements max runs in FP16 on the CPU provider
+
+
+def test_cpu_kernel_limits_hold_for_the_installed_onnxruntime():
+    """Each CPU limit of ``ort_kernel_limits.json`` fails in onnxruntime, and each float type and
+    reduction it does not list runs (the limits are measured, not guessed)."""
+    from onnx import TensorProto
+
+    from amp_compiler.policy.kernels import load_limits
+
+    if coverage_for(Provider.CPU) is None:
+        pytest.skip("cannot read the installed CPU provider's registry")
+    limits = load_limits(Provider.CPU)
+    types = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float": TensorProto.FLOAT}
+    for op in ("ScatterElements", "ScatterND"):
+        for reduction in ("none", "add", "mul", "max", "min"):
+            for name, elem in types.items():
+                attrs = {"axis": 0} if op == "ScatterElements" else {}
+                nodes = [helper.make_node("Cast", ["d"], ["dc"], to=elem), helper.make_node("Cast", ["u"], ["uc"], to=elem),
+                         helper.make_node(op, ["dc", "i", "uc"], ["yc"], reduction=reduction, **attrs),
+                         helper.make_node("Cast", ["yc"], ["y"], to=F32)]
+                m = model(nodes, [vi("d", F32, [4, 1]), vi("i", onnx.TensorProto.INT64, [2, 1]), vi("u", F32, [2, 1])],
+                          [vi("y", F32, [4, 1])])
+                refused = any(lim.refuses_node(18, reduction, name) for lim in limits.get(("ai.onnx", op), ()))
+                feeds = {"d": np.ones((4, 1), np.float32), "i": np.zeros((2, 1), np.int64), "u": np.ones((2, 1), np.float32)}
+                try:
+                    run_onnxruntime(m, feeds)
+                    ran = True
+                except Exception as exc:  # onnxruntime's own error type
+                    assert "not supported" in str(exc), (op, reduction, name, exc)
+                    ran = False
+                assert ran != refused, (op, reduction, name)

@@ -21,7 +21,7 @@ PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
-    "gemm", "zero_singular", "keeps_zeros",
+    "gemm", "zero_singular", "keeps_zeros", "when",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 
@@ -325,3 +325,53 @@ def test_a_gemm_layout_is_checked_when_the_table_is_read():
     ]:
         with pytest.raises(ValueError, match=message):
             table(bad)
+
+
+def test_attribute_cases_name_a_real_attribute_and_its_values(entries):
+    """Every ``[[op.when]]`` names an attribute of the op's schema, string values, a reason, and on HIGH a
+    sensitivity; the table reads each into an :class:`AttributeCase` whose policy is the entry's with them."""
+    from amp_compiler.policy import default_table
+
+    cased = [e for e in entries if "when" in e]
+    assert {e["op"] for e in cased} >= {"ScatterElements", "ScatterND"}
+    for e in cased:
+        schema = onnx.defs.get_schema(e["op"], domain="" if e["domain"] == "ai.onnx" else e["domain"])
+        for case in e["when"]:
+            assert case["attribute"] in schema.attributes, (e["op"], case["attribute"])
+            assert case["values"] and all(isinstance(v, str) for v in case["values"]), e["op"]
+            assert case["reason"].strip() and case["category"] in CATEGORIES, e["op"]
+            assert (case.get("sensitivity") in SENSITIVITIES) == (case["category"] == "HIGH"), e["op"]
+        entry = default_table().get(e["domain"], e["op"])
+        assert len(entry.when) == len(e["when"]) and all(c.policy.op == e["op"] and not c.policy.when for c in entry.when)
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_a_scatter_that_sums_is_high_and_one_that_moves_values_is_pass(op):
+    """A scatter-add is a segment sum (FP32 like ReduceSum); none/max/min only move values."""
+    from amp_compiler.policy import Category, Sensitivity, default_table
+
+    entry = default_table().get("", op)
+    for reduction, category in (("add", Category.HIGH), ("mul", Category.HIGH), ("none", Category.PASS),
+                                ("max", Category.PASS), ("min", Category.PASS), (None, Category.PASS)):
+        chosen = entry.resolve(lambda name, r=reduction: r if name == "reduction" else None)
+        assert chosen.category is category, (op, reduction)
+        if category is Category.HIGH:
+            assert chosen.sensitivity is Sensitivity.RANGE and "segment sum" in chosen.reason
+
+
+def test_a_case_without_values_or_reason_is_refused():
+    from amp_compiler.policy import PolicyTable
+
+    text = """
+[[op]]
+op = "ScatterElements"
+category = "PASS"
+reason = "moves values"
+
+[[op.when]]
+attribute = "reduction"
+values = ["add"]
+category = "HIGH"
+"""
+    with pytest.raises(ValueError, match="names an attribute, its values and a reason"):
+        PolicyTable.from_toml(text)

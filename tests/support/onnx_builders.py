@@ -200,3 +200,29 @@ def ffn_overflow_model():
     inits = [tensor("w_in", w_in), tensor("w1", w1), tensor("w2", w2), tensor("w3", w3),
              tensor("axes", np.array([-1], np.int64))]
     return model(nodes, [vi("x", F32, [8, d])], [vi("out", F32, [8, d])], inits)
+
+
+def scatter_hub_model(op: str = "ScatterElements", reduction: str = "add", edges: int = 3000, nodes: int = 8,
+                      dim: int = 4) -> onnx.ModelProto:
+    """A GNN's aggregation: messages ``Relu(msg @ W)`` of ``edges`` edges scattered with ``reduction``
+    into ``nodes`` node rows (edge ``e`` into node ``dst[e]``), then ``@ Wo``: a hub receiving every edge
+    sums them all, then the mean over the edges (``node`` is the scatter's name). Inputs: msg [E, D], dst [E]
+    int64."""
+    if op == "ScatterElements":
+        index = [
+            helper.make_node("Reshape", ["dst", "shape_e1"], ["dst_e1"]),
+            helper.make_node("Expand", ["dst_e1", "shape_ed"], ["idx"]),
+        ]
+        scatter = helper.make_node(op, ["zeros", "idx", "m"], ["agg"], name="node", axis=0, reduction=reduction)
+    else:
+        index = [helper.make_node("Reshape", ["dst", "shape_e1"], ["idx"])]
+        scatter = helper.make_node(op, ["zeros", "idx", "m"], ["agg"], name="node", reduction=reduction)
+    return model(
+        [helper.make_node("MatMul", ["msg", "w"], ["mw"], name="mm"), helper.make_node("Relu", ["mw"], ["m"]),
+         *index, scatter, helper.make_node("Div", ["agg", "count"], ["mean"]),
+         helper.make_node("MatMul", ["mean", "wo"], ["y"], name="out")],
+        [vi("msg", F32, [edges, dim]), vi("dst", TensorProto.INT64, [edges])], [vi("y", F32, [nodes, 2])],
+        [tensor("w", weights((dim, dim), seed=3, scale=1.0)), tensor("wo", weights((dim, 2), seed=4, scale=1.0)),
+         tensor("zeros", np.zeros((nodes, dim), np.float32)), tensor("shape_e1", np.array([edges, 1], np.int64)),
+         tensor("shape_ed", np.array([edges, dim], np.int64)), tensor("count", np.array(edges, np.float32))],
+    )

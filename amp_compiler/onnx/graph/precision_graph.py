@@ -17,7 +17,7 @@ Building the graph reads the model and never edits it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -151,7 +151,9 @@ class _Builder:
         if op_type in CONTROL_FLOW_OPS:
             self._add_node_slow(node)
             return
-        key = (domain, op_type, shape_codes(node.inputs), shape_codes(node.outputs))
+        policy = self._op(domain, op_type)[1]
+        case = policy.case_index(_attribute_of(node)) if policy is not None and policy.when else None
+        key = (domain, op_type, case, shape_codes(node.inputs), shape_codes(node.outputs))
         template = self._templates.get(key)
         if template is None:
             self._templates[key] = self._template(node, self._add_node_slow(node))
@@ -422,9 +424,21 @@ class _Builder:
             if owner_node is not None and (node is None or owner_node.op_type in CONTROL_FLOW_OPS):
                 node = owner_node
         policy = self._op(node.domain, node.op_type)[1] if node is not None else None
+        if policy is not None and policy.when and node is not None:
+            policy = policy.resolve(_attribute_of(node))  # the [[op.when]] case its attributes select
         slot_dtype = self.slot_dtype
         dtypes = {d for s in slots if (d := slot_dtype[s]) is not None}
         vertex = Vertex(vid, slots, node, next(iter(dtypes)) if len(dtypes) == 1 else None, policy)
         vertex.fixed_reason = fixed_reason(vertex, slots, dtypes, self.fixed, self.allowed, self.target)
         vertex.untyped = not dtypes
         return vertex
+
+
+def _attribute_of(node: ir.Node) -> Callable[[str], object]:
+    """A node's attribute values by name (None: absent), as :meth:`OpPolicy.resolve` reads them."""
+
+    def value(name: str) -> object:
+        attr = node.attributes.get(name)
+        return None if attr is None else attr.value
+
+    return value

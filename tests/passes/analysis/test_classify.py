@@ -226,3 +226,37 @@ def test_an_allowed_node_scaled_into_fp16_for_its_range_is_said_to_run_scaled_no
     assert allow_message(result.decisions, result.allowed, "fp16") == (
         "--allow-op/--allow-node forced 0 node(s) into fp16 whatever the policy says; 1 in fp16 on power-of-two "
         "scaled operands, their range beyond it ('mm': input-range.overflow)")
+
+
+# -- attribute-dependent policy: a scatter that sums -----------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_a_scatter_add_is_kept_fp32_as_a_segment_sum_and_a_plain_scatter_is_not(op):
+    from tests.support.onnx_builders import scatter_hub_model
+
+    summed = _decisions(convert(scatter_hub_model(op, "add"), probe=False))["node"]
+    assert (summed.precision, summed.rule) == ("fp32", "policy.high.range")
+    assert "segment sum" in summed.reason
+    plain = _decisions(convert(scatter_hub_model(op, "none"), probe=False))["node"]
+    assert (plain.precision, plain.rule) != ("fp32", "policy.high.range") and "segment sum" not in plain.reason
+
+
+def test_a_hub_node_summing_every_edge_stays_finite_under_fp16_emulation():
+    """3000 edges into node 0: their messages sum past FP16's 65504 (FP32 is finite); the converted
+    model computed with exact FP16 storage has no Inf (it had 8 of 8 outputs Inf with the scatter PASS)."""
+    import onnx
+
+    from amp_compiler.onnx.measure.checks import run_onnxruntime
+    from amp_compiler.onnx.measure.emulate import emulate
+    from tests.support.onnx_builders import scatter_hub_model
+
+    m = scatter_hub_model()
+    rng = np.random.default_rng(0)
+    feeds = {"msg": (rng.standard_normal((3000, 4)) * 40).astype(np.float32), "dst": np.zeros(3000, np.int64)}
+    (ref,) = run_onnxruntime(m, feeds)
+    assert np.isfinite(ref).all()
+    out = convert(onnx.ModelProto.FromString(m.SerializeToString()), probe=False).model
+    (low,) = run_onnxruntime(emulate(out), feeds)
+    assert np.isfinite(low).all()  # the hub node's sum: 2.0e5
+    np.testing.assert_allclose(low, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
