@@ -16,6 +16,7 @@ for what only FP16's range keeps out of FP16: ``--range-fallback bf16``),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
 """
 
+from amp_compiler.passes.analysis.accumulators import LoopAccumulatorPass
 from amp_compiler.passes.analysis.base import AnalysisPass
 from amp_compiler.passes.analysis.calibration import CalibrationRangePass
 from amp_compiler.passes.analysis.classify import ClassifyPass, UserChoices, compile_patterns
@@ -37,6 +38,7 @@ __all__ = [
     "ClassifyPass",
     "ConstantRangePass",
     "KernelCoveragePass",
+    "LoopAccumulatorPass",
     "MinCutPlacementPass",
     "PaintPass",
     "QuantizedIslandPass",

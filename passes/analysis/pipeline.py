@@ -1,6 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> tolerance choices -> kernel coverage -> signal paths -> quantized islands -> constant ranges
+    classify -> tolerance choices -> kernel coverage -> signal paths -> loop accumulators -> quantized islands
+             -> constant ranges
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
                 (input ranges)   (with ranges)         (ONNX frontends)        (scaled FP16)    (BF16)
@@ -32,6 +33,7 @@ from amp_compiler.passes.analysis import (
     ClassifyPass,
     ConstantRangePass,
     KernelCoveragePass,
+    LoopAccumulatorPass,
     MinCutPlacementPass,
     PaintPass,
     QuantizedIslandPass,
@@ -104,6 +106,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
+    passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
