@@ -36,6 +36,9 @@ class CatalogModel:
     build: Callable[[Path], onnx.ModelProto]  # cache dir -> FP32 model
     make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]
     tolerance: Tolerance = Tolerance()
+    # What a BF16 conversion must keep, where BF16's rounding misses ``tolerance`` scaled by its roundoff
+    # (tests/e2e/test_convert_catalog.py): None, that scaling.
+    bf16_tolerance: Tolerance | None = None
     weight_dominated: bool = False  # file size is mostly float weights (shrinks ~2x in FP16)
     description: str = ""
     # Its values leave FP16's range on its own inputs, which only calibration sees: tests convert it
@@ -72,6 +75,7 @@ def entries_from_specs(
             build=spec.build,
             make_inputs=spec.make_inputs,
             tolerance=spec.tolerance,
+            bf16_tolerance=getattr(spec, "bf16_tolerance", None),
             weight_dominated=spec.weight_dominated,
             calibrate=getattr(spec, "calibrate", False),
         )

@@ -86,6 +86,7 @@ class WheelModel:
     description: str
     weight_dominated: bool = True
     tolerance: Tolerance = Tolerance()
+    bf16_tolerance: Tolerance | None = None
 
     def path(self, cache: Path) -> Path:
         return Path(cache) / f"{self.name}.{self.sha256[:8]}.onnx"
@@ -275,6 +276,9 @@ WHEEL_MODELS = [
         # Same cause: one character probability moves by up to 0.049 (cosine 0.9999);
         # onnxconverter-common's FP16 model is off by as much.
         tolerance=Tolerance(max_error_of_range=0.065),
+        # BF16 (every convolution, its opset raised to 22): one character's probability moves by up to 0.59,
+        # a top character changed (cosine 0.987); the conversion's own output error states it and warns.
+        bf16_tolerance=Tolerance(min_cosine=0.98, max_error_of_range=0.65),
     ),
     WheelModel(
         "ppocr-cls", "small", RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",

@@ -5,6 +5,7 @@ Small (CI-size) entries run by default; full-size entries are marked slow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -49,7 +50,24 @@ def _is_float(a: np.ndarray) -> bool:
     return np.issubdtype(np.asarray(a).dtype, np.floating)
 
 
-def assert_matches_fp32(entry, model: onnx.ModelProto) -> list:
+#: BF16's unit roundoff over FP16's (8 significand bits against 11): the factor its rounding errors, and
+#: so an output's max error, grow by where a BF16 conversion runs what an FP16 one does. A cosine's
+#: shortfall from 1 grows with the error's square. Since a BF16 conversion raises a model's opset for
+#: bfloat16 Conv (amp_compiler.onnx.load.opset), a CNN's every convolution runs in BF16: MobileNetV2's
+#: logits then reach cosine 0.986 (rel-L2 0.17) and PP-OCRv4's detection map 51% of range at one pixel,
+#: BF16's own rounding through 50 layers, which the conversion's output error states and warns of.
+BF16_ROUNDOFF_OVER_FP16 = 8
+
+
+def _bf16_tolerance(tolerance):
+    """An entry's FP16 tolerance as BF16's rounding scales it (:data:`BF16_ROUNDOFF_OVER_FP16`)."""
+    factor = BF16_ROUNDOFF_OVER_FP16
+    return dataclasses.replace(tolerance, min_cosine=1 - (1 - tolerance.min_cosine) * factor * factor,
+                               max_error_of_range=tolerance.max_error_of_range * factor)
+
+
+def assert_matches_fp32(entry, model: onnx.ModelProto, tolerance=None) -> list:
+    tolerance = tolerance or entry.tolerance
     feeds, ref = _reference(entry.name)
     got = run_onnxruntime(model, feeds)
     if entry.blind_fails:  # a failure pattern: what the conversion does about it is tested with it
@@ -62,8 +80,8 @@ def assert_matches_fp32(entry, model: onnx.ModelProto) -> list:
             continue
         acc = compare(name, r, g)
         assert acc.finite, f"{name}: NaN/Inf where FP32 is finite"
-        assert acc.cosine >= entry.tolerance.min_cosine, f"{name}: cosine {acc.cosine:.6f}"
-        assert acc.error_of_range <= entry.tolerance.max_error_of_range, (
+        assert acc.cosine >= tolerance.min_cosine, f"{name}: cosine {acc.cosine:.6f}"
+        assert acc.error_of_range <= tolerance.max_error_of_range, (
             f"{name}: max error {acc.max_abs_error:.4g} is {acc.error_of_range:.2%} of the range"
         )
         results.append(acc)
@@ -92,7 +110,7 @@ def test_bf16_conversion_is_valid_and_accurate(entry):
     r = _converted(entry.name, "bf16")
     validate(r.model, converted_from=_fp32(entry.name))
     # onnxruntime's CPU provider has no BF16 kernels: run the exact FP32 emulation of the BF16 model.
-    assert_matches_fp32(entry, emulate(r.model))
+    assert_matches_fp32(entry, emulate(r.model), entry.bf16_tolerance or _bf16_tolerance(entry.tolerance))
 
 
 @pytest.mark.parametrize("entry", PARAMS)
