@@ -177,6 +177,8 @@ def convert(
             probe_runner[0].close()
     if opset is not None:
         _say_opset(result, opset)
+    if fp8 and samples:  # the FLOPs the summary states are at the data's sizes, as --tolerance's are
+        result.sample_shapes = {k: tuple(v.shape) for k, v in samples[0].items()}
     return result
 
 

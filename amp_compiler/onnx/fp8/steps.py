@@ -206,9 +206,9 @@ def _not_fp8(node: ir.Node, policy: PolicyTable, plan: Fp8Plan) -> str | None:
 
 
 def fp8_flop_share(result: ConversionResult) -> float:
-    """The share of the converted model's Tensor Core FLOPs (estimated, dynamic dims taken as 1
-    unless the options fix them) that run on FP8 inputs."""
-    costs = estimate(result.model, result.input_shapes or None)
+    """The share of the converted model's Tensor Core FLOPs (estimated at the sizes the options fix, else
+    at the calibration data's: what ``--tolerance`` states its share at) that run on FP8 inputs."""
+    costs = estimate(result.model, result.input_shapes or result.sample_shapes or None)
     policy = default_table()
     total = fp8 = 0
     for d, cost in zip(result.decisions, costs.nodes, strict=False):

@@ -55,6 +55,9 @@ class ConversionResult:
     # ONNX parser does not import, onnxruntime contrib ops, custom ops without a declared precision),
     # and what keeps FP32 because the model's opset could not be raised for the target's type.
     provider_warnings: list[str] = dataclasses.field(default_factory=list)
+    # The input shapes of the calibration data's first sample (FP8's), for cost estimates where input_shapes
+    # fix no dims; empty without data.
+    sample_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     # The model's opset where the conversion raised it for its types ("opset 17 -> 22 (bfloat16 Conv)":
     # amp_compiler.onnx.load.opset.for_bf16), "" where it did not.
     opset_change: str = ""
