@@ -58,6 +58,9 @@ _AUDIO = re.compile(r"audio|wave(form)?|speech|pcm|input_values|samples", re.IGN
 #: prompt) made every run refuse; floats named like penalties or a temperature are 1, neutral.
 _MAX_LENGTH = re.compile(r"max_(length|new_tokens)", re.IGNORECASE)
 _NEUTRAL = re.compile(r"(repetition_|length_)?penalty|temperature", re.IGNORECASE)
+#: A float input named like a mask is ones, as an integer mask is (a time-series model's
+#: ``past_observed_mask``: N(0, 1) marked values observed at random, and negative).
+_MASK = re.compile(r"mask", re.IGNORECASE)
 GENERATED_TOKENS = 16
 INTEGER_TYPES = frozenset({onnx.TensorProto.INT32, onnx.TensorProto.INT64})
 #: A KV cache, by its name or its dims' (not an image whatever its dim 1: its heads).
@@ -114,10 +117,10 @@ def input_kinds(
     one read (through Casts, reshapes and selections) as the indices of a Gather on an initializer table is
     token ids below the table's first dim; one read as an index into another input's dim
     (:data:`INDEX_INPUTS`: RoiAlign's batch_indices, Gather's, Scatter's, OneHot's indices) is below that
-    dim's size where the graph states it, else 0; one named like bytes takes 0..255; a scalar integer named like a
-    sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length plus
-    :data:`GENERATED_TOKENS`; a float penalty or temperature 1. Other inputs are not in the result
-    (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
+    dim's size where the graph states it, else 0; one named like bytes takes 0..255; a scalar integer named
+    like a sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length
+    plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a float mask ones. Other inputs are not
+    in the result (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
     inits: dict[str, onnx.TensorProto] = {}
@@ -172,6 +175,8 @@ def input_kinds(
                     "beyond", (GENERATED_TOKENS, GENERATED_TOKENS), f"the prompt's length + {GENERATED_TOKENS}")
         elif _NEUTRAL.fullmatch(info.name) and rank(info) <= 1:
             kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
+        elif _MASK.search(info.name):
+            kinds[info.name] = InputKind("value", (1.0, 1.0), "mask of ones")
     return kinds
 
 

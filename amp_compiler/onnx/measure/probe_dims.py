@@ -56,7 +56,9 @@ SHORTEST_SEQUENCE = 16
 WAVEFORM_SAMPLES = (16000, 512)
 _PAST = re.compile(r"past", re.IGNORECASE)
 _TOTAL = re.compile(r"total|all_?seq|kv_?seq", re.IGNORECASE)
-_SEQUENCE = re.compile(r"seq|len|token", re.IGNORECASE)
+#: A dim named like a sequence, or a time axis (a spectrogram's ``frames``, a Scan's ``T``: probed at 1,
+#: a vocoder ran one frame, a running sum over time one step).
+_SEQUENCE = re.compile(r"seq|len|token|frame|^t$|^time(_?steps?)?$", re.IGNORECASE)
 #: Ops an arange of positions passes through on its way to the position table's Gather.
 _POSITION_PATH = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Cast", "Identity"})
 #: Contrib ops that take a position table, and which input it is (its first dim is the positions).

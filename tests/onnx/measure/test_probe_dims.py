@@ -19,7 +19,7 @@ from amp_compiler.onnx.measure.probe_dims import (
     probe_dims,
     probe_shapes,
 )
-from amp_compiler.runtime.input_kinds import input_kinds, waveform_inputs
+from amp_compiler.runtime.input_kinds import InputKind, input_kinds, waveform_inputs
 from amp_compiler.runtime.runner import InProcessRunner
 from amp_compiler.runtime.samples import random_samples
 from models import catalog
@@ -352,3 +352,23 @@ def test_a_mono_waveform_with_a_channel_dim_is_a_waveform(channels):
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.samples[0]["input_values"].shape == (1, 1, WAVEFORM_SAMPLES[0])
     assert "input_values: waveform -1..1" in probe.inputs
+
+
+@pytest.mark.parametrize("name", ["frames", "num_frames", "T", "time"])
+def test_a_time_axis_is_probed_as_a_sequence_not_one_step(name):
+    """A vocoder's mel ``[batch, 80, frames]`` and a Scan's ``[T, batch, features]`` ran at one step: the
+    name said nothing the probe read. They take the default sequence length."""
+    nodes = [helper.make_node("Conv", ["mel", "w"], ["y"], name="conv", pads=[1, 1])]
+    m = model(nodes, [vi("mel", F32, ["batch", 80, name])], [vi("y", F32, ["batch", 16, name])],
+              [tensor("w", weights((16, 80, 3), scale=0.05))])
+    assert probe_dims(m)[0] == {"batch": 1, name: DEFAULT_SEQUENCE}
+
+
+def test_a_float_mask_is_ones():
+    """A time-series model's float ``past_observed_mask`` took N(0, 1): values observed at random, and negative."""
+    nodes = [helper.make_node("Mul", ["values", "past_observed_mask"], ["y"], name="masked")]
+    m = model(nodes, [vi("values", F32, ["batch", 24]), vi("past_observed_mask", F32, ["batch", 24])],
+              [vi("y", F32, ["batch", 24])])
+    assert input_kinds(m)["past_observed_mask"] == InputKind("value", (1.0, 1.0), "mask of ones")
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert (probe.samples[0]["past_observed_mask"] == 1).all() and "past_observed_mask: mask of ones" in probe.inputs
