@@ -134,7 +134,7 @@ def convert(
     if fp8:
         proto, checked = raise_opset(proto, fp8_opset(opts.low_target)), False
     elif opts.target is Target.BF16:  # Conv takes bfloat16 from opset 22
-        opset = for_bf16(proto)
+        opset = for_bf16(proto, opts.provider)
         proto, checked = opset.model, checked and opset.model is proto
     check_keep_io_types(opts.keep_io_types, (i.name for i in proto.graph.input), (o.name for o in proto.graph.output))
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}

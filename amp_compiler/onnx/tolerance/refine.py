@@ -202,7 +202,7 @@ def refine(
     if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
         fp32 = raise_opset(fp32, fp8_opset(opts.low_target))
     elif opts.target is Target.BF16:  # ... and at the opset its conversions raise it to (Conv's bfloat16)
-        fp32 = for_bf16(fp32).model
+        fp32 = for_bf16(fp32, opts.provider).model
     runner, owned = default_runner(runner)
     try:
         refiner = _Refiner(fp32, samples, tolerance, opts, ranges, policy, runner)

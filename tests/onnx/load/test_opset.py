@@ -15,6 +15,7 @@ from amp_compiler.onnx.load import opset as opset_module
 from amp_compiler.onnx.load.opset import BF16_CONV_OPSET, bf16_opset, for_bf16, opset_of
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.targets import Provider
 from tests.support.onnx_builders import model as make_model
 from tests.support.onnx_builders import tensor, vi, weights
 
@@ -33,7 +34,8 @@ def _mlp(opset: int) -> onnx.ModelProto:
 
 
 def test_an_opset_whose_conv_takes_no_bfloat16_is_raised_and_others_are_not():
-    assert bf16_opset(_cnn(17)) == BF16_CONV_OPSET
+    assert bf16_opset(_cnn(17)) == (BF16_CONV_OPSET, ("Conv",))
+    assert bf16_opset(_cnn(17), Provider.CPU) is None  # onnxruntime's CPU provider has no bfloat16 Conv
     assert bf16_opset(_cnn(22)) is None  # already there
     assert bf16_opset(_mlp(17)) is None  # MatMul takes bfloat16 from opset 13
     change = for_bf16(_cnn(17))
@@ -72,6 +74,15 @@ def test_a_model_the_converter_cannot_raise_is_converted_at_its_opset_and_says_s
     assert "bf16 needs opset 22 (bfloat16 Conv)" in line and "No Adapter For Conv" in line
 
 
+def test_only_ops_the_provider_runs_in_bfloat16_raise_the_opset():
+    """ConvTranspose and LSTM take bfloat16 from opset 22 in their schemas, but onnxruntime's CUDA provider
+    has no bfloat16 kernel for them: raising the opset for them gains no Tensor Core op."""
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"])]
+    m = make_model(nodes, [vi("x", shape=[1, 3, 8, 8])], [vi("y", shape=[1, 4, 10, 10])],
+                   [tensor("w", weights((3, 4, 3, 3)))], opset=17)
+    assert bf16_opset(m) is None
+
+
 @pytest.mark.parametrize("target", ["fp16", "fp8"])
 def test_other_targets_keep_the_models_opset_where_they_need_no_other(target):
     fp32 = _cnn(17)
@@ -80,3 +91,34 @@ def test_other_targets_keep_the_models_opset_where_they_need_no_other(target):
         assert opset_of(convert(fp32, target=target, samples=samples).model) == 19  # float8 Q/DQ's own
     else:
         assert opset_of(convert(fp32, target=target, probe=False).model) == 17
+
+
+def _with_function(op_type: str) -> onnx.ModelProto:
+    """The opset-17 CNN whose Relu is a call of a model-local function computing ``op_type`` of its input."""
+    function = helper.make_function("local.fn", "act", ["a"], ["b"], [helper.make_node(op_type, ["a"], ["b"])],
+                                     [helper.make_opsetid("", 17)])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("act", ["a"], ["b"], domain="local.fn"),
+             helper.make_node("Conv", ["b", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [tensor("w1", weights((8, 3, 3, 3), 1)), tensor("w2", weights((8, 8, 3, 3), 2, 0.1))]
+    return make_model(nodes, [vi("x", shape=[1, 3, 16, 16])], [vi("y", shape=[1, 8, 16, 16])], inits, opset=17,
+                      extra_opsets=[helper.make_opsetid("local.fn", 1)], functions=[function])
+
+
+def test_model_local_functions_are_carried_to_the_raised_opset_or_keep_it():
+    """onnx's version converter drops model-local functions: the raised model lost them, and onnxruntime
+    refused it ('local.fn:act is not a registered function/op'). A function whose ops kept their
+    definitions (Relu: opset 14) is carried over at the new opset; one using an op redefined by then
+    (Cast: opsets 19 and 21) keeps the model at its own opset, said in one warning."""
+    import onnxruntime as ort
+
+    result = convert(_with_function("Relu"), target="bf16", probe=False)
+    assert opset_of(result.model) == 22 and result.model.ir_version >= 10  # opset 22 is IR version 10's
+    (function,) = result.model.functions
+    assert [(o.domain, o.version) for o in function.opset_import] == [("", 22)]
+    onnx.checker.check_model(result.model, full_check=True)
+    ort.InferenceSession(emulate(result.model).SerializeToString(), providers=["CPUExecutionProvider"])
+    kept = convert(_with_function("Identity"), target="bf16", probe=False)  # Identity: redefined at 19, 21
+    assert opset_of(kept.model) == 17 and len(kept.model.functions) == 1
+    (line,) = [w for w in kept.provider_warnings if "bfloat16" in w]
+    assert "its function local.fn.act (Identity) uses ops whose definition changed" in line
