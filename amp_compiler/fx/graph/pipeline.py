@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -183,28 +184,38 @@ def transform(
 
 class _FakeProp(FakeTensorProp):
     """FakeTensorProp that also reads parameters and buffers as fake tensors, so in-place ops in the
-    graph (a BatchNorm's ``num_batches_tracked += 1``) never touch the real ones."""
+    graph (a BatchNorm's ``num_batches_tracked += 1``) never touch the real ones.
+
+    They are faked with static shapes, as ``torch.export`` traced them: a fake mode with the export's
+    shape environment otherwise gives every dim of a parameter a fresh symbol (an Embedding's weight
+    became ``(s93, s70)``), and a kernel that reads a parameter's size (``aten.lstm``'s ``numel()``
+    of its flat weights) then refused the symbolic sizes: a BF16 Embedding -> LSTM model crashed."""
 
     def get_attr(self, target, args, kwargs):
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
             cache = self.__dict__.setdefault("_fakes", {})
             if target not in cache:
-                cache[target] = self._mode.from_tensor(value)
+                cache[target] = self._mode.from_tensor(value, static_shapes=True)
             return cache[target]
         return value
 
 
 def refresh_meta(gm: fx.GraphModule, fake: list | None = None) -> bool:
     """Re-run the graph on fake tensors (default: its placeholders' traced values), refreshing every
-    node's ``meta["val"]``; False when there are no fake inputs to run it on."""
+    node's ``meta["val"]``; False when there are no fake inputs to run it on.
+
+    It runs under the Python dispatcher, as ``torch.export`` traced the graph: composite ops then take
+    their symbolic-aware decompositions (``aten.lstm``'s C++ kernel calls ``numel()`` on its input,
+    which a symbolic batch refuses: a BF16 LSTM converted with a dynamic batch crashed here)."""
     fake = fake if fake is not None else _fake_inputs(gm)
     if not fake or any(v is None for v in fake):
         return False
     mode = detect_fake_mode(fake)
     if mode is None:
         return False
-    _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
+    with enable_python_dispatcher():
+        _FakeProp(gm, mode).propagate_dont_convert_inputs(*fake)
     return True
 
 
