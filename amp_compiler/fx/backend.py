@@ -11,14 +11,21 @@ inner backend (Inductor by default), which differentiates the graph with the cas
 
 Dynamo hands a backend only what it traces: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` it does not trace
 unless ``torch._dynamo.config.allow_rnn`` is set, and a model made of them reaches the backend as no
-graph at all and runs unconverted, in FP32, without a word. :func:`compile` wraps ``torch.compile``
-with this backend and warns (:class:`NoGraphWarning`) after the first call that gave the backend no
-graph, naming the RNN modules when that is why (``allow_rnn=True`` traces them for that call); the
-backend itself warns when a graph it is given has no operation to convert.
+graph at all and runs unconverted, in FP32, without a word; so does a call dynamo runs as Python code
+once a function has ``torch._dynamo.config.recompile_limit`` compiled versions. :func:`compile` wraps
+``torch.compile`` with this backend, counts the runs of the converted graphs and warns
+(:class:`NoGraphWarning`) after each call that ran none of them, naming the RNN modules when they are
+why (``allow_rnn=True`` traces them), else the recompile limit; the backend itself warns when a graph
+it is given has no operation to convert.
+
+The backend reads a symbolic size as its hint, without a guard (``views.dim_hint``): with
+``dynamic=True`` a model called at 5 sequence lengths compiles 1 graph (it compiled 5, one per shape,
+and with the default limit of 8 ran 4 of 10 sequence lengths unconverted).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -86,6 +93,7 @@ class AmpBackend:
         self.block_nodes = tuple(block_nodes)
         self.reports: list[FxReport] = []
         self.graphs: list[fx.GraphModule] = []
+        self.calls = 0  # runs of the converted graphs
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         if not any(n.op == "call_function" for n in gm.graph.nodes):
@@ -125,7 +133,18 @@ class AmpBackend:
         )
         self.reports.append(report)
         self.graphs.append(aten_gm)
-        return self._compile(aten_gm, example_inputs)
+        return self._counted(self._compile(aten_gm, example_inputs))
+
+    def _counted(self, compiled: Callable) -> Callable:
+        """``compiled``, counting its runs in ``calls``: a call of the model that ran none of the converted
+        graphs ran unconverted (dynamo fell back to the Python code, e.g. past its recompile limit)."""
+
+        @functools.wraps(compiled)  # keeps the attributes dynamo reads (``_boxed_call``)
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            return compiled(*args)
+
+        return run
 
     def _compile(self, gm: fx.GraphModule, example_inputs):
         if self.inner == "inductor":
@@ -146,40 +165,50 @@ class NoGraphWarning(UserWarning):
 
 
 class CompiledModule(torch.nn.Module):
-    """``torch.compile(module, backend=...)`` that warns once if a call gave the backend no graph."""
+    """``torch.compile(module, backend=...)`` that warns (:class:`NoGraphWarning`) after every call that ran
+    none of the backend's converted graphs: the first call of a model dynamo gave the backend no graph
+    of, and any later call dynamo ran as Python code (past its recompile limit), which ran in FP32."""
 
     def __init__(self, module: torch.nn.Module, amp_backend: AmpBackend, allow_rnn: bool, **compile_kwargs: Any):
         super().__init__()
         self.compiled = torch.compile(module, backend=amp_backend, **compile_kwargs)
         self.amp_backend = amp_backend
         self.allow_rnn = allow_rnn
-        self._checked = False
         self._rnns = sorted(type(m).__name__ for m in module.modules() if isinstance(m, torch.nn.RNNBase))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        ran = self.amp_backend.calls
         with torch._dynamo.config.patch(allow_rnn=self.allow_rnn):
             out = self.compiled(*args, **kwargs)
-        if not self._checked:
-            self._checked = True
-            if not self.amp_backend.graphs:
-                why = (
-                    f" It holds {', '.join(sorted(set(self._rnns)))}, which dynamo does not trace unless allowed "
-                    "(amp_compiler.fx.compile(..., allow_rnn=True))" if self._rnns and not self.allow_rnn else ""
-                )
-                warnings.warn(
-                    "torch.compile gave amp-compiler's backend no graph: the model ran unconverted, in FP32." + why,
-                    NoGraphWarning, stacklevel=2,
-                )
+        if self.amp_backend.calls == ran:
+            warnings.warn(self._unconverted(), NoGraphWarning, stacklevel=2)
         return out
+
+    def _unconverted(self) -> str:
+        """Why a call ran none of the converted graphs, as far as the backend can tell."""
+        graphs = len(self.amp_backend.graphs)
+        if not graphs:
+            why = (
+                f" It holds {', '.join(sorted(set(self._rnns)))}, which dynamo does not trace unless allowed "
+                "(amp_compiler.fx.compile(..., allow_rnn=True))" if self._rnns and not self.allow_rnn else ""
+            )
+            return "torch.compile gave amp-compiler's backend no graph: the model ran unconverted, in FP32." + why
+        limit = torch._dynamo.config.recompile_limit
+        return (
+            f"torch.compile ran this call without any of the {graphs} graph(s) amp-compiler converted: it ran "
+            f"unconverted, in FP32 (dynamo runs the Python code once a function has {limit} compiled versions, "
+            "torch._dynamo.config.recompile_limit: pass dynamic=True for inputs whose shapes vary, or raise the limit)"
+        )
 
 
 def compile(  # noqa: A001 - the name torch.compile users look for
     module: torch.nn.Module, target: Target | str = "fp16", *, inner: str | Callable = "inductor",
     block_ops: Iterable[str] = (), block_nodes: Iterable[str] = (), allow_rnn: bool = False, **compile_kwargs: Any,
 ) -> CompiledModule:
-    """``torch.compile(module, backend=backend(target, ...))`` that warns (:class:`NoGraphWarning`) when
-    a call gave the backend no graph; ``allow_rnn`` lets dynamo trace nn.LSTM/GRU/RNN (it does not by
-    default, and they then run unconverted). The backend is the wrapper's ``amp_backend``."""
+    """``torch.compile(module, backend=backend(target, ...))`` that warns (:class:`NoGraphWarning`) after
+    a call that ran none of the converted graphs (it ran in FP32); ``allow_rnn`` lets dynamo trace
+    nn.LSTM/GRU/RNN (it does not by default, and they then run unconverted). The backend is the
+    wrapper's ``amp_backend``."""
     amp = AmpBackend(target, inner=inner, block_ops=block_ops, block_nodes=block_nodes)
     return CompiledModule(module, amp, allow_rnn, **compile_kwargs)
 

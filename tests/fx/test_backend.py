@@ -109,3 +109,47 @@ def test_a_model_dynamo_does_not_trace_warns_instead_of_running_silently_unconve
         traced(x)
     ops = {d.op_type: d.precision for d in traced.amp_backend.reports[0].decisions}
     assert ops["aten.lstm.input"] == ops["aten.linear.default"] == "fp16"
+
+
+class _Tokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 64)
+        self.n = torch.nn.LayerNorm(64)
+        self.b = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.b(self.n(torch.relu(self.a(x)))).softmax(-1)
+
+
+SHAPES = [(2, 5, 64), (3, 9, 64), (4, 17, 64), (5, 6, 64), (6, 7, 64)]
+
+
+def test_dynamic_shapes_compile_one_graph_for_every_shape():
+    """The analysis reads a symbolic size's hint without a guard: no graph specialized to one shape."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _Tokens().eval()
+    compiled = ampfx.compile(m, "fp16", inner="eager", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", ampfx.NoGraphWarning)
+        for shape in SHAPES:
+            x = torch.randn(*shape)
+            out = compiled(x)
+            assert not torch.equal(out, m(x)) and cosine(out, m(x)) > 0.999  # converted, and close
+    assert len(compiled.amp_backend.graphs) == 1
+
+
+def test_a_call_past_dynamos_recompile_limit_warns_that_it_ran_unconverted():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    compiled = ampfx.compile(_Tokens().eval(), "fp16", inner="eager", dynamic=False)
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ampfx.NoGraphWarning)
+            compiled(torch.randn(*SHAPES[0]))
+            compiled(torch.randn(*SHAPES[1]))
+            compiled(torch.randn(*SHAPES[0]))  # a graph already compiled: it runs converted
+        with pytest.warns(ampfx.NoGraphWarning, match="without any of the 2 graph.*recompile_limit.*dynamic=True"):
+            compiled(torch.randn(*SHAPES[2]))
+    assert len(compiled.amp_backend.graphs) == 2

@@ -22,22 +22,15 @@ import torch.fx as fx
 
 from amp_compiler.fx.graph.arguments import schema_argument, tensor_arguments
 from amp_compiler.fx.graph.policy import AtenPolicy, op_name, policy_name
+from amp_compiler.fx.graph.views import dim_hint
 from amp_compiler.policy import Category, GemmKind, GemmLayout
 
 __all__ = ["graph_flops", "node_flops"]
 
 
-def _dim(d: object) -> int:
-    try:
-        return int(d)  # type: ignore[call-overload]
-    except (TypeError, ValueError, RuntimeError):
-        hint = getattr(getattr(d, "node", None), "hint", None)
-        return int(hint) if isinstance(hint, int) else 1
-
-
 def _shape(node: object) -> tuple[int, ...] | None:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return tuple(_dim(d) for d in val.shape) if isinstance(val, torch.Tensor) else None
+    return tuple(dim_hint(d) for d in val.shape) if isinstance(val, torch.Tensor) else None
 
 
 def _numel(node: object) -> int:
@@ -49,7 +42,7 @@ def _outputs_numel(node: fx.Node) -> int:
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else (val,)
     floats = [v for v in vals if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    return sum(math.prod(_dim(d) for d in v.shape) for v in floats)
+    return sum(math.prod(dim_hint(d) for d in v.shape) for v in floats)
 
 
 def _arg(node: fx.Node, name: str) -> object:

@@ -13,11 +13,12 @@ import dataclasses
 import onnx_ir as ir
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from amp_compiler.core.graph import SlotKind
 
 __all__ = [
-    "FLOAT_DTYPES", "FP8_TO_IR", "FxOp", "FxSlot", "FxValue", "IR_TO_TORCH", "TORCH_TO_IR", "is_float",
+    "FLOAT_DTYPES", "FP8_TO_IR", "FxOp", "FxSlot", "FxValue", "IR_TO_TORCH", "TORCH_TO_IR", "dim_hint", "is_float",
     "tensor_dtype",
 ]
 
@@ -32,6 +33,26 @@ FLOAT_DTYPES = frozenset(TORCH_TO_IR)
 # FP8 tensors (the FP8 path's weights and quantized inputs): named like the ONNX path's types, never
 # part of the precision analysis (FLOAT_DTYPES).
 FP8_TO_IR = {torch.float8_e4m3fn: ir.DataType.FLOAT8E4M3FN, torch.float8_e5m2: ir.DataType.FLOAT8E5M2}
+
+
+def dim_hint(d: object) -> int:
+    """A tensor dim as an int: a symbolic size counts as its hint (the size it was traced at), or 1
+    when it has none (a data-dependent size).
+
+    The hint is read without a guard: ``int(SymInt)`` installs ``Eq(s77, 2)`` in the shape
+    environment, and under ``torch.compile`` that specialized every graph to its first input's shape
+    (a model called at 10 sequence lengths compiled 6 graphs, then hit dynamo's recompile limit and
+    ran 4 of the 10 calls unconverted, in FP32). The analysis reads sizes only to weigh choices
+    (cast bytes, FLOPs), so the hint is what it needs."""
+    if isinstance(d, torch.SymInt):
+        try:
+            return int(optimization_hint(d, fallback=1))
+        except (TypeError, ValueError, RuntimeError, AttributeError):
+            return 1
+    try:
+        return int(d)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 1
 
 
 def tensor_dtype(node: object) -> torch.dtype | None:
@@ -72,13 +93,7 @@ class FxValue:
     def __init__(self, node: fx.Node):
         self.name = node.name
         val = node.meta.get("val")
-        dims = []
-        for d in getattr(val, "shape", ()):
-            try:
-                dims.append(int(d))
-            except (TypeError, ValueError, RuntimeError):
-                hint = getattr(getattr(d, "node", None), "hint", None)
-                dims.append(int(hint) if isinstance(hint, int) else 1)
+        dims = [dim_hint(d) for d in getattr(val, "shape", ())]
         self.shape = ir.Shape(dims) if val is not None else None
 
     def __repr__(self) -> str:
