@@ -315,3 +315,36 @@ def test_min_cut_placement_casts_after_the_slice():
     d = _decisions(ampfx.convert(SliceFirst().eval(), (x,)))  # the default: min-cut, as the ONNX path
     assert d["slice_1"].precision == "fp32" and d["slice_1"].rule == "placement.min-cut"
     assert "slice_1_fp16" in d and "x_fp16" not in d  # casts the 16 values it keeps
+
+
+class Stateful(torch.nn.Module):
+    """A forward that writes its buffers: an EMA (through the view mul_ returns), a counter, a cache row."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.scale = torch.nn.Parameter(torch.ones(16))
+        self.register_buffer("ema", torch.zeros(16))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("cache", torch.zeros(2, 16), persistent=False)
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.ema.mul_(0.9).add_(0.1 * h.mean(0))
+        self.calls += 1
+        self.cache[0].copy_(h[0])
+        return torch.exp(h + self.ema) * self.scale  # exp keeps FP32: scale stays FP32 too
+
+
+def test_running_the_converted_module_leaves_the_models_buffers_as_they_were():
+    m = Stateful().eval()
+    before = {k: v.clone() for k, v in list(m.state_dict().items()) + [("cache", m.cache)]}
+    gm = ampfx.convert(m, (torch.randn(4, 16),))
+    for _ in range(5):
+        gm(torch.randn(4, 16))
+    for name, value in before.items():
+        assert torch.equal(getattr(m, name) if name == "cache" else m.state_dict()[name], value), name
+    assert gm.get_buffer("calls").item() == 5 and gm.get_buffer("ema").abs().max() > 0
+    assert gm.get_buffer("cache").abs().max() > 0
+    # what the graph only reads stays shared (no copy of the weights): the FP32 parameter is the model's
+    assert gm.get_parameter("scale").dtype == torch.float32 and gm.get_parameter("scale") is m.scale

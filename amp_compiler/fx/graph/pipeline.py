@@ -28,7 +28,7 @@ from amp_compiler.fx.graph.lower import lower_plan, short
 from amp_compiler.fx.graph.policy import AtenPolicy, default_policy
 from amp_compiler.fx.graph.precision_graph import FxPrecisionGraph, build_fx_precision_graph
 from amp_compiler.fx.graph.report import FxReport, node_decisions, state_bytes
-from amp_compiler.fx.graph.rewrite import fold_batchnorm, functionalize_inplace
+from amp_compiler.fx.graph.rewrite import fold_batchnorm, functionalize_inplace, own_written_state
 from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.targets import Provider, Target
@@ -54,8 +54,9 @@ def capture(
     strict: bool = False,
 ) -> fx.GraphModule:
     """The model as an ATen-level GraphModule (``torch.export``), with in-place ops made functional
-    where that is safe, in the mode ``model`` was captured in (``training``). Parameters are shared
-    with ``model``; ``model`` is not modified."""
+    where that is safe, in the mode ``model`` was captured in (``training``). Parameters and buffers
+    are shared with ``model`` (capturing does not modify it; running the graph writes the buffers its
+    forward writes, as the model would: a training step updates the model's batch-norm statistics)."""
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     ep = torch.export.export(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
@@ -81,9 +82,12 @@ class Captured:
 def capture_for_inference(
     model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None, *, dynamic_shapes: Any, fold_bn: bool,
 ) -> Captured:
-    """:func:`capture`, then (with ``fold_bn``) eval-mode batch norms folded into the convolutions
-    they read, in FP32, as ``torch.onnx.export`` does."""
+    """:func:`capture`, with its own copies of the parameters and buffers its forward writes (the
+    converted module never changes ``model``; the rest stays shared), then (with ``fold_bn``)
+    eval-mode batch norms folded into the convolutions they read, in FP32, as ``torch.onnx.export``
+    does."""
     gm = capture(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes)
+    own_written_state(gm)
     before = state_bytes(gm)
     folded = fold_batchnorm(gm) if fold_bn else []
     notes = {f.conv: f"batch_norm {f.batch_norm!r} was folded into its weight and bias (in FP32)" for f in folded}

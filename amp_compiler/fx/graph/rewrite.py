@@ -5,7 +5,9 @@
 - :func:`fold_batchnorm` (inference only): an eval-mode batch norm that is a convolution's only user
   is folded into the convolution's weight and bias, in FP32. ``torch.onnx.export`` does the same, so
   the ONNX path sees the folded graph; folding also avoids rounding the convolution's output to low
-  precision before the normalisation subtracts its mean (a cancellation that costs BF16 accuracy).
+  precision before the normalisation subtracts its mean (a cancellation that costs BF16 accuracy);
+- :func:`own_written_state` (inference only): the parameters and buffers the graph writes (an EMA,
+  a call counter, a cache) become the GraphModule's own copies, so running it leaves the model as it was.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.fx as fx
 
 from amp_compiler.fx.graph.policy import op_name
 
-__all__ = ["Folded", "fold_batchnorm", "functionalize_inplace"]
+__all__ = ["Folded", "fold_batchnorm", "functionalize_inplace", "own_written_state", "written_state"]
 
 aten = torch.ops.aten
 _CONVS = {aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.convolution.default}
@@ -180,3 +182,69 @@ def _drop_unused_attributes(gm: fx.GraphModule, names: set[str]) -> None:
         module = gm.get_submodule(".".join(path)) if path else gm
         module._parameters.pop(leaf, None)
         module._buffers.pop(leaf, None)
+
+
+def _root_attribute(node: object) -> str | None:
+    """The parameter or buffer ``node``'s tensor is (or is a view of), following views and in-place
+    ops back to their ``self``; None for anything else (an input, a fresh tensor)."""
+    while isinstance(node, fx.Node):
+        if node.op == "get_attr":
+            return str(node.target)
+        if node.op != "call_function" or not node.args:
+            return None
+        if node.target is not operator.getitem and not (
+            isinstance(node.target, torch._ops.OpOverload)
+            and any(r.alias_info is not None for r in node.target._schema.returns)
+        ):
+            return None  # a fresh tensor
+        node = node.args[0]
+    return None
+
+
+def written_state(gm: fx.GraphModule) -> set[str]:
+    """The names of the parameters and buffers an op of ``gm`` writes (a schema argument marked
+    ``Tensor(a!)``: ``add_``, ``copy_``, ``index_put_`` ...), directly or through a view of them."""
+    written: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for i, arg in enumerate(node.target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                root = _root_attribute(item)
+                if root is not None:
+                    written.add(root)
+    return written
+
+
+def own_written_state(gm: fx.GraphModule) -> list[str]:
+    """Give ``gm`` its own copy of every parameter and buffer it writes (:func:`written_state`), shared
+    by all the names that held the same tensor; the rest stays shared with the captured model, which
+    nothing in the graph writes. Returns the names copied.
+
+    ``ExportedProgram.module()`` aliases the model's tensors: a ``calls`` buffer incremented in
+    ``forward`` read 5 in the caller's model after 5 calls of the converted module."""
+    names = written_state(gm)
+    if not names:
+        return []
+    named = list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
+    written_ids = {id(t) for name, t in named if name in names}
+    copies: dict[int, torch.Tensor] = {}
+    copied = []
+    for name, t in named:
+        if id(t) not in written_ids:
+            continue
+        if id(t) not in copies:
+            clone = t.detach().clone()
+            copies[id(t)] = torch.nn.Parameter(clone, t.requires_grad) if isinstance(t, torch.nn.Parameter) else clone
+        *path, leaf = name.split(".")
+        module = gm.get_submodule(".".join(path)) if path else gm
+        copy = copies[id(t)]
+        if isinstance(copy, torch.nn.Parameter):
+            module._parameters[leaf] = copy
+        else:
+            module._buffers[leaf] = copy
+        copied.append(name)
+    return sorted(copied)
