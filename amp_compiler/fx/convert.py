@@ -44,14 +44,16 @@ def convert(
     The model is captured with ``torch.export`` (ATen-level) in its current mode (call
     ``model.eval()`` first for inference). Graph inputs and outputs keep their dtypes. Parameters and
     buffers whose every use is low precision are stored in low precision on the returned module (the
-    caller's model is untouched); ``report(gm)`` gives every node's decision and the memory saved.
+    caller's model is untouched: the parameters and buffers the forward writes are the module's own
+    copies); ``report(gm)`` gives every node's decision and the memory saved.
     With ``fold_bn`` (the default), eval-mode batch norms that only read a convolution are folded
     into it first, in FP32, as ``torch.onnx.export`` does.
 
-    ``target="fp8"`` needs ``calibration``: samples of inputs (each a tuple like ``example_inputs``,
-    or one tensor). Matrix products (linear, mm, addmm, bmm, matmul) whose statistics on them allow
-    it take FP8 E4M3 inputs (``fp8_*``: the ONNX path's ``--fp8-*`` settings); everything else is
-    converted as for FP16 (:mod:`amp_compiler.fx.fp8.inference`).
+    ``target="fp8"`` needs ``calibration``: samples of inputs, each given as the example is (a tuple
+    like ``example_inputs`` or one tensor; an ``(args, kwargs)`` pair with ``example_kwargs``). Matrix
+    products (linear, mm, addmm, bmm, matmul) whose statistics on them allow it take FP8 E4M3 inputs
+    (``fp8_*``: the ONNX path's ``--fp8-*`` settings); everything else is converted as for FP16
+    (:mod:`amp_compiler.fx.fp8.inference`).
     """
     target = Target.parse(target) if isinstance(target, str) else target
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.fx._pytree as fx_pytree
 
 from amp_compiler.core.decision import NodeDecision
 from amp_compiler.core.plan import Rule
@@ -41,30 +42,67 @@ from amp_compiler.targets import Target
 __all__ = ["calibration_samples", "convert_fp8", "fp8_decisions", "fp8_options", "fp8_report", "redecide", "table_kept"]
 
 
-def calibration_samples(calibration: Iterable[Any] | None, example: tuple, *, same_shapes: bool) -> list[tuple]:
-    """The samples as tuples of positional inputs, checked against the example inputs (count, dtype,
-    rank, and shape unless the capture has dynamic shapes); an :class:`OptionError` otherwise."""
-    samples = [s if isinstance(s, tuple) else (s,) for s in (calibration or ())]
+def _sample(s: Any, example: tuple, example_kwargs: dict) -> tuple[tuple, dict]:
+    """A calibration sample as (args, kwargs): a tensor, a tuple of positional inputs, or an
+    ``(args, kwargs)`` pair (a tuple and a dict, unless the example's own inputs are those)."""
+    pair = isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], tuple) and isinstance(s[1], dict)
+    example_pair = len(example) == 2 and isinstance(example[1], dict)
+    if pair and not example_pair:
+        return s[0], s[1]
+    return (s if isinstance(s, tuple) else (s,)), {}
+
+
+def _check_input(k: int, label: str, s: Any, e: Any, same_shapes: bool) -> None:
+    if not isinstance(e, torch.Tensor):
+        return
+    if not isinstance(s, torch.Tensor) or s.dtype != e.dtype or s.ndim != e.ndim:
+        got = f"{s.dtype} of rank {s.ndim}" if isinstance(s, torch.Tensor) else type(s).__name__
+        raise OptionError(f"calibration sample {k}: {label} is {got}, the example's {e.dtype} of rank {e.ndim}",
+                          option="calibration")
+    if same_shapes and s.shape != e.shape:
+        raise OptionError(f"calibration sample {k}: {label} has shape {tuple(s.shape)}, the example "
+                          f"{tuple(e.shape)} (or capture with dynamic_shapes)", option="calibration")
+
+
+def calibration_samples(
+    calibration: Iterable[Any] | None, example: tuple, example_kwargs: dict | None = None, *, same_shapes: bool,
+) -> list[tuple[tuple, dict]]:
+    """The samples as ``(args, kwargs)`` pairs, given as the example was: a tuple of positional inputs
+    (or one tensor), or an ``(args, kwargs)`` pair when the example has keyword inputs. Each is checked
+    against the example (count, keywords, dtype, rank, and shape unless the capture has dynamic
+    shapes); an :class:`OptionError` otherwise."""
+    example_kwargs = example_kwargs or {}
+    samples = [_sample(s, example, example_kwargs) for s in (calibration or ())]
     if not samples:
         raise OptionError(
             "an FP8 conversion needs calibration samples: its scales and per-layer choice come from observed "
             "values (calibration=[inputs, ...], each like example_inputs)", option="calibration",
         )
-    for k, sample in enumerate(samples):
-        if len(sample) != len(example):
-            raise OptionError(f"calibration sample {k} has {len(sample)} inputs, the example {len(example)}",
+    for k, (args, kwargs) in enumerate(samples):
+        if len(args) != len(example):
+            raise OptionError(f"calibration sample {k} has {len(args)} inputs, the example {len(example)}",
                               option="calibration")
-        for i, (s, e) in enumerate(zip(sample, example, strict=True)):
-            if not isinstance(e, torch.Tensor):
-                continue
-            if not isinstance(s, torch.Tensor) or s.dtype != e.dtype or s.ndim != e.ndim:
-                got = f"{s.dtype} of rank {s.ndim}" if isinstance(s, torch.Tensor) else type(s).__name__
-                raise OptionError(f"calibration sample {k}: input {i} is {got}, the example's "
-                                  f"{e.dtype} of rank {e.ndim}", option="calibration")
-            if same_shapes and s.shape != e.shape:
-                raise OptionError(f"calibration sample {k}: input {i} has shape {tuple(s.shape)}, the example "
-                                  f"{tuple(e.shape)} (or capture with dynamic_shapes)", option="calibration")
+        if set(kwargs) != set(example_kwargs):
+            want = ", ".join(sorted(example_kwargs)) or "none"
+            raise OptionError(
+                f"calibration sample {k} has keyword inputs {', '.join(sorted(kwargs)) or 'none'}, the example "
+                f"{want} (give each sample as (args, kwargs), like example_inputs and example_kwargs)",
+                option="calibration",
+            )
+        for i, (s, e) in enumerate(zip(args, example, strict=True)):
+            _check_input(k, f"input {i}", s, e, same_shapes)
+        for name, e in example_kwargs.items():
+            _check_input(k, f"input {name!r}", kwargs[name], e, same_shapes)
     return samples
+
+
+def _graph_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> tuple:
+    """``args`` and ``kwargs`` flattened to the graph's placeholders, as the module's own ``forward``
+    flattens them (its pytree spec orders the keywords)."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None or info.in_spec is None:
+        return (*args, *kwargs.values())
+    return tuple(fx_pytree.tree_flatten_spec((args, kwargs), info.in_spec))
 
 
 def fp8_options(margin: int, budget: float, max_error: float, max_subnormal: float) -> ConvertOptions:
@@ -82,11 +120,12 @@ def convert_fp8(
 ) -> fx.GraphModule:
     """:func:`amp_compiler.fx.convert` with ``target="fp8"`` (see module doc)."""
     policy = policy or default_policy()
-    samples = calibration_samples(calibration, example_inputs, same_shapes=dynamic_shapes is None)
+    given = calibration_samples(calibration, example_inputs, example_kwargs, same_shapes=dynamic_shapes is None)
     block_ops, patterns = frozenset(block_ops), compile_patterns(block_nodes)
     captured = capture_for_inference(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes,
                                      fold_bn=fold_bn)
     gm = captured.gm
+    samples = [_graph_inputs(gm, args, kwargs) for args, kwargs in given]
 
     def blocked(node: fx.Node) -> bool:
         name = op_name(node.target)

@@ -71,6 +71,34 @@ def test_fp8_without_calibration_is_one_clear_error():
         ampfx.backend(target="fp8")
 
 
+class KeywordMLP(MLP):
+    def forward(self, x, *, gain=None, offset=None):
+        return self.fc2(torch.relu(self.fc1(x)) * gain) + offset
+
+
+def test_calibration_samples_take_keyword_inputs_as_the_example_does():
+    torch.manual_seed(0)
+    m = KeywordMLP().eval()
+
+    def inputs(k):
+        g = torch.Generator().manual_seed(k)
+        return (torch.randn(8, 64, generator=g),), {"gain": torch.rand(128, generator=g) + 0.5,
+                                                    "offset": torch.randn(8, 32, generator=g)}
+
+    args, kwargs = inputs(0)
+    # the keywords in another order than the example's: matched by name (gain and offset have other shapes)
+    cal = [(a, dict(reversed(list(kw.items())))) for a, kw in (inputs(k) for k in range(1, 4))]
+    gm = ampfx.convert(m, args, kwargs, target="fp8", calibration=cal)
+    assert _gemms(gm)
+    held_args, held_kwargs = inputs(9)
+    out, ref = gm(*held_args, **held_kwargs), m(*held_args, **held_kwargs)
+    assert float((out - ref).norm() / ref.norm()) < 0.05
+    with pytest.raises(OptionError, match="keyword inputs none, the example gain, offset.*as \\(args, kwargs\\)"):
+        ampfx.convert(m, args, kwargs, target="fp8", calibration=[a for a, _ in cal])
+    with pytest.raises(OptionError, match="input 'offset' has shape \\(4, 32\\), the example \\(8, 32\\)"):
+        ampfx.convert(m, args, kwargs, target="fp8", calibration=[(args, {**kwargs, "offset": torch.randn(4, 32)})])
+
+
 def test_every_tensor_core_op_is_lowered_to_fp8_or_says_why_not():
     policy = default_policy()
     for entry in policy.table:
