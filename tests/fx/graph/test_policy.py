@@ -168,6 +168,13 @@ def _samples():
         "adaptive_avg_pool2d": lambda dt: aten.adaptive_avg_pool2d(T(1, 2, 4, 4, dt=dt), [1, 1]),
         "max_pool2d": lambda dt: aten.max_pool2d(T(1, 2, 4, 4, dt=dt), [2, 2]),
         "cat": lambda dt: aten.cat([T(4, dt=dt), T(4, dt=dt)]),
+        "broadcast_tensors": lambda dt: aten.broadcast_tensors([T(4, 1, dt=dt), T(1, 4, dt=dt)])[0],
+        "broadcast_to": lambda dt: aten.broadcast_to(T(1, 4, dt=dt), [4, 4]),
+        "diff": lambda dt: aten.diff(T(4, 4, dt=dt)),
+        "outer": lambda dt: aten.outer(T(4, dt=dt), T(4, dt=dt)),
+        "addr": lambda dt: aten.addr(T(4, 4, dt=dt), T(4, dt=dt), T(4, dt=dt)),
+        "embedding_bag": lambda dt: aten.embedding_bag(T(10, 4, dt=dt), I(6), I(2), False, 1)[0],
+        "_weight_norm": lambda dt: aten._weight_norm(T(4, 4, dt=dt), T(4, 1, dt=dt)),
         "embedding": lambda dt: aten.embedding(T(10, 4, dt=dt), I(3)),
         "gather": lambda dt: aten.gather(T(10, 4, dt=dt), 0, I(3, 4)),
         "add": lambda dt: aten.add.Tensor(T(4, dt=dt), T(4, dt=dt)),
@@ -221,3 +228,39 @@ def test_onnx_users_never_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _CommonOps(torch.nn.Module):
+    """ATen ops torch.export keeps that common models emit (F.mse_loss's broadcast_tensors, EmbeddingBag,
+    the weight_norm parametrization, diff, outer, broadcast_to)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.bag = torch.nn.EmbeddingBag(50, 8, mode="mean")
+        self.wn = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(8, 8))
+
+    def forward(self, x, b, ids, offsets):
+        h = self.fc(x)
+        a, c = torch.broadcast_tensors(h, b)
+        return (a * c, torch.broadcast_to(b, h.shape) * h, torch.diff(h, dim=-1), torch.outer(h[0], h[1]),
+                self.bag(ids, offsets), self.wn(h))
+
+
+@pytest.mark.parametrize("target", ["fp16", "bf16"])
+def test_common_ops_are_in_the_table_and_convert_without_warnings(target):
+    import amp_compiler.fx as ampfx
+
+    torch.manual_seed(0)
+    m = _CommonOps().eval()
+    args = (torch.randn(4, 8), torch.randn(1, 8), torch.randint(0, 50, (12,)), torch.tensor([0, 3, 6, 9]))
+    gm = ampfx.convert(m, args, target=target)
+    rep = ampfx.report(gm)
+    assert rep.warnings == []
+    ops = {d.op_type.split(".")[1]: d for d in rep.decisions if d.op_type.startswith("aten.")}
+    assert ops["_weight_norm"].precision == "fp32"  # its norm sums squares
+    for out, ref in zip(gm(*args), m(*args), strict=True):
+        assert torch.allclose(out, ref, rtol=0.02, atol=0.02)
+    step = ampfx.prepare_training(torch.nn.Linear(8, 8), torch.nn.MSELoss(), (args[0], torch.randn(4, 8)),
+                                  target=target)
+    assert step.report.warnings == []  # F.mse_loss's broadcast_tensors
