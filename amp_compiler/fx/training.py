@@ -144,7 +144,9 @@ def prepare_training(
     """A mixed-precision training step for ``model`` and ``loss_fn(model(*x), y)``.
 
     ``example_inputs`` is an example batch ``(x, y)`` as the step takes it (``x`` a tensor or a
-    tuple of model inputs). The model is put in training mode and captured with its loss. Parameters
+    tuple of model inputs). ``dynamic_shapes`` is given the same way, one spec per input:
+    ``(x_spec, y_spec)``, e.g. ``({0: batch}, {0: batch})``. The model is put in training mode and
+    captured with its loss. Parameters
     are the model's own (build the optimizer over ``model.parameters()``). ``loss_scale``: ``"auto"``
     (dynamic for FP16, none for BF16), ``"dynamic"``, a number (static scale), ``None``, or a
     :class:`LossScaler`. ``clip_grad_norm``: clip the unscaled gradients to this norm each step.
@@ -161,7 +163,7 @@ def prepare_training(
     inputs = x if isinstance(x, tuple) else (x,)
     model.train()
     wrapper = _LossGraph(model, loss_fn, scaler.scale_tensor)
-    gm = capture(wrapper, (*inputs, y), dynamic_shapes=dynamic_shapes)
+    gm = capture(wrapper, (*inputs, y), dynamic_shapes=_step_dynamic_shapes(dynamic_shapes, x, len(inputs)))
     _share_state(gm, wrapper)
     scale_nodes = [n for n in gm.graph.nodes if n.op == "get_attr" and str(n.target) == SCALE_BUFFER]
     muls = [u.name for n in scale_nodes for u in n.users]
@@ -183,6 +185,37 @@ def prepare_training(
         training_report(gm, base, fp8, others, policy)
     params = [p for p in model.parameters() if p.requires_grad]
     return TrainStep(gm, scaler, params, clip_grad_norm, fp8)
+
+
+def _step_dynamic_shapes(dynamic_shapes: Any, x: Any, n_inputs: int) -> Any:
+    """``dynamic_shapes`` as given for the step's inputs, made the spec of the captured wrapper, whose
+    ``forward(*args)`` takes the model's inputs and ``y`` as one varargs input.
+
+    Accepted: one spec per input as the example is given, ``(x_spec, y_spec)`` (with ``x`` a tuple,
+    ``x_spec`` a tuple of one spec per model input, or the specs flat: ``(*x_specs, y_spec)``), and
+    the wrapper's own form, a 1-tuple holding that flat tuple. The per-input form
+    ``({0: b, 1: t}, {0: b, 1: t})`` was refused by torch.export ("`inputs` has 1 elements, but
+    `dynamic_shapes` has 2 elements")."""
+    if dynamic_shapes is None or isinstance(dynamic_shapes, dict):
+        return dynamic_shapes
+    specs = tuple(dynamic_shapes)
+    if len(specs) == 1:
+        return specs  # the wrapper's varargs form
+    if len(specs) == n_inputs + 1 and not (isinstance(x, tuple) and n_inputs == 1):
+        return (specs,)  # flat: one spec per model input, then y's
+    if len(specs) == 2 and isinstance(x, tuple):
+        x_specs = specs[0]
+        if x_specs is None:
+            x_specs = (None,) * n_inputs
+        elif n_inputs == 1 and not (isinstance(x_specs, (tuple, list)) and len(x_specs) == 1):
+            x_specs = (x_specs,)
+        if isinstance(x_specs, (tuple, list)) and len(x_specs) == n_inputs:
+            return ((*x_specs, specs[1]),)
+    raise OptionError(
+        f"dynamic_shapes has {len(specs)} entries for a step of {n_inputs} model input(s) and y: give one spec "
+        "per input as example_inputs is given, (x_spec, y_spec), e.g. ({0: batch}, {0: batch})",
+        option="dynamic_shapes",
+    )
 
 
 def _share_state(gm: fx.GraphModule, wrapper: torch.nn.Module) -> None:

@@ -257,3 +257,34 @@ def test_bf16_training_is_autocast_step_for_step():
     _, held, ours, _, _ = train("cnn", "bf16", 30, 0.05)
     assert ours == pytest.approx(ref, rel=1e-6)
     assert held == pytest.approx(held_ref, rel=1e-4)
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, bias):
+        return self.fc(x) + bias
+
+
+@pytest.mark.parametrize("form", ["tensor", "tuple", "flat", "varargs"])
+def test_dynamic_shapes_are_given_per_input_as_the_example_is(form):
+    from amp_compiler.errors import OptionError
+
+    b, t = torch.export.Dim("b"), torch.export.Dim("t")
+    spec = {0: b, 1: t}
+    torch.manual_seed(0)
+    if form == "tensor":
+        model, x, dynamic = torch.nn.Linear(8, 8), torch.randn(4, 6, 8), (spec, spec)
+    else:
+        model, x = _TwoInputs(), (torch.randn(4, 6, 8), torch.randn(4, 6, 8))
+        dynamic = {"tuple": ((spec, spec), spec), "flat": (spec, spec, spec), "varargs": ((spec, spec, spec),)}[form]
+    step = ampfx.prepare_training(model, _mse, (x, torch.randn(4, 6, 8)), dynamic_shapes=dynamic)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for shape in [(3, 9, 8), (5, 2, 8)]:
+        xs = torch.randn(*shape) if form == "tensor" else (torch.randn(*shape), torch.randn(*shape))
+        assert torch.isfinite(step(xs, torch.randn(*shape), opt))
+    if form == "tuple":
+        with pytest.raises(OptionError, match="dynamic_shapes has 4 entries for a step of 2 model input"):
+            ampfx.prepare_training(model, _mse, (x, torch.randn(4, 6, 8)), dynamic_shapes=(spec,) * 4)
