@@ -47,7 +47,7 @@ def fixed_reason(
     node = vertex.node
     if node is not None:
         if vertex.policy is not None and vertex.policy.category is Category.NONFLOAT:
-            return f"{node.op_type} is never touched: {vertex.policy.reason}"
+            return f"{node.op_type}: {vertex.policy.reason}"  # the reason says it is never touched
         has_input = any(s.kind is SlotKind.NODE_IN for s in slots)
         if not has_input and node.op_type not in CONTROL_FLOW_OPS:
             attr = vertex.policy.dtype_attr if vertex.policy is not None else None

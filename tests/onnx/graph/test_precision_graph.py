@@ -214,3 +214,14 @@ def test_templated_nodes_build_the_graph_the_slow_path_builds(name, target, monk
 
     monkeypatch.setattr(graph_module._Builder, "_add_node", slow)
     assert fast == _summary(build())
+
+
+def test_a_never_touched_ops_reason_says_so_once():
+    """The table's NONFLOAT reasons start 'Never touched:'; the vertex said 'ArgMax is never touched: Never
+    touched: ...'."""
+    from amp_compiler import convert
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ArgMax", ["y"], ["label"], axis=1)]
+    m = model(nodes, [vi("x", shape=[2, 8])], [vi("label", TensorProto.INT64, [2, 1])], [tensor("w", weights((8, 4)))])
+    (argmax,) = [d for d in convert(m, probe=False).decisions if d.op_type == "ArgMax"]
+    assert argmax.reason.lower().count("never touched") == 1 and "ArgMax: Never touched: it returns int64" in argmax.reason
