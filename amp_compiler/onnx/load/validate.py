@@ -95,20 +95,28 @@ def _known_opsets() -> dict[str, int]:
 
 
 def _check_versions(model: onnx.ModelProto, origin: str) -> None:
-    """The IR version and every opset import must be ones the installed onnx knows."""
+    """The IR version and every opset import must be ones the installed onnx knows, each domain at
+    one version (an import repeated at the same version is accepted, as onnx's checker does)."""
     if model.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(
             f"{origin}: IR version {model.ir_version} is newer than the installed onnx {onnx.__version__} "
             f"knows (up to {onnx.IR_VERSION})"
         )
     known = _known_opsets()
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for imp in model.opset_import:
         domain = "" if is_onnx_domain(imp.domain) else imp.domain
         label = imp.domain or "ai.onnx"
         if domain in seen:
-            raise ModelLoadError(f"{origin}: the model imports domain {quote(label)} twice")
-        seen.add(domain)
+            # the same import twice (skl2onnx 1.20 writes ('', 22) twice for tree models): onnx's
+            # checker and onnxruntime accept it, and the IR keeps one; two versions are a conflict
+            if seen[domain] != imp.version:
+                raise ModelLoadError(
+                    f"{origin}: the model imports domain {quote(label)} twice, at opsets {seen[domain]} and "
+                    f"{imp.version}; keep one"
+                )
+            continue
+        seen[domain] = imp.version
         if imp.version < 1:
             raise ModelLoadError(f"{origin}: opset version {imp.version} of domain {quote(label)} is not valid")
         if domain in known and imp.version > known[domain]:
@@ -289,9 +297,42 @@ def _check_values(model: onnx.ModelProto, origin: str, deferred: bool = False) -
     for g in model_graphs(model):
         for v in (*g.input, *g.output, *g.value_info):
             _check_type(v.type, origin, v.name)
+            if _holds_map(v.type):
+                _refuse_map(g, v.name, origin)
     for fn in model.functions:
         for v in fn.value_info:
             _check_type(v.type, origin, v.name)
+
+
+def _holds_map(tp: onnx.TypeProto) -> bool:
+    """Whether a value of type ``tp`` is or holds a map (``seq(map(int64, float))``: a ZipMap's output)."""
+    kind = tp.WhichOneof("value")
+    if kind == "map_type":
+        return True
+    if kind == "sequence_type":
+        return _holds_map(tp.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _holds_map(tp.optional_type.elem_type)
+    return False
+
+
+def _refuse_map(graph: onnx.GraphProto, name: str, origin: str) -> None:
+    """Refuse a model with a map-typed value: onnx_ir, the IR every conversion runs on, holds no map
+    type (it raised NotImplementedError, an internal error). Most such models are scikit-learn
+    classifiers written by skl2onnx with its default ZipMap output, which repackages the FP32
+    probability tensor as one dict per row; skl2onnx writes that tensor as the output instead when
+    asked, so the line says how."""
+    producer = next((n for n in graph.node if name in n.output), None)
+    if producer is not None and producer.op_type == "ZipMap":
+        raise ModelLoadError(
+            f"{origin}: map-typed output {quote(name)} (ZipMap) cannot be converted: export the classifier "
+            "with skl2onnx's options={id(clf): {'zipmap': False}} (the probabilities as a tensor), or remove "
+            "the ZipMap node"
+        )
+    raise ModelLoadError(
+        f"{origin}: {quote(name)} is map-typed, which this compiler cannot convert: export the model so that "
+        "its inputs and outputs are tensors"
+    )
 
 
 def _without_deferred_data(model: onnx.ModelProto) -> onnx.ModelProto:

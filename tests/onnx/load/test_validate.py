@@ -115,3 +115,43 @@ def test_a_value_info_type_that_contradicts_its_producer_makes_the_model_invalid
     with pytest.raises(ModelLoadError) as info:
         convert(_stale(TensorProto.INT64, (2, 3)), probe=False)
     assert str(info.value) == "model: invalid ONNX model: value_info says tensor 't' is int64, but its producer MatMul makes float"
+
+
+def _zipmap_classifier() -> onnx.ModelProto:
+    """skl2onnx's default classifier output: the probabilities repackaged by ZipMap as seq(map(int64, float))."""
+    zipmap = helper.make_node("ZipMap", ["p"], ["output_probability"], domain="ai.onnx.ml", classlabels_int64s=[0, 1])
+    seq_map = helper.make_sequence_type_proto(helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Softmax", ["z"], ["p"]), zipmap],
+                          "g", [vi("x", F32, ["N", 4])], [helper.make_value_info("output_probability", seq_map)],
+                          [tensor("w", weights((4, 2)))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_a_zipmap_output_is_refused_with_the_export_option_that_avoids_it():
+    # onnx_ir holds no map type: ir.from_proto raised NotImplementedError, an internal error (exit 1)
+    with pytest.raises(ModelLoadError) as info:
+        convert(_zipmap_classifier(), probe=False)
+    message = str(info.value)
+    assert "map-typed output 'output_probability' (ZipMap)" in message and "'zipmap': False" in message
+
+
+def _with_opsets(*versions: int) -> onnx.ModelProto:
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [vi("x", F32, [2, 4])],
+                          [vi("y", F32, [2, 3])], [tensor("w", weights((4, 3)))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", v) for v in versions])
+
+
+def test_an_opset_imported_twice_at_one_version_is_accepted_and_written_once():
+    # skl2onnx 1.20 writes ('', 22) twice for tree models; onnx's checker and onnxruntime accept it
+    model = _with_opsets(17, 17)
+    onnx.checker.check_model(model, full_check=True)
+    result = convert(model, probe=False)
+    assert [(o.domain, o.version) for o in result.model.opset_import] == [("", 17)]
+    run_onnxruntime(result.model, {"x": weights((2, 4))})
+
+
+def test_an_opset_imported_at_two_versions_is_refused():
+    with pytest.raises(ModelLoadError, match="imports domain 'ai.onnx' twice, at opsets 17 and 18"):
+        convert(_with_opsets(17, 18), probe=False)
