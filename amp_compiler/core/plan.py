@@ -51,6 +51,7 @@ class Rule(enum.Enum):
     # a Tensor Core op reading DequantizeLinear outputs that its provider fuses with them into an int8 kernel:
     # kept in the DQ's output type, no Cast between (policy/qdq_units.toml)
     QUANTIZED_PRODUCT = "quantized.product"
+    THRESHOLD_INPUT = "threshold.input"  # computes what an op comparing it with constant thresholds reads (a tree)
     RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"

@@ -126,6 +126,10 @@ class OpPolicy:
     # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
     # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
     quantizes: str | None = None
+    # Compares its float input with constants (tree splits, Binarizer's threshold, float category keys):
+    # why FP16 rounding of what it reads changes its results. What computes that input stays FP32
+    # (passes/analysis/thresholds.py); empty: no thresholds.
+    thresholds: str = ""
     # Carries a state from step to step (LSTM, GRU, RNN): FP32 for BF16 (passes/classify.py).
     recurrent: bool = False
     # Its results are probabilities that can be tiny and still matter (Sigmoid, Softmax): FP16 holds
@@ -255,6 +259,7 @@ class PolicyTable:
             signal=bool(raw.get("signal", False)),
             dynamic_range=bool(raw.get("dynamic_range", False)),
             quantizes=raw.get("quantizes"),
+            thresholds=raw.get("thresholds", ""),
             recurrent=bool(raw.get("recurrent", False)),
             tiny_outputs=bool(raw.get("tiny_outputs", False)),
             zero_singular=tuple(raw.get("zero_singular", ())),

@@ -6,6 +6,7 @@ In pipeline order (:func:`~amp_compiler.passes.analysis.pipeline.analysis_passes
 spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a low-precision kernel on the
 target provider stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays
 FP32), ``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
+``ThresholdInputPass`` (what a tree ensemble or another threshold-reading op reads is computed in FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
 the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``RuntimeHazardPass`` (no Cast
 inside op patterns onnxruntime crashes on: FP32 where the provider inserts one, else the Transpose
@@ -31,6 +32,7 @@ from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
 from amp_compiler.passes.analysis.range_scaling import RangeScalingPass
 from amp_compiler.passes.analysis.signal import SignalPathPass
 from amp_compiler.passes.analysis.static_ranges import StaticRangePass
+from amp_compiler.passes.analysis.thresholds import ThresholdInputPass
 
 __all__ = [
     "AnalysisPass",
@@ -42,6 +44,7 @@ __all__ = [
     "MinCutPlacementPass",
     "PaintPass",
     "QuantizedIslandPass",
+    "ThresholdInputPass",
     "RangeFallbackPass",
     "RangeScalingPass",
     "RuntimeHazardPass",

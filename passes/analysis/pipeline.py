@@ -1,6 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
     classify -> tolerance choices -> kernel coverage -> signal paths -> loop accumulators -> quantized islands
+    -> threshold inputs
              -> constant ranges
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
@@ -42,6 +43,7 @@ from amp_compiler.passes.analysis import (
     RuntimeHazardPass,
     SignalPathPass,
     StaticRangePass,
+    ThresholdInputPass,
     TolerancePinPass,
 )
 from amp_compiler.targets import Provider, Target
@@ -108,6 +110,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     passes.append(SignalPathPass())
     passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
+    passes.append(ThresholdInputPass())
     passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))
