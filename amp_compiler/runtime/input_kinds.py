@@ -117,7 +117,9 @@ def input_kinds(
     one read (through Casts, reshapes and selections) as the indices of a Gather on an initializer table is
     token ids below the table's first dim; one read as an index into another input's dim
     (:data:`INDEX_INPUTS`: RoiAlign's batch_indices, Gather's, Scatter's, OneHot's indices) is below that
-    dim's size where the graph states it, else 0; one named like bytes takes 0..255; a scalar integer named
+    dim's size where the graph states it, else 0; one named like bytes takes 0..255; any other 8-bit integer
+    input (not named like a mask) spans its type, uint8 0..255 and int8 -128..127 (a uint8 image: ones hid an
+    FP16 overflow at 4.8e5 that every real image reached); a scalar integer named
     like a sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length
     plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a float mask ones. Other inputs are not
     in the result (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
@@ -173,6 +175,10 @@ def input_kinds(
             elif _MAX_LENGTH.fullmatch(info.name) and rank(info) <= 1:
                 kinds[info.name] = InputKind(
                     "beyond", (GENERATED_TOKENS, GENERATED_TOKENS), f"the prompt's length + {GENERATED_TOKENS}")
+            elif dtype.itemsize == 1 and not _MASK.search(info.name):
+                low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+                what = "image" if image_like(info) else f"{dtype.name} values"
+                kinds[info.name] = InputKind("range", (float(low), float(high)), f"{what} {low}..{high}")
         elif _NEUTRAL.fullmatch(info.name) and rank(info) <= 1:
             kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
         elif _MASK.search(info.name):
@@ -183,13 +189,15 @@ def input_kinds(
 def image_inputs(
     model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
 ) -> dict[str, tuple[float, float]]:
-    """The inputs :func:`input_kinds` takes for images (4-D floats of 1, 3 or 4 channels whose range no
-    option states), with their pixel range."""
+    """The inputs :func:`input_kinds` takes for images (4-D floats or 8-bit integers of 1, 3 or 4 channels
+    whose range no option states), with their pixel range."""
     kinds = input_kinds(model, input_ranges)
     return {
         info.name: kinds[info.name].bounds for info in model_inputs(model)
         if info.name in kinds and info.name not in (input_ranges or {}) and image_like(info)
-        and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type), np.floating)
+        and kinds[info.name].kind == "range"
+        and (np.issubdtype(dtype := onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type), np.floating)
+             or dtype.itemsize == 1)
     }
 
 

@@ -251,6 +251,9 @@ def random_samples(
             kind = kinds.get(info.name)
             if kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.uniform(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
+            elif kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.integer):
+                low, high = math.ceil(kind.bounds[0]), math.floor(kind.bounds[1])
+                sample[info.name] = rng.integers(low, high, shape, endpoint=True).astype(dtype)
             elif kind is not None and kind.kind == "value":
                 sample[info.name] = np.full(shape, kind.bounds[0], dtype)
             elif kind is not None and kind.kind == "beyond":  # the longest token input's length and more

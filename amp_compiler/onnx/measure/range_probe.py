@@ -304,11 +304,15 @@ def _default_values(array: np.ndarray) -> str:
 def _with_leaves(
     sample: Mapping[str, np.ndarray], images: Mapping[str, tuple[float, float]], seed: int
 ) -> dict[str, np.ndarray]:
-    """``sample`` with each image input drawn as dead leaves in its range (same shape and type)."""
+    """``sample`` with each image input drawn as dead leaves in its range (same shape and type; an 8-bit
+    image's values rounded to its integers)."""
     rng = np.random.default_rng(seed)
     out = dict(sample)
     for name, (low, high) in images.items():
-        out[name] = dead_leaves(rng, sample[name].shape, low, high).astype(sample[name].dtype)
+        leaves = dead_leaves(rng, sample[name].shape, low, high)
+        if np.issubdtype(sample[name].dtype, np.integer):
+            leaves = np.rint(leaves)
+        out[name] = leaves.astype(sample[name].dtype)
     return out
 
 

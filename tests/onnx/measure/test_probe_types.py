@@ -121,3 +121,45 @@ def test_an_input_already_fp16_is_measured_against_its_own_exact_emulation():
               [tensor("w", weights((64, 64)).astype(np.float16))])
     result = convert(m, runner=InProcessRunner())
     assert result.accuracy and result.accuracy[0].error_of_range == 0.0 and result.accuracy[0].rel_l2 == 0.0
+
+
+def test_8_bit_integer_inputs_span_their_type_unless_another_rule_claims_them():
+    def inp(name, elem, dims):
+        return helper.make_tensor_value_info(name, elem, dims)
+
+    nodes = [helper.make_node("Cast", [n], [f"{n}_f"], to=TensorProto.FLOAT) for n in ("img", "q", "attention_mask", "bytes")]
+    nodes.append(helper.make_node("Sum", [f"{n}_f" for n in ("q", "attention_mask", "bytes")], ["s"]))
+    m = model(nodes, [inp("img", TensorProto.UINT8, ["N", 3, 8, 8]), inp("q", TensorProto.INT8, ["N", 5]),
+                      inp("attention_mask", TensorProto.UINT8, ["N", 5]), inp("bytes", TensorProto.UINT8, ["N", 5])],
+              [vi("img_f", F32, ["N", 3, 8, 8]), vi("s", F32, ["N", 5])], opset=17)
+    kinds = input_kinds(m)
+    assert (kinds["img"].bounds, kinds["img"].why) == ((0.0, 255.0), "image 0..255")
+    assert (kinds["q"].bounds, kinds["q"].why) == ((-128.0, 127.0), "int8 values -128..127")
+    assert "attention_mask" not in kinds and kinds["bytes"].why == "byte values"
+    (sample,) = random_samples(m, {"img": (1, 3, 8, 8), "q": (64, 5), "attention_mask": (1, 5), "bytes": (1, 5)},
+                                informed=True)
+    assert sample["img"].dtype == np.uint8 and sample["img"].min() < 10 and sample["img"].max() > 245
+    assert sample["q"].min() < -100 and sample["q"].max() > 100
+    assert (sample["attention_mask"] == 1).all()
+
+
+def test_a_uint8_image_is_probed_over_its_pixel_range():
+    # Cast -> Conv -> Relu -> Conv of all-ones weights: FP32 peaks at 255 * 27 * 144 = 9.9e5 on real 0..255
+    # images, beyond FP16's 65504; probed with ones (the old integer default) it peaked at 3888 and went FP16,
+    # and every real image gave inf
+    nodes = [helper.make_node("Cast", ["img"], ["x"], to=TensorProto.FLOAT),
+             helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("GlobalAveragePool", ["c2"], ["y"])]
+    m = model(nodes, [helper.make_tensor_value_info("img", TensorProto.UINT8, ["N", 3, 16, 16])],
+              [vi("y", F32, ["N", 8, 1, 1])],
+              [tensor("w1", np.ones((16, 3, 3, 3), np.float32)), tensor("w2", np.ones((8, 16, 3, 3), np.float32))],
+              opset=17)
+    result = convert(m, runner=InProcessRunner())
+    from amp_compiler.onnx.measure.emulate import emulate
+
+    img = np.random.default_rng(0).integers(0, 256, size=(2, 3, 16, 16), dtype=np.uint8)
+    session = InProcessRunner().load(emulate(result.model))
+    (got,) = session.run({"img": img})
+    assert np.isfinite(got).all()
