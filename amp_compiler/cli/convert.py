@@ -133,7 +133,8 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
     decisions = result.decisions
     target = result.options.target.value
     policy = default_table()
-    heavy = [d for d in decisions if policy.is_tensor_core(d.domain, d.op_type)]
+    # float64 products stay double (the conversion leaves them as they are): no candidates
+    heavy = [d for d in decisions if policy.is_tensor_core(d.domain, d.op_type) and d.precision != "fp64"]
     # int8 DQ -> product units the provider fuses (quantized.product): no float product, counted apart
     int8 = sum(1 for d in heavy if d.rule == Rule.QUANTIZED_PRODUCT.value)
     heavy_low = sum(1 for d in heavy if d.precision == target)

@@ -101,15 +101,21 @@ def allow_message(decisions: Iterable[NodeDecision], allowed: Iterable[int], low
 def unconverted_message(decisions: Iterable[NodeDecision], low: str) -> str | None:
     """One line when the conversion left every node of the input as it was (none in a low-precision
     type): that it did, and the rules that kept the most nodes FP32, with their counts (an int8 model's
-    ``quantized.requantize``, an audio front end's signal path); None when some node went low."""
+    ``quantized.requantize``, an audio front end's signal path), and the float64 nodes left in double
+    precision; None when some node went low."""
     inserted = {rule.value for rule in INSERTED_RULES}
     own = [d for d in decisions if d.rule not in inserted and d.index is not None]
     if not own or any(d.precision in _LOW_PRECISIONS for d in own):
         return None
     kept = Counter(d.rule for d in own if d.precision == "fp32")
     causes = Counter({rule: n for rule, n in kept.items() if rule not in _CONSEQUENCES}) or kept
-    rules = ", ".join(f"{rule} {n}" for rule, n in causes.most_common(3)) or "no float computation"
-    return f"no node was converted to {low}: the output computes as the input does (nodes kept fp32 by {rules})"
+    rules = ", ".join(f"{rule} {n}" for rule, n in causes.most_common(3))
+    # float64 nodes are left in double precision (rule fixed: "it is already double"), not kept fp32
+    doubles = sum(1 for d in own if d.precision == "fp64")
+    parts = ([f"nodes kept fp32 by {rules}"] if rules else []) + (
+        [f"{doubles} node(s) in fp64, which the conversion leaves as they are"] if doubles else [])
+    why = "; ".join(parts) or "no float computation"
+    return f"no node was converted to {low}: the output computes as the input does ({why})"
 
 
 #: Rules that follow from other nodes' precision (constants for their readers, painting, dtypes fixed by the

@@ -164,3 +164,19 @@ def test_console_script_entry_point(good_model, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and out.exists()
+
+
+def test_a_float64_graph_is_left_in_double_and_says_so(tmp_path, capsys):
+    """FP64 MatMuls were counted as Tensor Core candidates ('0/2') and said 'kept fp32 by no float computation'."""
+    import numpy as np
+
+    f64 = onnx.TensorProto.DOUBLE
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    m = model(nodes, [vi("x", f64, ["N", 8])], [vi("y", f64, ["N", 4])],
+              [tensor("w1", np.ones((8, 16))), tensor("w2", np.ones((16, 4)))], opset=17)
+    src, out = tmp_path / "double.onnx", tmp_path / "out.onnx"
+    onnx.save(m, src)
+    code, stdout, err = _run(["convert", src, "-o", out, "--no-probe"], capsys)
+    assert code == 0 and "Tensor Core ops in fp16: 0/0" in stdout
+    assert "3 node(s) in fp64, which the conversion leaves as they are" in err and "no float computation" not in err
