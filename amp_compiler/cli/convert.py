@@ -215,11 +215,14 @@ def _measured(
 
 def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str, kinds: Mapping[str, str] | None = None) -> str:
     """The summary line's output error against FP32 (exact emulation): per output when there are
-    several, at most three, worst first (max error as a share of the output's range, rel-L2, cosine),
-    each with the kind of input that showed it when ``kinds`` names one."""
+    several, at most three, worst first (max error as a share of the output's range, rel-L2, cosine; an
+    integer/bool output's changed values, always stated, 0 included), each with the kind of input that
+    showed it when ``kinds`` names one."""
+    from amp_compiler.onnx.measure.output_error import severity
+
     if not accuracy:
         return ""
-    worst = sorted(accuracy, key=lambda a: (a.finite, -a.error_of_range))
+    worst = sorted(accuracy, key=severity)
     shown = worst if len(worst) <= 3 else worst[:3]
     parts = [_one_error(a, name=len(accuracy) > 1) + _shown_on(a, kinds) for a in shown]
     more = f" (+{len(accuracy) - 3} more)" if len(accuracy) > 3 else ""
@@ -234,8 +237,11 @@ def _shown_on(a: OutputAccuracy, kinds: Mapping[str, str] | None) -> str:
 
 def _one_error(a: OutputAccuracy, *, name: bool) -> str:
     from amp_compiler.onnx.load.text import shown
+    from amp_compiler.report.common import changed_text
 
     who = f"{shown(a.name)} " if name else ""
+    if a.changed is not None:
+        return f"{who}{changed_text(a.changed, a.values)} changed"
     if not a.finite:
         return f"{who}NaN/Inf where FP32 is finite"
     rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
@@ -250,18 +256,23 @@ def accuracy_warnings(
     the worst such output, how far, on what (``kinds``: the kind of input that showed it, per output),
     and the commands that help."""
     from amp_compiler.onnx.load.text import quote
-    from amp_compiler.onnx.measure.output_error import MAX_ERROR_OF_RANGE, misses
+    from amp_compiler.onnx.measure.output_error import MAX_CHANGED_SHARE, MAX_ERROR_OF_RANGE, misses, severity
+    from amp_compiler.report.common import changed_text
 
-    missed = sorted((a for a in accuracy if misses(a)), key=lambda a: (a.finite, -a.error_of_range))
+    missed = sorted((a for a in accuracy if misses(a)), key=severity)
     if not missed:
         return []
     a = missed[0]
-    how = "holds NaN/Inf where FP32 does not" if not a.finite else (
-        f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
+    if a.changed is not None:
+        how = f"changes {changed_text(a.changed, a.values)}"
+        line = f"past {MAX_CHANGED_SHARE:.0%} of its values changed"
+    else:
+        how = "holds NaN/Inf where FP32 does not" if not a.finite else (
+            f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
+        line = f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999"
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [
-        f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, "
-        f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999: "
+        f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, {line}: "
         f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
         "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32"
     ]

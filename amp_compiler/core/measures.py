@@ -143,8 +143,10 @@ class NodeError:
 
 @dataclasses.dataclass(frozen=True)
 class OutputAccuracy:
-    """One float output of a converted model against the FP32 model's (on one sample: the checks; the
-    worst sample: the report)."""
+    """One output of a converted model against the FP32 model's (on one sample: the checks; the worst
+    sample: the report). An integer or bool output (a label from ArgMax, TopK's indices, a class id) is
+    compared exactly: ``changed`` counts its values that differ from FP32's, of ``values``; the float
+    fields hold its values' statistics as numbers, which nothing judges it by."""
 
     name: str
     cosine: float
@@ -152,6 +154,20 @@ class OutputAccuracy:
     value_range: float  # max - min of the FP32 output (its finite values)
     finite: bool  # no NaN/inf where FP32 has a finite value (or another one)
     rel_l2: float | None = None  # ||converted - fp32|| / ||fp32|| (inf when not finite; None: not measured)
+    changed: int | None = None  # an integer/bool output's values that differ from FP32's (None: a float output)
+    values: int = 0  # ... of this many (a shape other than FP32's changes every value)
+
+    @property
+    def exact(self) -> bool:
+        """An integer or bool output, compared value by value (:attr:`changed`)."""
+        return self.changed is not None
+
+    @property
+    def changed_share(self) -> float | None:
+        """The share of an integer/bool output's values that differ from FP32's (None: a float output)."""
+        if self.changed is None:
+            return None
+        return self.changed / self.values if self.values else 0.0
 
     @property
     def error_of_range(self) -> float:

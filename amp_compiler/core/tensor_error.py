@@ -6,7 +6,9 @@ and the values that are NaN or infinite where the reference is finite. The one i
 output's error against FP32: ``--tolerance`` (:mod:`amp_compiler.onnx.tolerance.refine`), ``compare``
 (:mod:`amp_compiler.onnx.compare`), the error measured before writing
 (:mod:`amp_compiler.onnx.measure.output_error`) and the checks' ``compare``
-(:mod:`amp_compiler.onnx.measure.checks`, through :meth:`ErrorStats.accuracy`) read the same numbers.
+(:mod:`amp_compiler.onnx.measure.checks`, through :meth:`ErrorStats.accuracy`) read the same numbers;
+an integer or bool output (a label, an index) is compared value by value instead (:func:`exact_accuracy`,
+:class:`ChangedValues`).
 :func:`relative_l2` is the one definition of the relative L2 error from its two sums (the FP8
 statistics of both paths use it too); :class:`ArgmaxAgreement` is the one count of top-1 agreement
 (``compare``'s argmax column and the ``argmax`` metric); :class:`OutputErrors` is how the switched probes compare a
@@ -26,8 +28,8 @@ from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric
 
-__all__ = ["ArgmaxAgreement", "ErrorMetric", "ErrorStats", "Metric", "MetricFunction", "OutputErrors", "accuracy",
-           "metric_name", "parse_metric", "relative_l2"]
+__all__ = ["ArgmaxAgreement", "ChangedValues", "ErrorMetric", "ErrorStats", "Metric", "MetricFunction",
+           "OutputErrors", "accuracy", "exact_accuracy", "is_exact", "metric_name", "parse_metric", "relative_l2"]
 
 # The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
 # Each mapping holds every float output by name, one float64 array per sample.
@@ -174,6 +176,48 @@ class ArgmaxAgreement:
     def share(self) -> float | None:
         """The share of rows that agree; None when no row was counted (no argmax)."""
         return self.agreeing / self.rows if self.rows else None
+
+
+def is_exact(array: np.ndarray) -> bool:
+    """Whether an output is compared value by value (:func:`exact_accuracy`): integers and bools (labels,
+    indices, class ids), where any difference is a different answer, not a rounding."""
+    dtype = np.asarray(array).dtype
+    return bool(np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.bool_))
+
+
+@dataclasses.dataclass
+class ChangedValues:
+    """An integer or bool output's values that differ from the reference's, over samples: a sample whose
+    shape differs (a NonZero that found another count) changes all of its values, the larger count."""
+
+    changed: int = 0
+    values: int = 0
+
+    def add(self, reference: np.ndarray, got: np.ndarray) -> bool:
+        """One sample's pair; False when the shapes differ."""
+        r, g = np.asarray(reference), np.asarray(got)
+        if r.shape != g.shape:
+            self.changed += max(r.size, g.size)
+            self.values += max(r.size, g.size)
+            return False
+        self.changed += int(np.count_nonzero(r != g))
+        self.values += r.size
+        return True
+
+    @property
+    def share(self) -> float:
+        """The share of values changed (0 when none was counted)."""
+        return self.changed / self.values if self.values else 0.0
+
+
+def exact_accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:
+    """An integer or bool output's accuracy over samples: its :class:`ChangedValues` as
+    :attr:`OutputAccuracy.changed`; the float fields are its values' statistics where the shapes match."""
+    stats, counted = ErrorStats(), ChangedValues()
+    for r, g in zip(references, converted, strict=True):
+        if counted.add(r, g):
+            stats.add(r, g)
+    return dataclasses.replace(stats.accuracy(name), changed=counted.changed, values=counted.values)
 
 
 def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:

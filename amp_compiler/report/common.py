@@ -11,9 +11,9 @@ from amp_compiler.report.model import NodeReport, PrecisionReport
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "SORTS", "clean", "cosine_str", "filter_note", "flops_by_precision", "has_errors", "has_ranges", "human_bytes",
-    "human_count", "nodes_by_precision", "pct", "rows_note", "sci", "select_nodes", "short_num", "summary_parts",
-    "worst_accuracy",
+    "SORTS", "changed_share", "changed_text", "clean", "cosine_str", "filter_note", "flops_by_precision", "has_errors",
+    "has_ranges", "human_bytes", "human_count", "nodes_by_precision", "pct", "rows_note", "sci", "select_nodes",
+    "short_num", "summary_parts", "worst_accuracy", "worst_changed",
 ]
 
 SORTS = ("cost", "error", "name", "graph")
@@ -84,6 +84,23 @@ def short_num(x: float | None, max_len: int | None = None) -> str:
             if max_len is None or len(text) <= max_len:
                 break
     return text
+
+
+def changed_share(share: float) -> str:
+    """A share of changed values: '0.06%', '54.1%'; never rounded to 0% or 100% when it is not."""
+    if share == 0 or share >= 1:
+        return f"{share:.0%}"
+    if share >= 0.999:
+        return ">99.9%"
+    if share >= 0.01:
+        return f"{share:.1%}"
+    return f"{share:.2%}" if share >= 0.0001 else "<0.01%"
+
+
+def changed_text(changed: int, values: int) -> str:
+    """An integer/bool output's changed values in words: '12 of 20000 values (0.06%)'."""
+    share = changed_share(changed / values if values else 0.0)
+    return f"{changed} of {values} value{'' if values == 1 else 's'} ({share})"
 
 
 def pct(share: float) -> str:
@@ -224,13 +241,20 @@ def has_errors(report: PrecisionReport) -> bool:
 def worst_accuracy(
     report: PrecisionReport,
 ) -> tuple[OutputAccuracy | None, OutputAccuracy | None, list[OutputAccuracy]]:
-    """(worst cosine output, worst max-abs-error output, non-finite outputs), or Nones when unmeasured."""
-    acc = report.summary.accuracy
+    """(worst cosine output, worst max-abs-error output, non-finite outputs) of the float outputs, or Nones
+    when none was measured (integer/bool outputs: :func:`worst_changed`)."""
+    acc = [a for a in report.summary.accuracy if not a.exact]
     if not acc:
         return None, None, []
     worst_cos = min(acc, key=lambda a: (not math.isnan(a.cosine), a.cosine))
     worst_err = max(acc, key=lambda a: _bad(a.max_abs_error))
     return worst_cos, worst_err, [a for a in acc if not a.finite]
+
+
+def worst_changed(report: PrecisionReport) -> OutputAccuracy | None:
+    """The integer/bool output (a label, an index) with the largest share of values changed, or None."""
+    exact = [a for a in report.summary.accuracy if a.exact]
+    return max(exact, key=lambda a: a.changed_share or 0.0) if exact else None
 
 
 def summary_parts(report: PrecisionReport) -> list[str]:
@@ -257,7 +281,12 @@ def summary_parts(report: PrecisionReport) -> list[str]:
         parts.append(f"worst output cosine {cosine_str(worst_cos.cosine)}")
         on = s.accuracy_on.get(worst_err.name)
         parts.append(f"max abs error {sci(worst_err.max_abs_error)}" + (f" (on {clean(on)})" if on else ""))
-    elif s.accuracy_not_measured:
+    labels = worst_changed(report)
+    if labels is not None and labels.changed is not None:
+        on = s.accuracy_on.get(labels.name)
+        parts.append(f"output {clean(labels.name)}: {changed_text(labels.changed, labels.values)} changed"
+                     + (f" (on {clean(on)})" if on else ""))
+    if not s.accuracy and s.accuracy_not_measured:
         parts.append("output accuracy not measured")
     if s.calibration_samples:
         parts.append(f"{s.calibration_samples} calibration sample{'' if s.calibration_samples == 1 else 's'}")

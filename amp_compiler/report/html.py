@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from amp_compiler.policy.schemas import is_onnx_domain
 from amp_compiler.report.common import (
+    changed_share,
+    changed_text,
     cosine_str,
     filter_note,
     has_errors,
@@ -29,6 +31,7 @@ from amp_compiler.report.common import (
     select_nodes,
     short_num,
     worst_accuracy,
+    worst_changed,
 )
 from amp_compiler.report.html_plots import colour, e, graph_plot, ops_plot, share_plot
 from amp_compiler.report.model import NodeReport, PrecisionReport
@@ -83,10 +86,18 @@ def _cards(report: PrecisionReport) -> str:
     change = f"{(s.size_after - s.size_before) / s.size_before:+.0%}" if s.size_before else ""
     cards.append(_card("Model size", _sizes(s.size_before, s.size_after), change, "small"))
     worst_cos, worst_err, nonfinite = worst_accuracy(report)
-    if worst_cos is None or worst_err is None:
+    labels = worst_changed(report)
+    if labels is not None and labels.changed is not None:
+        from amp_compiler.onnx.measure.output_error import misses
+
+        exact = sum(1 for a in s.accuracy if a.exact)
+        cards.append(_card("Changed labels", changed_share(labels.changed_share or 0.0),
+                           f"{e(labels.name)}: {changed_text(labels.changed, labels.values)} differ from FP32; "
+                           f"{exact} integer output(s)", "bad" if misses(labels) else ""))
+    if (worst_cos is None or worst_err is None) and labels is None:
         cards.append(_card("Output accuracy", "-", "not measured" + (
             f": {e(s.accuracy_not_measured)}" if s.accuracy_not_measured else "")))
-    else:
+    elif worst_cos is not None and worst_err is not None:
         sub = f"max abs error {sci(worst_err.max_abs_error)} ({e(worst_err.name)}), " \
               f"{sci(worst_err.error_of_range)} of its range; {len(s.accuracy)} output(s)"
         if nonfinite:

@@ -4,6 +4,9 @@ Renderers (terminal, JSON, CSV, HTML) read these dataclasses and nothing else. J
 ``schema_version`` and loads back into the same objects (:meth:`PrecisionReport.from_dict`), from
 this version and the ones before it:
 
+- 3: an output's accuracy may be an integer or bool output's (a label, an index): ``changed`` counts
+  its values that differ from FP32's, of ``values`` (``changed`` is null for a float output);
+  ``changed_share`` is derived from them, and written for readers of the JSON.
 - 2: an output's accuracy holds the FP32 output's ``value_range``; ``error_of_range`` is derived from
   it, and still written for readers of the JSON.
 - 1: an output's accuracy held ``error_of_range`` only.
@@ -18,7 +21,7 @@ from amp_compiler.core.measures import NodeError, OutputAccuracy, TensorRange
 
 __all__ = ["SCHEMA_VERSION", "NodeError", "NodeReport", "OutputAccuracy", "PrecisionReport", "Summary", "TensorRange"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclasses.dataclass
@@ -94,14 +97,15 @@ class PrecisionReport:
                 node["range"].pop("channel_peaks", None)
         for entry, accuracy in zip(data["summary"]["accuracy"], self.summary.accuracy, strict=True):
             entry["error_of_range"] = accuracy.error_of_range  # derived, written for readers of the JSON
+            entry["changed_share"] = accuracy.changed_share
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrecisionReport:
         """The report a :meth:`to_dict` of this schema version, or of an earlier one, wrote."""
         version = data.get("schema_version")
-        if version not in (1, SCHEMA_VERSION):
-            raise ValueError(f"report schema_version {version!r} is not 1 or {SCHEMA_VERSION}")
+        if version not in (1, 2, SCHEMA_VERSION):
+            raise ValueError(f"report schema_version {version!r} is not 1, 2 or {SCHEMA_VERSION}")
         s = dict(data["summary"])
         s["accuracy"] = [_accuracy(a, version) for a in s.get("accuracy", [])]
         nodes = []
@@ -127,4 +131,4 @@ def _accuracy(entry: dict[str, Any], version: int) -> OutputAccuracy:
         ratio, error = entry["error_of_range"], entry["max_abs_error"]
         value_range = error / ratio if 0 < ratio < float("inf") else 0.0
         return OutputAccuracy(entry["name"], entry["cosine"], error, value_range, entry["finite"])
-    return OutputAccuracy(**{k: v for k, v in entry.items() if k != "error_of_range"})
+    return OutputAccuracy(**{k: v for k, v in entry.items() if k not in ("error_of_range", "changed_share")})

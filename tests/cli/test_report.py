@@ -57,7 +57,7 @@ def test_report_json_round_trips_and_lists_every_node(ffn, tmp_path, capsys):
     code, _, err = _run(["report", path, "--calibration-data", samples, "--format", "json", "-o", out], capsys)
     assert code == 0, err
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert data["summary"]["accuracy"] and all(
         {"error_of_range", "value_range", "max_abs_error"} <= set(a) for a in data["summary"]["accuracy"]
     )

@@ -52,13 +52,29 @@ def test_json_keeps_error_of_range_beside_the_value_range():
     report.summary.accuracy[0] = OutputAccuracy("y", 0.9999876, 0.0031, 14.0, True)
     data = json.loads(render(report, "json"))
     y = data["summary"]["accuracy"][0]
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == SCHEMA_VERSION
     assert y["value_range"] == 14.0 and y["error_of_range"] == 0.0031 / 14.0
     assert PrecisionReport.from_dict(data) == report
 
 
 def test_an_unknown_schema_version_is_refused():
     data = json.loads(VERSION_1)
-    data["schema_version"] = 3
-    with pytest.raises(ValueError, match="schema_version 3"):
+    data["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(ValueError, match=f"schema_version {SCHEMA_VERSION + 1}"):
         PrecisionReport.from_dict(data)
+
+
+def test_an_integer_outputs_changed_values_round_trip_and_version_2_still_loads():
+    report = PrecisionReport.from_dict(json.loads(VERSION_1))
+    report.summary.accuracy[0] = OutputAccuracy("label", 1.0, 3.0, 9.0, True, 0.1, changed=12, values=20000)
+    data = json.loads(render(report, "json"))
+    label = data["summary"]["accuracy"][0]
+    assert data["schema_version"] == 3 and label["changed"] == 12 and label["changed_share"] == 12 / 20000
+    assert data["summary"]["accuracy"][1]["changed"] is None  # a float output
+    assert PrecisionReport.from_dict(data) == report
+    for entry in data["summary"]["accuracy"]:  # what version 2 wrote: no changed values
+        del entry["changed"], entry["values"], entry["changed_share"]
+    data["schema_version"] = 2
+    assert not any(a.exact for a in PrecisionReport.from_dict(data).summary.accuracy)
+    assert "12 of 20000 values (0.06%) changed" in " ".join(render(report, "terminal").split())
+    assert "Changed labels" in render(report, "html") and "12 of 20000 values (0.06%)" in render(report, "html")

@@ -226,3 +226,22 @@ def scatter_hub_model(op: str = "ScatterElements", reduction: str = "add", edges
          tensor("zeros", np.zeros((nodes, dim), np.float32)), tensor("shape_e1", np.array([edges, 1], np.int64)),
          tensor("shape_ed", np.array([edges, dim], np.int64)), tensor("count", np.array(edges, np.float32))],
     )
+
+
+#: Two scores 1 + 2^-13 apart per unit of x[:, 0]: FP16 (11 significant bits) stores them equal, and
+#: ArgMax (TopK) then takes the first, so every row with x[:, 0] > 0 changes its label under FP16.
+NEAR_TIE_WEIGHTS = np.array([[1.0, 1.0 + 2.0**-13, -1.0], [0.0, 0.0, 0.0]], np.float32)
+#: Scores far apart: no label changes under FP16.
+CLEAR_WEIGHTS = np.array([[1.0, 2.0, -1.0], [0.5, 0.0, 0.0]], np.float32)
+
+
+def label_model(weights: np.ndarray, topk: bool = False, rows: int = 64) -> onnx.ModelProto:
+    """x[rows, 2] @ weights -> ArgMax's int64 ``label`` (``topk``: TopK(k=2)'s float ``top`` and int64
+    ``classes`` instead)."""
+    head = (helper.make_node("TopK", ["z", "k"], ["top", "classes"], name="topk", axis=-1) if topk
+            else helper.make_node("ArgMax", ["z"], ["label"], name="argmax", axis=1, keepdims=0))
+    outputs = ([vi("top", F32, [rows, 2]), vi("classes", TensorProto.INT64, [rows, 2])] if topk
+               else [vi("label", TensorProto.INT64, [rows])])
+    inits = [tensor("w", weights)] + ([tensor("k", np.array([2], np.int64))] if topk else [])
+    return model([helper.make_node("MatMul", ["x", "w"], ["z"], name="matmul"), head],
+                 [vi("x", F32, [rows, 2])], outputs, inits)
