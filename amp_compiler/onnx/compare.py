@@ -2,9 +2,10 @@
 
     samples (or the inputs convert's range probe generates) -> both models run with every main-graph
        float tensor exposed
-    -> per output: cosine, max error of range, NaN/Inf, argmax agreement, and its error under the
+    -> per float output: cosine, max error of range, NaN/Inf, argmax agreement, and its error under the
        metric (``metric``: relative L2 by default, or any other :data:`amp_compiler.core.tensor_error.ErrorMetric`,
-       the user's callable included: the one error ``--tolerance`` and the FP8 budget hold)
+       the user's callable included: the one error ``--tolerance`` and the FP8 budget hold); per integer
+       or bool output (labels, indices): the share of its values that differ from FP32's
     -> per tensor of the FP32 graph matched by name in the converted one: its error against FP32 and
        how much it grew over the node's inputs -> the nodes where it grows most, with the rule that
        decided each (when a default conversion of the FP32 model reproduces that node)
@@ -28,10 +29,12 @@ import onnx_ir as ir
 
 from amp_compiler.core.tensor_error import (
     ArgmaxAgreement,
+    ChangedValues,
     ErrorMetric,
     ErrorStats,
     Metric,
     OutputErrors,
+    is_exact,
     metric_name,
     parse_metric,
 )
@@ -47,12 +50,14 @@ from amp_compiler.targets import Provider, Target
 
 __all__ = ["Comparison", "NodeComparison", "OutputComparison", "SCHEMA_VERSION", "compare_models"]
 
-SCHEMA_VERSION = 2  # 2: the metric, and each output's error under it
+SCHEMA_VERSION = 3  # 2: the metric, and each output's error under it; 3: integer/bool outputs' changed values
 
 
 @dataclasses.dataclass
 class OutputComparison:
-    """One output of the converted model against the FP32 model's, over the samples."""
+    """One output of the converted model against the FP32 model's, over the samples. An integer or bool
+    output (a label, an index) is compared value by value: ``changed`` is the share of its values that
+    differ (None for a float output), and its float fields are its values' statistics as numbers."""
 
     name: str
     cosine: float
@@ -60,7 +65,11 @@ class OutputComparison:
     error_of_range: float  # max |error| / (max - min) of the FP32 output
     nonfinite: int  # NaN/inf values where FP32 is finite
     argmax_agreement: float | None  # ArgmaxAgreement.share: rows whose argmax agrees (None: no argmax)
-    error: float = 0.0  # under the comparison's metric (a callable metric's one value, for every output)
+    error: float = 0.0  # under the comparison's metric (a callable metric's one value, for every output; 0
+    # for an integer output, which no metric measures: ``changed`` does)
+    changed: float | None = None  # integer/bool output: the share of its values that differ from FP32's
+    changed_values: int = 0  # ... how many
+    values: int = 0  # ... of how many
 
 
 @dataclasses.dataclass
@@ -95,7 +104,8 @@ class Comparison:
     decisions: str  # where the rules come from
     warnings: list[str] = dataclasses.field(default_factory=list)
     metric: str = Metric.REL_L2.value  # the metric of ``error`` and each output's ``error``
-    error: float = 0.0  # the worst output's error under the metric
+    error: float = 0.0  # the worst float output's error under the metric (0 when there is none)
+    changed: float | None = None  # the largest share of changed values of an integer/bool output (None: none)
     tf32: bool = False  # emulated with the FP32 Tensor Core ops' operands read as TF32 (a GPU's default)
     schema_version: int = SCHEMA_VERSION
 
@@ -178,6 +188,7 @@ def _measure(
     by_metric: OutputErrors | None = None
     out_stats = {name: ErrorStats() for name in outputs}
     agree = {name: ArgmaxAgreement() for name in outputs}
+    changed = {name: ChangedValues() for name in outputs}  # integer/bool outputs, value by value
     tensors: dict[str, ErrorStats] = {}
     for sample in samples:
         ref = _run(reference, sample, names[0])
@@ -189,6 +200,9 @@ def _measure(
             if name in ref and name in got and np.issubdtype(np.asarray(ref[name]).dtype, np.floating):
                 out_stats[name].add(ref[name], got[name])
                 agree[name].add(ref[name], got[name])
+            elif name in ref and name in got and is_exact(ref[name]):  # emulated exactly: a change is real
+                if changed[name].add(ref[name], got[name]):
+                    out_stats[name].add(ref[name], got[name])
         if floats is None:
             floats = [n for n in outputs
                       if n in ref and n in got and np.issubdtype(np.asarray(ref[n]).dtype, np.floating)]
@@ -201,9 +215,11 @@ def _measure(
     if generated:
         warnings.append(f"inputs were generated as convert's range probe makes them ({generated}): "
                         "give data for real ones")
-    missing = [n for n in outputs if out_stats[n].count == 0]
+    missing = [n for n in outputs if out_stats[n].count == 0 and changed[n].values == 0]
     if missing:
-        warnings.append(f"outputs not compared (not float, or absent from {names[1]}): {', '.join(missing)}")
+        warnings.append(f"outputs not compared (neither float nor integer, or absent from {names[1]}): "
+                        f"{', '.join(missing)}")
+    exact = {n: c for n, c in changed.items() if c.values}
     errors = _node_errors(fp32, converted, tensors)
     decisions = _attach_rules(fp32, converted, errors)
     growth = sorted(sorted(errors, key=lambda e: -e.growth)[:top], key=lambda e: e.position)
@@ -212,11 +228,12 @@ def _measure(
     return Comparison(
         fp32=names[0], converted=names[1], provider=provider.value, emulated=emulated,
         samples=len(samples), generated_inputs=bool(generated),
-        outputs=[_output(name, out_stats[name], agree[name], by_output.get(name, 0.0))
-                 for name in outputs if out_stats[name].count],
+        outputs=[_output(name, out_stats[name], agree[name], by_output.get(name, 0.0), exact.get(name))
+                 for name in outputs if out_stats[name].count or name in exact],
         growth=[e for e in growth if e.growth > 0], first_nonfinite=first_bad,
         tensors_compared=len(tensors), decisions=decisions, warnings=warnings,
         metric=metric_name(metric), error=max(by_output.values(), default=0.0),
+        changed=max((c.share for c in exact.values()), default=None),
     )
 
 
@@ -243,7 +260,12 @@ def _first_line(exc: Exception) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _output(name: str, s: ErrorStats, agree: ArgmaxAgreement, error: float) -> OutputComparison:
+def _output(
+    name: str, s: ErrorStats, agree: ArgmaxAgreement, error: float, changed: ChangedValues | None = None,
+) -> OutputComparison:
+    if changed is not None:
+        return OutputComparison(name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, None, 0.0,
+                                changed.share, changed.changed, changed.values)
     return OutputComparison(name, s.cosine, s.max_abs, s.error_of_range, s.nonfinite, agree.share, error)
 
 

@@ -1,8 +1,10 @@
 """A model comparison (:class:`amp_compiler.onnx.compare.Comparison`) as text: a terminal table or JSON.
 
 The terminal text fits 80 columns: a header line saying what ran where and on which inputs, one row
-per output, then the nodes where the error grows most with the rule that decided each, the first
-NaN/Inf, where the rules came from, and warnings. JSON is the whole comparison, with its
+per output (a float output's cosine, error and argmax; an integer or bool output's changed values), the
+worst float output's error under the metric and the largest share of changed values, then the nodes
+where the error grows most with the rule that decided each, the first NaN/Inf, where the rules came
+from, and warnings. JSON is the whole comparison, with its
 ``schema_version``, for CI.
 """
 
@@ -11,8 +13,8 @@ from __future__ import annotations
 import json
 import textwrap
 
-from amp_compiler.onnx.compare import Comparison, NodeComparison
-from amp_compiler.report.common import cosine_str, pct, sci
+from amp_compiler.onnx.compare import Comparison, NodeComparison, OutputComparison
+from amp_compiler.report.common import changed_share, changed_text, clean, cosine_str, pct, sci
 from amp_compiler.report.terminal import fit_middle, fit_op, fit_path, fit_rule
 
 __all__ = ["FORMATS", "render_comparison"]
@@ -40,15 +42,10 @@ def _terminal(c: Comparison) -> list[str]:
     )
     lines += [
         "",
-        f"{'output':<30} {'cosine':>10} {'max err/range':>14} {'NaN/Inf':>8} {'argmax':>8}",
+        f"{'output':<24} {'cosine':>10} {'max err/range':>14} {'NaN/Inf':>8} {'argmax':>8} {'changed':>8}",
     ]
-    for o in c.outputs:
-        argmax = pct(o.argmax_agreement) if o.argmax_agreement is not None else "-"
-        lines.append(
-            f"{fit_middle(o.name, 30):<30} {cosine_str(o.cosine):>10} {pct(o.error_of_range):>14} "
-            f"{o.nonfinite:>8} {argmax:>8}"
-        )
-    lines.append(f"worst output error ({c.metric}): {sci(c.error)}")
+    lines += [_output_row(o) for o in c.outputs]
+    lines += textwrap.wrap(_worst(c), 80, subsequent_indent="  ")
     if c.growth:
         lines += ["", "where the error grows most (relative L2 error; growth over the node's inputs):",
                   f"{'#':>3} {'node':<20} {'op':<9} {'prec':<4} {'rel L2':>7} {'growth':>7} {'err/rng':>7}  rule"]
@@ -64,6 +61,28 @@ def _terminal(c: Comparison) -> list[str]:
     for text in (c.decisions, *(f"warning: {w}" for w in c.warnings)):
         lines += textwrap.wrap(text, 80, subsequent_indent="  ")
     return lines
+
+
+def _output_row(o: OutputComparison) -> str:
+    """A float output's cosine, error, NaN/Inf and argmax agreement; an integer/bool output's share of
+    changed values (its other columns '-': a label's cosine says nothing)."""
+    if o.changed is not None:
+        return f"{fit_middle(o.name, 24):<24} {'-':>10} {'-':>14} {'-':>8} {'-':>8} {changed_share(o.changed):>8}"
+    argmax = pct(o.argmax_agreement) if o.argmax_agreement is not None else "-"
+    return (f"{fit_middle(o.name, 24):<24} {cosine_str(o.cosine):>10} {pct(o.error_of_range):>14} "
+            f"{o.nonfinite:>8} {argmax:>8} {'-':>8}")
+
+
+def _worst(c: Comparison) -> str:
+    """The worst float output's error under the metric ('-' when there is no float output) and, with
+    integer/bool outputs, the one whose values changed most: never 0 when a label changed."""
+    floats = any(o.changed is None for o in c.outputs)
+    line = f"worst output error ({c.metric}): {sci(c.error) if floats else '- (no float output)'}"
+    exact = [o for o in c.outputs if o.changed is not None]
+    if exact:
+        o = max(exact, key=lambda o: o.changed or 0.0)
+        line += f"; integer output {clean(o.name)}: {changed_text(o.changed_values, o.values)} changed"
+    return line
 
 
 def _row(e: NodeComparison) -> str:

@@ -122,7 +122,7 @@ def test_cli_json_and_terminal(tmp_path, capsys):
         np.savez(data / f"{i}.npz", **sample)
     assert main(["compare", str(a), str(b), "--data", str(data), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema_version"] == 2 and out["metric"] == "rel-l2" and out["samples"] == 3
+    assert out["schema_version"] == 3 and out["changed"] is None and out["metric"] == "rel-l2" and out["samples"] == 3
     assert out["outputs"][0]["name"] == "y" and out["error"] == out["outputs"][0]["error"] > 0
     assert main(["compare", str(a), str(b), "--top", "2"]) == 0
     text = capsys.readouterr().out
@@ -267,3 +267,35 @@ def test_a_node_writing_a_graph_output_kept_fp32_shows_its_own_precision():
     assert [n.op_type for n in converted.graph.node if "y" in n.output] == ["Cast"]
     c = compare_models(m, converted, [{"x": np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)}])
     assert [(g.node, g.precision) for g in c.growth] == [("last", "fp16")]
+
+
+def test_compare_counts_changed_labels_and_topk_indices(tmp_path, capsys):
+    """Before: integer outputs were left out ('outputs not compared (not float ...)'), the table was empty
+    and the worst line said 0 for a model whose labels changed."""
+    from tests.support.onnx_builders import CLEAR_WEIGHTS, NEAR_TIE_WEIGHTS, label_model
+
+    x = np.random.default_rng(0).standard_normal((64, 2)).astype(np.float32)
+    changed = int((x[:, 0] > 0).sum())  # every row with x[:, 0] > 0 ties in FP16
+    fp32 = label_model(NEAR_TIE_WEIGHTS)
+    src, dst, data = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", tmp_path / "x.npz"
+    onnx.save(fp32, src)
+    onnx.save(convert(fp32, probe=False).model, dst)
+    np.savez(data, x=x)
+    assert main(["compare", str(src), str(dst), "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("label "))
+    assert row.split()[-1] == f"{changed / 64:.1%}"
+    assert f"integer output label: {changed} of 64 values ({changed / 64:.1%}) changed" in " ".join(out.split())
+    assert "worst output error (rel-l2): 0" not in out and "not compared" not in out
+
+    topk = label_model(NEAR_TIE_WEIGHTS, topk=True)
+    c = compare_models(topk, convert(topk, probe=False).model, [{"x": x}], runner=InProcessRunner())
+    by_name = {o.name: o for o in c.outputs}
+    assert by_name["classes"].changed_values == 2 * changed and by_name["classes"].values == 128
+    assert by_name["top"].changed is None and c.changed == 2 * changed / 128
+    assert f"integer output classes: {2 * changed} of 128 values" in " ".join(render_comparison(c).split())
+    assert json.loads(render_comparison(c, "json"))["outputs"][1]["changed"] == 2 * changed / 128
+
+    clear = label_model(CLEAR_WEIGHTS)
+    same = compare_models(clear, convert(clear, probe=False).model, [{"x": x}], runner=InProcessRunner())
+    assert same.changed == 0.0 and "label: 0 of 64 values (0%) changed" in " ".join(render_comparison(same).split())
