@@ -151,11 +151,9 @@ class OpPolicy:
 
     def resolve(self, attribute: Callable[[str], object]) -> OpPolicy:
         """The policy for a node whose attribute values ``attribute(name)`` gives (None: absent): the
-        first :class:`AttributeCase` it matches, else this entry."""
-        for case in self.when:
-            if case.matches(attribute(case.attribute)):
-                return case.policy
-        return self
+        first :class:`AttributeCase` it matches (:meth:`case_index`), else this entry."""
+        index = self.case_index(attribute)
+        return self if index is None else self.when[index].policy
 
     def case_index(self, attribute: Callable[[str], object]) -> int | None:
         """Which of :attr:`when` a node selects (None: the entry itself); nodes alike in it are decided alike."""

@@ -45,13 +45,14 @@ where the coverage came from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.dtypes import schema_type
-from amp_compiler.onnx.ir.slots import shape_codes
+from amp_compiler.onnx.ir.slots import attribute_value, shape_codes
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require, require_roles
 from amp_compiler.policy import schemas
 from amp_compiler.policy.kernels import SHORT_NAMES, KernelCoverage, coverage_for, short_type
@@ -147,7 +148,7 @@ class KernelCoveragePass(AnalysisPass):
             # slots' types. Most nodes of a model repeat a few of these.
             shape_key = (
                 node.domain, node.op_type, frozenset(mine), shape_codes(node.inputs), shape_codes(node.outputs),
-                tuple(_value(node, a) for a in coverage.limit_attributes(node.domain or "", node.op_type)),
+                tuple(attribute_value(node, a) for a in coverage.limit_attributes(node.domain or "", node.op_type)),
             )
             if shape_key in self._by_shape:
                 found = self._by_shape[shape_key]
@@ -191,20 +192,13 @@ class KernelCoveragePass(AnalysisPass):
         return None
 
 
-def _value(node: ir.Node, name: str) -> object:
-    """A node's attribute value (strings as str), None when absent."""
-    attr = node.attributes.get(name)
-    value = None if attr is None else attr.value
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
 def _refused(node: ir.Node, since: int, coverage: KernelCoverage, target: str) -> _Missing | None:
     """Why the provider's kernel refuses the target type for this node's attribute values, or None."""
-    limit = coverage.refused(node.domain or "", node.op_type, since, lambda name: _value(node, name), target)
+    limit = coverage.refused(node.domain or "", node.op_type, since, functools.partial(attribute_value, node), target)
     if limit is None:
         return None
     provider = SHORT_NAMES[coverage.provider]
-    shown = _value(node, limit.attribute)
+    shown = attribute_value(node, limit.attribute)
     why = (
         f"the {provider} provider's {node.op_type}-{since} kernel refuses {target_label(target)} with "
         f"{limit.attribute}={shown!r}: it fails {limit.fails}"

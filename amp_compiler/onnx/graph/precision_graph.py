@@ -17,7 +17,8 @@ Building the graph reads the model and never edits it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+import functools
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -39,6 +40,7 @@ from amp_compiler.onnx.ir.slots import (
     NODE_IN,
     NODE_OUT,
     Slot,
+    attribute_value,
     is_absent,
     shape_codes,
     slot_order,
@@ -152,7 +154,8 @@ class _Builder:
             self._add_node_slow(node)
             return
         policy = self._op(domain, op_type)[1]
-        case = policy.case_index(_attribute_of(node)) if policy is not None and policy.when else None
+        attributes = functools.partial(attribute_value, node)
+        case = policy.case_index(attributes) if policy is not None and policy.when else None
         key = (domain, op_type, case, shape_codes(node.inputs), shape_codes(node.outputs))
         template = self._templates.get(key)
         if template is None:
@@ -425,7 +428,8 @@ class _Builder:
                 node = owner_node
         policy = self._op(node.domain, node.op_type)[1] if node is not None else None
         if policy is not None and policy.when and node is not None:
-            policy = policy.resolve(_attribute_of(node))  # the [[op.when]] case its attributes select
+            # the [[op.when]] case its attributes select
+            policy = policy.resolve(functools.partial(attribute_value, node))
         slot_dtype = self.slot_dtype
         dtypes = {d for s in slots if (d := slot_dtype[s]) is not None}
         vertex = Vertex(vid, slots, node, next(iter(dtypes)) if len(dtypes) == 1 else None, policy)
@@ -433,12 +437,3 @@ class _Builder:
         vertex.untyped = not dtypes
         return vertex
 
-
-def _attribute_of(node: ir.Node) -> Callable[[str], object]:
-    """A node's attribute values by name (None: absent), as :meth:`OpPolicy.resolve` reads them."""
-
-    def value(name: str) -> object:
-        attr = node.attributes.get(name)
-        return None if attr is None else attr.value
-
-    return value

@@ -10,8 +10,8 @@ import onnx_ir as ir
 from amp_compiler.core.graph import SlotKind
 
 __all__ = [
-    "GRAPH_IN", "GRAPH_OUT", "NODE_IN", "NODE_OUT", "Slot", "is_absent", "shape_codes", "slot_order",
-    "tensor_dtype",
+    "GRAPH_IN", "GRAPH_OUT", "NODE_IN", "NODE_OUT", "Slot", "attribute_value", "is_absent", "shape_codes",
+    "slot_order", "tensor_dtype",
 ]
 
 NODE_IN, NODE_OUT, GRAPH_IN, GRAPH_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT, SlotKind.GRAPH_IN, SlotKind.GRAPH_OUT
@@ -54,6 +54,14 @@ def tensor_dtype(value: ir.Value | None) -> tuple[bool, ir.DataType | None]:
     if isinstance(value.type, ir.TensorType):
         return True, value.type.dtype
     return False, None
+
+
+def attribute_value(node: ir.Node, name: str) -> object:
+    """A node's attribute value by name, strings as str; None when absent (what a policy entry's
+    ``[[op.when]]`` cases and a kernel's attribute limits are matched against)."""
+    attr = node.attributes.get(name)
+    value = None if attr is None else attr.value
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def is_absent(value: ir.Value | None) -> bool:
