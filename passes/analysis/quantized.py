@@ -46,7 +46,7 @@ from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require_roles
 from amp_compiler.passes.analysis.classify import user_allowed
 from amp_compiler.policy import default_table
-from amp_compiler.policy.qdq_units import qdq_unit_table
+from amp_compiler.policy.qdq_units import QdqUnitFact, qdq_unit_table
 from amp_compiler.targets import Provider
 
 __all__ = ["QuantizedIslandPass", "dequantized_products"]
@@ -156,17 +156,21 @@ class QuantizedIslandPass(AnalysisPass):
             "a fused DequantizeLinear -> product unit was left free",
         )
 
-    def _fused_units(self, graph: PrecisionGraph) -> dict[int, tuple[list[Vertex], str]]:
-        """The DQ -> product units the provider fuses whose DQs all write FP32: per product vertex, the DQs and
-        the provider's reason. (A DQ already writing FP16/BF16 needs no rule: its product goes low with it.)"""
-        facts = qdq_unit_table()
-        out = {}
-        for vid, dqs in dequantized_products(graph).items():
-            node = graph.vertices[vid].node
-            fact = facts.fact(self.provider, node.domain, node.op_type) if node is not None else None
-            if fact is not None and fact.fused and all(dq.dtype == ir.DataType.FLOAT for dq in dqs):
-                out[vid] = (dqs, fact.reason)
-        return out
+    def _fact(self, product: Vertex) -> QdqUnitFact | None:
+        """What the provider does with a DQ -> ``product`` unit (None: no entry)."""
+        node = product.node
+        return qdq_unit_table().fact(self.provider, node.domain, node.op_type) if node is not None else None
+
+    @staticmethod
+    def _fused(fact: QdqUnitFact | None, dqs: list[Vertex]) -> bool:
+        """A unit the provider fuses whose DQs all write FP32 (a DQ already writing FP16/BF16 needs no rule:
+        its product goes low with it)."""
+        return fact is not None and fact.fused and all(dq.dtype == ir.DataType.FLOAT for dq in dqs)
+
+    def _fused_units(self, graph: PrecisionGraph) -> set[int]:
+        """The product vertices of the DQ -> product units :meth:`_fused` keeps as they are."""
+        return {vid for vid, dqs in dequantized_products(graph).items()
+                if self._fused(self._fact(graph.vertices[vid]), dqs)}
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         self._units(graph, plan)
@@ -184,19 +188,15 @@ class QuantizedIslandPass(AnalysisPass):
     def _units(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         """DQ -> product units: fixed in the DQs' type where the provider fuses them, else a note that says
         why the product may go low."""
-        facts = qdq_unit_table()
-        fused = self._fused_units(graph)
         for vid, dqs in sorted(dequantized_products(graph).items()):
             if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
                 continue
             names = ", ".join(dict.fromkeys(_dq_name(dq) for dq in dqs))
-            if vid in fused:
+            fact = self._fact(graph.vertices[vid])
+            if fact is not None and self._fused(fact, dqs):
                 plan.set_role(vid, Role.FIXED, Rule.QUANTIZED_PRODUCT, (
                     f"int8 on {self.provider.value}, in the DequantizeLinear outputs' type (FP32) with no Cast "
-                    f"between: its operands come straight from {names}, and {fused[vid][1]}"))
-                continue
-            node = graph.vertices[vid].node
-            fact = facts.fact(self.provider, node.domain, node.op_type) if node is not None else None
-            if fact is not None and not fact.fused:
+                    f"between: its operands come straight from {names}, and {fact.reason}"))
+            elif fact is not None and not fact.fused:
                 note = f"its operands come from {names}, but {fact.reason}"
                 plan.notes[vid] = f"{plan.notes[vid]}; {note}" if vid in plan.notes else note
