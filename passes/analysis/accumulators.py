@@ -28,8 +28,8 @@ from collections.abc import Iterable
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
-from amp_compiler.passes.analysis.classify import user_allowed
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 
 __all__ = ["LoopAccumulatorPass", "MAX_STEPS", "loop_accumulators"]
 
@@ -37,7 +37,6 @@ __all__ = ["LoopAccumulatorPass", "MAX_STEPS", "loop_accumulators"]
 MAX_STEPS = 4
 _LOOPS = frozenset({"Loop", "Scan"})
 _SUMS = frozenset({"Add", "Sub", "Sum"})
-_PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 
 def _linear(vertex: Vertex) -> bool:
@@ -97,17 +96,13 @@ class LoopAccumulatorPass(AnalysisPass):
         require_roles(self, graph, plan)
 
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
-        ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, frozenset({Rule.LOOP_ACCUMULATOR}))
+        ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.LOOP_ACCUMULATOR}))
         found = loop_accumulators(graph)
-        ensure_all(
-            self, graph.vertices,
-            lambda v: v.id not in found or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
-            "accumulates a loop-carried state but was left free",
-        )
+        ensure_pinned(self, graph, plan, found, "accumulates a loop-carried state")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         for vid, (state, total) in sorted(loop_accumulators(graph).items()):
-            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
+            if not pinnable(plan, vid):
                 continue
             plan.set_role(vid, Role.DENY, Rule.LOOP_ACCUMULATOR, _reason(state, total))
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import NamedTuple
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
@@ -105,6 +105,22 @@ def user_allowed(plan: PrecisionPlan, vid: int) -> bool:
     """Whether vertex ``vid`` is ALLOW by the user's ``--allow-op``/``--allow-node`` (passes that
     judge accuracy leave it low)."""
     return plan.roles.get(vid) is Role.ALLOW and plan.role_rules[vid][0] is Rule.USER_ALLOW
+
+
+#: The roles a pass that keeps vertices FP32 for accuracy may pin: free, not yet denied or fixed.
+PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
+
+
+def pinnable(plan: PrecisionPlan, vid: int) -> bool:
+    """Whether such a pass may pin vertex ``vid``: its role is :data:`PINNABLE` and the user did not force it low."""
+    return plan.roles[vid] in PINNABLE and not user_allowed(plan, vid)
+
+
+def ensure_pinned(pass_: AnalysisPass, graph: PrecisionGraph, plan: PrecisionPlan, found: Container[int],
+                  what: str) -> None:
+    """``pass_``'s postcondition: no vertex of ``found`` is left :func:`pinnable` (each one ``what``)."""
+    ensure_all(pass_, graph.vertices, lambda v: v.id not in found or not pinnable(plan, v.id),
+               f"{what} but was left free")
 
 
 @dataclasses.dataclass

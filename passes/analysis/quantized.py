@@ -44,14 +44,12 @@ import onnx_ir as ir
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require_roles
-from amp_compiler.passes.analysis.classify import user_allowed
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable, user_allowed
 from amp_compiler.policy import default_table
 from amp_compiler.policy.qdq_units import QdqUnitFact, qdq_unit_table
 from amp_compiler.targets import Provider
 
 __all__ = ["QuantizedIslandPass", "dequantized_products"]
-
-_PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 
 def _quantizer(vertex: Vertex) -> str | None:
@@ -137,21 +135,17 @@ class QuantizedIslandPass(AnalysisPass):
             if plan.roles[vid] is before.roles[vid] and plan.role_rules[vid] == before.role_rules[vid]:
                 return True
             rule, reason = plan.role_rules[vid]
-            if not reason or before.roles[vid] not in _PINNABLE:
+            if not reason or before.roles[vid] not in PINNABLE:
                 return False
             return (plan.roles[vid] is Role.DENY and rule in pinned) or (
                 plan.roles[vid] is Role.FIXED and rule is Rule.QUANTIZED_PRODUCT and vid in units)
 
         ensure_all(self, graph.vertices, kept_or_pinned, "changed role, where only the quantized rules may")
         found = quantization_neighbours(graph)
+        ensure_pinned(self, graph, plan, found, "feeds a quantizer or reads its scale")
         ensure_all(
             self, graph.vertices,
-            lambda v: v.id not in found or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
-            "feeds a quantizer or reads its scale but was left free",
-        )
-        ensure_all(
-            self, graph.vertices,
-            lambda v: v.id not in units or before.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id)
+            lambda v: v.id not in units or before.roles[v.id] not in PINNABLE or user_allowed(plan, v.id)
             or plan.role_rules[v.id][0] is Rule.QUANTIZED_PRODUCT,
             "a fused DequantizeLinear -> product unit was left free",
         )
@@ -175,7 +169,7 @@ class QuantizedIslandPass(AnalysisPass):
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         self._units(graph, plan)
         for vid, (rule, q) in sorted(quantization_neighbours(graph).items()):
-            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
+            if not pinnable(plan, vid):
                 continue
             if rule is Rule.QUANTIZED_REQUANTIZE:
                 why = (f"its result flows into {q.describe()}, which quantizes it: FP16 rounding before a "
@@ -189,7 +183,7 @@ class QuantizedIslandPass(AnalysisPass):
         """DQ -> product units: fixed in the DQs' type where the provider fuses them, else a note that says
         why the product may go low."""
         for vid, dqs in sorted(dequantized_products(graph).items()):
-            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
+            if not pinnable(plan, vid):
                 continue
             names = ", ".join(dict.fromkeys(_dq_name(dq) for dq in dqs))
             fact = self._fact(graph.vertices[vid])

@@ -26,13 +26,11 @@ import ml_dtypes
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
-from amp_compiler.passes.analysis.classify import user_allowed
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
 __all__ = ["SignalPathPass"]
-
-_PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 
 def _is_input(vertex: Vertex) -> bool:
@@ -92,19 +90,15 @@ class SignalPathPass(AnalysisPass):
         require_roles(self, graph, plan)
 
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
-        ensure_only_pinned(self, graph, plan, before, _PINNABLE, Role.DENY, frozenset({Rule.SIGNAL_PATH}))
+        ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.SIGNAL_PATH}))
         paths = signal_paths(graph)
-        ensure_all(
-            self, graph.vertices,
-            lambda v: v.id not in paths or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
-            "is on a raw signal path into a Log but was left free",
-        )
+        ensure_pinned(self, graph, plan, paths, "is on a raw signal path into a Log")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         db = noise_floor_db(graph)
         name = graph.target.value.upper()
         for vid, (start, sink) in sorted(signal_paths(graph).items()):
-            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
+            if not pinnable(plan, vid):
                 continue
             plan.set_role(
                 vid, Role.DENY, Rule.SIGNAL_PATH,

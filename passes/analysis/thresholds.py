@@ -26,12 +26,10 @@ import dataclasses
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require_roles
-from amp_compiler.passes.analysis.classify import user_allowed
+from amp_compiler.passes.analysis.classify import ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
 __all__ = ["ThresholdInputPass", "threshold_inputs"]
-
-_PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 
 
 def _reads_thresholds(vertex: Vertex) -> bool:
@@ -78,15 +76,11 @@ class ThresholdInputPass(AnalysisPass):
             return vid in found and plan.roles[vid] is Role.DENY and plan.role_rules[vid][0] is Rule.THRESHOLD_INPUT
 
         ensure_all(self, graph.vertices, kept_or_pinned, "changed role, where only threshold.input may")
-        ensure_all(
-            self, graph.vertices,
-            lambda v: v.id not in found or plan.roles[v.id] not in _PINNABLE or user_allowed(plan, v.id),
-            "feeds an op comparing it with thresholds but was left free",
-        )
+        ensure_pinned(self, graph, plan, found, "feeds an op comparing it with thresholds")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         for vid, reader in sorted(threshold_inputs(graph).items()):
-            if plan.roles[vid] not in _PINNABLE or user_allowed(plan, vid):
+            if not pinnable(plan, vid):
                 continue
             why = reader.policy.thresholds if reader.policy is not None else ""
             plan.set_role(vid, Role.DENY, Rule.THRESHOLD_INPUT,
