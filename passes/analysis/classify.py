@@ -44,7 +44,7 @@ from amp_compiler.policy import Category, Sensitivity
 from amp_compiler.policy.kernels import runs_on
 from amp_compiler.targets import Provider, Target
 
-__all__ = ["ClassifyPass", "UserChoices", "compile_patterns", "user_allowed"]
+__all__ = ["PINNABLE", "ClassifyPass", "UserChoices", "compile_patterns", "ensure_pinned", "pinnable", "user_allowed"]
 
 _USER_RULES = frozenset({Rule.USER_BLOCK_NODE, Rule.USER_BLOCK_OP, Rule.USER_ALLOW})
 
