@@ -283,9 +283,10 @@ def _node_errors(
     """One entry per FP32 main-graph node whose first float output was compared, in graph order. Its
     precision is the type its namesake in the converted model writes (a node that writes a graph output
     kept FP32 writes a low-precision tensor, which a Cast takes to the output's name), else the type of
-    the tensor of its output's name."""
+    the tensor of its output's name (an unnamed node's: of what the Cast writing it reads, where one does)."""
     types = _types(converted)
     written = {n.name: list(n.output) for n in converted.graph.node if n.name}
+    producers = {o: n for n in converted.graph.node for o in n.output}
     rel = {name: s.rel_l2 for name, s in tensors.items()}
     out = []
     for i, node in enumerate(fp32.graph.node):
@@ -297,6 +298,9 @@ def _node_errors(
         namesake = written.get(node.name) if node.name else None
         k = list(node.output).index(tensor)
         dtype = types.get(namesake[k]) if namesake is not None and k < len(namesake) else None
+        writer = producers.get(tensor)
+        if dtype is None and writer is not None and writer.op_type == "Cast" != node.op_type:
+            dtype = types.get(writer.input[0])  # an unnamed node's output, cast to the graph output's type
         dtype = dtype or types.get(tensor)
         out.append(NodeComparison(
             position=i, node=node.name, op_type=node.op_type, tensor=tensor,
@@ -323,9 +327,17 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
     mixed = target is Target.FP16 and onnx.TensorProto.BFLOAT16 in set(types.values())
     how = f"{target.value} conversion" + (" (BF16 range fallbacks)" if mixed else "")
     try:
-        decided = convert(fp32, target=target, range_fallback="bf16" if mixed else None).decisions
+        fresh = convert(fp32, target=target, range_fallback="bf16" if mixed else None)
     except Exception as exc:  # the FP32 model does not convert: the comparison stands without rules
         return f"no rules: a default conversion of the FP32 model failed ({_first_line(exc)})"
+    decided = fresh.decisions
+    if _same_nodes(fresh.model, converted, types):  # unnamed nodes too: each error's node by its position
+        by_index = {d.index: d for d in decided if d.index is not None}
+        for e in errors:
+            d = by_index.get(e.position)
+            if d is not None:
+                e.rule, e.reason = d.rule, d.reason
+        return f"rules: the converted model is what a default {how} of the FP32 model makes"
     by_name = {d.node: d for d in decided if d.node and d.index is not None}
     nodes = [n for n in converted.graph.node if n.name in by_name]
     def dtypes(node: onnx.NodeProto) -> list[str]:
@@ -340,9 +352,30 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
         if d is not None and e.node in same:
             e.rule, e.reason = d.rule, d.reason
     main = [n for n in fp32.graph.node if n.name]
-    if main and len(same) == len(main):
+    unnamed = len(fp32.graph.node) - len(main)
+    if not main:
+        return (f"no rules: the converted model is not what a default {how} of the FP32 model makes, and "
+                "the FP32 model's nodes have no names to match the converted model's by")
+    if len(same) == len(main) and not unnamed:
         return f"rules: the converted model is what a default {how} of the FP32 model makes"
+    unmatched = f"; {unnamed} unnamed node(s) cannot be matched" if unnamed else ""
     return (
         f"rules: {len(same)} of {len(main)} named nodes have the precision a default {how} "
-        "of the FP32 model gives them (another tool or other options made the rest); rules are shown for those"
+        f"of the FP32 model gives them (another tool or other options made the rest{unmatched}); "
+        "rules are shown for those"
     )
+
+
+def _same_nodes(fresh: onnx.ModelProto, converted: onnx.ModelProto, types: dict[str, int]) -> bool:
+    """Whether ``converted``'s main graph is ``fresh``'s node for node: the same ops reading and writing
+    the same tensors, of the same element types (a model written by a default conversion, its nodes
+    named or not)."""
+    if len(fresh.graph.node) != len(converted.graph.node):
+        return False
+    fresh_types = _types(fresh)
+    for a, b in zip(fresh.graph.node, converted.graph.node, strict=True):
+        if (a.op_type, a.domain, list(a.input), list(a.output)) != (b.op_type, b.domain, list(b.input), list(b.output)):
+            return False
+        if any(fresh_types.get(o) != types.get(o) for o in b.output):
+            return False
+    return True

@@ -269,6 +269,35 @@ def test_a_node_writing_a_graph_output_kept_fp32_shows_its_own_precision():
     assert [(g.node, g.precision) for g in c.growth] == [("last", "fp16")]
 
 
+def _unnamed_mlp() -> onnx.ModelProto:
+    """x -> MatMul -> Relu -> MatMul -> y, no node named (as onnx.helper graphs often are)."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for s, n in (((16, 32), "w1"), ((32, 8), "w2")))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    x, y = helper.make_tensor_value_info("x", 1, [4, 16]), helper.make_tensor_value_info("y", 1, [4, 8])
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w1, w2]),
+                             opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_unnamed_nodes_of_our_conversion_get_their_rules_and_precision():
+    """Before, rules were matched by node name only ("0 of 0 named nodes have the precision..."), and the
+    unnamed MatMul writing the output showed the Cast's fp32."""
+    m = _unnamed_mlp()
+    c = compare_models(m, convert(m).model, [{"x": np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)}])
+    assert "is what a default fp16 conversion" in c.decisions
+    rows = {e.position: e for e in c.growth}
+    assert rows[2].op_type == "MatMul" and rows[2].precision == "fp16" and rows[2].rule == "policy.low"
+
+
+def test_unnamed_nodes_another_tool_converted_say_why_no_rules():
+    m = _unnamed_mlp()
+    other = float16.convert_float_to_float16(m, keep_io_types=True)
+    c = compare_models(m, other, [{"x": np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)}])
+    assert c.decisions.startswith("no rules:") and "no names" in c.decisions
+    assert all(not e.rule for e in c.growth)
+
+
 def test_compare_counts_changed_labels_and_topk_indices(tmp_path, capsys):
     """Before: integer outputs were left out ('outputs not compared (not float ...)'), the table was empty
     and the worst line said 0 for a model whose labels changed."""
