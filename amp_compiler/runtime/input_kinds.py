@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import onnx
 
+from amp_compiler.runtime.string_inputs import StringVocabulary, string_vocabularies
+
 __all__ = [
     "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "constant_nodes", "image_channels",
     "image_inputs", "image_like", "input_kinds", "model_inputs", "rank", "waveform_inputs",
@@ -30,13 +32,15 @@ def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 class InputKind:
     """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids`` (token ids)
     or ``index`` (indices into a dim, :data:`INDEX_INPUTS`) (integers in ``[0, bounds[1])``), ``positions``
-    (0, 1, 2... along the last dim), ``value`` (``bounds[0]`` everywhere) or ``beyond`` (the longest token
-    input's length plus ``bounds[0]``: a generation's length limit), and why (``stated``, ``image 0..1``,
+    (0, 1, 2... along the last dim), ``value`` (``bounds[0]`` everywhere), ``beyond`` (the longest token
+    input's length plus ``bounds[0]``: a generation's length limit) or ``words`` (strings of ``vocabulary``),
+    and why (``stated``, ``image 0..1``,
     ``vocabulary``...)."""
 
     kind: str
     bounds: tuple[float, float]
     why: str
+    vocabulary: StringVocabulary | None = None  # kind ``words``: the strings a string input takes
 
 
 #: Ops that normalize an image input; a constant operand above this says pixels are 0..255.
@@ -121,7 +125,9 @@ def input_kinds(
     input (not named like a mask) spans its type, uint8 0..255 and int8 -128..127 (a uint8 image: ones hid an
     FP16 overflow at 4.8e5 that every real image reached); a scalar integer named
     like a sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length
-    plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a float mask ones. Other inputs are not
+    plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a float mask ones; a string input read by
+    an op with a vocabulary (:func:`~amp_compiler.runtime.string_inputs.string_vocabularies`) its words. Other
+    inputs are not
     in the result (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -137,11 +143,14 @@ def input_kinds(
             producers.update((out, node) for out in node.output)
         inits.update((i.name, i) for i in graph.initializer)
         inits.update(constant_nodes(graph))  # torch.onnx writes `x / 255` with a Constant node
-    kinds: dict[str, InputKind] = {}
+    kinds: dict[str, InputKind] = {
+        name: InputKind("words", (0.0, 0.0), vocabulary.describe(), vocabulary)
+        for name, vocabulary in string_vocabularies(model).items() if name not in stated
+    }
     waveforms = waveform_inputs(model)
     for info in model_inputs(model):
         tt = info.type.tensor_type
-        if not info.type.HasField("tensor_type") or not tt.elem_type:  # a sequence, an optional: no tensor
+        if not info.type.HasField("tensor_type") or not tt.elem_type or info.name in kinds:  # no tensor; words
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if info.name in stated:

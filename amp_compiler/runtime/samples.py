@@ -26,6 +26,7 @@ import onnx.numpy_helper
 
 from amp_compiler.errors import AmpUserError
 from amp_compiler.runtime.input_kinds import INTEGER_TYPES, InputKind, input_kinds, model_inputs, rank
+from amp_compiler.runtime.string_inputs import string_values
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
 #: The most bytes all calibration samples together may hold (they are kept in memory).
 MAX_SAMPLE_BYTES = 4 * 2**30
 #: Kinds of arrays a model input can take: bool, signed and unsigned integers, floats.
-_KINDS = frozenset("biuf")
+_KINDS = frozenset("biufU")  # numbers, and strings (fixed-width, no pickle)
 
 
 class CalibrationDataError(AmpUserError):
@@ -77,7 +78,10 @@ def _check_array(
         raise CalibrationDataError(f"{origin}: {name!r} is not an input of the model (inputs: {', '.join(inputs)})")
     tt = inputs[name].type.tensor_type
     expected = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-    if dtype != expected:
+    if tt.elem_type == onnx.TensorProto.STRING and dtype.kind != "U":
+        raise CalibrationDataError(
+            f"{origin}: input {name!r} is {dtype}, the model expects strings (a numpy str array)")
+    if dtype != expected and tt.elem_type != onnx.TensorProto.STRING:
         raise CalibrationDataError(f"{origin}: input {name!r} is {dtype}, the model expects {expected}")
     if tt.HasField("shape"):
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
@@ -122,7 +126,9 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, model: onnx.ModelPr
         except ValueError as exc:
             raise CalibrationDataError(f"{origin}: {key!r} is not a readable .npy array ({exc})") from None
         if dtype.hasobject or dtype.kind not in _KINDS:
-            raise CalibrationDataError(f"{origin}: {key!r} holds {dtype}, not numbers")
+            what = "Python objects (a pickle: save strings as a str array, np.array(texts, dtype=str))" \
+                if dtype.hasobject else f"{dtype}, not numbers or strings"
+            raise CalibrationDataError(f"{origin}: {key!r} holds {what}")
         _check_array(key, dtype, shape, model, origin)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > budget:
@@ -133,7 +139,10 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, model: onnx.ModelPr
         data = member.read(nbytes)
     if len(data) != nbytes:
         raise CalibrationDataError(f"{origin}: {key!r} is truncated ({len(data)} of {nbytes} bytes)")
-    return key, np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    if dtype.kind == "U":  # strings, as onnxruntime takes them: an object array of str
+        array = array.astype(object)
+    return key, array
 
 
 def read_npz(path: Path, model: onnx.ModelProto, budget: int) -> tuple[dict[str, np.ndarray], int]:
@@ -262,6 +271,8 @@ def random_samples(
                 sample[info.name] = np.full(shape, longest + int(kind.bounds[0]), dtype)
             elif kind is not None and kind.kind == "positions" and np.issubdtype(dtype, np.integer) and shape:
                 sample[info.name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+            elif kind is not None and kind.kind == "words" and kind.vocabulary is not None:
+                sample[info.name] = string_values(kind.vocabulary, shape, rng)
             elif kind is not None and kind.kind in ("ids", "index") and np.issubdtype(dtype, np.integer):
                 sample[info.name] = rng.integers(0, int(kind.bounds[1]), shape).astype(dtype)
             elif np.issubdtype(dtype, np.floating):

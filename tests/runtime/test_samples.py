@@ -91,7 +91,8 @@ def test_the_budget_covers_all_samples_of_a_folder(tmp_path, relu):
 @pytest.mark.parametrize("members, needle", [
     ({"x": b"hello"}, "holds 'x', which is not an .npy array"),
     ({"x.npy": b"\x93NUMPY\x03\x00" + b"\0" * 20}, "'x' is not a readable .npy array"),
-    ({"x.npy": _npy_header((1, 4), "<U4") + b"\0" * 64}, "'x' holds <U4, not numbers"),
+    ({"x.npy": _npy_header((1, 4), "<U4") + b"\0" * 64}, "input 'x' is <U4, the model expects float32"),
+    ({"x.npy": _npy_header((1, 4), "<c8") + b"\0" * 32}, "'x' holds complex64, not numbers or strings"),
 ])
 def test_members_that_are_not_numeric_arrays(tmp_path, relu, members, needle):
     _refused(_zip(tmp_path / "bad.npz", members), relu, needle)
@@ -99,7 +100,7 @@ def test_members_that_are_not_numeric_arrays(tmp_path, relu, members, needle):
 
 def test_pickled_objects_are_refused_from_the_header(tmp_path, relu):
     np.savez(tmp_path / "p.npz", x=np.array([{"a": 1}], dtype=object))
-    _refused(tmp_path / "p.npz", relu, "'x' holds object, not numbers")
+    _refused(tmp_path / "p.npz", relu, "'x' holds Python objects (a pickle: save strings as a str array")
 
 
 def test_good_files_read_back_exactly(tmp_path, relu):
