@@ -55,6 +55,7 @@ class ConvertCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from amp_compiler.core.decision import unconverted_message
+        from amp_compiler.core.tensor_error import metric_name
         from amp_compiler.onnx.convert import convert
         from amp_compiler.onnx.write.load_check import OutputLoadCheck
 
@@ -99,7 +100,9 @@ class ConvertCommand(Command):
             warnings.extend(result.provider_warnings)
             warnings.extend(check.warnings if check is not None else ())
         accuracy, measured_on, kinds = _measured(result, analysis)
-        warnings.extend(accuracy_warnings(accuracy, measured_on, files.source, output_files[0], kinds))
+        warnings.extend(accuracy_warnings(
+            accuracy, measured_on, files.source, output_files[0], kinds, data=self.analysis.calibration_data,
+            tolerance=self.analysis.tolerance, metric=metric_name(self.conversion.options.metric)))
         if analysis is None and result.accuracy_not_measured:
             warnings.append(f"output accuracy not measured: {result.accuracy_not_measured}")
         if result.probe_skipped:
@@ -250,11 +253,13 @@ def _one_error(a: OutputAccuracy, *, name: bool) -> str:
 
 def accuracy_warnings(
     accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path,
-    kinds: Mapping[str, str] | None = None,
+    kinds: Mapping[str, str] | None = None, *, data: str | None = None, tolerance: float | None = None,
+    metric: str = "rel-l2",
 ) -> list[str]:
     """One warning when an output misses the line (:func:`~amp_compiler.onnx.measure.output_error.misses`):
     the worst such output, how far, on what (``kinds``: the kind of input that showed it, per output),
-    and the commands that help."""
+    and the commands that help, given what the user already passed (``data``: ``--calibration-data``;
+    ``tolerance`` and its ``metric``): never the options they just used."""
     from amp_compiler.onnx.load.text import quote
     from amp_compiler.onnx.measure.output_error import MAX_CHANGED_SHARE, MAX_ERROR_OF_RANGE, misses, severity
     from amp_compiler.report.common import changed_text
@@ -271,11 +276,23 @@ def accuracy_warnings(
             f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
         line = f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999"
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
-    return [
-        f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, {line}: "
-        f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
-        "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32"
-    ]
+    return [f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, {line}: "
+            + _advice(model, output, data, tolerance, metric)]
+
+
+def _advice(model: Path, output: Path, data: str | None, tolerance: float | None, metric: str) -> str:
+    """What helps an output that misses the line, past what was given: real inputs to check it on, then
+    ``--tolerance`` on them, then a tolerance held to the output's own max error (``--metric max-range``:
+    a relative L2 tolerance can be met while a few values move far)."""
+    if data is None:
+        return (f"check it on real inputs with `amp-compiler compare {model} {output} --data DIR`, and convert with "
+                "`--calibration-data DIR --tolerance 0.01` to keep what it takes in FP32")
+    if tolerance is None:
+        return "convert with `--tolerance 0.01` on that data to keep what it takes in FP32"
+    if metric != "max-range":
+        return (f"--tolerance {tolerance:g} holds each output's {metric}, not its largest error: add "
+                "`--metric max-range` to hold that")
+    return f"a --tolerance below {tolerance:g} keeps more of it in FP32"
 
 
 def overflow_note(warnings: list[str]) -> str:

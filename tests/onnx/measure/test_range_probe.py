@@ -132,6 +132,25 @@ def test_each_output_is_measured_on_the_sample_where_it_is_worst_and_the_warning
     assert accuracy_note([accuracy], "generated inputs", kinds).endswith("(dead-leaves image)")
 
 
+def test_the_warnings_advice_follows_the_options_already_given():
+    """Before, a run with --calibration-data and --tolerance 0.01 ("met": relative L2) warned to "convert
+    with `--calibration-data DIR --tolerance 0.01`", the options just used."""
+    from amp_compiler.cli.convert import accuracy_warnings
+    from amp_compiler.core.measures import OutputAccuracy
+
+    off = OutputAccuracy("y", cosine=0.9999, max_abs_error=0.05, value_range=1.0, finite=True, rel_l2=0.004)
+    args = ([off], "the calibration data", Path("m.onnx"), Path("m.fp16.onnx"))
+    (plain,) = accuracy_warnings(*args)
+    assert "--calibration-data DIR --tolerance 0.01" in plain and "compare m.onnx m.fp16.onnx --data DIR" in plain
+    (data,) = accuracy_warnings(*args, data="calib")
+    assert "--calibration-data" not in data and "`--tolerance 0.01` on that data" in data
+    (tol,) = accuracy_warnings(*args, data="calib", tolerance=0.01)
+    assert "--calibration-data" not in tol and "--tolerance 0.01 holds each output's rel-l2" in tol
+    assert "`--metric max-range`" in tol
+    (held,) = accuracy_warnings(*args, data="calib", tolerance=0.01, metric="max-range")
+    assert "--metric" not in held and "a --tolerance below 0.01" in held
+
+
 def test_the_python_api_probes_by_default_as_the_cli_does():
     """``convert(model)`` without ranges runs the probe (in the budgeted child, or the runner given)
     and keeps FP32 what it shows overflowing; ``probe=False`` decides from the graph alone."""
