@@ -127,10 +127,10 @@ class ConvertOptions:
             set_("keep_io_types", keep_io_names(self.keep_io_types))
         for name in ("block_ops", "allow_ops"):
             if not isinstance(getattr(self, name), frozenset):
-                set_(name, frozenset(getattr(self, name)))
+                set_(name, frozenset(_names(name, getattr(self, name))))
         for name in ("block_nodes", "allow_nodes", "pinned_nodes", "kept_nodes"):
             if not isinstance(getattr(self, name), tuple):
-                set_(name, tuple(getattr(self, name)))
+                set_(name, _names(name, getattr(self, name)))
         if self.fp8_nodes is not None and not isinstance(self.fp8_nodes, tuple):
             set_("fp8_nodes", tuple(self.fp8_nodes))
         for name in ("input_shapes", "input_ranges"):
@@ -150,6 +150,23 @@ class ConvertOptions:
         if self.target is Target.FP8:
             return self.fallback or Target.FP16
         return self.target
+
+
+def _names(option: str, value: Any) -> tuple[str, ...]:
+    """Op or node names as given: any iterable of strings, one string (a name, not its letters), or None
+    (none); anything else is an :class:`OptionError` naming the option."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise OptionError(f"expected names (a list of strings), got {type(value).__name__}", option=option) from None
+    wrong = next((n for n in names if not isinstance(n, str)), None)
+    if wrong is not None:
+        raise OptionError(f"expected names (strings), got {wrong!r}", option=option)
+    return names
 
 
 #: ``range_fallback`` per provider when not given: scaled FP16 (then BF16) on the GPU providers (the

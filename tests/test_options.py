@@ -203,3 +203,16 @@ def test_a_bad_name_in_options_built_directly_is_one_option_error():
         ConvertOptions(target="fp17")
     with pytest.raises(OptionError, match="rocm"):
         ConvertOptions(provider="rocm")
+
+
+def test_op_and_node_names_given_as_none_or_one_string():
+    """Before, ``block_ops=None`` raised a bare TypeError ("'NoneType' object is not iterable") and
+    ``block_ops="Softmax"`` blocked the letters S, o, f, t, m, a, x."""
+    assert ConvertOptions(block_ops=None, allow_nodes=None).block_ops == frozenset()
+    assert ConvertOptions(block_ops="Softmax").block_ops == frozenset({"Softmax"})
+    assert ConvertOptions(block_nodes="attn.*").block_nodes == ("attn.*",)
+    with pytest.raises(OptionError, match="expected names") as info:
+        ConvertOptions(allow_ops=3)
+    assert info.value.option == "allow_ops"
+    with pytest.raises(OptionError, match="got 1"):
+        ConvertOptions(block_nodes=[1])
