@@ -37,6 +37,7 @@ class Rule(enum.Enum):
     POLICY_FOLLOW = "policy.follow"
     POLICY_PASS = "policy.pass"
     SIGNAL_PATH = "policy.high.signal-path"  # on a raw signal's linear path into Log
+    PHASE_ARGUMENT = "policy.high.phase-argument"  # computes a Sin/Cos argument linearly from raw positions
     LOOP_ACCUMULATOR = "policy.high.loop-accumulator"  # a Loop/Scan state its body adds into itself
     UNKNOWN_OP = "policy.unknown-op"
     USER_BLOCK_OP = "user.block-op"

@@ -123,6 +123,13 @@ class OpPolicy:
     signal: bool = False
     # Reads its input's whole dynamic range (Log): the signal path from a graph input into it stays FP32.
     dynamic_range: bool = False
+    # Periodic in its input (Sin, Cos, Tan): why the absolute error of its argument is the error of its
+    # result. The linear path from raw positions or coordinates into it stays FP32 (passes/analysis/phase.py);
+    # empty: not periodic.
+    periodic: str = ""
+    # Counts (Range): its output is positions, indices or time steps, raw values a periodic op's argument
+    # may be computed from (passes/analysis/phase.py).
+    positions: bool = False
     # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
     # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
     quantizes: str | None = None
@@ -256,6 +263,8 @@ class PolicyTable:
             shape_inputs=frozenset(raw.get("shape_inputs", ())),
             signal=bool(raw.get("signal", False)),
             dynamic_range=bool(raw.get("dynamic_range", False)),
+            periodic=raw.get("periodic", ""),
+            positions=bool(raw.get("positions", False)),
             quantizes=raw.get("quantizes"),
             thresholds=raw.get("thresholds", ""),
             recurrent=bool(raw.get("recurrent", False)),

@@ -5,6 +5,7 @@ In pipeline order (:func:`~amp_compiler.passes.analysis.pipeline.analysis_passes
 (policy roles), ``TolerancePinPass`` (``--tolerance``'s choice: the nodes it pinned stay FP32 without
 spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a low-precision kernel on the
 target provider stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays
+FP32), ``PhaseArgumentPass`` (the linear path from raw positions or coordinates into a Sin/Cos stays
 FP32), ``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
 ``ThresholdInputPass`` (what a tree ensemble or another threshold-reading op reads is computed in FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
@@ -26,6 +27,7 @@ from amp_compiler.passes.analysis.coverage import KernelCoveragePass
 from amp_compiler.passes.analysis.hazards import RuntimeHazardPass
 from amp_compiler.passes.analysis.mincut import MinCutPlacementPass
 from amp_compiler.passes.analysis.paint import PaintPass
+from amp_compiler.passes.analysis.phase import PhaseArgumentPass
 from amp_compiler.passes.analysis.pins import TolerancePinPass
 from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
 from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
@@ -43,6 +45,7 @@ __all__ = [
     "LoopAccumulatorPass",
     "MinCutPlacementPass",
     "PaintPass",
+    "PhaseArgumentPass",
     "QuantizedIslandPass",
     "ThresholdInputPass",
     "RangeFallbackPass",

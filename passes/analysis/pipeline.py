@@ -1,7 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> tolerance choices -> kernel coverage -> signal paths -> loop accumulators -> quantized islands
-    -> threshold inputs
+    classify -> tolerance choices -> kernel coverage -> signal paths -> phase arguments -> loop accumulators
+    -> quantized islands -> threshold inputs
              -> constant ranges
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
@@ -37,6 +37,7 @@ from amp_compiler.passes.analysis import (
     LoopAccumulatorPass,
     MinCutPlacementPass,
     PaintPass,
+    PhaseArgumentPass,
     QuantizedIslandPass,
     RangeFallbackPass,
     RangeScalingPass,
@@ -108,6 +109,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.kernel_coverage:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
+    passes.append(PhaseArgumentPass())
     passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ThresholdInputPass())

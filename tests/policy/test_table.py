@@ -21,7 +21,7 @@ PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
-    "gemm", "zero_singular", "keeps_zeros", "when", "thresholds",
+    "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "periodic", "positions",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 
@@ -102,6 +102,8 @@ def test_entry_fields(entries):
             assert isinstance(e["dtype_attr"], str) and e["dtype_attr"], name
         if "thresholds" in e:  # why what it reads must not be rounded: a reason, not a flag alone
             assert isinstance(e["thresholds"], str) and e["thresholds"].strip(), name
+        if "periodic" in e:  # why its argument's absolute error matters: a reason, not a flag alone
+            assert isinstance(e["periodic"], str) and e["periodic"].strip(), name
 
 
 def test_zero_facts(entries):
