@@ -13,6 +13,9 @@ but realistic weights and inputs, so the rule that fixes it is tested without th
   chains, not the convolutions;
 - ``stft-power-mel``: an STFT as a convolution over audio at int16 scale, power, a mel MatMul and a
   power-law compression (overflow that depends on the input's scale);
+- ``llama-rope-long``: Hugging Face Llama's rotary embedding (``inv_freq`` expanded, a K = 1 MatMul
+  with the float-cast position ids, Transpose, Concat, Cos, Sin) in an attention block, run at
+  positions up to 32k (a long-context decode window), where an FP16 angle is off by up to 8 rad;
 
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-21, IR 8-10).
 """
@@ -352,4 +355,66 @@ _register(
     "elementwise ops: five FP16 roundings after each convolution's one, where most of the output error "
     "comes from; --tolerance keeps the convolutions FP16 and those cheap chains FP32 (PP-OCRv4's "
     "recogniser: 100% of its convolution FLOPs kept FP16 at half of plain FP16's error).",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# llama-rope-long
+# --------------------------------------------------------------------------------------------------
+
+_ROPE_D, _ROPE_SEQ = 64, 16
+
+
+def build_llama_rope_long() -> onnx.ModelProto:
+    """One attention block with rotary q and k, the angles as transformers' LlamaRotaryEmbedding
+    computes them and torch.onnx.export (dynamo=False) writes them: ``inv_freq[None, :, None]``
+    expanded to the batch, MatMul with ``position_ids[:, None, :].float()``, transposed, concatenated
+    with itself; then Cos and Sin, and rotate_half by Split/Neg/Concat."""
+    g = _Graph(_seed("llama-rope-long"))
+    d, half = _ROPE_D, _ROPE_D // 2
+    inv_freq = (1.0 / 10000 ** (np.arange(0, d, 2) / d)).astype(np.float32)[None, :, None]
+    batch = g.node("Shape", ["position_ids"], name="batch_dim", end=1)
+    shape = g.node("Concat", [batch, g.const("ones_2", np.array([1, 1], np.int64))], name="expand_shape", axis=0)
+    freqs = g.node("Expand", [g.const("inv_freq", inv_freq), shape], name="inv_freq_expand")
+    pos = g.node("Cast", ["position_ids"], name="position_float", to=F32)
+    pos = g.node("Unsqueeze", [pos, g.const("axis_1", np.array([1], np.int64))], name="position_unsqueeze")
+    angles = g.node("MatMul", [freqs, pos], name="rope_angles")  # (batch, d/2, seq), K = 1
+    angles = g.node("Transpose", [angles], name="rope_transpose", perm=[0, 2, 1])
+    emb = g.node("Concat", [angles, angles], name="rope_emb", axis=-1)
+    cos, sin = g.node("Cos", [emb], name="rope_cos"), g.node("Sin", [emb], name="rope_sin")
+    halves = g.const("halves", np.array([half, half], np.int64))
+
+    def rotary(t: str, name: str, output: str | None = None) -> str:
+        a, b = g.node("Split", [t, halves], n_out=2, name=f"{name}_split", axis=-1)
+        rotated = g.node("Concat", [g.node("Neg", [b], name=f"{name}_neg"), a], name=f"{name}_rotate_half", axis=-1)
+        return g.node("Add", [g.node("Mul", [t, cos], name=f"{name}_cos"), g.node("Mul", [rotated, sin], name=f"{name}_sin")],
+                      name=f"{name}_rotary", outputs=[output] if output else None)
+
+    q = rotary(g.node("MatMul", ["x", g.weight("Wq", [d, d])], name="q_proj"), "q", "q_rot")
+    k = rotary(g.node("MatMul", ["x", g.weight("Wk", [d, d])], name="k_proj"), "k")
+    v = g.node("MatMul", ["x", g.weight("Wv", [d, d])], name="v_proj")
+    s = g.node("MatMul", [q, g.node("Transpose", [k], name="k_transpose", perm=[0, 2, 1])], name="scores")
+    s = g.node("Mul", [s, g.const("inv_sqrt_d", np.array(1 / np.sqrt(d), np.float32))], name="scale")
+    p = g.node("Softmax", [s], name="softmax", axis=-1)
+    g.node("MatMul", [g.node("MatMul", [p, v], name="attn_v"), g.weight("Wo", [d, d])], name="o_proj", outputs=["y"])
+    return _model(g, "llama_rope_long",
+                  [_vi("x", F32, ["batch", "seq", d]), _vi("position_ids", onnx.TensorProto.INT64, ["batch", "seq"])],
+                  [_vi("y", F32, ["batch", "seq", d]), _vi("q_rot", F32, ["batch", "seq", d])], 17)
+
+
+def _long_positions(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A decode window of 16 tokens at a position up to 32k (a long context), two sequences."""
+    start = rng.integers(2000, 32768 - _ROPE_SEQ, size=(2, 1))
+    return {"x": rng.standard_normal((2, _ROPE_SEQ, _ROPE_D)).astype(np.float32),
+            "position_ids": (start + np.arange(_ROPE_SEQ)).astype(np.int64)}
+
+
+_register(
+    "llama-rope-long",
+    build_llama_rope_long,
+    _long_positions,
+    "Llama's rotary embedding (inv_freq expanded, a K = 1 angle MatMul with the float-cast position ids, "
+    "Cos, Sin) in an attention block at positions 2000-32768: an FP16 angle is off by up to 8 rad there "
+    "(output 13-49% of range), so the angle's path stays FP32 (policy.high.phase-argument); the range "
+    "probe feeds positions 0..127 and sees nothing.",
 )
