@@ -128,9 +128,12 @@ class ConvertOptions:
         for name in ("block_ops", "allow_ops"):
             if not isinstance(getattr(self, name), frozenset):
                 set_(name, frozenset(_names(name, getattr(self, name))))
-        for name in ("block_nodes", "allow_nodes", "pinned_nodes", "kept_nodes"):
+        for name in ("block_nodes", "allow_nodes"):
             if not isinstance(getattr(self, name), tuple):
                 set_(name, _names(name, getattr(self, name)))
+        for name in ("pinned_nodes", "kept_nodes"):  # (position, reason) pairs, set by the refinement
+            if not isinstance(getattr(self, name), tuple):
+                set_(name, tuple(getattr(self, name) or ()))
         if self.fp8_nodes is not None and not isinstance(self.fp8_nodes, tuple):
             set_("fp8_nodes", tuple(self.fp8_nodes))
         for name in ("input_shapes", "input_ranges"):
