@@ -16,6 +16,9 @@ but realistic weights and inputs, so the rule that fixes it is tested without th
 - ``llama-rope-long``: Hugging Face Llama's rotary embedding (``inv_freq`` expanded, a K = 1 MatMul
   with the float-cast position ids, Transpose, Concat, Cos, Sin) in an attention block, run at
   positions up to 32k (a long-context decode window), where an FP16 angle is off by up to 8 rad;
+- ``handwritten-layernorm``: a LayerNorm written as ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div,
+  Mul, Add (BERT/TF code, torch.onnx's TorchScript export of ``nn.LayerNorm`` below opset 17) right
+  after a MatMul, which onnxruntime's LayerNormFusion fuses across the conversion's Casts;
 
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-21, IR 8-10).
 """
@@ -417,4 +420,37 @@ _register(
     "Cos, Sin) in an attention block at positions 2000-32768: an FP16 angle is off by up to 8 rad there "
     "(output 13-49% of range), so the angle's path stays FP32 (policy.high.phase-argument); the range "
     "probe feeds positions 0..127 and sees nothing.",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# handwritten-layernorm
+# --------------------------------------------------------------------------------------------------
+
+
+def build_handwritten_layernorm() -> onnx.ModelProto:
+    g = _Graph(_seed("handwritten-layernorm"))
+    h = g.node("MatMul", ["x", g.weight("W1", [64, 128])], name="proj_in")
+    axes = g.const("axes", np.array([-1], np.int64))
+    u = g.node("ReduceMean", [h, axes], name="ln_mean")
+    d = g.node("Sub", [h, u], name="ln_sub")
+    var = g.node("ReduceMean", [g.node("Pow", [d, g.const("two", np.array(2.0, np.float32))], name="ln_pow"), axes],
+                 name="ln_var")
+    s = g.node("Sqrt", [g.node("Add", [var, g.const("eps", np.array(1e-12, np.float32))], name="ln_eps")],
+               name="ln_sqrt")
+    n = g.node("Div", [d, s], name="ln_div")
+    n = g.node("Mul", [n, g.const("gamma", np.linspace(0.5, 1.5, 128, dtype=np.float32))], name="ln_scale")
+    n = g.node("Add", [n, g.weight("beta", [128], 0.1)], name="ln_bias")
+    g.node("MatMul", [n, g.weight("W2", [128, 64])], name="proj_out", outputs=["y"])
+    return _model(g, "handwritten_layernorm", [_vi("x", F32, ["batch", 16, 64])], [_vi("y", F32, ["batch", 16, 64])], 18)
+
+
+_register(
+    "handwritten-layernorm",
+    build_handwritten_layernorm,
+    lambda rng: {"x": rng.standard_normal((2, 16, 64)).astype(np.float32)},
+    "MatMul -> LayerNorm written as elementwise ops (Pow(d, 2), eps 1e-12, as BERT) -> MatMul: the body stays "
+    "FP32 between FP16 MatMuls; onnxruntime's LayerNormFusion fuses it with the Cast at its input into one "
+    "LayerNormalization whose input and scale must share a type, so the scale and bias take the input's "
+    "(runtime.ort-layernorm-fusion) and the output loads.",
 )

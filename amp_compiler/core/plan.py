@@ -68,6 +68,8 @@ class Rule(enum.Enum):
     FP8_QDQ = "fp8.qdq"  # inserted for an FP8 GEMM input: Q/DQ nodes (ONNX), a quantize node (FX)
     PROVIDER_NO_KERNEL = "provider.no-kernel"
     RUNTIME_TRANSPOSE_MATMUL = "runtime.ort-transpose-matmul"  # a pattern onnxruntime crashes on with a Cast inside
+    # a hand-written LayerNorm's scale and bias take the type onnxruntime's norm fusion reads as its input
+    RUNTIME_LAYERNORM_FUSION = "runtime.ort-layernorm-fusion"
     PAINT_DENY = "paint.deny-forward"
     PAINT_BETWEEN_LOW = "paint.between-low"
     PAINT_PASS = "paint.pass-spread"

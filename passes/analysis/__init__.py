@@ -15,7 +15,8 @@ takes its MatMul's precision), ``PaintPass`` (propagation), ``RangeScalingPass``
 scaled operands for the Tensor Core ops only FP16's range keeps out: ``--range-fallback scaled``),
 ``RangeFallbackPass`` (BF16, not FP32,
 for what only FP16's range keeps out of FP16: ``--range-fallback bf16``),
-``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices).
+``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices), ``NormFusionPass``
+(a hand-written LayerNorm's scale takes the type onnxruntime's norm fusion reads as its input).
 """
 
 from amp_compiler.passes.analysis.accumulators import LoopAccumulatorPass
@@ -26,6 +27,7 @@ from amp_compiler.passes.analysis.constants import ConstantRangePass
 from amp_compiler.passes.analysis.coverage import KernelCoveragePass
 from amp_compiler.passes.analysis.hazards import RuntimeHazardPass
 from amp_compiler.passes.analysis.mincut import MinCutPlacementPass
+from amp_compiler.passes.analysis.norm_fusion import NormFusionPass
 from amp_compiler.passes.analysis.paint import PaintPass
 from amp_compiler.passes.analysis.phase import PhaseArgumentPass
 from amp_compiler.passes.analysis.pins import TolerancePinPass
@@ -44,6 +46,7 @@ __all__ = [
     "KernelCoveragePass",
     "LoopAccumulatorPass",
     "MinCutPlacementPass",
+    "NormFusionPass",
     "PaintPass",
     "PhaseArgumentPass",
     "QuantizedIslandPass",

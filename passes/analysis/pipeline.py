@@ -6,8 +6,8 @@
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
                 (input ranges)   (with ranges)         (ONNX frontends)        (scaled FP16)    (BF16)
-             -> min-cut placement
-                (placement="mincut")
+             -> min-cut placement -> norm fusions
+                (placement="mincut")   (ONNX frontends)
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -36,6 +36,7 @@ from amp_compiler.passes.analysis import (
     KernelCoveragePass,
     LoopAccumulatorPass,
     MinCutPlacementPass,
+    NormFusionPass,
     PaintPass,
     PhaseArgumentPass,
     QuantizedIslandPass,
@@ -127,6 +128,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(RangeFallbackPass(settings.provider))
     if settings.placement == "mincut":
         passes.append(MinCutPlacementPass(settings.elements))
+    if settings.runtime_hazards:
+        passes.append(NormFusionPass(settings.provider))  # on the final decisions
     return passes
 
 
