@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import networkx as nx
@@ -29,7 +29,7 @@ from amp_compiler.targets import Target
 
 __all__ = [
     "CONTROL_FLOW_OPS", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "UnionFind", "ValueView", "Vertex",
-    "tensor_edges",
+    "index_readers", "tensor_edges",
 ]
 
 # ONNX's control-flow ops: their vertices carry values across their bodies (precision neutral).
@@ -150,6 +150,9 @@ class PrecisionGraph(Generic[SlotT, OpT]):
     # Ops no table knows whose precision the user declared (ONNX: ``custom_op_precision``), with the
     # element type declared: their float slots are fixed at it.
     declared_ops: dict[OpT, Any] = dataclasses.field(default_factory=dict)
+    # Per selection op (the policy's ``selects``: TopK, ArgMax) whose indices reach an index input (the policy's
+    # ``index_inputs``: Gather's indices, OneHot's, Equal's) through ops on integers: that reader and the input.
+    index_readers: dict[OpT, tuple[OpT, int]] = dataclasses.field(default_factory=dict)
 
     def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:
         vid = self.slot_vertex.get(slot)
@@ -222,3 +225,30 @@ def tensor_edges(n_vertices: int, uses: Iterable[tuple[int, int, ValueView]]) ->
     digraph.add_nodes_from(range(n_vertices))
     digraph.add_edges_from((src, dst, {"values": values}) for (src, dst), values in edges.items())
     return digraph
+
+
+def index_readers(selections: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[tuple[OpT, int]]],
+                  policy: Callable[[OpT], OpPolicy | None]) -> dict[OpT, tuple[OpT, int]]:
+    """Per op of ``selections`` whose integer results reach an input its reader's policy lists in
+    ``index_inputs``: the first such (reader, input index), found breadth first through the ops that read
+    integers (``integer_uses(op)``: (reader, input index) per use of one of ``op``'s integer or bool outputs).
+    Selections whose indices only reach graph outputs, or only shapes, are absent."""
+    found: dict[OpT, tuple[OpT, int]] = {}
+    for selection in selections:
+        seen = {selection}
+        frontier = [selection]
+        while frontier and selection not in found:
+            nxt: list[OpT] = []
+            for op in frontier:
+                for reader, index in integer_uses(op):
+                    entry = policy(reader)
+                    if entry is not None and index in entry.index_inputs:
+                        found[selection] = (reader, index)
+                        break
+                    if reader not in seen:
+                        seen.add(reader)
+                        nxt.append(reader)
+                if selection in found:
+                    break
+            frontier = nxt
+    return found

@@ -53,6 +53,7 @@ class Rule(enum.Enum):
     # kept in the DQ's output type, no Cast between (policy/qdq_units.toml)
     QUANTIZED_PRODUCT = "quantized.product"
     THRESHOLD_INPUT = "threshold.input"  # computes what an op comparing it with constant thresholds reads (a tree)
+    ROUTING_SCORE = "routing.score"  # computes the scores a TopK/ArgMax whose indices route computation reads
     RANGE_OVERFLOW = "input-range.overflow"  # provably beyond the target for the inputs' known ranges
     CALIBRATION_OVERFLOW = "calibration.overflow"
     CALIBRATION_UNDERFLOW = "calibration.underflow"

@@ -137,6 +137,16 @@ class OpPolicy:
     # why FP16 rounding of what it reads changes its results. What computes that input stays FP32
     # (passes/analysis/thresholds.py); empty: no thresholds.
     thresholds: str = ""
+    # Returns the indices of its largest or smallest values (TopK, ArgMax, ArgMin): why FP16 rounding of what it
+    # reads picks other indices. When they reach an ``index_inputs`` input in the graph, what computes its input
+    # stays FP32 (passes/analysis/routing.py); empty: no selection.
+    selects: str = ""
+    # Inputs whose integer values pick which elements the op reads or writes (Gather, OneHot, Scatter*), or build
+    # a mask (Equal): a selection's indices reaching one route computation.
+    index_inputs: tuple[int, ...] = ()
+    # Carries a selection's scores from its input elementwise or along the choices (Softmax, Sigmoid, Add, Div,
+    # Cast, reshapes): the chain of them into a routing selection stays FP32 (passes/analysis/routing.py).
+    scores: bool = False
     # Carries a state from step to step (LSTM, GRU, RNN): FP32 for BF16 (passes/classify.py).
     recurrent: bool = False
     # Its results are probabilities that can be tiny and still matter (Sigmoid, Softmax): FP16 holds
@@ -267,6 +277,9 @@ class PolicyTable:
             positions=bool(raw.get("positions", False)),
             quantizes=raw.get("quantizes"),
             thresholds=raw.get("thresholds", ""),
+            selects=raw.get("selects", ""),
+            index_inputs=tuple(raw.get("index_inputs", ())),
+            scores=bool(raw.get("scores", False)),
             recurrent=bool(raw.get("recurrent", False)),
             tiny_outputs=bool(raw.get("tiny_outputs", False)),
             zero_singular=tuple(raw.get("zero_singular", ())),

@@ -8,6 +8,7 @@ target provider stay FP32), ``SignalPathPass`` (the linear path from a raw input
 FP32), ``PhaseArgumentPass`` (the linear path from raw positions or coordinates into a Sin/Cos stays
 FP32), ``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
 ``ThresholdInputPass`` (what a tree ensemble or another threshold-reading op reads is computed in FP32),
+``RoutingScorePass`` (the scores a TopK/ArgMax whose indices route computation reads, a router, in FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
 the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``RuntimeHazardPass`` (no Cast
 inside op patterns onnxruntime crashes on: FP32 where the provider inserts one, else the Transpose
@@ -34,6 +35,7 @@ from amp_compiler.passes.analysis.pins import TolerancePinPass
 from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
 from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
 from amp_compiler.passes.analysis.range_scaling import RangeScalingPass
+from amp_compiler.passes.analysis.routing import RoutingScorePass
 from amp_compiler.passes.analysis.signal import SignalPathPass
 from amp_compiler.passes.analysis.static_ranges import StaticRangePass
 from amp_compiler.passes.analysis.thresholds import ThresholdInputPass
@@ -53,6 +55,7 @@ __all__ = [
     "ThresholdInputPass",
     "RangeFallbackPass",
     "RangeScalingPass",
+    "RoutingScorePass",
     "RuntimeHazardPass",
     "SignalPathPass",
     "StaticRangePass",

@@ -1,7 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
     classify -> tolerance choices -> kernel coverage -> signal paths -> phase arguments -> loop accumulators
-    -> quantized islands -> threshold inputs
+    -> quantized islands -> threshold inputs -> routing scores
              -> constant ranges
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
@@ -42,6 +42,7 @@ from amp_compiler.passes.analysis import (
     QuantizedIslandPass,
     RangeFallbackPass,
     RangeScalingPass,
+    RoutingScorePass,
     RuntimeHazardPass,
     SignalPathPass,
     StaticRangePass,
@@ -114,6 +115,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ThresholdInputPass())
+    passes.append(RoutingScorePass())
     passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))
