@@ -817,3 +817,42 @@ _register(
     "session creation (the CPU provider inserts one around an FP16 MatMul): both stay FP32 "
     "(runtime.ort-transpose-matmul).",
 )
+
+# --------------------------------------------------------------------------------------------------
+# 21. moe-router
+# --------------------------------------------------------------------------------------------------
+
+
+def build_moe_router() -> onnx.ModelProto:
+    """A mixture-of-experts layer as torch.onnx.export writes Qwen3-MoE/OLMoE/DBRX: router MatMul (64 experts,
+    logits near zero as at initialisation) -> Softmax -> Cast(FLOAT) -> TopK(2) whose indices a OneHot turns
+    into the gates weighting the experts' product (the 64 experts as one MatMul, dense)."""
+    g = _Graph(_seed("moe-router"))
+    hid, experts, k = 32, 64, 2
+    logits = g.node("MatMul", ["x", g.weight("router_W", [hid, experts], 0.02)], name="router")
+    p = g.node("Softmax", [logits], name="router_softmax", axis=-1)
+    p = g.node("Cast", [p], name="router_cast", to=TensorProto.FLOAT)
+    vals, idx = g.node("TopK", [p, g.const("k", np.array([k], np.int64))], name="router_topk",
+                       outputs=["top_p", "experts_chosen"], axis=-1)
+    last = g.const("last", np.array([-1], np.int64))
+    w = g.node("Div", [vals, g.node("ReduceSum", [vals, last], name="top_sum", keepdims=1)], name="top_norm")
+    onehot = g.node("OneHot", [idx, g.const("depth", np.array(experts, np.int64)),
+                               g.const("onoff", np.array([0, 1], np.float32))], name="expert_mask", axis=-1)
+    gates = g.node("ReduceSum", [g.node("Mul", [onehot, g.node("Unsqueeze", [w, last], name="w3")], name="ohw"),
+                                 g.const("axis1", np.array([1], np.int64))], name="gates", keepdims=0)
+    e = g.node("MatMul", ["x", g.weight("experts_W", [hid, experts * hid])], name="experts")
+    e = g.node("Reshape", [e, g.const("eshape", np.array([0, experts, hid], np.int64))], name="per_expert")
+    eg = g.node("Mul", [e, g.node("Unsqueeze", [gates, last], name="g3")], name="weighted")
+    g.node("ReduceSum", [eg, "axis1"], name="combine", outputs=["y"], keepdims=0)
+    return _model(g, "moe_router", [_vi("x", F32, ["tokens", hid])],
+                  [_vi("y", F32, ["tokens", hid]), _vi("experts_chosen", I64, ["tokens", k])], 18)
+
+
+_register(
+    "moe-router",
+    build_moe_router,
+    lambda rng: {"x": _normal(rng, [512, 32])},
+    "A mixture-of-experts router: MatMul (64 experts) -> Softmax -> Cast -> TopK(2), the indices read by a "
+    "OneHot that picks the experts weighting a dense experts' MatMul. Probabilities near 1/64 tie in FP16 and "
+    "TopK picks another expert (routing.score keeps the router FP32; the experts' MatMul stays FP16).",
+)

@@ -23,6 +23,8 @@ TENSOR_CORE_RECORD: dict[str, tuple[int, int, str]] = {
     "llama-rope-long": (6, 7, "the rotary angle MatMul (K = 1, an outer product of inv_freq and the positions: 0.2% "
                         "of the FLOPs) computes Cos/Sin arguments up to 32k rad (policy.high.phase-argument)"),
     "cqt-log": (2, 5, "the constant-Q front end's Convs read raw audio into a Log (policy.high.signal-path)"),
+    "moe-router": (1, 2, "the router's 64-column MatMul, which computes the scores TopK picks experts by "
+                   "(routing.score): 2/64 of the experts' FLOPs"),
     "quantized-encoder": (0, 4, "integer MatMuls whose results are quantized again (quantized.requantize)"),
     "rnn-batch-first": (1, 2, "a MatMul onnxruntime crashes on with a Cast inside (runtime.ort-transpose-matmul)"),
 }
