@@ -119,6 +119,9 @@ def _analyze(
         )
     if result.probe_skipped:
         warnings.append(f"converted without the range probe: {result.probe_skipped}")
+    if result.reference != "fp32":  # a converted model given again: its errors here are against itself
+        warnings.append(f"output errors are measured against {result.reference}: `amp-compiler compare FP32.onnx "
+                        f"{model_name}` measures it against its FP32 source")
     generated: Generated | None = None
     if result.probe_inputs:  # the range probe measured the written model on its generated inputs
         accuracy, not_measured = result.accuracy, result.accuracy_not_measured

@@ -110,7 +110,7 @@ class ConvertCommand(Command):
         if not args.quiet:
             line = summary_line(result, files.files, output_files, time.perf_counter() - start)
             line += load_check_note(check.disabled) if check is not None else ""
-            print(line + accuracy_note(accuracy, measured_on, kinds))
+            print(line + accuracy_note(accuracy, measured_on, kinds, result.reference))
             if analysis and analysis.refinement:
                 print(tolerance_line(analysis, self.analysis.tolerance))
                 if analysis.refinement.why_fp32:
@@ -216,11 +216,14 @@ def _measured(
     return list(result.accuracy), "generated inputs", dict(result.accuracy_on)
 
 
-def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str, kinds: Mapping[str, str] | None = None) -> str:
+def accuracy_note(
+    accuracy: list[OutputAccuracy], measured_on: str, kinds: Mapping[str, str] | None = None, reference: str = "fp32",
+) -> str:
     """The summary line's output error against FP32 (exact emulation): per output when there are
     several, at most three, worst first (max error as a share of the output's range, rel-L2, cosine; an
     integer/bool output's changed values, always stated, 0 included), each with the kind of input that
-    showed it when ``kinds`` names one."""
+    showed it when ``kinds`` names one; ``reference``: what it is measured against (the conversion's
+    ``reference``: fp32, or an input that stores FP16 already)."""
     from amp_compiler.onnx.measure.output_error import severity
 
     if not accuracy:
@@ -229,7 +232,7 @@ def accuracy_note(accuracy: list[OutputAccuracy], measured_on: str, kinds: Mappi
     shown = worst if len(worst) <= 3 else worst[:3]
     parts = [_one_error(a, name=len(accuracy) > 1) + _shown_on(a, kinds) for a in shown]
     more = f" (+{len(accuracy) - 3} more)" if len(accuracy) > 3 else ""
-    return f" | output error vs fp32 on {measured_on}: " + "; ".join(parts) + more
+    return f" | output error vs {reference} on {measured_on}: " + "; ".join(parts) + more
 
 
 def _shown_on(a: OutputAccuracy, kinds: Mapping[str, str] | None) -> str:

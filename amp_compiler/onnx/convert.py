@@ -82,6 +82,9 @@ from amp_compiler.targets import Provider, Target
 
 __all__ = ["ConversionResult", "ConvertOptions", "NodeDecision", "convert"]
 
+#: What a conversion's output error is measured against when its input stores FP16/BF16 already.
+ALREADY_LOW_REFERENCE = "the input model (it stores fp16/bf16 already: no FP32 reference)"
+
 
 @gc_paused
 def convert(
@@ -177,6 +180,8 @@ def convert(
             probe_runner[0].close()
     if opset is not None:
         _say_opset(result, opset)
+    if stores_low_precision(proto):  # whatever measures the output's error (the probe, the report) has no FP32
+        result.reference = ALREADY_LOW_REFERENCE
     if fp8 and samples:  # the FLOPs the summary states are at the data's sizes, as --tolerance's are
         result.sample_shapes = {k: tuple(v.shape) for k, v in samples[0].items()}
     return result

@@ -83,6 +83,9 @@ class ConversionResult:
     # Per output, the kind of generated input its error above was measured on, when the probe's samples
     # differ in kind (a model with an image input: its worst of uniform noise and dead-leaves images).
     accuracy_on: dict[str, str] = dataclasses.field(default_factory=dict)
+    # What ``accuracy`` is measured against: "fp32", or for an input that stores FP16/BF16 already (a
+    # converted model, converted again) that input itself, exactly emulated: no FP32 reference exists.
+    reference: str = "fp32"
 
     def decisions_by_rule(self) -> dict[str, int]:
         return count_by_rule(self.decisions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -352,3 +353,21 @@ def test_ids_selected_from_an_input_on_their_way_to_tables_stay_below_the_smalle
     assert (kind.kind, kind.bounds, kind.why) == ("ids", (0.0, 40.0), "vocabulary")
     sample = random_samples(m, {"sparse": (64, 2)}, informed=True)[0]["sparse"]
     assert sample.max() < 40 and len(np.unique(sample)) > 10
+
+
+def test_a_model_that_stores_fp16_already_is_measured_against_itself_and_says_so(tmp_path, capsys):
+    """Before, converting (or reporting) a model converted already said "output error vs fp32: ... 0":
+    its reference was itself."""
+    from amp_compiler.cli import main
+    from amp_compiler.onnx.convert import ALREADY_LOW_REFERENCE
+
+    fp32 = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, [2, 16])],
+                 [vi("y", F32, [2, 8])], [tensor("w", np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32))])
+    assert convert(fp32, runner=InProcessRunner()).reference == "fp32"
+    once = convert(fp32, runner=InProcessRunner()).model
+    assert convert(once, runner=InProcessRunner()).reference == ALREADY_LOW_REFERENCE
+    onnx.save(once, tmp_path / "m.fp16.onnx")
+    assert main(["convert", str(tmp_path / "m.fp16.onnx"), "-o", str(tmp_path / "again.onnx")]) == 0
+    assert "output error vs the input model (it stores fp16/bf16 already" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "m.fp16.onnx")]) == 0
+    assert "measured against the input model" in capsys.readouterr().out
