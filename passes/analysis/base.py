@@ -12,7 +12,7 @@ check of the plan it wrote (raising ``PostconditionError``), given the plan as i
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import NoReturn
 
 from onnx_ir.passes import PostconditionError, PreconditionError
@@ -21,8 +21,8 @@ from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 
 __all__ = [
-    "AnalysisPass", "PostconditionError", "PreconditionError", "ensure", "ensure_all", "ensure_only_pinned", "require",
-    "require_roles",
+    "AnalysisPass", "PostconditionError", "PreconditionError", "ensure", "ensure_all", "ensure_only_pinned",
+    "paths_into", "require", "require_roles",
 ]
 
 
@@ -79,16 +79,52 @@ def require_roles(pass_: AnalysisPass, graph: PrecisionGraph, plan: PrecisionPla
 
 def ensure_only_pinned(
     pass_: AnalysisPass, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan,
-    pinnable: frozenset[Role], role: Role, rules: frozenset[Rule],
+    pinnable: frozenset[Role], role: Role, rules: frozenset[Rule], found: Container[int] | None = None,
 ) -> None:
-    """Roles changed only from a ``pinnable`` role to ``role``, by one of ``rules``, with a reason."""
+    """Roles changed only from a ``pinnable`` role to ``role``, by one of ``rules``, with a reason (and,
+    given ``found``, only of vertices in it: what the pass's own search found)."""
 
     def kept_or_pinned(vertex: Vertex) -> bool:
         vid = vertex.id
         if plan.roles[vid] is before.roles[vid] and plan.role_rules[vid] == before.role_rules[vid]:
             return True
         rule, reason = plan.role_rules[vid]
-        return before.roles[vid] in pinnable and plan.roles[vid] is role and rule in rules and bool(reason)
+        return (before.roles[vid] in pinnable and plan.roles[vid] is role and rule in rules and bool(reason)
+                and (found is None or vid in found))
 
     allowed = f"only {role.value} by {sorted(r.value for r in rules)} may"
     ensure_all(pass_, graph.vertices, kept_or_pinned, f"changed role, where {allowed}")
+
+
+def paths_into(
+    graph: PrecisionGraph, sink: Vertex, is_source: Callable[[Vertex], bool], passes: Callable[[Vertex], bool],
+) -> dict[int, int]:
+    """The vertices on paths into ``sink`` from sources (``is_source``) through vertices that ``passes``
+    lets by, each with the source it comes from (a vertex reached from several: the first, in id order):
+    backwards from the sink through passing vertices to the sources, then forwards from each source
+    within what the backward walk found. Sources are included; the sink is not."""
+    digraph = graph.digraph
+    back: set[int] = set()
+    sources: list[int] = []
+    stack = list(digraph.pred[sink.id])
+    while stack:
+        vid = stack.pop()
+        if vid in back:
+            continue
+        vertex = graph.vertices[vid]
+        if is_source(vertex):
+            back.add(vid)
+            sources.append(vid)
+        elif passes(vertex):
+            back.add(vid)
+            stack.extend(digraph.pred[vid])
+    path: dict[int, int] = {}
+    for start in sorted(sources):
+        stack = [start]
+        while stack:
+            vid = stack.pop()
+            if vid in path:
+                continue
+            path[vid] = start
+            stack.extend(w for w in digraph.succ[vid] if w in back and w not in path)
+    return path

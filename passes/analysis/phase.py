@@ -43,7 +43,7 @@ import numpy as np
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
@@ -110,29 +110,8 @@ def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
     for sink in graph.vertices:
         if sink.node is None or sink.policy is None or not sink.policy.periodic:
             continue
-        back: set[int] = set()
-        raws: list[int] = []
-        stack = list(digraph.pred[sink.id])
-        while stack:
-            vid = stack.pop()
-            if vid in back:
-                continue
-            vertex = graph.vertices[vid]
-            if _is_raw(vertex, graph, derived):
-                back.add(vid)
-                raws.append(vid)
-            elif _is_linear(vertex, graph, derived):
-                back.add(vid)
-                stack.extend(digraph.pred[vid])
-        path: dict[int, Vertex] = {}
-        for raw in sorted(raws):
-            stack = [raw]
-            while stack:
-                vid = stack.pop()
-                if vid in path:
-                    continue
-                path[vid] = graph.vertices[raw]
-                stack.extend(w for w in digraph.succ[vid] if w in back and w not in path)
+        path = {vid: graph.vertices[raw] for vid, raw in paths_into(
+            graph, sink, lambda v: _is_raw(v, graph, derived), lambda v: _is_linear(v, graph, derived)).items()}
         # The constants the path reads through ops of its own (Expand, Unsqueeze of inv_freq).
         todo = [(p, origin) for vid, origin in path.items() for p in digraph.pred[vid] if p in derived]
         while todo:

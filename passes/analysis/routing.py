@@ -41,8 +41,8 @@ import dataclasses
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require_roles
-from amp_compiler.passes.analysis.classify import ensure_pinned, pinnable
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import GemmKind
 
 __all__ = ["MAX_CHAIN", "MAX_CHOICES", "RoutingScorePass", "Route", "routing_scores"]
@@ -123,13 +123,7 @@ class RoutingScorePass(AnalysisPass):
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
         found = routing_scores(graph)
 
-        def kept_or_pinned(vertex: Vertex) -> bool:
-            vid = vertex.id
-            if plan.roles[vid] is before.roles[vid] and plan.role_rules[vid] == before.role_rules[vid]:
-                return True
-            return vid in found and plan.roles[vid] is Role.DENY and plan.role_rules[vid][0] is Rule.ROUTING_SCORE
-
-        ensure_all(self, graph.vertices, kept_or_pinned, "changed role, where only routing.score may")
+        ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.ROUTING_SCORE}), found)
         ensure_pinned(self, graph, plan, found, "computes the scores of a selection whose indices route")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:

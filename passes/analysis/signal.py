@@ -26,7 +26,7 @@ import ml_dtypes
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
@@ -52,35 +52,12 @@ def noise_floor_db(graph: PrecisionGraph) -> float:
 
 def signal_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
     """Per vertex on a raw signal path into a ``dynamic_range`` op: (the graph input, the op)."""
-    digraph = graph.digraph
     found: dict[int, tuple[Vertex, Vertex]] = {}
     for sink in graph.vertices:
         if sink.policy is None or not sink.policy.dynamic_range or sink.node is None:
             continue
-        # Backwards from the sink through signal vertices, collecting the graph inputs reached.
-        back: set[int] = set()
-        inputs: list[int] = []
-        stack = list(digraph.pred[sink.id])
-        while stack:
-            vid = stack.pop()
-            if vid in back:
-                continue
-            vertex = graph.vertices[vid]
-            if _is_input(vertex):
-                back.add(vid)
-                inputs.append(vid)
-            elif _is_signal(vertex):
-                back.add(vid)
-                stack.extend(digraph.pred[vid])
-        # Forwards from those inputs, within what the backward walk found: the paths themselves.
-        for start in sorted(inputs):
-            stack = [start]
-            while stack:
-                vid = stack.pop()
-                if vid in found:
-                    continue
-                found[vid] = (graph.vertices[start], sink)
-                stack.extend(w for w in digraph.succ[vid] if w in back and w not in found)
+        for vid, start in paths_into(graph, sink, _is_input, _is_signal).items():
+            found.setdefault(vid, (graph.vertices[start], sink))
     return found
 
 

@@ -25,8 +25,8 @@ import dataclasses
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, require_roles
-from amp_compiler.passes.analysis.classify import ensure_pinned, pinnable
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
 __all__ = ["ThresholdInputPass", "threshold_inputs"]
@@ -69,13 +69,7 @@ class ThresholdInputPass(AnalysisPass):
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
         found = threshold_inputs(graph)
 
-        def kept_or_pinned(vertex: Vertex) -> bool:
-            vid = vertex.id
-            if plan.roles[vid] is before.roles[vid] and plan.role_rules[vid] == before.role_rules[vid]:
-                return True
-            return vid in found and plan.roles[vid] is Role.DENY and plan.role_rules[vid][0] is Rule.THRESHOLD_INPUT
-
-        ensure_all(self, graph.vertices, kept_or_pinned, "changed role, where only threshold.input may")
+        ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.THRESHOLD_INPUT}), found)
         ensure_pinned(self, graph, plan, found, "feeds an op comparing it with thresholds")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
