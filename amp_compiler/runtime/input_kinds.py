@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import onnx
 
+from amp_compiler.runtime.diffusion_inputs import diffusion_kinds
 from amp_compiler.runtime.string_inputs import StringVocabulary, string_vocabularies
 
 __all__ = [
@@ -30,7 +31,8 @@ def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 @dataclasses.dataclass(frozen=True)
 class InputKind:
-    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``ids`` (token ids)
+    """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``normal`` (floats
+    N(``bounds[0]``, ``bounds[1]``): diffusion latents), ``ids`` (token ids)
     or ``index`` (indices into a dim, :data:`INDEX_INPUTS`) (integers in ``[0, bounds[1])``), ``positions``
     (0, 1, 2... along the last dim), ``value`` (``bounds[0]`` everywhere), ``beyond`` (the longest token
     input's length plus ``bounds[0]``: a generation's length limit) or ``words`` (strings of ``vocabulary``),
@@ -112,7 +114,10 @@ def input_kinds(
     model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
 ) -> dict[str, InputKind]:
     """What is known of each graph input's values, from the options and the graph: a stated range
-    (``--input-range``); a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
+    (``--input-range``); a diffusion model's latents and timesteps
+    (:func:`~amp_compiler.runtime.diffusion_inputs.diffusion_kinds`: a VAE decoder's ``latent_sample``
+    N(0, 7.7), a denoiser's ``sample`` N(0, 1) and ``timestep`` 0..999), before images (a 4-channel
+    latent is no RGBA image); a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
     normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
     123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
     normalization lives in its preprocessing: PP-OCR, torchvision exports): -1..1 (a (x - 0.5) / 0.5
@@ -148,6 +153,7 @@ def input_kinds(
         for name, vocabulary in string_vocabularies(model).items() if name not in stated
     }
     waveforms = waveform_inputs(model)
+    diffusion = diffusion_kinds(model_inputs(model))
     for info in model_inputs(model):
         tt = info.type.tensor_type
         if not info.type.HasField("tensor_type") or not tt.elem_type or info.name in kinds:  # no tensor; words
@@ -155,6 +161,8 @@ def input_kinds(
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if info.name in stated:
             kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
+        elif info.name in diffusion:
+            kinds[info.name] = InputKind(*diffusion[info.name])
         elif np.issubdtype(dtype, np.floating) and image_like(info):
             readers = consumers.get(info.name, ())
             top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)

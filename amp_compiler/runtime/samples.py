@@ -235,7 +235,8 @@ def random_samples(
     """Inputs for a model when no data is given: floats ~ N(0, 1), integers 1, booleans True.
 
     With ``informed`` they follow what is known of each input (:func:`input_kinds`: a stated range,
-    an image's pixel range, token ids below the vocabulary); ``input_ranges`` (``--input-range``)
+    an image's pixel range, token ids below the vocabulary, a diffusion model's latents N(0, sigma) and
+    timesteps 0..999); ``input_ranges`` (``--input-range``)
     are drawn uniformly in any case.
     Dynamic dims take ``input_shapes`` (bound: :func:`amp_compiler.onnx.costs.costs.bind_input_shapes`) or 1.
     Samples that would hold more than ``max_bytes`` together are refused (:class:`SampleSizeError`)
@@ -260,6 +261,8 @@ def random_samples(
             kind = kinds.get(info.name)
             if kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.uniform(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
+            elif kind is not None and kind.kind == "normal" and np.issubdtype(dtype, np.floating):
+                sample[info.name] = rng.normal(kind.bounds[0], kind.bounds[1], shape).astype(dtype)
             elif kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.integer):
                 low, high = math.ceil(kind.bounds[0]), math.floor(kind.bounds[1])
                 sample[info.name] = rng.integers(low, high, shape, endpoint=True).astype(dtype)

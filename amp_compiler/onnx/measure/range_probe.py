@@ -1,6 +1,6 @@
 """The range probe: observed value ranges of the FP32 model on generated inputs, when no data is given.
 
-    generated inputs (following what is known: --input-range, --input-shape, images, token ids) ->
+    generated inputs (following what is known: --input-range, --input-shape, images, token ids, latents) ->
     one run of the FP32 model (its outputs kept: the reference the written model is measured against)
     [-> for a model with an image input, a second sample: the same with dead-leaves images, run too]
     -> one run per sample with every tensor observed (:func:`~amp_compiler.onnx.measure.calibrate.collect_ranges`)
@@ -103,11 +103,15 @@ def _generated(
     input_ranges: Mapping[str, tuple[float, float]] | None, seed: int,
 ) -> Generated:
     """One runnable generated sample: image inputs with dynamic spatial dims at :data:`IMAGE_SIZES` in
-    turn, each with the other inputs sized by :func:`_sized` (a CLIP-like model's token ids at its
-    position table's length beside its image); then, if no image size runs, the other inputs sized
-    alone."""
+    turn (a diffusion model's latents at :data:`LATENT_SIZE`), each with the other inputs sized by
+    :func:`_sized` (a CLIP-like model's token ids at its position table's length beside its image); then,
+    if no image size runs, the other inputs sized alone."""
     given = dict(input_shapes or {})
-    images = [info for info in model_inputs(model) if info.name not in given and _dynamic_image(info)]
+    latents = {info.name: _latent_shape(model, info) for info in model_inputs(model)
+               if info.name not in given and _dynamic_latent(model, info, input_ranges)}
+    given.update((name, shape) for name, shape in latents.items() if shape is not None)
+    images = [info for info in model_inputs(model)
+              if info.name not in given and info.name not in latents and _dynamic_image(info)]
     for height, width in IMAGE_SIZES if images else ():
         fixed = dict(given)
         for info in images:
@@ -122,6 +126,47 @@ def _generated(
         except (ModelRunError, SampleSizeError):
             continue
     return _sized(model, runner, given, input_ranges, seed)
+
+
+#: A diffusion model's latents' dynamic height and width (:mod:`~amp_compiler.runtime.diffusion_inputs`):
+#: a 256-pixel image's at a VAE's 8x (SD's 512 pixels are 64x64; 32x32 keeps a full-size SD VAE decoder's
+#: probe runs near a minute on a CPU, sweep L's 256-pixel decoder 54 s in all), wide enough for a denoiser's
+#: three downsamplings and attention over 64 positions.
+LATENT_SIZE = (32, 32)
+
+
+def _dynamic_latent(
+    model: onnx.ModelProto, info: onnx.ValueInfoProto, input_ranges: Mapping[str, tuple[float, float]] | None,
+) -> bool:
+    """A 4-D input :func:`~amp_compiler.runtime.input_kinds.input_kinds` takes for a diffusion model's latents
+    (kind ``normal``) whose channels, height or width are dynamic."""
+    kind = input_kinds(model, input_ranges).get(info.name)
+    dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
+    return (kind is not None and kind.kind == "normal" and len(dims) == 4
+            and not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[1:]))
+
+
+def _latent_shape(model: onnx.ModelProto, info: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    """A dynamic latent's shape: batch 1, its channels (stated, or the input channels of the Conv that reads
+    it: a VAE's ``post_quant_conv``, a UNet's ``conv_in``), :data:`LATENT_SIZE`; None where its channels are
+    not known (the generic search sizes it)."""
+    dims = info.type.tensor_type.shape.dim
+    channels = _static(dims[1], 0) or _conv_channels(model, info.name)
+    if not channels:
+        return None
+    return (_static(dims[0], 1), channels, _static(dims[2], LATENT_SIZE[0]), _static(dims[3], LATENT_SIZE[1]))
+
+
+def _conv_channels(model: onnx.ModelProto, name: str) -> int:
+    """The input channels of a Conv of the main graph that reads ``name`` with an initializer weight (0: none)."""
+    weights = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Conv" and node.input and node.input[0] == name and len(node.input) > 1:
+            weight = weights.get(node.input[1])
+            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            if weight is not None and len(weight.dims) >= 2:
+                return int(weight.dims[1] * group)
+    return 0
 
 
 def _sized(
@@ -157,7 +202,7 @@ def _sized(
 
 def _dynamic_image(info: onnx.ValueInfoProto) -> bool:
     """A float image input (:func:`~amp_compiler.runtime.input_kinds.image_channels`) whose channels, height or
-    width are dynamic."""
+    width are dynamic (a diffusion model's latents, which :func:`_generated` sizes first, aside)."""
     dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
     return (
         info.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
@@ -219,7 +264,8 @@ def probe_samples(
     if generated.dims:
         described.append(generated.describe())
     given = input_shapes or {}
-    sized = {info.name for info in model_inputs(model) if info.name not in given and _dynamic_image(info)}
+    sized = {info.name for info in model_inputs(model) if info.name not in given
+             and (_dynamic_image(info) or _dynamic_latent(model, info, input_ranges))}
     described += [f"{shown(name)}: {'x'.join(map(str, array.shape))}"
                   for name, array in generated.samples[0].items() if name in sized]
     share = _nonfinite_share(outputs)

@@ -371,3 +371,28 @@ def test_a_model_that_stores_fp16_already_is_measured_against_itself_and_says_so
     assert "output error vs the input model (it stores fp16/bf16 already" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "m.fp16.onnx")]) == 0
     assert "measured against the input model" in capsys.readouterr().out
+
+
+def _decoder(dims: list) -> object:
+    """Optimum's VAE decoder input, ``latent_sample`` (``dims``) -> post_quant_conv 1x1 -> conv_in 3x3."""
+    return model(
+        [helper.make_node("Conv", ["latent_sample", "pq"], ["h"], name="post_quant_conv"),
+         helper.make_node("Conv", ["h", "w"], ["y"], name="conv_in", pads=[1, 1, 1, 1])],
+        [vi("latent_sample", F32, dims)], [vi("y", F32, [dims[0], 8, dims[2], dims[3]])],
+        [tensor("pq", weights((4, 4, 1, 1))), tensor("w", weights((8, 4, 3, 3)))])
+
+
+def test_a_decoders_latents_are_probed_as_latents_on_one_sample_and_said_so():
+    found = range_probe.probe_samples(_decoder([1, 4, 8, 8]), InProcessRunner())
+    assert len(found.samples) == 1 and found.kinds == []  # no dead-leaves "image"
+    assert found.inputs == "latent_sample: latents N(0, 7.7)"
+    assert 6 < found.samples[0]["latent_sample"].std() < 9.5
+
+
+def test_dynamic_latents_take_their_convs_channels_and_a_latent_size_not_an_images():
+    """Optimum names the decoder's channels ``num_channels_latent``: read as an image's (3) the model refused
+    every size, and 224x224 is a 1792-pixel image's latent."""
+    m = _decoder(["batch_size", "num_channels_latent", "height_latent", "width_latent"])
+    found = range_probe.probe_samples(m, InProcessRunner())
+    assert found.samples[0]["latent_sample"].shape == (1, 4, *range_probe.LATENT_SIZE)
+    assert found.inputs.startswith("latent_sample: latents N(0, 7.7)") and "1x4x32x32" in found.inputs
