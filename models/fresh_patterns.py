@@ -16,7 +16,15 @@ under exact FP16 emulation: four failed, each in one of these ways (trained-like
 - ``seg-sigmoid-edge``: a segmentation map's Sigmoid whose logits move by about 0.1 in FP16: a few
   pixels past 2% of the range.
 
-The last three are accuracy the range probe does not fix (nothing overflows): the default conversion
+A fifth, from a sweep of diffusion models (sweep L), is the probe's own blind spot when it took a latent for
+an image:
+
+- ``vae-decoder-overflow``: a VAE decoder (``latent_sample [1, 4, 16, 16]`` -> 32x32 image) whose
+  ``conv_in`` carries a trained-like scale (x3000): on real latents (``latents / 0.13025``, SDXL's, std
+  7.7) its hidden tensor reaches about 1e5 and the FP16 image is NaN (the SDXL VAE's FP16 overflow); on
+  image-range inputs (-1..1) it stays near 1e4, and the probe saw nothing.
+
+The three after the first are accuracy the range probe does not fix (nothing overflows): the default conversion
 measures them on its generated inputs and warns (``amp-compiler convert``'s summary line).
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
 """
@@ -194,4 +202,72 @@ _register(
     "features loses a few percent of their spread and the Softmax moves by more than 2% of its "
     "range. Nothing overflows: the default conversion measures it and warns.",
     _WARNED,
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# vae-decoder-overflow
+# --------------------------------------------------------------------------------------------------
+
+_LATENT = (1, 4, 16, 16)
+#: SDXL's latent scaling factor: a pipeline decodes ``latents / 0.13025`` (std 7.7).
+_SDXL_SCALING = 0.13025
+
+
+def _group_norm(g: _Graph, x: str, channels: int, groups: int, name: str) -> str:
+    """GroupNorm as torch.onnx writes it: Reshape to groups, InstanceNormalization, Reshape back, scale, shift."""
+    grouped = g.node("Reshape", [x, g.const(f"{name}_groups", np.array([0, groups, -1], np.int64))], name=f"{name}_in")
+    normed = g.node("InstanceNormalization", [grouped, g.const(f"{name}_one", np.ones(groups, np.float32)),
+                                              g.const(f"{name}_zero", np.zeros(groups, np.float32))],
+                    name=f"{name}_norm", epsilon=1e-6)
+    back = g.node("Reshape", [normed, g.node("Shape", [x], name=f"{name}_shape")], name=f"{name}_out")
+    scaled = g.node("Mul", [back, g.const(f"{name}_gamma", np.ones((channels, 1, 1), np.float32))], name=f"{name}_mul")
+    return g.node("Add", [scaled, g.const(f"{name}_beta", np.zeros((channels, 1, 1), np.float32))], name=f"{name}_add")
+
+
+def _silu(g: _Graph, x: str, name: str) -> str:
+    return g.node("Mul", [x, g.node("Sigmoid", [x], name=f"{name}_sigmoid")], name=name)
+
+
+def build_vae_decoder_overflow() -> onnx.ModelProto:
+    g = _Graph(_seed("vae-decoder-overflow"))
+    width = 32
+    pq = g.node("Conv", ["latent_sample", g.const("post_quant_w", (np.eye(4) + 0.1 * g.rng.standard_normal((4, 4)))
+                                                   .astype(np.float32).reshape(4, 4, 1, 1))],
+                name="post_quant_conv", kernel_shape=[1, 1])
+    h = _conv(g, pq, 4, width, "conv_in", gain=3000.0, relu=False)  # a trained decoder's large first layer
+    n = _silu(g, _group_norm(g, h, width, 8, "mid_norm1"), "mid_act1")
+    n = _silu(g, _group_norm(g, _conv(g, n, width, width, "mid_conv1", relu=False), width, 8, "mid_norm2"), "mid_act2")
+    h = g.node("Add", [h, _conv(g, n, width, width, "mid_conv2", gain=30.0, relu=False)], name="mid_residual")
+    up = g.node("Resize", [h, "", g.const("up_scales", np.array([1, 1, 2, 2], np.float32))], name="upsample",
+                mode="nearest")
+    h = _conv(g, up, width, width, "up_conv", relu=False)
+    n = _silu(g, _group_norm(g, h, width, 8, "out_norm"), "out_act")
+    w = g.weight("conv_out_w", [3, width, 3, 3], scale=0.05)
+    b = g.const("conv_out_b", np.zeros(3, np.float32))
+    g.node("Conv", [n, w, b], name="conv_out", outputs=["sample"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    return _model(g, "vae_decoder_overflow", [_vi("latent_sample", F32, list(_LATENT))],
+                  [_vi("sample", F32, [1, 3, 32, 32])], 18)
+
+
+def _latents(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """What a pipeline decodes: unit-variance latents (a smooth field plus detail, as an image's latents
+    are) divided by SDXL's scaling factor."""
+    n, c, h, w = _LATENT
+    coarse = rng.standard_normal((n, c, h // 4, w // 4))
+    field = np.repeat(np.repeat(coarse, 4, axis=2), 4, axis=3) + 0.5 * rng.standard_normal(_LATENT)
+    field /= field.std()
+    return {"latent_sample": (field / _SDXL_SCALING).astype(np.float32)}
+
+
+_register(
+    "vae-decoder-overflow",
+    build_vae_decoder_overflow,
+    _latents,
+    "A VAE decoder (latent_sample [1, 4, 16, 16] -> a 32x32 image: post_quant_conv, conv_in x3000, a "
+    "resnet block whose second conv is x30, a 2x upsample, GroupNorms) fed what a pipeline decodes, "
+    "latents / 0.13025 (std 7.7): conv_in's output reaches about 1e5 and the FP16 image is NaN (the SDXL "
+    "VAE's FP16 overflow). Probed as a -1..1 image it peaks near 1e4 and nothing was kept out of FP16; "
+    "probed as latents N(0, 7.7) the probe keeps it out of plain FP16 (rule probe.overflow).",
+    "the image is NaN without the range probe (tests/e2e/test_fresh_patterns.py holds the probe's fix)",
 )

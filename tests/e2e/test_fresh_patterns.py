@@ -47,6 +47,25 @@ def test_the_probe_finds_the_detect_heads_hidden_overflow_and_scales_it_into_fp1
     assert "image -1..1" in result.probe_inputs
 
 
+def test_the_vae_decoder_is_nan_on_real_latents_without_the_probe():
+    blind = convert(catalog.load("vae-decoder-overflow"), runner=InProcessRunner(), probe=False)
+    assert not all(a.finite for a in _accuracy("vae-decoder-overflow", blind.model))
+
+
+def test_the_probe_draws_the_decoders_latents_at_their_scale_and_scales_its_overflow_into_fp16():
+    """Probed as a -1..1 image, conv_in peaked near 1.5e4 (FP16 holds it, with the 2x margin): nothing was
+    kept out of FP16 and the image was NaN on real latents (latents / 0.13025). As latents N(0, 7.7) the
+    probe sees the 1e5 real latents give."""
+    result = convert(catalog.load("vae-decoder-overflow"), probe=True, runner=InProcessRunner())
+    assert result.probe_inputs == "latent_sample: latents N(0, 7.7)"
+    by_node = {d.node: d for d in result.decisions}
+    assert (by_node["conv_in"].precision, by_node["conv_in"].rule) == ("fp16", "probe.overflow")
+    assert "power-of-two scales" in by_node["conv_in"].reason  # on Tensor Cores, not FP32
+    assert all(d.precision == "fp16" for d in result.decisions if d.op_type == "Conv")
+    accuracy = _accuracy("vae-decoder-overflow", result.model)
+    assert accuracy and all(a.finite for a in accuracy) and not any(misses(a) for a in accuracy), accuracy
+
+
 @pytest.mark.parametrize("name", ["text-det-sigmoid", "ctc-wide-softmax", "seg-sigmoid-edge"])
 def test_accuracy_the_probe_cannot_fix_is_measured_and_flagged(name):
     """Nothing overflows: the conversion stays as it was, misses 2% of range on real-like inputs, and
