@@ -29,7 +29,7 @@ from amp_compiler.targets import Target
 
 __all__ = [
     "CONTROL_FLOW_OPS", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "UnionFind", "ValueView", "Vertex",
-    "index_readers", "tensor_edges",
+    "dataflow", "index_readers", "tensor_edges",
 ]
 
 # ONNX's control-flow ops: their vertices carry values across their bodies (precision neutral).
@@ -252,3 +252,24 @@ def index_readers(selections: Iterable[OpT], integer_uses: Callable[[OpT], Itera
                     break
             frontier = nxt
     return found
+
+
+def dataflow(graph: PrecisionGraph) -> nx.DiGraph:
+    """What is computed from what: ``graph.digraph`` plus, for an op whose inputs and outputs lie in
+    different vertices (a Cast or ``.to(float32)`` between two float types, an op with fixed-type
+    arguments), an edge from each of its vertices holding an input to each other one holding an output.
+
+    The tensor edges alone stop at such an op: its output vertex has no predecessor, as if computed from
+    integers or constants alone (``inv_freq[None, :, None].float()`` in an FX graph looked like a raw
+    position, and the path through it was lost). Passes that follow values through ops (signal paths,
+    phase arguments) walk this graph; it is a new graph, ``graph.digraph`` is unchanged."""
+    flow = graph.digraph.copy()
+    vertices = graph.vertices
+    for op, vids in graph.node_vertices.items():
+        if len(vids) < 2:
+            continue
+        own = [vertices[v] for v in vids if vertices[v].node is op]
+        ins = [v.id for v in own if any(s.kind is SlotKind.NODE_IN for s in v.slots)]
+        outs = [v.id for v in own if any(s.kind is SlotKind.NODE_OUT for s in v.slots)]
+        flow.add_edges_from((a, b) for a in ins for b in outs if a != b)
+    return flow

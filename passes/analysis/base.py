@@ -15,6 +15,7 @@ import abc
 from collections.abc import Callable, Container, Iterable
 from typing import NoReturn
 
+import networkx as nx
 from onnx_ir.passes import PostconditionError, PreconditionError
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex
@@ -98,12 +99,15 @@ def ensure_only_pinned(
 
 def paths_into(
     graph: PrecisionGraph, sink: Vertex, is_source: Callable[[Vertex], bool], passes: Callable[[Vertex], bool],
+    digraph: nx.DiGraph | None = None,
 ) -> dict[int, int]:
     """The vertices on paths into ``sink`` from sources (``is_source``) through vertices that ``passes``
     lets by, each with the source it comes from (a vertex reached from several: the first, in id order):
     backwards from the sink through passing vertices to the sources, then forwards from each source
-    within what the backward walk found. Sources are included; the sink is not."""
-    digraph = graph.digraph
+    within what the backward walk found. Sources are included; the sink is not. ``digraph``: the edges
+    walked (default ``graph.digraph``; :func:`~amp_compiler.core.graph.dataflow` also crosses a Cast
+    between float types)."""
+    digraph = graph.digraph if digraph is None else digraph
     back: set[int] = set()
     sources: list[int] = []
     stack = list(digraph.pred[sink.id])

@@ -23,7 +23,15 @@ ids), or an op that counts (the table's ``positions``: Range) not computed from 
 Paths that meet anything else (an activation, a normalization, attention) are learned features (a
 SIREN's sine of a hidden layer), left to the range rules. The constant-derived operands of the path
 (an Expand or Reshape of ``inv_freq``) stay FP32 too: a frequency rounded to FP16 moves the angle
-by as much as a rounded angle.
+by as much as a rounded angle. So does the periodic op itself where the table lets it follow its
+neighbours (aten's sin and cos): low, it would round its argument at its own input.
+
+The walk follows :func:`~amp_compiler.core.graph.dataflow`, not the tensor edges alone: an op whose
+input and output lie in two vertices (a Cast or ``.to(float32)`` between float types) has no tensor
+edge across it, and its output looked computed from nothing, i.e. raw. In a torch.export graph Llama's
+``inv_freq[None, :, None].float()`` is such an op: the buffer then counted as a position, the angle
+matmul had two variable operands, and nothing was pinned. The same Llama-style rotary block converted
+with ``amp_compiler.fx`` to FP16: 3.6% of range at position 2000, 16% at 32000 before; 0.04-0.05% now.
 
 Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
 (``user.allow``), is DENY with rule ``policy.high.phase-argument`` and a reason that names the
@@ -32,6 +40,8 @@ periodic op, the raw value and the angle's absolute error the target's storage g
 [positions, dim/2], with K = 1 (rotary) or K = 2-3 (coordinates). On the catalog only llama-rope-long's
 K = 1 angle MatMul is a Tensor Core op it pins (low-precision FLOPs 98.29% -> 98.10% of the model's);
 the transformers Llama exports compute the angle with a Mul (Cast, Mul, Concat pinned, share unchanged).
+On the FX catalog (ResNet-50, MobileNetV2, BERT, GPT-2, Llama small configs) the Tensor Core share is
+unchanged: only transformers' Llama has angles, computed with a ``mul``.
 """
 
 from __future__ import annotations
@@ -39,9 +49,10 @@ from __future__ import annotations
 import dataclasses
 
 import ml_dtypes
+import networkx as nx
 import numpy as np
 
-from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
+from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex, dataflow
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
@@ -57,10 +68,10 @@ def _is_input(vertex: Vertex) -> bool:
     return vertex.node is None and any(s.kind is SlotKind.GRAPH_IN for s in vertex.slots)
 
 
-def constant_derived(graph: PrecisionGraph) -> set[int]:
+def constant_derived(graph: PrecisionGraph, digraph: nx.DiGraph) -> set[int]:
     """The vertices whose values are computed from constants alone: an op reading only constants, or
-    only such vertices (an Expand of ``inv_freq``, a Mul of two constants)."""
-    digraph = graph.digraph
+    only such vertices (an Expand of ``inv_freq``, a Mul of two constants); ``digraph``: the graph's
+    :func:`~amp_compiler.core.graph.dataflow` (``inv_freq.float()`` is computed from ``inv_freq``)."""
     derived: set[int] = set()
     stack = [v.id for v in graph.vertices if v.node is not None and v.constants and not digraph.pred[v.id]]
     while stack:
@@ -75,7 +86,7 @@ def constant_derived(graph: PrecisionGraph) -> set[int]:
     return derived
 
 
-def _is_raw(vertex: Vertex, graph: PrecisionGraph, derived: set[int]) -> bool:
+def _is_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
     """A position or coordinate: a float graph input, a float computed from integers alone (a Cast of
     position ids: no float input, no constant), or a count (Range) not computed from constants."""
     if _is_input(vertex):
@@ -85,10 +96,10 @@ def _is_raw(vertex: Vertex, graph: PrecisionGraph, derived: set[int]) -> bool:
     policy = vertex.policy
     if policy is not None and policy.positions:
         return True
-    return bool(policy is not None and policy.signal and not vertex.constants and not graph.digraph.pred[vertex.id])
+    return bool(policy is not None and policy.signal and not vertex.constants and not digraph.pred[vertex.id])
 
 
-def _is_linear(vertex: Vertex, graph: PrecisionGraph, derived: set[int]) -> bool:
+def _is_linear(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
     """Linear in its input (the table's ``signal``); a LOW op only as a projection with fixed weights:
     every operand but one a constant or computed from constants alone."""
     policy = vertex.policy
@@ -96,7 +107,7 @@ def _is_linear(vertex: Vertex, graph: PrecisionGraph, derived: set[int]) -> bool
         return False
     if policy.category is not Category.LOW:
         return True
-    preds = list(graph.digraph.pred[vertex.id])
+    preds = list(digraph.pred[vertex.id])
     variable = [p for p in preds if p not in derived]
     return len(variable) <= 1 and (bool(vertex.constants) or len(preds) > len(variable))
 
@@ -104,14 +115,15 @@ def _is_linear(vertex: Vertex, graph: PrecisionGraph, derived: set[int]) -> bool
 def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
     """Per vertex computing a periodic op's argument linearly from a raw value, and per constant-derived
     vertex feeding that computation: (the raw value's vertex, the periodic op's vertex)."""
-    digraph = graph.digraph
-    derived = constant_derived(graph)
+    digraph = dataflow(graph)
+    derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, Vertex]] = {}
     for sink in graph.vertices:
         if sink.node is None or sink.policy is None or not sink.policy.periodic:
             continue
         path = {vid: graph.vertices[raw] for vid, raw in paths_into(
-            graph, sink, lambda v: _is_raw(v, graph, derived), lambda v: _is_linear(v, graph, derived)).items()}
+            graph, sink, lambda v: _is_raw(v, digraph, derived), lambda v: _is_linear(v, digraph, derived),
+            digraph).items()}
         # The constants the path reads through ops of its own (Expand, Unsqueeze of inv_freq).
         todo = [(p, origin) for vid, origin in path.items() for p in digraph.pred[vid] if p in derived]
         while todo:
@@ -120,6 +132,10 @@ def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
                 continue
             path[vid] = origin
             todo.extend((p, origin) for p in digraph.pred[vid] if p in derived)
+        if path:
+            # The periodic op reads its argument in FP32 too: low, it would round the angle at its input
+            # (aten's sin and cos FOLLOW their neighbours; ONNX's Sin and Cos are HIGH already).
+            path.setdefault(sink.id, min(path.values(), key=lambda v: v.id))
         for vid, origin in path.items():
             found.setdefault(vid, (origin, sink))
     return found
@@ -148,8 +164,10 @@ class PhaseArgumentPass(AnalysisPass):
             if not pinnable(plan, vid):
                 continue
             op = sink.node.op_type if sink.node is not None else "op"
+            what = (f"reads its argument, computed linearly from {start.describe()} (positions or coordinates), in FP32"
+                    if vid == sink.id else f"computes the argument of {sink.describe()} linearly from "
+                    f"{start.describe()} (positions or coordinates)")
             plan.set_role(
                 vid, Role.DENY, Rule.PHASE_ARGUMENT,
-                f"FP32: computes the argument of {sink.describe()} linearly from {start.describe()} (positions or "
-                f"coordinates): {name} stores an angle of {low} (FP32: {fp32}), an error the {op} passes on in full",
+                f"FP32: {what}: {name} stores an angle of {low} (FP32: {fp32}), an error the {op} passes on in full",
             )

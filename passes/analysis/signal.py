@@ -15,7 +15,11 @@ input of a ``dynamic_range`` op (Log) whose vertices are all ``signal`` ops of t
 is a filter) is pinned to FP32 (DENY, rule ``policy.high.signal-path``) with the input and the op
 in its reason, unless the user forced it low (``user.allow``); nothing else changes. Paths that
 meet another op (an activation, a normalization, attention) are learned features, not a raw
-signal, and are left alone.
+signal, and are left alone. The walk follows :func:`~amp_compiler.core.graph.dataflow`, through a
+Cast between float types (``wave.float()``), whose input and output lie in two vertices with no
+tensor edge between them: the walk stopped there and the path was not found. An STFT front end (a
+conv1d with a constant filter bank, power, log) converted with ``amp_compiler.fx`` to FP16: 7.2% of
+range with it FP16, 0.03% with it FP32 (BF16: 15%, 0.14%).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import dataclasses
 
 import ml_dtypes
 
-from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex
+from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex, dataflow
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
@@ -53,10 +57,11 @@ def noise_floor_db(graph: PrecisionGraph) -> float:
 def signal_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
     """Per vertex on a raw signal path into a ``dynamic_range`` op: (the graph input, the op)."""
     found: dict[int, tuple[Vertex, Vertex]] = {}
+    digraph = dataflow(graph)  # through a Cast between float types too
     for sink in graph.vertices:
         if sink.policy is None or not sink.policy.dynamic_range or sink.node is None:
             continue
-        for vid, start in paths_into(graph, sink, _is_input, _is_signal).items():
+        for vid, start in paths_into(graph, sink, _is_input, _is_signal, digraph).items():
             found.setdefault(vid, (graph.vertices[start], sink))
     return found
 
