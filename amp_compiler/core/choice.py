@@ -29,7 +29,8 @@ budget 10%: 8.89% on the calibration samples, 14.50% held out). With ``held`` (t
 on held-out samples), the chosen choice is measured there too; when it misses the limit there, the
 limit on the calibration samples is tightened by how far it missed (its calibration error times
 ``limit / held-out error``) and the choice made again below the budget that chose it, at most
-:data:`TIGHTEN_STEPS` times.
+:data:`TIGHTEN_STEPS` times; where its calibration error is 0 (a metric that counts, argmax agreement,
+finding no change there), the budget the search starts from is halved instead.
 
 Guarantees: :meth:`VerifiedChoice.choose` returns a choice whose measured error is within the
 limit (and, with ``held``, whose held-out error is within it too), or option 0 everywhere (with its
@@ -143,8 +144,11 @@ class VerifiedChoice:
             # It fits the calibration samples, not the held-out ones: ask the calibration samples for
             # as much less as the held-out ones missed by, below the budget that chose it.
             tightened = min(found.error, self.limit) * self.target / held if math.isfinite(held) else found.error / 2
-            first *= tightened / self.limit
-            self.limit = tightened
+            if tightened > 0:
+                first *= tightened / self.limit
+                self.limit = tightened
+            else:  # the calibration samples measure no error for it (a metric that counts, argmax): a smaller budget
+                first /= 2
             found = self.fitted(first, found.budget if found.budget > 0 else None)
         zeros = tuple(0 for _ in self.items)
         if found.picks != zeros and self.held_error(found.picks) <= self.target:

@@ -142,3 +142,17 @@ def test_a_held_out_miss_that_no_tightening_fixes_gives_option_zero():
     items = [[Option(0.0, 0), Option(0.1, 10)] for _ in range(3)]
     found = VerifiedChoice(items, lambda picks: 0.1 * any(picks), 1.0, held=lambda picks: 2.0 * any(picks)).choose()
     assert found.picks == (0, 0, 0) and found.held == 0.0
+
+
+def test_a_held_out_miss_that_the_calibration_samples_measure_as_zero_tightens_the_budget():
+    """A metric that counts (argmax agreement) can be 0 on the calibration samples and not on the held-out
+    ones: the limit cannot be tightened by their ratio (it became 0, then 0/0: a ZeroDivisionError out of
+    --tolerance --metric argmax); the budget is, until the held-out samples hold."""
+    items = [[Option(0.0, 0), Option(0.1, 10)] for _ in range(4)]
+
+    def held(picks):  # two units together flip a label the calibration samples do not hold
+        return 0.5 * max(0, sum(picks) - 2)
+
+    found = VerifiedChoice(items, lambda picks: 0.0, 0.01, held=held).choose()
+    assert found.held is not None and found.held <= 0.01
+    assert 0 < sum(found.picks) <= 2
