@@ -222,7 +222,15 @@ def _measure(
     exact = {n: c for n, c in changed.items() if c.values}
     errors = _node_errors(fp32, converted, tensors)
     decisions = _attach_rules(fp32, converted, errors)
-    growth = sorted(sorted(errors, key=lambda e: -e.growth)[:top], key=lambda e: e.position)
+    masks = [e for e in errors if _held_beyond_range(tensors[e.tensor])]
+    if masks:
+        listed = ", ".join(e.node or f"{e.op_type} #{e.position}" for e in masks[:3])
+        listed += " ..." if len(masks) > 3 else ""
+        warnings.append(f"not ranked: {len(masks)} tensor(s) with FP32 values beyond FP16's range that the converted "
+                        f"model holds finite ({listed}): attention masks' -infinity written as -32768 by design, whose "
+                        "softmax is the same on every row that keeps a key")
+    ranked = [e for e in errors if e not in masks]
+    growth = sorted(sorted(ranked, key=lambda e: -e.growth)[:top], key=lambda e: e.position)
     first_bad = next((e for e in errors if e.nonfinite), None)
     by_output = dict(zip(floats or [], by_metric.relative() if by_metric is not None else [], strict=True))
     return Comparison(
@@ -308,6 +316,15 @@ def _node_errors(
             rel_l2=s.rel_l2, error_of_range=s.error_of_range, growth=s.rel_l2 - worst_in, nonfinite=s.nonfinite,
         ))
     return out
+
+
+def _held_beyond_range(stats: ErrorStats) -> bool:
+    """Whether a tensor's FP32 values go below FP16's lowest and the converted model holds another finite
+    value there, not a rounding of it (its largest error is of the order of that value): an attention
+    mask's -infinity (float32's lowest, -1e9) that the conversion writes as -32768 on purpose. A real
+    overflow is -inf (non-finite), and a value a range fallback keeps (BF16, scaled FP16) is near FP32's."""
+    lowest = stats.ref_min
+    return lowest < -float(np.finfo(np.float16).max) and stats.nonfinite == 0 and stats.max_abs > -lowest / 2
 
 
 def _target_of(types: dict[str, int]) -> Target:

@@ -328,3 +328,30 @@ def test_compare_counts_changed_labels_and_topk_indices(tmp_path, capsys):
     clear = label_model(CLEAR_WEIGHTS)
     same = compare_models(clear, convert(clear, probe=False).model, [{"x": x}], runner=InProcessRunner())
     assert same.changed == 0.0 and "label: 0 of 64 values (0%) changed" in " ".join(render_comparison(same).split())
+
+
+def test_a_mask_written_as_minus_32768_by_design_is_not_ranked_as_error_growth():
+    """Before, the causal mask (float32's lowest, which the conversion writes as -32768) was the first row
+    of "where the error grows most" (rel L2 1.0, 100% of range) and hid the real sources of error."""
+    s, h = 16, 32
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, h ** -0.5, (h, h)).astype(np.float32), n) for n in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+              numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest"),
+              numpy_helper.from_array(np.tril(np.ones((s, s), bool)), "causal")]
+    nodes = [
+        helper.make_node("Where", ["causal", "zero", "lowest"], ["mask"], name="where_mask"),
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"), helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v"),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+        helper.make_node("MatMul", ["q", "kt"], ["sc"], name="scores"),
+        helper.make_node("Add", ["sc", "mask"], ["sm"], name="add_mask"),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
+    ]
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, [1, s, h])],
+                                            [helper.make_tensor_value_info("y", F32, [1, s, h])], inits),
+                          opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    c = compare_models(m, convert(m, probe=False).model, [{"x": rng.normal(size=(1, s, h)).astype(np.float32)}])
+    assert c.growth and all(e.node not in ("where_mask", "add_mask") for e in c.growth)
+    assert any("not ranked: 2 tensor(s)" in w and "where_mask, add_mask" in w for w in c.warnings)
