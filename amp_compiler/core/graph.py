@@ -29,7 +29,7 @@ from amp_compiler.targets import Target
 
 __all__ = [
     "CONTROL_FLOW_OPS", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "UnionFind", "ValueView", "Vertex",
-    "dataflow", "index_readers", "tensor_edges",
+    "count_readers", "dataflow", "index_readers", "tensor_edges",
 ]
 
 # ONNX's control-flow ops: their vertices carry values across their bodies (precision neutral).
@@ -153,6 +153,10 @@ class PrecisionGraph(Generic[SlotT, OpT]):
     # Per selection op (the policy's ``selects``: TopK, ArgMax) whose indices reach an index input (the policy's
     # ``index_inputs``: Gather's indices, OneHot's, Equal's) through ops on integers: that reader and the input.
     index_readers: dict[OpT, tuple[OpT, int]] = dataclasses.field(default_factory=dict)
+    # Ops computing a float from the value of integers that a count (the policy's ``positions``: Range, CumSum of a
+    # mask) produced, through ops on integers (``count_readers``): BLOOM's Cast of cumsum(mask) - 1, FX's
+    # ``slopes * arange``. Their float results are positions, though no float vertex leads to them.
+    counted: frozenset[OpT] = frozenset()
 
     def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:
         vid = self.slot_vertex.get(slot)
@@ -252,6 +256,34 @@ def index_readers(selections: Iterable[OpT], integer_uses: Callable[[OpT], Itera
                     break
             frontier = nxt
     return found
+
+
+def count_readers(counts: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[tuple[OpT, int]]],
+                  policy: Callable[[OpT], OpPolicy | None], computes_float: Callable[[OpT], bool]) -> frozenset[OpT]:
+    """The ops that compute a float from the value of integers counted by ``counts`` (ops the policy marks
+    ``positions`` with integer results): found forwards through the ops that read integers
+    (``integer_uses(op)``: (reader, input index) per use of one of ``op``'s integer outputs, bools excluded: a
+    comparison of positions is a mask, not a position). A reader that ``computes_float`` is one of them when its
+    policy calls it linear in its input (``signal``: a Cast, FX's mixed-type ``mul``) and the input is neither an
+    index (``index_inputs``: a Gather of a learned table by position buckets is no position) nor a shape; the walk
+    continues through readers with integer results only."""
+    found: set[OpT] = set()
+    seen = set(counts)
+    frontier = list(seen)
+    while frontier:
+        nxt: list[OpT] = []
+        for op in frontier:
+            for reader, index in integer_uses(op):
+                if computes_float(reader):
+                    entry = policy(reader)
+                    if (entry is not None and entry.signal and index not in entry.index_inputs
+                            and index not in entry.shape_inputs):
+                        found.add(reader)
+                elif reader not in seen:
+                    seen.add(reader)
+                    nxt.append(reader)
+        frontier = nxt
+    return frozenset(found)
 
 
 def dataflow(graph: PrecisionGraph) -> nx.DiGraph:

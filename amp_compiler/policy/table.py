@@ -130,6 +130,10 @@ class OpPolicy:
     # Counts (Range): its output is positions, indices or time steps, raw values a periodic op's argument
     # may be computed from (passes/analysis/phase.py).
     positions: bool = False
+    # Reads the absolute differences of its logits (Softmax, LogSoftmax: shift-invariant per row, not
+    # scale-invariant): why a large additive bias rounded in storage moves its result. The linear path from
+    # positions (integer-derived, a count) into it stays FP32 (passes/analysis/position_bias.py); empty: no.
+    logit_differences: str = ""
     # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
     # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
     quantizes: str | None = None
@@ -275,6 +279,7 @@ class PolicyTable:
             dynamic_range=bool(raw.get("dynamic_range", False)),
             periodic=raw.get("periodic", ""),
             positions=bool(raw.get("positions", False)),
+            logit_differences=raw.get("logit_differences", ""),
             quantizes=raw.get("quantizes"),
             thresholds=raw.get("thresholds", ""),
             selects=raw.get("selects", ""),

@@ -32,6 +32,7 @@ from amp_compiler.passes.analysis.norm_fusion import NormFusionPass
 from amp_compiler.passes.analysis.paint import PaintPass
 from amp_compiler.passes.analysis.phase import PhaseArgumentPass
 from amp_compiler.passes.analysis.pins import TolerancePinPass
+from amp_compiler.passes.analysis.position_bias import PositionBiasPass
 from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
 from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
 from amp_compiler.passes.analysis.range_scaling import RangeScalingPass
@@ -51,6 +52,7 @@ __all__ = [
     "NormFusionPass",
     "PaintPass",
     "PhaseArgumentPass",
+    "PositionBiasPass",
     "QuantizedIslandPass",
     "ThresholdInputPass",
     "RangeFallbackPass",

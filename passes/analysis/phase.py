@@ -58,7 +58,7 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, 
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
-__all__ = ["PhaseArgumentPass", "angle_error", "phase_paths"]
+__all__ = ["PhaseArgumentPass", "angle_error", "constant_derived", "is_linear", "phase_paths"]
 
 #: The angles (rad) whose storage error the reasons quote: position 2000 and 32000 at frequency 1.
 _ANGLES = (2000.0, 32000.0)
@@ -99,7 +99,7 @@ def _is_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
     return bool(policy is not None and policy.signal and not vertex.constants and not digraph.pred[vertex.id])
 
 
-def _is_linear(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
+def is_linear(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
     """Linear in its input (the table's ``signal``); a LOW op only as a projection with fixed weights:
     every operand but one a constant or computed from constants alone."""
     policy = vertex.policy
@@ -122,7 +122,7 @@ def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
         if sink.node is None or sink.policy is None or not sink.policy.periodic:
             continue
         path = {vid: graph.vertices[raw] for vid, raw in paths_into(
-            graph, sink, lambda v: _is_raw(v, digraph, derived), lambda v: _is_linear(v, digraph, derived),
+            graph, sink, lambda v: _is_raw(v, digraph, derived), lambda v: is_linear(v, digraph, derived),
             digraph).items()}
         # The constants the path reads through ops of its own (Expand, Unsqueeze of inv_freq).
         todo = [(p, origin) for vid, origin in path.items() for p in digraph.pred[vid] if p in derived]

@@ -1,6 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
-    classify -> tolerance choices -> kernel coverage -> signal paths -> phase arguments -> loop accumulators
+    classify -> tolerance choices -> kernel coverage -> signal paths -> phase arguments -> position biases
+    -> loop accumulators
     -> quantized islands -> threshold inputs -> routing scores
              -> constant ranges
                 (--tolerance)        (ONNX frontends)
@@ -39,6 +40,7 @@ from amp_compiler.passes.analysis import (
     NormFusionPass,
     PaintPass,
     PhaseArgumentPass,
+    PositionBiasPass,
     QuantizedIslandPass,
     RangeFallbackPass,
     RangeScalingPass,
@@ -112,6 +114,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(KernelCoveragePass(settings.provider))  # right after classification
     passes.append(SignalPathPass())
     passes.append(PhaseArgumentPass())
+    passes.append(PositionBiasPass())
     passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ThresholdInputPass())

@@ -21,7 +21,7 @@ PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
-    "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "periodic", "positions", "selects", "index_inputs",
+    "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "periodic", "positions", "logit_differences", "selects", "index_inputs",
     "scores",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}

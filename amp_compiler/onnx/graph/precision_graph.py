@@ -29,12 +29,12 @@ from amp_compiler.core.graph import (
     SlotKind,
     UnionFind,
     Vertex,
-    index_readers,
     tensor_edges,
 )
 from amp_compiler.dtypes import FLOAT_TYPES, schema_type, short_name
 from amp_compiler.onnx.graph.control_flow import carried_values
 from amp_compiler.onnx.graph.fixed_reasons import fixed_reason
+from amp_compiler.onnx.graph.integer_flow import counted_of, index_readers_of
 from amp_compiler.onnx.ir.slots import (
     GRAPH_IN,
     GRAPH_OUT,
@@ -393,17 +393,11 @@ class _Builder:
         declared = {n: self.declared[key] for n in self.unknown_ops if (key := (n.domain, n.op_type)) in self.declared}
         return PrecisionGraph(
             self.model, self.target, vertices, slot_vertex, digraph, node_vertices, self.unknown_ops,
-            self.shape_readers, declared, self._index_readers(graphs),
+            self.shape_readers, declared, index_readers_of(graphs, self._policy), counted_of(graphs, self._policy),
         )
 
-    def _index_readers(self, graphs: list[ir.Graph]) -> dict[ir.Node, tuple[ir.Node, int]]:
-        """The selections (policy ``selects``) whose indices an index input reads (core.graph.index_readers)."""
-        def policy(node: ir.Node) -> OpPolicy | None:
-            return self._op(node.domain, node.op_type)[1]
-        def integer_uses(node: ir.Node) -> Iterator[tuple[ir.Node, int]]:  # of its integer and bool outputs
-            return ((u.node, u.idx) for o in node.outputs if o.dtype not in (None, *FLOAT_TYPES) for u in o.uses())
-        selections = [n for g in graphs for n in g if (p := policy(n)) is not None and p.selects]
-        return index_readers(selections, integer_uses, policy) if selections else {}
+    def _policy(self, node: ir.Node) -> OpPolicy | None:
+        return self._op(node.domain, node.op_type)[1]
 
     @staticmethod
     def _uses(slot_vertex: dict[Slot, int], vertices: list[Vertex]) -> Iterator[tuple[int, int, ir.Value]]:

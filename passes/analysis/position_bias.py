@@ -1,0 +1,112 @@
+"""Position biases: keep FP32 the linear path from positions into a Softmax's logits (ALiBi).
+
+ALiBi attention (BLOOM, Falcon-ALiBi, MPT) adds to the attention scores a bias linear in the key (or
+query-key) positions, ``slope_h * position``, built from integers: BLOOM's ``cumsum(mask) - 1`` cast to
+float, MPT's ``arange(1 - S, 1)``. It reaches ``slope * S`` logits: 1024 at 2048 tokens, 8192 at 16384
+for slope 0.5. A softmax is shift-invariant per row but reads the absolute differences of its logits,
+and FP16 stores a bias of magnitude B, and the sum ``scores + bias``, to within B * 2^-11 (0.5 logits at
+1024, 4 at 8192): a probability moves by a factor up to e^4. Painting put the position Cast, the slope
+Mul and the score Add in FP16 (between the score and value MatMuls), and the Softmax too where its kernel
+takes FP16 (onnxruntime CUDA). Measured under exact FP16 emulation on one BLOOM attention (8 heads,
+``build_alibi_tensor``, the last query's probabilities): 16.9% of range at 2048 tokens, 33.6% at 4096,
+48.8% at 16384 with the path FP16, the block output 6.1%, 11.7%, 18.9%; with this pass: see
+``benchmarks/RESULTS.md`` (the sweep's repro). The range probe cannot see it: nothing overflows, and it
+runs at 128 tokens.
+
+Found on the precision graph, backwards from every op the table marks ``logit_differences`` (Softmax,
+LogSoftmax) through ops linear in their input (:func:`~amp_compiler.passes.analysis.phase.is_linear`,
+the phase-argument walk) to *positions*: an op that counts (the table's ``positions``: Range, CumSum)
+not computed from constants alone, or an op computing a float from integers such a count produced
+(:attr:`~amp_compiler.core.graph.PrecisionGraph.counted`: BLOOM's Cast, FX's mixed-type ``slopes *
+arange``). Not positions: a raw float graph input (a classifier's features into one Linear and a
+Softmax), a Cast of an integer graph input (an attention mask: ``(1 - mask) * -10000`` is two-valued,
+0 and a value whose exponential is 0, exact enough in FP16), a comparison of positions (a causal mask)
+and a Gather of a learned table by position buckets (T5's relative bias: learned values, small). The
+path includes the Add that combines the bias with the scores and the Softmax itself; the scores'
+MatMul stays low (two variable operands), so the Cast to FP32 the Softmax needs moves before that Add.
+The slopes, an initializer the pinned Mul reads, stay FP32 with it; other constant-derived operands are
+not followed (see :func:`position_bias_paths`).
+
+Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
+(``user.allow``), is DENY with rule ``policy.high.position-bias`` and a reason that names the softmax,
+the position source and the bias's storage error at 2048 and 16384 positions x slope 0.5; nothing else
+changes. No Tensor Core op is pinned unless it is a projection with fixed weights of the positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from amp_compiler.core.graph import PrecisionGraph, Vertex, dataflow
+from amp_compiler.core.plan import PrecisionPlan, Role, Rule
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
+from amp_compiler.passes.analysis.phase import angle_error, constant_derived, is_linear
+
+__all__ = ["PositionBiasPass", "position_bias_paths"]
+
+#: The biases (logits) whose storage error the reasons quote: slope 0.5 x 2048 and x 16384 positions.
+_BIASES = (1024.0, 8192.0)
+
+
+def _is_position(vertex: Vertex, graph: PrecisionGraph, derived: set[int]) -> bool:
+    """A count (Range, CumSum) not computed from constants alone, or a float computed from such a count's integers."""
+    if vertex.node is None:
+        return False  # a graph input: features as often as positions
+    if vertex.node in graph.counted:
+        return True
+    policy = vertex.policy
+    return vertex.id not in derived and policy is not None and policy.positions
+
+
+def position_bias_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
+    """Per vertex adding a bias computed linearly from positions to a ``logit_differences`` op's logits (the
+    op itself included): (the position's vertex, the op's vertex). Unlike the phase-argument walk, the
+    constant-derived operands of the path are not added: ``constant_derived`` counts as constant what a Gather
+    computes from a constant table and integer inputs it cannot see (the token embedding, so every hidden
+    state of a BLOOM), and a bias's slopes are initializers its pinned Mul reads in FP32 anyway."""
+    digraph = dataflow(graph)
+    derived = constant_derived(graph, digraph)
+    found: dict[int, tuple[Vertex, Vertex]] = {}
+    for sink in graph.vertices:
+        if sink.node is None or sink.policy is None or not sink.policy.logit_differences:
+            continue
+        path = {vid: graph.vertices[src] for vid, src in paths_into(
+            graph, sink, lambda v: _is_position(v, graph, derived), lambda v: is_linear(v, digraph, derived),
+            digraph).items()}
+        if not path:
+            continue
+        path.setdefault(sink.id, min(path.values(), key=lambda v: v.id))  # low, it would round the sum at its input
+        for vid, origin in path.items():
+            found.setdefault(vid, (origin, sink))
+    return found
+
+
+@dataclasses.dataclass
+class PositionBiasPass(AnalysisPass):
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        paths = position_bias_paths(graph)
+        ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.POSITION_BIAS}), paths)
+        ensure_pinned(self, graph, plan, paths, "adds a bias computed from positions to a softmax's logits")
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        name = graph.target.value.upper()
+        low = ", ".join(f"{b:.0f} to within {angle_error(graph.target.numpy_dtype, b):g}" for b in _BIASES)
+        fp32 = ", ".join(f"{angle_error(np.dtype(np.float32), b):.2g}" for b in _BIASES)
+        for vid, (start, sink) in sorted(position_bias_paths(graph).items()):
+            if not pinnable(plan, vid):
+                continue
+            op = sink.node.op_type if sink.node is not None else "op"
+            what = (f"reads logits biased linearly by {start.describe()} (positions) in FP32" if vid == sink.id
+                    else f"adds a bias computed linearly from {start.describe()} (positions) to the logits of "
+                    f"{sink.describe()}")
+            plan.set_role(
+                vid, Role.DENY, Rule.POSITION_BIAS,
+                f"FP32: {what}: {name} stores a bias of {low} logits (slope 0.5 x 2048 and 16384 positions; "
+                f"FP32: {fp32}), an error the {op} passes on to its probabilities as a factor e^error",
+            )
