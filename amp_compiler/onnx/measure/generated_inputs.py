@@ -203,7 +203,7 @@ def runnable_inputs(
     fixed = dict(fixed or {})
     keys = dynamic_dims(model, fixed)
     batch = batch_dims(model, keys)
-    session = runner.load(model)
+    session = runner.load(model, basic=True)  # one or a few runs: the full optimizer's time is not won back
     try:
         refused: list[tuple[int, str]] = []
         first: ModelRunError | None = None

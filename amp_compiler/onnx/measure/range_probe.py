@@ -56,13 +56,16 @@ __all__ = [
 #: Models whose weights take more than this are converted without the probe (one warning): their
 #: weights stay on disk for the conversion, and running them would read all of them into the child.
 PROBE_MAX_WEIGHT_BYTES = 1 << 30
-#: Graphs of more nodes are converted without the probe (one warning). Its cost is linear in nodes
-#: and about 10-20x the conversion's per node: three onnxruntime sessions (one with every tensor an
-#: output) and the emulation's rewrite. Measured on a generated 10,000-node transformer on a loaded
-#: 2-core machine: 10 s blind, 209 s with the probe (sessions 71 s, emulation 66 s, the dims search's
-#: first session 39 s). The catalog's real models have 100-900 nodes (probe: 0.1-18 s); a
-#: 48-layer encoder 2,450.
-PROBE_MAX_NODES = 3000
+#: Graphs of more nodes are converted without the probe (one warning). Its cost grows a little faster
+#: than the node count: onnxruntime sessions of the FP32 model (the dims search's run), of its pieces with
+#: every tensor exposed, and of the emulated written model (3x the nodes: a rounding Cast pair per FP16
+#: tensor), and the emulation's rewrite. Whole ``convert`` processes on a shared 2-core machine
+#: (``benchmarks.probe_cost``, generated transformers), with the probe against ``--no-probe``: 3,000 nodes
+#: 4.3 s / 2.0 s, 10,000 20 s / 3.3 s, 20,000 56 s / 13 s; 50,000 did not finish in 5 min (20.6 s without);
+#: a 64-layer Llama's TorchScript export (14,576 nodes) 36 s / 7.6 s, peak RSS 368 MB / 232 MB. Up to
+#: 25,000 nodes the probe stays near a minute: every 64-80-layer decoder export is probed (the old limit,
+#: 3,000, left a 64-layer one, logits 22-86% off, with no error stated); past it, minutes.
+PROBE_MAX_NODES = 25_000
 
 
 @dataclasses.dataclass
@@ -364,7 +367,7 @@ def _with_leaves(
 
 def _run(model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """The FP32 model's outputs on one sample (graph output order)."""
-    session = runner.load(model)
+    session = runner.load(model, basic=True)
     try:
         return session.run(sample)
     finally:

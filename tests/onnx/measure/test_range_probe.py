@@ -82,6 +82,22 @@ def test_a_graph_over_the_node_limit_converts_without_the_probe(monkeypatch):
     assert "the graph has 2 nodes" in result.probe_skipped and "--calibration-data" in result.probe_skipped
 
 
+def test_a_deep_graph_of_thousands_of_nodes_is_probed():
+    """A 64-layer decoder's dynamo export has 3,885 nodes, its TorchScript export 14,576: both are probed
+    (they were converted blind over the old 3,000-node cap, their logits 22-86% off with no error stated)."""
+    nodes, last = [], "x"
+    for i in range(2000):  # 6,000 nodes: MatMul, Add (a residual that grows), Relu
+        nodes += [helper.make_node("MatMul", [last, "w"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [f"m{i}", last], [f"a{i}"], name=f"add{i}"),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"relu{i}")]
+        last = f"r{i}"
+    nodes[-1].output[0] = "y"
+    m = model(nodes, [vi("x", F32, [1, 4])], [vi("y", F32, [1, 4])], [tensor("w", np.eye(4, dtype=np.float32) * 1e-3)])
+    assert len(m.graph.node) == 6000
+    result = convert(m, probe=True, runner=InProcessRunner())
+    assert result.probe_skipped == "" and [a.name for a in result.accuracy] == ["y"]
+
+
 def test_the_probe_measures_what_it_ran():
     result = convert(_image_model(0.45), probe=True, runner=InProcessRunner())
     assert result.probe_inputs == "image: image 0..1, uniform noise and dead leaves" and result.probe_skipped == ""
