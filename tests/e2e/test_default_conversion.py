@@ -66,10 +66,11 @@ def test_no_nan_where_fp32_has_none_and_a_warning_for_every_miss(name):
         assert warned, f"{name}: outputs {missed} miss 2% of range and the conversion does not warn ({result.accuracy})"
 
 
-def test_the_text_recogniser_is_warned_of_on_dead_leaves_images():
-    """ppocr-v4-rec misses 2% of range on real-like text lines (2.6%) but not on uniform noise (0.5-0.8%):
-    the dead-leaves sample shows it, and the warning says which kind of input did."""
+def test_the_text_recogniser_is_warned_of():
+    """ppocr-v4-rec misses 2% of range on real-like text lines (2.67%). Probed at -1..1 (its own 0.5/0.5
+    normalization) only the dead-leaves sample showed it (noise 0.5-0.8%); over ImageNet's range, which
+    unnormalized images are now probed at, both do (seeds 0, 1: noise 3.95%, 3.48%; dead leaves 3.25%, 26.9%)."""
     result = _default("ppocr-v4-rec")
     missed = [a for a in result.accuracy if misses(a)]
     assert missed, result.accuracy
-    assert {result.accuracy_on[a.name] for a in missed} == {"dead-leaves image"}, result.accuracy_on
+    assert set(result.accuracy_on.values()) <= {"uniform noise", "dead-leaves image"}, result.accuracy_on

@@ -44,7 +44,7 @@ def test_the_probe_finds_the_detect_heads_hidden_overflow_and_scales_it_into_fp1
     accuracy = _accuracy("detect-head-overflow", result.model)
     assert accuracy and not any(misses(a) for a in accuracy), accuracy
     assert result.accuracy and all(a.finite for a in result.accuracy)  # its own measure, on generated inputs
-    assert "image -1..1" in result.probe_inputs
+    assert "normalized image -2.12..2.64" in result.probe_inputs
 
 
 def test_the_vae_decoder_is_nan_on_real_latents_without_the_probe():

@@ -66,7 +66,7 @@ def test_an_image_without_a_timestep_or_a_latents_name_stays_an_image(name, chan
     """A VAE encoder's ``sample`` is an RGB image, as is any 1/3/4-channel input of a model with no timestep."""
     m = _conv_model({name: (F32, [1, channels, 8, 8])}, name, channels)
     kind = input_kinds(m)[name]
-    assert (kind.kind, kind.bounds, kind.why) == ("range", (-1.0, 1.0), "normalized image -1..1")
+    assert (kind.kind, kind.bounds, kind.why) == ("range", (-2.12, 2.64), "normalized image -2.12..2.64")
     assert name in image_inputs(m)
 
 
