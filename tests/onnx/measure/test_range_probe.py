@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from amp_compiler import convert
 from amp_compiler.onnx.measure import range_probe
 from amp_compiler.onnx.measure.images import dead_leaves
+from amp_compiler.onnx.measure.output_error import output_accuracy
 from amp_compiler.runtime.input_kinds import image_inputs, input_kinds
 from amp_compiler.runtime.runner import InProcessRunner
 from amp_compiler.runtime.samples import random_samples
@@ -129,6 +130,25 @@ def test_an_image_the_graph_does_not_normalize_is_probed_over_the_common_normali
     for sample in probe.samples:
         image = sample["image"]
         assert image.min() <= black + 0.05 and image.max() >= white - 0.05, (image.min(), image.max())
+
+
+def test_a_stem_that_overflows_only_on_imagenet_normalized_pixels_is_scaled_into_fp16():
+    """A stem Conv summing 3 channels x 1e4 peaks near 3e4 on -1..1 images (FP16 holds it with the 2x
+    margin: the probe kept it plain FP16) and at 7.9e4 on a white pixel normalized with ImageNet's mean/std
+    (2.64): there the FP16 model was Inf. Probed over -2.12..2.64 it runs on power-of-two scales."""
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], name="stem"),
+             helper.make_node("Conv", ["c", "w2"], ["h"], name="head")]
+    inits = [tensor("w", np.full((4, 3, 1, 1), 1e4, np.float32)), tensor("w2", np.full((1, 4, 1, 1), 1e-4, np.float32))]
+    m = model(nodes, [vi("image", F32, [1, 3, 32, 32])], [vi("h", F32, [1, 1, 32, 32])], inits)
+    result = convert(m, probe=True, runner=InProcessRunner())
+    stem = next(d for d in result.decisions if d.node == "stem")
+    assert (stem.precision, stem.rule) == ("fp16", "probe.overflow")  # still on Tensor Cores
+    pixels = np.random.default_rng(100).uniform(0, 1, (1, 3, 32, 32))
+    pixels[..., :8, :8] = 1.0  # a white patch
+    mean, std = np.array([0.485, 0.456, 0.406])[:, None, None], np.array([0.229, 0.224, 0.225])[:, None, None]
+    image = ((pixels - mean) / std).astype(np.float32)
+    (accuracy,) = output_accuracy(m, result.model, [{"image": image}], InProcessRunner())
+    assert accuracy.finite and accuracy.rel_l2 < 1e-3, accuracy
 
 
 def test_a_model_without_an_image_input_is_probed_on_one_sample():
