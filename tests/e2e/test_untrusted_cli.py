@@ -154,14 +154,16 @@ def test_an_output_that_crashes_onnxruntime_is_not_written(tmp_path, crashing_ou
 
 
 def test_an_input_that_crashes_onnxruntime_too_is_converted_with_a_warning(tmp_path):
+    """onnxruntime's MatmulTransposeFusion crashes on it at the default optimization level, which the load
+    check uses (as the provider would); the range probe's sessions run once each, with basic optimizations
+    only, so the probe runs it (it was skipped with a second warning while it loaded them fully)."""
     src, out = tmp_path / "crash.onnx", tmp_path / "o.onnx"
     onnx.save(transpose_cast_matmul_model(), src)  # its own Cast (int32 -> float) stays
     code, stdout, err = _run(["convert", src, "-o", out])
-    assert code == 0 and out.exists() and "model written" in stdout
+    assert code == 0 and out.exists() and "model written" in stdout and "ranges from generated inputs" in stdout
     assert err.strip().splitlines() == [
         "amp-compiler: warning: the converted model was not checked: onnxruntime cannot load the input model "
         "either (onnxruntime crashed (SIGSEGV) loading the model)",
-        "amp-compiler: warning: converted without the range probe: onnxruntime crashed (SIGSEGV) loading the model",
     ]
 
 

@@ -233,7 +233,8 @@ def test_without_data_compare_runs_an_image_model_on_the_probes_two_images():
     c = compare_models(fp32, result.model)
     assert c.samples == 2 and any("dead leaves" in w for w in c.warnings)
     stated = max(a.error_of_range for a in result.accuracy)
-    assert 0.5 * stated <= max(o.error_of_range for o in c.outputs) <= 1.5 * stated
+    # compare pools both images (one range over both, wider than either's): at most what convert states
+    assert 0 < max(o.error_of_range for o in c.outputs) <= 1.5 * stated
 
 
 def test_cli_input_shape_sizes_the_generated_inputs(tmp_path, capsys):
