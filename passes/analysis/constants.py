@@ -10,8 +10,10 @@ conversion makes infinite (attention masks rewritten as below aside).
 One exception, stated in the decision: a large negative constant (float32's lowest, -3.4e38, or
 -1e9) that only feeds an additive attention mask into a Softmax stands for -infinity. Pinning it
 would keep every attention block in FP32; converting it to -inf gives NaN on fully masked rows. It
-becomes ``MASK_LOWEST`` (-32768, exact in FP16 and BF16): masked weights still come out exactly 0, and
-fully masked rows still come out uniform, as in FP32.
+becomes ``MASK_LOWEST`` (-32768, exact in FP16 and BF16): masked weights still come out exactly 0 on every
+row that keeps a key. A fully masked row (a padding query) is uniform in FP32, where the scores vanish
+beside -3.4e38; at -32768, FP16's spacing is 32 and scores of magnitude 16 or more survive the rounding,
+so such a row differs (18-38% of the output's range measured on padded batches, its output unused).
 
 Flushing matters only where it changes the tensor beyond FP16's own relative precision: the rule
 fires when a flushed value is at least ``significant`` (2^-10) of the tensor's largest magnitude (an
@@ -226,7 +228,7 @@ class ConstantRangePass(AnalysisPass):
                     note = (
                         f"constant {value.name!r} ({stats.absmax:.3g} below zero) is an attention "
                         f"mask's -infinity: it becomes {MASK_LOWEST:g} in {self.target.value}, which "
-                        "gives the same softmax"
+                        "gives the same softmax on every row that keeps a key"
                     )
                     plan.constant_rewrites[value] = (MASK_LOWEST, note)
                     plan.notes[vertex.id] = note
