@@ -47,6 +47,7 @@ unchanged: only transformers' Llama has angles, computed with a ``mul``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 
 import ml_dtypes
 import networkx as nx
@@ -58,7 +59,7 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, 
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
-__all__ = ["PhaseArgumentPass", "angle_error", "constant_derived", "is_linear", "phase_paths"]
+__all__ = ["PhaseArgumentPass", "angle_error", "constant_derived", "is_linear", "linear_paths", "phase_paths"]
 
 #: The angles (rad) whose storage error the reasons quote: position 2000 and 32000 at frequency 1.
 _ANGLES = (2000.0, 32000.0)
@@ -112,18 +113,34 @@ def is_linear(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
     return len(variable) <= 1 and (bool(vertex.constants) or len(preds) > len(variable))
 
 
+def linear_paths(
+    graph: PrecisionGraph, digraph: nx.DiGraph, derived: set[int], is_sink: Callable[[Vertex], bool],
+    is_source: Callable[[Vertex], bool],
+) -> Iterator[tuple[Vertex, dict[int, Vertex]]]:
+    """Per sink (``is_sink``), the vertices on paths into it from sources (``is_source``) through linear ops
+    (:func:`is_linear`), each with its source, and the sink itself (low, it would round at its input what
+    the path kept FP32), where there is any path; ``digraph``: :func:`~amp_compiler.core.graph.dataflow`,
+    ``derived``: :func:`constant_derived`. The phase-argument and position-bias walks."""
+    for sink in graph.vertices:
+        if sink.node is None or sink.policy is None or not is_sink(sink):
+            continue
+        path = {vid: graph.vertices[src] for vid, src in paths_into(
+            graph, sink, is_source, lambda v: is_linear(v, digraph, derived), digraph).items()}
+        if path:
+            path.setdefault(sink.id, min(path.values(), key=lambda v: v.id))
+            yield sink, path
+
+
 def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
     """Per vertex computing a periodic op's argument linearly from a raw value, and per constant-derived
-    vertex feeding that computation: (the raw value's vertex, the periodic op's vertex)."""
+    vertex feeding that computation: (the raw value's vertex, the periodic op's vertex). The periodic op
+    reads its argument in FP32 too (aten's sin and cos FOLLOW their neighbours; ONNX's Sin and Cos are
+    HIGH already)."""
     digraph = dataflow(graph)
     derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, Vertex]] = {}
-    for sink in graph.vertices:
-        if sink.node is None or sink.policy is None or not sink.policy.periodic:
-            continue
-        path = {vid: graph.vertices[raw] for vid, raw in paths_into(
-            graph, sink, lambda v: _is_raw(v, digraph, derived), lambda v: is_linear(v, digraph, derived),
-            digraph).items()}
+    for sink, path in linear_paths(graph, digraph, derived, lambda v: bool(v.policy and v.policy.periodic),
+                                   lambda v: _is_raw(v, digraph, derived)):
         # The constants the path reads through ops of its own (Expand, Unsqueeze of inv_freq).
         todo = [(p, origin) for vid, origin in path.items() for p in digraph.pred[vid] if p in derived]
         while todo:
@@ -132,10 +149,6 @@ def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
                 continue
             path[vid] = origin
             todo.extend((p, origin) for p in digraph.pred[vid] if p in derived)
-        if path:
-            # The periodic op reads its argument in FP32 too: low, it would round the angle at its input
-            # (aten's sin and cos FOLLOW their neighbours; ONNX's Sin and Cos are HIGH already).
-            path.setdefault(sink.id, min(path.values(), key=lambda v: v.id))
         for vid, origin in path.items():
             found.setdefault(vid, (origin, sink))
     return found

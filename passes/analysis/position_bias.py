@@ -41,9 +41,9 @@ import numpy as np
 
 from amp_compiler.core.graph import PrecisionGraph, Vertex, dataflow
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
-from amp_compiler.passes.analysis.phase import angle_error, constant_derived, is_linear
+from amp_compiler.passes.analysis.phase import angle_error, constant_derived, linear_paths
 
 __all__ = ["PositionBiasPass", "position_bias_paths"]
 
@@ -70,15 +70,8 @@ def position_bias_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex
     digraph = dataflow(graph)
     derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, Vertex]] = {}
-    for sink in graph.vertices:
-        if sink.node is None or sink.policy is None or not sink.policy.logit_differences:
-            continue
-        path = {vid: graph.vertices[src] for vid, src in paths_into(
-            graph, sink, lambda v: _is_position(v, graph, derived), lambda v: is_linear(v, digraph, derived),
-            digraph).items()}
-        if not path:
-            continue
-        path.setdefault(sink.id, min(path.values(), key=lambda v: v.id))  # low, it would round the sum at its input
+    for sink, path in linear_paths(graph, digraph, derived, lambda v: bool(v.policy and v.policy.logit_differences),
+                                   lambda v: _is_position(v, graph, derived)):
         for vid, origin in path.items():
             found.setdefault(vid, (origin, sink))
     return found
