@@ -161,6 +161,7 @@ def test_float32_min_attention_mask_gives_the_same_softmax(target):
     r = _convert(m, target=target)
     d = {x.node: x for x in r.decisions}
     assert d["mask"].precision == target and "-32768" in d["mask"].reason
+    assert "the same softmax on every row that keeps a key" in d["mask"].reason  # a fully masked one may differ
     assert d["add_mask"].precision == d["softmax"].precision == target
     assert not _ops(r.model, "Cast")[2:]  # only the graph input's and output's casts
     if target == "fp16":
