@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import networkx as nx
@@ -29,7 +29,7 @@ from amp_compiler.targets import Target
 
 __all__ = [
     "CONTROL_FLOW_OPS", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "UnionFind", "ValueView", "Vertex",
-    "count_readers", "dataflow", "index_readers", "tensor_edges",
+    "count_readers", "dataflow", "index_readers", "integer_uses_from", "tensor_edges",
 ]
 
 # ONNX's control-flow ops: their vertices carry values across their bodies (precision neutral).
@@ -231,6 +231,24 @@ def tensor_edges(n_vertices: int, uses: Iterable[tuple[int, int, ValueView]]) ->
     return digraph
 
 
+def integer_uses_from(starts: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[tuple[OpT, int]]],
+                      through: Callable[[OpT], bool]) -> Iterator[tuple[OpT, int]]:
+    """Every use of integers computed from ``starts``, breadth first: (reader, input index) per use of an
+    integer output (``integer_uses(op)``) of a start or of a reader the walk went on through (those that
+    ``through`` accepts), each op's uses once. The walk :func:`index_readers` and :func:`count_readers` share."""
+    seen = set(starts)
+    frontier = list(seen)
+    while frontier:
+        nxt: list[OpT] = []
+        for op in frontier:
+            for reader, index in integer_uses(op):
+                yield reader, index
+                if reader not in seen and through(reader):
+                    seen.add(reader)
+                    nxt.append(reader)
+        frontier = nxt
+
+
 def index_readers(selections: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[tuple[OpT, int]]],
                   policy: Callable[[OpT], OpPolicy | None]) -> dict[OpT, tuple[OpT, int]]:
     """Per op of ``selections`` whose integer results reach an input its reader's policy lists in
@@ -239,22 +257,11 @@ def index_readers(selections: Iterable[OpT], integer_uses: Callable[[OpT], Itera
     Selections whose indices only reach graph outputs, or only shapes, are absent."""
     found: dict[OpT, tuple[OpT, int]] = {}
     for selection in selections:
-        seen = {selection}
-        frontier = [selection]
-        while frontier and selection not in found:
-            nxt: list[OpT] = []
-            for op in frontier:
-                for reader, index in integer_uses(op):
-                    entry = policy(reader)
-                    if entry is not None and index in entry.index_inputs:
-                        found[selection] = (reader, index)
-                        break
-                    if reader not in seen:
-                        seen.add(reader)
-                        nxt.append(reader)
-                if selection in found:
-                    break
-            frontier = nxt
+        for reader, index in integer_uses_from([selection], integer_uses, lambda _: True):
+            entry = policy(reader)
+            if entry is not None and index in entry.index_inputs:
+                found[selection] = (reader, index)
+                break
     return found
 
 
@@ -268,21 +275,12 @@ def count_readers(counts: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[
     index (``index_inputs``: a Gather of a learned table by position buckets is no position) nor a shape; the walk
     continues through readers with integer results only."""
     found: set[OpT] = set()
-    seen = set(counts)
-    frontier = list(seen)
-    while frontier:
-        nxt: list[OpT] = []
-        for op in frontier:
-            for reader, index in integer_uses(op):
-                if computes_float(reader):
-                    entry = policy(reader)
-                    if (entry is not None and entry.signal and index not in entry.index_inputs
-                            and index not in entry.shape_inputs):
-                        found.add(reader)
-                elif reader not in seen:
-                    seen.add(reader)
-                    nxt.append(reader)
-        frontier = nxt
+    for reader, index in integer_uses_from(counts, integer_uses, lambda op: not computes_float(op)):
+        if computes_float(reader):
+            entry = policy(reader)
+            if (entry is not None and entry.signal and index not in entry.index_inputs
+                    and index not in entry.shape_inputs):
+                found.add(reader)
     return frozenset(found)
 
 
