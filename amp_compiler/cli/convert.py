@@ -250,6 +250,8 @@ def _one_error(a: OutputAccuracy, *, name: bool) -> str:
         return f"{who}{changed_text(a.changed, a.values)} changed"
     if not a.finite:
         return f"{who}NaN/Inf where FP32 is finite"
+    if not a.measured:
+        return f"{who}not measured (FP32's own values are NaN/Inf)"
     rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
     return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}"
 
@@ -262,14 +264,16 @@ def accuracy_warnings(
     """One warning when an output misses the line (:func:`~amp_compiler.onnx.measure.output_error.misses`):
     the worst such output, how far, on what (``kinds``: the kind of input that showed it, per output),
     and the commands that help, given what the user already passed (``data``: ``--calibration-data``;
-    ``tolerance`` and its ``metric``): never the options they just used."""
+    ``tolerance`` and its ``metric``): never the options they just used. Then one naming the outputs
+    whose error could not be measured (:func:`_unmeasured_warning`)."""
     from amp_compiler.onnx.load.text import quote
     from amp_compiler.onnx.measure.output_error import MAX_CHANGED_SHARE, MAX_ERROR_OF_RANGE, misses, severity
     from amp_compiler.report.common import changed_text
 
+    unmeasured = _unmeasured_warning(accuracy, measured_on, data)
     missed = sorted((a for a in accuracy if misses(a)), key=severity)
     if not missed:
-        return []
+        return unmeasured
     a = missed[0]
     if a.changed is not None:
         how = f"changes {changed_text(a.changed, a.values)}"
@@ -280,7 +284,23 @@ def accuracy_warnings(
         line = f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999"
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, {line}: "
-            + _advice(model, output, data, tolerance, metric)]
+            + _advice(model, output, data, tolerance, metric), *unmeasured]
+
+
+def _unmeasured_warning(accuracy: list[OutputAccuracy], measured_on: str, data: str | None) -> list[str]:
+    """One warning naming the outputs whose FP32 values were all NaN/Inf on ``measured_on`` (their error is
+    unknown: a Log of the probe's negative noise), and what gives inputs they compute on."""
+    from amp_compiler.onnx.load.text import quote
+
+    unmeasured = [a.name for a in accuracy if a.finite and not a.measured]
+    if not unmeasured:
+        return []
+    names = ", ".join(quote(n) for n in unmeasured[:3]) + (f" (and {len(unmeasured) - 3} more)"
+                                                          if len(unmeasured) > 3 else "")
+    helps = ("give --input-range NAME:LO,HI for the inputs, or --calibration-data DIR" if data is None
+             else "check the data's values")
+    return [f"output{'s' if len(unmeasured) > 1 else ''} {names}: FP32's own values are all NaN/Inf on "
+            f"{measured_on}, so {'their' if len(unmeasured) > 1 else 'its'} error is not measured; {helps}"]
 
 
 def _advice(model: Path, output: Path, data: str | None, tolerance: float | None, metric: str) -> str:

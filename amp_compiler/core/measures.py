@@ -146,7 +146,8 @@ class OutputAccuracy:
     """One output of a converted model against the FP32 model's (on one sample: the checks; the worst
     sample: the report). An integer or bool output (a label from ArgMax, TopK's indices, a class id) is
     compared exactly: ``changed`` counts its values that differ from FP32's, of ``values``; the float
-    fields hold its values' statistics as numbers, which nothing judges it by."""
+    fields hold its values' statistics as numbers, which nothing judges it by. An output whose FP32 values
+    were all NaN/inf is not ``measured``: its zero error is no measurement (the inputs were unlike its real ones)."""
 
     name: str
     cosine: float
@@ -156,6 +157,9 @@ class OutputAccuracy:
     rel_l2: float | None = None  # ||converted - fp32|| / ||fp32|| (inf when not finite; None: not measured)
     changed: int | None = None  # an integer/bool output's values that differ from FP32's (None: a float output)
     values: int = 0  # ... of this many (a shape other than FP32's changes every value)
+    # False: FP32's own values were all NaN/inf on the inputs (a Log of negative noise), so no error was
+    # measured: the zero error and cosine 1 then say nothing
+    measured: bool = True
 
     @property
     def exact(self) -> bool:

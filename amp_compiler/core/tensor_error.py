@@ -130,10 +130,11 @@ class ErrorStats:
 
     def accuracy(self, name: str) -> OutputAccuracy:
         """These statistics as an output's :class:`OutputAccuracy` (when not :attr:`finite`: NaN cosine,
-        infinite errors, range 0)."""
+        infinite errors, range 0; not ``measured`` when the reference had values and none was finite)."""
         if not self.finite:
             return OutputAccuracy(name, math.nan, math.inf, 0.0, False, math.inf)
-        return OutputAccuracy(name, self.cosine, self.max_abs, self.value_range, True, self.rel_l2)
+        return OutputAccuracy(name, self.cosine, self.max_abs, self.value_range, True, self.rel_l2,
+                              measured=not (self.count and self.ref_max < self.ref_min))
 
     @property
     def value_range(self) -> float:

@@ -4,6 +4,8 @@ Renderers (terminal, JSON, CSV, HTML) read these dataclasses and nothing else. J
 ``schema_version`` and loads back into the same objects (:meth:`PrecisionReport.from_dict`), from
 this version and the ones before it:
 
+- 4: an output's accuracy says whether it was ``measured`` (false: FP32's own values were all NaN/Inf
+  on the inputs, and its zero error says nothing); earlier versions load as measured.
 - 3: an output's accuracy may be an integer or bool output's (a label, an index): ``changed`` counts
   its values that differ from FP32's, of ``values`` (``changed`` is null for a float output);
   ``changed_share`` is derived from them, and written for readers of the JSON.
@@ -21,7 +23,7 @@ from amp_compiler.core.measures import NodeError, OutputAccuracy, TensorRange
 
 __all__ = ["SCHEMA_VERSION", "NodeError", "NodeReport", "OutputAccuracy", "PrecisionReport", "Summary", "TensorRange"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 @dataclasses.dataclass
@@ -104,8 +106,8 @@ class PrecisionReport:
     def from_dict(cls, data: dict[str, Any]) -> PrecisionReport:
         """The report a :meth:`to_dict` of this schema version, or of an earlier one, wrote."""
         version = data.get("schema_version")
-        if version not in (1, 2, SCHEMA_VERSION):
-            raise ValueError(f"report schema_version {version!r} is not 1, 2 or {SCHEMA_VERSION}")
+        if version not in (1, 2, 3, SCHEMA_VERSION):
+            raise ValueError(f"report schema_version {version!r} is not 1, 2, 3 or {SCHEMA_VERSION}")
         s = dict(data["summary"])
         s["accuracy"] = [_accuracy(a, version) for a in s.get("accuracy", [])]
         nodes = []

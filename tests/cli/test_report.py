@@ -15,7 +15,7 @@ import pytest
 from amp_compiler.analysis import analyze
 from amp_compiler.cli import main
 from amp_compiler.onnx.convert import ConvertOptions
-from amp_compiler.report import PrecisionReport
+from amp_compiler.report import SCHEMA_VERSION, PrecisionReport
 from amp_compiler.runtime.runner import InProcessRunner
 from models import catalog
 from tests.support.onnx_builders import ffn_overflow_model
@@ -57,7 +57,7 @@ def test_report_json_round_trips_and_lists_every_node(ffn, tmp_path, capsys):
     code, _, err = _run(["report", path, "--calibration-data", samples, "--format", "json", "-o", out], capsys)
     assert code == 0, err
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 3
+    assert data["schema_version"] == SCHEMA_VERSION
     assert data["summary"]["accuracy"] and all(
         {"error_of_range", "value_range", "max_abs_error"} <= set(a) for a in data["summary"]["accuracy"]
     )

@@ -69,7 +69,7 @@ def test_an_integer_outputs_changed_values_round_trip_and_version_2_still_loads(
     report.summary.accuracy[0] = OutputAccuracy("label", 1.0, 3.0, 9.0, True, 0.1, changed=12, values=20000)
     data = json.loads(render(report, "json"))
     label = data["summary"]["accuracy"][0]
-    assert data["schema_version"] == 3 and label["changed"] == 12 and label["changed_share"] == 12 / 20000
+    assert data["schema_version"] == SCHEMA_VERSION and label["changed"] == 12 and label["changed_share"] == 12 / 20000
     assert data["summary"]["accuracy"][1]["changed"] is None  # a float output
     assert PrecisionReport.from_dict(data) == report
     for entry in data["summary"]["accuracy"]:  # what version 2 wrote: no changed values

@@ -113,7 +113,8 @@ def _badness(accuracy: OutputAccuracy) -> float:
     return accuracy.changed_share if accuracy.changed_share is not None else accuracy.error_of_range
 
 
-def severity(accuracy: OutputAccuracy) -> tuple[bool, bool, float]:
-    """A sort key, worst output first: NaN/Inf, then past the line (:func:`misses`), then the larger
-    share of changed values or max error of range."""
-    return accuracy.finite, not misses(accuracy), -_badness(accuracy)
+def severity(accuracy: OutputAccuracy) -> tuple[bool, bool, bool, float]:
+    """A sort key, worst output first: NaN/Inf, then past the line (:func:`misses`), then not measured
+    (FP32's own values NaN/Inf: its error is unknown), then the larger share of changed values or max
+    error of range."""
+    return accuracy.finite, not misses(accuracy), accuracy.measured, -_badness(accuracy)
