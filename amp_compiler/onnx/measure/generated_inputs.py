@@ -54,7 +54,10 @@ SIZES = tuple(2**k for k in range(1, 15))
 #: Sizes after 1 that may be run and refused before the search gives up.
 MAX_REFUSED = 3
 #: Dims named like a batch keep 1 (the model's size per sample is what has a minimum).
-_BATCH = re.compile(r"batch|^(b|n|bs)$", re.IGNORECASE)
+_BATCH = re.compile(r"batch", re.IGNORECASE)
+#: Short names that are a batch only as the first dim: einops-style ``b n d`` names a sequence ``n``
+#: (probed at 1, a text model's attention and pooling ran over one token).
+_FIRST_BATCH = re.compile(r"b|n|bs", re.IGNORECASE)
 #: A rank-3 input named like a recurrent state, its first and last dims fixed, is ``[num_directions,
 #: batch, hidden]`` (ONNX's LSTM, GRU and RNN layout of ``initial_h``/``initial_c``): its dim 1 is the
 #: batch (Silero VAD's ``state``: ``[2, ?, 128]``).
@@ -117,7 +120,8 @@ def _static(dim: onnx.TensorShapeProto.Dimension) -> bool:
 
 
 def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
-    """The keys that are batch dims: named like one, found only as the first dim of inputs of rank 2
+    """The keys that are batch dims: named like one (``batch``; ``b``, ``n`` or ``bs`` only where found
+    as the first dim alone), found only as the first dim of inputs of rank 2
     or more (exporters often leave a batch unnamed: ``unk__0``), or dim 1 of a rank-3 recurrent state
     (an unnamed one; a named one shared with the inputs' batch is one already)."""
     places: dict[str, set[tuple[int, int]]] = {}
@@ -130,7 +134,8 @@ def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
             places.setdefault(dim_key(info, axis, dim), set()).add((axis, len(dims)))
         if len(dims) == 3 and _STATE.fullmatch(info.name) and _static(dims[0]) and _static(dims[2]):
             states.add(dim_key(info, 1, dims[1]))
-    return {k for k in keys if _BATCH.search(k) or k in states
+    first = {k for k, found in places.items() if found and all(axis == 0 for axis, _ in found)}
+    return {k for k in keys if _BATCH.search(k) or k in states or (_FIRST_BATCH.fullmatch(k) and k in first)
             or all(axis == 0 and rank >= 2 for axis, rank in places.get(k, ()))}
 
 

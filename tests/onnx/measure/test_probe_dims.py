@@ -372,3 +372,15 @@ def test_a_float_mask_is_ones():
     assert input_kinds(m)["past_observed_mask"] == InputKind("value", (1.0, 1.0), "mask of ones")
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert (probe.samples[0]["past_observed_mask"] == 1).all() and "past_observed_mask: mask of ones" in probe.inputs
+
+
+def test_a_short_name_is_a_batch_only_as_the_first_dim():
+    """einops-style ``[b, n]`` token ids: ``n`` is the sequence, where it was taken for a batch and probed at 1
+    (a text model's pooling ran over one token; sweep R)."""
+    ids = vi("input_ids", I64, ["b", "n"])
+    m = model([helper.make_node("Cast", ["input_ids"], ["y"], to=F32)], [ids], [vi("y", F32, ["b", "n"])], [])
+    assert batch_dims(m, dynamic_dims(m)) == {"b"}
+    assert probe_dims(m)[0]["n"] > 1
+    leading = model([helper.make_node("Cast", ["x"], ["y"], to=F32)], [vi("x", I64, ["n", 8])],
+                    [vi("y", F32, ["n", 8])], [])
+    assert batch_dims(leading, dynamic_dims(leading)) == {"n"}  # the first dim alone: a batch as before
