@@ -206,17 +206,17 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
                 out[key] = 1
             elif key in heads:
                 out[key] = heads[key]
+            elif info.name in waveforms and axis == len(dims) - 1:  # before names: Optimum's `sequence_length`
+                out[key] = WAVEFORM_SAMPLES[0]
+                waves.add(key)
+            elif info.name in waveforms and axis == 1 and len(dims) == 3:  # [batch, channels, samples]: mono
+                out[key] = 1
             elif _PAST.search(key):
                 out[key] = 0
             elif _TOTAL.search(key) or (integer and len(dims) == 2 and axis == 1) or (
                     dim.HasField("dim_param") and _SEQUENCE.search(key)):
                 out[key] = sequence
                 sequences.append(key)
-            elif info.name in waveforms and axis == len(dims) - 1:
-                out[key] = WAVEFORM_SAMPLES[0]
-                waves.add(key)
-            elif info.name in waveforms and axis == 1 and len(dims) == 3:  # [batch, channels, samples]: mono
-                out[key] = 1
     if not any(value > 1 or value == 0 for value in out.values()):
         return []  # nothing but batches: the search's own start
     shorter = [{**out, **dict.fromkeys(sequences, length)} for length in _shorter(sequence) if sequences]

@@ -384,3 +384,16 @@ def test_a_short_name_is_a_batch_only_as_the_first_dim():
     leading = model([helper.make_node("Cast", ["x"], ["y"], to=F32)], [vi("x", I64, ["n", 8])],
                     [vi("y", F32, ["n", 8])], [])
     assert batch_dims(leading, dynamic_dims(leading)) == {"n"}  # the first dim alone: a batch as before
+
+
+@pytest.mark.parametrize("samples", ["samples", "sequence_length", "time"])
+def test_a_waveforms_samples_are_sized_as_audio_whatever_their_dim_is_named(samples):
+    """Optimum names wav2vec2's ``input_values`` dims ``[batch_size, sequence_length]``: the name-based sequence
+    rule sized them at 128/64/32 samples, which a conv front end with a 400-sample kernel refuses, and the
+    conversion ran without the probe (sweep R)."""
+    conv = tensor("w", weights((8, 1, 400)))
+    nodes = [helper.make_node("Unsqueeze", ["input_values", "ax"], ["x"]),
+             helper.make_node("Conv", ["x", "w"], ["y"], strides=[320])]
+    m = model(nodes, [vi("input_values", F32, ["batch_size", samples])], [vi("y", F32, ["batch_size", 8, None])],
+              [conv, tensor("ax", np.array([1], np.int64))])
+    assert probe_dims(m)[0] == {"batch_size": 1, samples: WAVEFORM_SAMPLES[0]}
