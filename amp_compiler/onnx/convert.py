@@ -27,6 +27,7 @@ from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError, Unty
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
 from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
 from amp_compiler.onnx.graph.custom_ops import declared_types
+from amp_compiler.onnx.graph.input_scale import weight_scale_warnings
 from amp_compiler.onnx.graph.intervals import known_input_ranges, overflow_warnings, reached_magnitudes, static_bounds
 from amp_compiler.onnx.graph.precision_graph import build_precision_graph
 from amp_compiler.onnx.ir.walk import node_order
@@ -248,6 +249,8 @@ def _convert_ranged(
         opts.allow_ops or opts.allow_nodes) else ()
     unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
     warnings = overflow_warnings(ir_model, graph, plan, target, unranged)
+    if probe is not None or ranges is None:  # no value of the user's seen: what the weights say of the inputs
+        warnings = [*weight_scale_warnings(ir_model, unranged, target.max), *warnings]
 
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)
