@@ -134,7 +134,7 @@ class Scaling:
     the k its operand is multiplied by 2^-k with (a constant's offline, an activation's by a Mul in
     FP32 before its Cast; a bias takes ``output``). ``output``: the shift the product carries, undone by
     a Mul by 2^output in FP32 after the Cast back. ``headroom``: how far below FP16's largest finite
-    value the scaled magnitudes stay at least (the margin included).
+    value the scaled magnitudes stay at least (the margin, and the static bounds, included).
 
     Per channel (a MatMul of an activation ``x`` by a constant ``w``, where a few channels hold the
     large values): ``x``'s channel k (its last axis) is multiplied by 2^-inputs[k] and the product's

@@ -214,8 +214,13 @@ def _convert_ranged(
     """The conversion from the static ranges on, with ``ranges`` (calibration's, or the probe's)."""
     # Static ranges: what the graph inputs' known ranges (stated, or observed in calibration data) bound;
     # generated inputs' ranges are no bound (the probe's ranges do not feed it).
-    input_ranges = known_input_ranges(ir_model, dict(opts.input_ranges), None if probe is not None else ranges)
+    stated = dict(opts.input_ranges)
+    input_ranges = known_input_ranges(ir_model, stated, None if probe is not None else ranges)
     bounds = static_bounds(ir_model, input_ranges) if input_ranges else {}
+    # The stated ranges' bounds alone: a guarantee range scaling holds in every channel (calibration's
+    # ranges are the data's own, whose channel peaks say more than one box for every channel).
+    stated_bounds = bounds if input_ranges.keys() == stated.keys() else (
+        static_bounds(ir_model, stated) if stated else {})
     target = opts.low_target
     # FP8: its GEMM choice reads the FP16 plan's Tensor Core ops as they are; scaled ones take BF16
     fallback = range_fallback(opts)
@@ -238,6 +243,7 @@ def _convert_ranged(
         placement=opts.placement,
         range_fallback=fallback,
         reached=reached_magnitudes(bounds) or None,
+        stated_reached=reached_magnitudes(stated_bounds) or None,
         elements=(
             placement_elements(with_small_weights(source), unshaped, shapes)
             if mincut and (shapes or unshaped) else None

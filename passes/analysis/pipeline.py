@@ -81,6 +81,9 @@ class AnalysisSettings:
     Cast there (ONNX models). ``range_fallback``: the type of what only FP16's range keeps out of FP16
     (``"scaled"``: Tensor Core ops in FP16 on power-of-two scaled operands where ``ranges`` allow it,
     else as ``"bf16"``: BF16 where the provider has the kernel, ONNX models of an FP16 target; ``"fp32"``).
+    ``reached``: per tensor, the magnitude some input within the graph inputs' known ranges (stated, or
+    calibration's) provably makes it reach (static ranges pin what exceeds the target); ``stated_reached``:
+    the same from the stated ranges alone, a guarantee range scaling must hold in every channel.
     """
 
     target: Target
@@ -95,6 +98,7 @@ class AnalysisSettings:
     ranges_generated: bool = False  # ``ranges`` come from the range probe's generated inputs
     placement: str = "mincut"
     reached: Mapping[str, float] | None = None
+    stated_reached: Mapping[str, float] | None = None
     elements: Mapping[str, int] | None = None
     kernel_coverage: bool = True
     runtime_hazards: bool = True
@@ -129,7 +133,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     passes.append(PaintPass())
     if settings.range_fallback in ("scaled", "bf16") and settings.target is Target.FP16:
         if settings.range_fallback == "scaled" and settings.ranges:
-            passes.append(RangeScalingPass(settings.ranges))
+            passes.append(RangeScalingPass(settings.ranges, reached=settings.stated_reached or {}))
         passes.append(RangeFallbackPass(settings.provider))
     if settings.placement == "mincut":
         passes.append(MinCutPlacementPass(settings.elements))
