@@ -245,3 +245,26 @@ def label_model(weights: np.ndarray, topk: bool = False, rows: int = 64) -> onnx
     inits = [tensor("w", weights)] + ([tensor("k", np.array([2], np.int64))] if topk else [])
     return model([helper.make_node("MatMul", ["x", "w"], ["z"], name="matmul"), head],
                  [vi("x", F32, [rows, 2])], outputs, inits)
+
+
+# The tabular model's raw features (area in m², year built, income, rooms) and their ranges: income
+# reaches 3e5, beyond FP16's largest value.
+TABULAR_LOW = np.array([30, 1900, 2e4, 1], np.float32)
+TABULAR_HIGH = np.array([400, 2024, 3e5, 8], np.float32)
+
+
+def tabular_model() -> onnx.ModelProto:
+    """Gemm -> Relu -> Gemm on x[B, 4] unnormalised features (sweep Q, B): the first layer's weights about
+    3 / the feature's span, the centering learned in its bias, so that the hidden layer is O(1) while x
+    and the first Gemm's static bounds over [0, 3e5] leave FP16's range."""
+    rng = np.random.default_rng(0)
+    scale = np.array([1 / 370, 1 / 124, 1 / 2.8e5, 1 / 7.0], np.float32) * 3
+    w1 = (rng.standard_normal((4, 16)) * scale[:, None]).astype(np.float32)
+    mid = np.array([215, 1962, 1.6e5, 4.5], np.float32)
+    b1 = (-(mid @ w1) + 0.3 * rng.standard_normal(16)).astype(np.float32)
+    w2 = (rng.standard_normal((16, 1)) * 0.35).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="hidden"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2"], ["y"], name="out")]
+    return model(nodes, [vi("x", F32, ["B", 4])], [vi("y", F32, ["B", 1])],
+                 [tensor("w1", w1), tensor("b1", b1), tensor("w2", w2)], opset=17)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
+from onnx_ir.passes import PostconditionError
 
 from amp_compiler import convert
 from amp_compiler.core.measures import (
@@ -17,13 +19,19 @@ from amp_compiler.core.measures import (
     fp16_relative_error,
     shift_room,
 )
+from amp_compiler.onnx.graph.intervals import reached_magnitudes, static_bounds
+from amp_compiler.onnx.graph.precision_graph import build_precision_graph
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.checks import run_onnxruntime
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.passes.analysis import RangeScalingPass
+from amp_compiler.passes.analysis.pipeline import AnalysisSettings, analysis_passes, run_passes
 from amp_compiler.passes.analysis.range_scaling import FP16_MAX, least_shift
+from amp_compiler.policy import default_table
 from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.in_process import InProcessRunner
-from tests.support.onnx_builders import F32, model, tensor, vi, weights
+from amp_compiler.targets import Target
+from tests.support.onnx_builders import F32, model, tabular_model, tensor, vi, weights
 
 FP16 = onnx.TensorProto.FLOAT16
 
@@ -242,3 +250,49 @@ def test_the_summary_line_counts_range_scaled_ops_and_the_probes_note_what_they_
     out = capsys.readouterr().out
     assert "Tensor Core ops in fp16: 2/2 (range-scaled: 2)" in out
     assert "node(s) kept out of plain fp16 by them (fp16 scaled 2, fp32 1)" in out
+
+
+class _IgnoresBounds(RangeScalingPass):
+    """Scales from the observed ranges alone, as if no static bound were known."""
+
+    def call(self, graph, plan):
+        RangeScalingPass(self.ranges).call(graph, plan)
+
+
+def _tabular_plan(scaling: type[RangeScalingPass] | None = None):
+    """The tabular model's plan with the stated range x in [0, 3e5] and the observed ranges of one row
+    drawn within it (the range probe's draw: income, channel 2, at 12292, far below its bound)."""
+    m = tabular_model()
+    ranges = collect_ranges(m, [{"x": np.array([[191088, 80936, 12292, 4958]], np.float32)}], runner=InProcessRunner())
+    model_ir = ir.from_proto(onnx.shape_inference.infer_shapes(m, strict_mode=True))
+    reached = reached_magnitudes(static_bounds(model_ir, {"x": (0.0, 3e5)}))
+    graph = build_precision_graph(model_ir, Target.FP16, default_table())
+    settings = AnalysisSettings(Target.FP16, ranges=ranges, ranges_generated=True, reached=reached,
+                                stated_reached=reached, range_fallback="scaled")
+    passes = analysis_passes(settings)  # the pipeline's RangeScalingPass reads the static bounds
+    if scaling is not None:
+        passes = [scaling(p.ranges, reached=p.reached) if isinstance(p, RangeScalingPass) else p for p in passes]
+    plan = run_passes(graph, passes, check=True)
+    return graph, plan, ranges, reached
+
+
+def test_a_static_bound_beyond_the_observed_channel_peaks_sets_every_channels_least_shift():
+    """A stated range is a guarantee, not a sample: x reaches 3e5 in any channel, h 2.3e5, whatever the
+    probe's one row showed. Each channel's shift is at least the one its peak (times the margin) needs
+    and at least the one the tensor's static bound needs, so the bound fits FP16 in every channel."""
+    graph, plan, ranges, reached = _tabular_plan()
+    assert reached["x"] == 3e5 and reached["h"] > FP16_MAX  # the static bounds: beyond FP16
+    hidden = next(v for v in graph.vertices if v.node is not None and v.node.name == "hidden")
+    scaling = plan.scalings[hidden.id]
+    assert scaling.per_channel
+    observed = [least_shift(b, 8.0) for b in ranges["x"].channel_peaks.bounds()]
+    assert list(scaling.inputs) == [max(s, least_shift(3e5, 1.0)) for s in observed] == [5, 4, 3, 3]
+    assert reached["x"] * 2.0 ** -min(scaling.inputs) <= FP16_MAX
+    assert min(scaling.outputs) >= least_shift(reached["h"], 1.0)
+    assert reached["h"] * 2.0 ** -min(scaling.outputs) <= FP16_MAX
+    assert scaling.headroom >= 1.0
+
+
+def test_the_check_catches_scaling_that_ignores_the_static_bounds():
+    with pytest.raises(PostconditionError, match="static bound"):
+        _tabular_plan(_IgnoresBounds)
