@@ -38,8 +38,9 @@ from amp_compiler.onnx.load.opset import OpsetChange, for_bf16, fp8_opset, raise
 from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
+from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate, stores_low_precision
-from amp_compiler.onnx.measure.output_error import worst_accuracy
+from amp_compiler.onnx.measure.output_error import output_accuracy, worst_accuracy
 from amp_compiler.onnx.measure.range_probe import (
     PROBE_MAX_NODES,
     PROBE_MAX_WEIGHT_BYTES,
@@ -109,6 +110,9 @@ def convert(
     stated ones (``input_ranges``). Returns the converted model with the per-node decisions. The input model
     is not modified.
 
+    ``samples`` (calibration inputs, e.g. from :func:`amp_compiler.runtime.samples.load_samples`) without
+    ``ranges``: their observed ranges (:func:`~amp_compiler.onnx.measure.calibrate.collect_ranges`) instead of
+    the range probe's, and the written model's output error measured on them.
     ``target="fp8"`` needs ``samples`` (calibration inputs, e.g. from
     :func:`amp_compiler.runtime.samples.load_samples`): MatMul/Gemm/Conv whose statistics on them allow it read
     FP8 E4M3 inputs through Q/DQ, everything else follows the FP16 policy, or the BF16 one with
@@ -156,6 +160,18 @@ def convert(
         fp8_plan, ranges = plan_fp8(ir_model, in_memory, list(samples or ()), ranges, opts, runner)
         del in_memory
 
+    # Calibration inputs given for another target than FP8: their observed ranges, as --calibration-data's.
+    calibration: onnx.ModelProto | None = None
+    if samples and ranges is None and not fp8:
+        samples = list(samples)
+        calibration = weights_in_memory(proto, origin) if locations else proto
+        owned = default_runner(runner)
+        try:
+            ranges = collect_ranges(calibration, samples, runner=owned[0])
+        finally:
+            if owned[1]:
+                owned[0].close()
+
     # The range probe: without calibration ranges, the FP32 model's ranges on generated inputs.
     probe: RangeProbe | None = None
     probe_skipped = ""
@@ -181,6 +197,8 @@ def convert(
     finally:
         if probe_runner is not None and probe_runner[1]:
             probe_runner[0].close()
+    if calibration is not None and samples:
+        _measure_on(result, calibration, list(samples), runner)
     if opset is not None:
         _say_opset(result, opset)
     if stores_low_precision(proto):  # whatever measures the output's error (the probe, the report) has no FP32
@@ -361,6 +379,19 @@ def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto,
     except ModelRunError as exc:  # the FP32 outputs are the probe's: the written model is what failed
         result.accuracy_not_measured = (
             f"the written model does not run on generated inputs the FP32 model runs on ({first_line(exc)})")
+
+
+def _measure_on(result: ConversionResult, fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
+                runner: Runner | None) -> None:
+    """The written model's output error on the calibration ``samples`` the conversion was given."""
+    owned = default_runner(runner)
+    try:
+        result.accuracy = output_accuracy(fp32, result.model, samples, owned[0])
+    except ModelRunError as exc:
+        result.accuracy_not_measured = first_line(exc)
+    finally:
+        if owned[1]:
+            owned[0].close()
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike | DeferredModel, *, all_weights: bool = False) -> DeferredModel:

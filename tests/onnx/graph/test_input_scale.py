@@ -59,3 +59,17 @@ def test_the_conversion_warns_unless_the_range_is_stated():
     assert any("feature 2" in w for w in warned)
     stated = convert(model, input_ranges={"x": (0.0, 3e5)}, runner=InProcessRunner()).warnings
     assert not any("feature 2" in w for w in stated)
+
+
+def test_samples_given_to_convert_calibrate_it_for_fp16():
+    """``convert(model, samples=...)`` ignored the samples below FP8 (sweep S): the probe's N(0, 1) decided, and the
+    FP16 model's income Cast was infinite on them. They are now its calibration data, and its error is measured on
+    them."""
+    model = _tabular(_trained_on_raw_units())
+    rng = np.random.default_rng(3)
+    samples = [{"x": (rng.uniform(0.5, 1.0, (8, 4)) * RAW).astype(np.float32)} for _ in range(3)]
+    result = convert(model, samples=samples, runner=InProcessRunner())
+    assert not result.probe_inputs  # no generated inputs
+    (accuracy,) = result.accuracy
+    assert accuracy.finite and accuracy.error_of_range < 0.01
+    assert not any("feature 2" in w for w in result.warnings)  # the data showed the values
