@@ -1,0 +1,237 @@
+"""What a graph does with an input's values, read from the graph alone (no data): the ops that read them,
+through casts, reshapes and selections (:func:`reached`), the token tables they index (:func:`vocabulary`), the
+dims of other inputs they index (:func:`index_size`, :data:`INDEX_INPUTS`), and the maps these walks read
+(:func:`graph_uses`: readers, producers, constants, declared shapes, subgraphs included).
+:mod:`amp_compiler.runtime.input_kinds` decides from them what values a generated input takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import onnx
+
+__all__ = [
+    "INDEX_INPUTS", "GraphUses", "IndexInput", "constant_nodes", "graph_uses", "index_size", "reached", "vocabulary",
+]
+
+#: Ops an index input may pass through (as their input 0: their output holds its values, or some of them) on
+#: its way to an embedding Gather or another op it indexes with: casts and reshapes, and selections (DLRM's
+#: sparse ids, ``[batch, tables]``, reach each table through a Gather on axis 1 of the input).
+_INDEX_PATH = frozenset({
+    "Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten", "Gather", "Slice", "Split", "Transpose", "Expand",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexInput:
+    """An op's integer input whose values index a dim of another of its inputs: its ``position``, the
+    input it indexes (``data``), which of that input's dims (``dims``: ``axis``, the op's axis attribute,
+    default 0; ``first``, dim 0; ``leading``, those from ``batch_dims`` on, GatherND's index tuples; ``value``,
+    no dim but ``data``'s value, OneHot's depth), and why an index out of range matters."""
+
+    position: int
+    data: int
+    dims: str
+    reason: str
+
+
+#: Integer inputs that index a dim of another input: a generated one is drawn below that dim's size, or is 0
+#: where the size is not known (0 is valid for any non-empty dim; the generic 1 is not for a batch of 1:
+#: onnxruntime refused every probe run of a RoiAlign taking its ``batch_indices`` as a graph input). A
+#: count (TopK's k) is no index. Here, not in ``policy/onnx_ops.toml``: ``runtime/`` sits below ``policy/``.
+INDEX_INPUTS: dict[str, IndexInput] = {
+    "Gather": IndexInput(1, 0, "axis", "onnxruntime refuses an index outside [-n, n) of data's axis"),
+    "GatherElements": IndexInput(1, 0, "axis", "onnxruntime refuses an index outside [-n, n) of data's axis"),
+    "ScatterElements": IndexInput(1, 0, "axis", "onnxruntime refuses an index outside [-n, n) of data's axis"),
+    "Scatter": IndexInput(1, 0, "axis", "ScatterElements before opset 11: the same indices"),
+    "GatherND": IndexInput(1, 0, "leading", "each index tuple addresses data's dims from batch_dims on"),
+    "ScatterND": IndexInput(1, 0, "leading", "each index tuple addresses data's leading dims"),
+    "RoiAlign": IndexInput(2, 0, "first", "batch_indices: the image of X's batch each box is in; checked in range"),
+    "OneHot": IndexInput(0, 1, "value", "an index outside depth gives a row of zeros, no one-hot row"),
+}
+
+
+@dataclasses.dataclass
+class GraphUses:
+    """The maps the walks read, over the main graph and its subgraphs: each value's readers, each value's
+    producer, the constants (initializers and Constant nodes) and the declared shapes (None: a dim not fixed)."""
+
+    consumers: dict[str, list[onnx.NodeProto]]
+    inits: dict[str, onnx.TensorProto]
+    producers: dict[str, onnx.NodeProto]
+    shapes: dict[str, list[int | None]]
+
+
+def graph_uses(model: onnx.ModelProto) -> GraphUses:
+    """:class:`GraphUses` of ``model``: a merged decoder looks its tokens up inside an If, so subgraphs count."""
+    uses = GraphUses({}, {}, {}, {})
+    for graph in _graphs(model.graph):
+        uses.shapes.update((v.name, _static_dims(v)) for v in [*graph.input, *graph.value_info, *graph.output]
+                           if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"))
+        for node in graph.node:
+            for name in node.input:
+                uses.consumers.setdefault(name, []).append(node)
+            uses.producers.update((out, node) for out in node.output)
+        uses.inits.update((i.name, i) for i in graph.initializer)
+        uses.inits.update(constant_nodes(graph))  # torch.onnx writes `x / 255` with a Constant node
+    return uses
+
+
+#: A Constant node's attributes that hold its value as numbers, with their element types (``value`` holds a
+#: tensor already; ``sparse_value`` and the strings hold no pixel scale or table).
+_CONSTANT_NUMBERS = {
+    "value_float": onnx.TensorProto.FLOAT, "value_floats": onnx.TensorProto.FLOAT,
+    "value_int": onnx.TensorProto.INT64, "value_ints": onnx.TensorProto.INT64,
+}
+
+
+def constant_nodes(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(output name, value) of ``graph``'s Constant nodes whose value is a tensor or numbers: what
+    initializers are to a model saved by torch.onnx, which writes its literals (a ``/ 255``) as Constant
+    nodes."""
+    for node in graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.output:
+            continue
+        for attr in node.attribute:
+            if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                yield node.output[0], attr.t
+            elif attr.name in _CONSTANT_NUMBERS:
+                value = onnx.helper.get_attribute_value(attr)
+                values = value if isinstance(value, list) else [value]
+                dims = [len(values)] if isinstance(value, list) else []
+                yield node.output[0], onnx.helper.make_tensor("", _CONSTANT_NUMBERS[attr.name], dims, values)
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and its subgraphs (If branches, Loop and Scan bodies), parents first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                yield from _graphs(sub)
+
+
+def vocabulary(
+    name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto] | None = None,
+) -> int:
+    """The smallest first dim of the tables ``name`` indexes (0: none): through Gathers on an initializer
+    (or on one dequantized or cast: a QDQ model's table), or as onnxruntime's EmbedLayerNormalization's
+    word or segment ids (its tables, inputs 2 and 4)."""
+    producers = producers or {}
+    sizes: list[int] = []
+    for node, position in reached(name, consumers):
+        table: str | None = None
+        if node.op_type == "Gather" and position == 1:
+            table = node.input[0] if _attribute(node, "axis", 0) == 0 else None
+        elif node.op_type == "EmbedLayerNormalization" and position in _EMBEDDING_TABLES:
+            table = node.input[_EMBEDDING_TABLES[position]] if len(node.input) > _EMBEDDING_TABLES[position] else None
+        rows = _rows(table, producers, inits) if table else 0
+        if rows:
+            sizes.append(rows)
+    return min(sizes, default=0)
+
+
+def reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:
+    """(node, input position) of every use of ``name``'s values: its own uses, and those of what it passes
+    through (:data:`_INDEX_PATH`, as their input 0)."""
+    stack, seen = [name], {name}
+    while stack:
+        value = stack.pop()
+        for node in consumers.get(value, ()):
+            for position in (k for k, used in enumerate(node.input) if used == value):
+                yield node, position
+            if node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
+                for out in node.output:
+                    if out not in seen:
+                        seen.add(out)
+                        stack.append(out)
+
+
+def index_size(
+    name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto], shapes: Mapping[str, list[int | None]],
+) -> tuple[int, str] | None:
+    """The smallest size of the dims ``name`` indexes (:data:`INDEX_INPUTS`; 1 where one is not known: only
+    0 is drawn) and the op input that indexes it (``RoiAlign batch_indices``); None when it indexes none."""
+    found: list[tuple[int, str]] = []
+    for node, position in reached(name, consumers):
+        entry = INDEX_INPUTS.get(node.op_type)
+        if entry is None or node.domain not in ("", "ai.onnx") or entry.position != position:
+            continue
+        data = node.input[entry.data] if len(node.input) > entry.data else ""
+        found.append((max(_indexed(node, entry, data, inits, producers, shapes) or 1, 1),
+                      f"{node.op_type} {_formal(node.op_type, position)}"))
+    return min(found) if found else None
+
+
+def _indexed(
+    node: onnx.NodeProto, entry: IndexInput, data: str, inits: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto], shapes: Mapping[str, list[int | None]],
+) -> int | None:
+    """The size of the dims ``node``'s index input addresses in ``data`` (the smallest of several), as far as
+    the graph states it (None: not known)."""
+    if entry.dims == "value":
+        value = inits.get(data)
+        array = onnx.numpy_helper.to_array(value) if value is not None and math.prod(value.dims) == 1 else None
+        return int(array.ravel()[0]) if array is not None and np.issubdtype(array.dtype, np.number) else None
+    dims = _dims(data, producers, inits, shapes)
+    if not dims:
+        return None
+    if entry.dims == "leading":
+        leading = dims[_attribute(node, "batch_dims", 0):]
+        return min(leading) if leading and None not in leading else None  # type: ignore[type-var]
+    axis = _attribute(node, "axis", 0) if entry.dims == "axis" else 0
+    return dims[axis] if -len(dims) <= axis < len(dims) else None
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def _formal(op_type: str, position: int) -> str:
+    """The name onnx's schema gives an op's input (``batch_indices``), else ``input N``."""
+    try:
+        return onnx.defs.get_schema(op_type).inputs[position].name
+    except (onnx.defs.SchemaError, IndexError):
+        return f"input {position}"
+
+
+def _static_dims(info: onnx.ValueInfoProto) -> list[int | None]:
+    """A value's dims, None where not a fixed size."""
+    return [int(d.dim_value) if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+
+
+#: EmbedLayerNormalization's index inputs (word ids 0, segment ids 1) and the tables they index.
+_EMBEDDING_TABLES = {0: 2, 1: 4}
+#: Ops a table passes through unchanged in its rows: a QDQ model's dequantized table, a cast one.
+_TABLE_PATH = frozenset({"DequantizeLinear", "Cast", "Identity"})
+
+
+def _rows(name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto]) -> int:
+    """The first dim of the initializer ``name`` is, or is made from through :data:`_TABLE_PATH` (0: none)."""
+    dims = _dims(name, producers, inits, {})
+    return (dims[0] or 0) if dims else 0
+
+
+def _dims(
+    name: str, producers: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto],
+    shapes: Mapping[str, list[int | None]],
+) -> list[int | None] | None:
+    """The dims of the constant ``name`` is, or is made from through :data:`_TABLE_PATH`, else those its
+    declared shape fixes (``shapes``; None: not known)."""
+    for _ in range(4):
+        table = inits.get(name)
+        if table is not None:
+            return [int(d) for d in table.dims]
+        if name in shapes:
+            return list(shapes[name])
+        node = producers.get(name)
+        if node is None or node.op_type not in _TABLE_PATH or not node.input:
+            return None
+        name = node.input[0]
+    return None
