@@ -17,7 +17,9 @@ A diffusers pipeline feeds these inputs values of a scale no image or N(0, 1) gu
 - its timestep is one of the scheduler's 1000 training steps, 0..999 (float or integer), not N(0, 1)
   (negative, fractional) nor 1.
 
-The names are data (:data:`LATENT`, :data:`NOISY`, :data:`TIMESTEP`, :data:`CONDITIONING`), each with
+- an EDM/Karras denoiser's noise level ``sigma`` is 0.002..80, positive (``log(sigma)``), not N(0, 1).
+
+The names are data (:data:`LATENT`, :data:`NOISY`, :data:`TIMESTEP`, :data:`SIGMA`, :data:`CONDITIONING`), each with
 why; :func:`~amp_compiler.runtime.input_kinds.input_kinds` takes these kinds before it looks for images.
 """
 
@@ -29,8 +31,8 @@ import re
 import onnx
 
 __all__ = [
-    "CONDITIONING", "LATENT", "LATENT_SIGMA", "NOISY", "TIMESTEP", "TIMESTEPS", "VAE_SCALING_FACTORS", "NamedInput",
-    "diffusion_kinds",
+    "CONDITIONING", "LATENT", "LATENT_SIGMA", "NOISY", "SIGMA", "SIGMAS", "TIMESTEP", "TIMESTEPS",
+    "VAE_SCALING_FACTORS", "NamedInput", "diffusion_kinds",
 ]
 
 #: The latent scaling factors of the common VAEs (diffusers' ``vae.config.scaling_factor``): a decoder
@@ -41,6 +43,9 @@ VAE_SCALING_FACTORS: dict[str, float] = {"SD 1.x/2.x": 0.18215, "SDXL": 0.13025,
 LATENT_SIGMA = 1.0 / min(VAE_SCALING_FACTORS.values())
 #: A scheduler's training timesteps (``num_train_timesteps`` 1000 in every diffusers pipeline's config).
 TIMESTEPS = (0.0, 999.0)
+#: The noise levels an EDM/Karras denoiser takes (``sigma_min`` 0.002, ``sigma_max`` 80: EDM's and k-diffusion's
+#: defaults); drawn log-spaced (``positive``): EDM conditions on ``log(sigma) / 4``.
+SIGMAS = (0.002, 80.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +74,9 @@ LATENT = _named(r"\w*latents?(_\w*)?|z", (4, 5), "a VAE decoder's input, latents
 #: or a pixel-space model's noisy image, N(0, 1).
 NOISY = _named(r"sample|hidden_states|x|x_?t|z|noisy_\w+|\w*latents?(_\w*)?", (4, 5),
                "a denoiser's noisy latents, N(0, 1)")
+#: An EDM/Karras denoiser's noise level, one per batch item (``sigma``; k-diffusion's ``sigmas``), beside its
+#: noisy input: :data:`SIGMAS`, not N(0, 1) (``log(sigma)`` of a negative draw: every FP32 output NaN).
+SIGMA = _named(r"sigmas?|noise_levels?", (0, 1), "an EDM/Karras noise level, 0.002..80")
 #: SDXL's size and crop conditioning (``time_ids``: original size, crop corner, target size, in pixels).
 CONDITIONING = _named(r"(add_)?time_ids", (2,), "SDXL's sizes and crop corner in pixels, 0..1024", floats_only=False)
 _PIXELS = (0.0, 1024.0)
@@ -92,7 +100,8 @@ def diffusion_kinds(inputs: list[onnx.ValueInfoProto]) -> dict[str, tuple[str, t
     """The diffusion inputs among a model's graph ``inputs`` (those it must be fed), as (kind, bounds, why)
     for :class:`~amp_compiler.runtime.input_kinds.InputKind`: with a timestep input (:data:`TIMESTEP`) beside
     a 4-D or 5-D float input, the timestep uniform in :data:`TIMESTEPS` (``timesteps 0..999``) and the noisy
-    sample (:data:`NOISY`) N(0, 1) (``noisy latents N(0, 1)``), SDXL's ``time_ids`` 0..1024; without one, a
+    sample (:data:`NOISY`) N(0, 1) (``noisy latents N(0, 1)``), SDXL's ``time_ids`` 0..1024; beside a 4-D or 5-D
+    input, a noise level (:data:`SIGMA`) log-spaced over :data:`SIGMAS`; without a timestep, a
     float input named like a latent (:data:`LATENT`) N(0, :data:`LATENT_SIGMA`) (``latents N(0, 7.7)``).
     Kind ``normal`` takes bounds (mean, standard deviation); ``range`` is uniform in its bounds."""
     spatial = any(_rank(i) in (4, 5) for i in inputs)
@@ -101,6 +110,8 @@ def diffusion_kinds(inputs: list[onnx.ValueInfoProto]) -> dict[str, tuple[str, t
     for info in inputs:
         if info.name in timesteps:
             out[info.name] = ("range", TIMESTEPS, "timesteps 0..999")
+        elif spatial and _matches(SIGMA, info):
+            out[info.name] = ("positive", SIGMAS, "noise levels 0.002..80, log-spaced (EDM/Karras sigmas)")
         elif timesteps and _matches(NOISY, info):
             out[info.name] = ("normal", (0.0, 1.0), "noisy latents N(0, 1)")
         elif timesteps and _matches(CONDITIONING, info):

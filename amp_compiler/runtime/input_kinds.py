@@ -14,12 +14,22 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from amp_compiler.runtime.diffusion_inputs import diffusion_kinds
-from amp_compiler.runtime.input_uses import INDEX_INPUTS, IndexInput, constant_nodes, graph_uses, index_size, vocabulary
+from amp_compiler.runtime.diffusion_inputs import SIGMAS, diffusion_kinds
+from amp_compiler.runtime.input_uses import (
+    INDEX_INPUTS,
+    IndexInput,
+    added_to_logits,
+    constant_nodes,
+    graph_uses,
+    index_size,
+    positive_reader,
+    reaches_softmax_anyhow,
+    vocabulary,
+)
 from amp_compiler.runtime.string_inputs import StringVocabulary, string_vocabularies
 
 __all__ = [
-    "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "NORMALIZED_IMAGE",
+    "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "NORMALIZED_IMAGE", "POSITIVE",
     "constant_nodes", "image_channels", "image_inputs", "image_like", "input_kinds", "model_inputs", "rank",
     "waveform_inputs",
 ]
@@ -37,8 +47,10 @@ class InputKind:
     N(``bounds[0]``, ``bounds[1]``): diffusion latents), ``ids`` (token ids)
     or ``index`` (indices into a dim, :data:`INDEX_INPUTS`) (integers in ``[0, bounds[1])``), ``positions``
     (0, 1, 2... along the last dim), ``value`` (``bounds[0]`` everywhere), ``beyond`` (the longest token
-    input's length plus ``bounds[0]``: a generation's length limit) or ``words`` (strings of ``vocabulary``),
-    and why (``stated``, ``image 0..1``,
+    input's length plus ``bounds[0]``: a generation's length limit), ``words`` (strings of ``vocabulary``),
+    ``positive`` (floats log-spaced over ``bounds``), ``additive`` (an additive attention mask: 0 and
+    ``bounds[0]``, causal and left-padded) or ``padded`` (a bool mask, a True tail per row: see
+    :mod:`~amp_compiler.runtime.value_patterns`), and why (``stated``, ``image 0..1``,
     ``vocabulary``...)."""
 
     kind: str
@@ -72,8 +84,19 @@ _AUDIO = re.compile(r"audio|wave(form)?|speech|pcm|input_values|samples", re.IGN
 _MAX_LENGTH = re.compile(r"max_(length|new_tokens)", re.IGNORECASE)
 _NEUTRAL = re.compile(r"(repetition_|length_)?penalty|temperature", re.IGNORECASE)
 #: A float input named like a mask is ones, as an integer mask is (a time-series model's
-#: ``past_observed_mask``: N(0, 1) marked values observed at random, and negative).
+#: ``past_observed_mask``: N(0, 1) marked values observed at random, and negative), unless it is added to
+#: a softmax's logits (:func:`~amp_compiler.runtime.input_uses.added_to_logits`): an additive mask, 0 or
+#: ``finfo.min``. A bool input named so, or reaching a Softmax, is a padded mask (False, a True tail).
 _MASK = re.compile(r"mask", re.IGNORECASE)
+#: A float input added to logits but named like a bias (T5's ``position_bias``, ALiBi's) holds learned or
+#: position values, no mask: it keeps N(0, 1).
+_BIAS = re.compile(r"bias|alibi|position", re.IGNORECASE)
+#: A float input that an op needing positive values reads (Log, Sqrt, Reciprocal, a fractional Pow:
+#: :func:`~amp_compiler.runtime.input_uses.positive_reader`) is log-spaced over 0.002..80: EDM/Karras noise
+#: levels (sigma_min 0.002, sigma_max 80), the widest positive range common inputs take (variances, scales,
+#: temperatures sit inside); log 6.2..4.4, a reciprocal up to 500, a root 0.045..8.9. N(0, 1) put NaN in every
+#: FP32 output (``log(sigma)``): the probe saw nothing and stated 0.00% where real sigmas gave 90% error.
+POSITIVE = SIGMAS
 GENERATED_TOKENS = 16
 INTEGER_TYPES = frozenset({onnx.TensorProto.INT32, onnx.TensorProto.INT64})
 #: A KV cache, by its name or its dims' (not an image whatever its dim 1: its heads).
@@ -101,7 +124,10 @@ def input_kinds(
     input (not named like a mask) spans its type, uint8 0..255 and int8 -128..127 (a uint8 image: ones hid an
     FP16 overflow at 4.8e5 that every real image reached); a scalar integer named
     like a sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length
-    plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a float mask ones; a string input read by
+    plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a bool input named like a mask or reaching
+    a Softmax both values, a True tail per row; a float input added to a softmax's logits an additive mask (0 and
+    ``finfo.min``, causal, left-padded); one an op needing positive values reads log-spaced over :data:`POSITIVE`;
+    another float mask ones; a string input read by
     an op with a vocabulary (:func:`~amp_compiler.runtime.string_inputs.string_vocabularies`) its words. Other
     inputs are not
     in the result (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
@@ -156,8 +182,18 @@ def input_kinds(
                 low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
                 what = "image" if image_like(info) else f"{dtype.name} values"
                 kinds[info.name] = InputKind("range", (float(low), float(high)), f"{what} {low}..{high}")
+        elif dtype == np.bool_ and rank(info) >= 1 and (
+                _MASK.search(info.name) or reaches_softmax_anyhow(info.name, uses)):
+            kinds[info.name] = InputKind("padded", (0.0, 0.0), "False, each row's last quarter True (a padded tail)")
         elif _NEUTRAL.fullmatch(info.name) and rank(info) <= 1:
             kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
+        elif np.issubdtype(dtype, np.floating) and not _BIAS.search(info.name) and added_to_logits(info.name, uses):
+            lowest = float(np.finfo(dtype).min)
+            kinds[info.name] = InputKind("additive", (lowest, 0.0),
+                                         f"additive mask 0 / {lowest:.3g}, causal, left-padded")
+        elif np.issubdtype(dtype, np.floating) and (reader := positive_reader(info.name, uses)):
+            kinds[info.name] = InputKind("positive", POSITIVE, f"positive {POSITIVE[0]:g}..{POSITIVE[1]:g}, log-spaced "
+                                         f"({reader} reads it)")
         elif _MASK.search(info.name):
             kinds[info.name] = InputKind("value", (1.0, 1.0), "mask of ones")
     return kinds

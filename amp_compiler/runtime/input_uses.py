@@ -1,7 +1,9 @@
 """What a graph does with an input's values, read from the graph alone (no data): the ops that read them,
 through casts, reshapes and selections (:func:`reached`), the token tables they index (:func:`vocabulary`), the
-dims of other inputs they index (:func:`index_size`, :data:`INDEX_INPUTS`), and the maps these walks read
-(:func:`graph_uses`: readers, producers, constants, declared shapes, subgraphs included).
+dims of other inputs they index (:func:`index_size`, :data:`INDEX_INPUTS`), whether they are added to a softmax's
+logits (:func:`added_to_logits`: an additive attention mask) or reach one at all (:func:`reaches_softmax_anyhow`:
+a bool mask), whether an op needing positive values reads them (:func:`positive_reader`: ``log(sigma)``), and the
+maps these walks read (:func:`graph_uses`: readers, producers, constants, declared shapes, subgraphs included).
 :mod:`amp_compiler.runtime.input_kinds` decides from them what values a generated input takes.
 """
 
@@ -9,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
 
 __all__ = [
-    "INDEX_INPUTS", "GraphUses", "IndexInput", "constant_nodes", "graph_uses", "index_size", "reached", "vocabulary",
+    "INDEX_INPUTS", "GraphUses", "IndexInput", "added_to_logits", "constant_nodes", "graph_uses", "index_size",
+    "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
 ]
 
 #: Ops an index input may pass through (as their input 0: their output holds its values, or some of them) on
@@ -235,3 +238,103 @@ def _dims(
             return None
         name = node.input[0]
     return None
+
+
+#: Ops a mask passes through, as their input 0, on its way to the scores it is added to: casts, reshapes,
+#: broadcasting and selections (HF's 4-D ``[batch, 1, query, key]`` mask sliced to the sequence, expanded to heads).
+_MASK_PATH = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Tile", "Slice",
+                        "Transpose"})
+#: Ops between the Add of a mask and the Softmax that reads the logits: more biases, scales, a clamp
+#: (``max(scores, finfo.min)``), a ``masked_fill`` (Where), reshapes and casts.
+_LOGIT_PATH = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Clip", "Where", *_MASK_PATH})
+_SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+#: Ops whose input 0 must be positive (Log, Sqrt: NaN below 0; Reciprocal: infinite at 0; Pow: NaN for a
+#: negative base and a fractional exponent, :func:`_fractional`).
+_POSITIVE_DOMAIN = frozenset({"Log", "Sqrt", "Reciprocal", "Pow"})
+#: How many ops deep a walk from an input looks (a mask reaches its Softmax within a few: PyTorch's key padding
+#: mask through 7, Cast, Where, Reshape, Expand, Reshape, Reshape, Add).
+_REACH = 12
+
+
+def _constant(name: str, uses: GraphUses) -> np.ndarray | None:
+    """The value of a constant of at most 64 elements (an initializer, a Constant node), else None."""
+    init = uses.inits.get(name)
+    if init is None or math.prod(init.dims) > 64:
+        return None
+    array = onnx.numpy_helper.to_array(init)
+    return array if np.issubdtype(array.dtype, np.number) else None
+
+
+def _scaled(node: onnx.NodeProto, value: str, uses: GraphUses, positive: bool = False) -> bool:
+    """``node`` scales ``value`` by a constant (Mul by one, Div of ``value`` by one; ``positive``: a constant
+    above 0, so the sign stays)."""
+    if node.op_type not in ("Mul", "Div") or len(node.input) != 2 or (node.op_type == "Div" and node.input[0] != value):
+        return False
+    other = _constant(node.input[1] if node.input[0] == value else node.input[0], uses)
+    return other is not None and (not positive or bool(np.all(other > 0)))
+
+
+def _along(
+    name: str, uses: GraphUses, step: Callable[[onnx.NodeProto, str], bool]
+) -> Iterator[tuple[onnx.NodeProto, str]]:
+    """(reader, the value it reads) of every op ``name``'s values reach while ``step(node, value)`` says the
+    op passes them on (to all its outputs), breadth first, :data:`_REACH` ops deep at most."""
+    frontier, seen = [(name, 0)], {name}
+    while frontier:
+        value, depth = frontier.pop(0)
+        for node in uses.consumers.get(value, ()):
+            yield node, value
+            if depth < _REACH and step(node, value):
+                for out in node.output:
+                    if out not in seen:
+                        seen.add(out)
+                        frontier.append((out, depth + 1))
+
+
+def _reaches_softmax(name: str, uses: GraphUses) -> bool:
+    """Whether ``name`` reaches a Softmax's or LogSoftmax's input through :data:`_LOGIT_PATH`."""
+    return any(node.op_type in _SOFTMAX and node.input[0] == value
+               for node, value in _along(name, uses, lambda node, value: node.op_type in _LOGIT_PATH))
+
+
+def added_to_logits(name: str, uses: GraphUses) -> bool:
+    """Whether ``name`` is an additive attention mask (or bias): through :data:`_MASK_PATH` (as input 0) and
+    scalings by constants, it is added (Add) to a value that is no constant, and the sum reaches a Softmax's
+    logits (:func:`_reaches_softmax`). A 0/1 mask turned into a bias in the graph (``(1 - m) * -10000``: a Sub)
+    or multiplied with the scores is not: it never meets the Add as it is."""
+    def step(node: onnx.NodeProto, value: str) -> bool:
+        return (node.op_type in _MASK_PATH and node.input[0] == value) or _scaled(node, value, uses)
+    return any(node.op_type == "Add" and len(node.input) == 2
+               and _constant(node.input[1] if node.input[0] == value else node.input[0], uses) is None
+               and _reaches_softmax(node.output[0], uses)
+               for node, value in _along(name, uses, step))
+
+
+def positive_reader(name: str, uses: GraphUses) -> str | None:
+    """The op (:data:`_POSITIVE_DOMAIN`) that takes ``name``'s values as its input 0 through casts, reshapes
+    (:data:`_MASK_PATH`), scalings by positive constants and Adds of a constant (``log(x + eps)``), and so
+    needs them positive: ``log(sigma)`` (EDM's noise conditioning), ``sqrt(variance)``; None when none does.
+    A square on the way (``sqrt(sigma ** 2 + 0.25)``) takes any sign: its Pow is no linear step."""
+    def step(node: onnx.NodeProto, value: str) -> bool:
+        if node.op_type in _MASK_PATH:
+            return node.input[0] == value
+        if node.op_type == "Add" and len(node.input) == 2:
+            return _constant(node.input[1] if node.input[0] == value else node.input[0], uses) is not None
+        return _scaled(node, value, uses, positive=True)
+    for node, value in _along(name, uses, step):
+        if node.op_type in _POSITIVE_DOMAIN and node.input[0] == value and (
+                node.op_type != "Pow" or _fractional(node, uses)):
+            return node.op_type
+    return None
+
+
+def _fractional(node: onnx.NodeProto, uses: GraphUses) -> bool:
+    """A Pow whose exponent is a constant with a fractional value (``x ** 0.5``): NaN for a negative base."""
+    exponent = _constant(node.input[1], uses) if len(node.input) > 1 else None
+    return exponent is not None and bool(np.any(exponent != np.round(exponent)))
+
+
+def reaches_softmax_anyhow(name: str, uses: GraphUses) -> bool:
+    """Whether ``name`` reaches a Softmax or LogSoftmax through any ops at all (a bool key padding mask: a
+    Where or a Cast makes it a bias, then an Add, a reshape), :data:`_REACH` values at most."""
+    return any(node.op_type in _SOFTMAX for node, _ in _along(name, uses, lambda node, value: node.op_type != "If"))

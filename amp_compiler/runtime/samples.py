@@ -27,6 +27,7 @@ import onnx.numpy_helper
 from amp_compiler.errors import AmpUserError
 from amp_compiler.runtime.input_kinds import INTEGER_TYPES, InputKind, input_kinds, model_inputs, rank
 from amp_compiler.runtime.string_inputs import string_values
+from amp_compiler.runtime.value_patterns import additive_mask, log_spaced, padded_tail
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
@@ -236,8 +237,9 @@ def random_samples(
 
     With ``informed`` they follow what is known of each input (:func:`input_kinds`: a stated range,
     an image's pixel range, token ids below the vocabulary, a diffusion model's latents N(0, sigma) and
-    timesteps 0..999); ``input_ranges`` (``--input-range``)
-    are drawn uniformly in any case.
+    timesteps 0..999, an input whose readers need it positive log-spaced, an additive attention mask causal and
+    padded, a bool mask with a padded tail: :mod:`~amp_compiler.runtime.value_patterns`); ``input_ranges``
+    (``--input-range``) are drawn uniformly in any case.
     Dynamic dims take ``input_shapes`` (bound: :func:`amp_compiler.onnx.costs.costs.bind_input_shapes`) or 1.
     Samples that would hold more than ``max_bytes`` together are refused (:class:`SampleSizeError`)
     before anything is allocated.
@@ -266,6 +268,12 @@ def random_samples(
             elif kind is not None and kind.kind == "range" and np.issubdtype(dtype, np.integer):
                 low, high = math.ceil(kind.bounds[0]), math.floor(kind.bounds[1])
                 sample[info.name] = rng.integers(low, high, shape, endpoint=True).astype(dtype)
+            elif kind is not None and kind.kind == "positive" and np.issubdtype(dtype, np.floating):
+                sample[info.name] = log_spaced(kind.bounds, shape, rng).astype(dtype)
+            elif kind is not None and kind.kind == "additive" and np.issubdtype(dtype, np.floating):
+                sample[info.name] = additive_mask(shape, kind.bounds[0], dtype)
+            elif kind is not None and kind.kind == "padded" and dtype == np.bool_:
+                sample[info.name] = padded_tail(shape)
             elif kind is not None and kind.kind == "value":
                 sample[info.name] = np.full(shape, kind.bounds[0], dtype)
             elif kind is not None and kind.kind == "beyond":  # the longest token input's length and more

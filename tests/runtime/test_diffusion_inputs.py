@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from amp_compiler.runtime.diffusion_inputs import LATENT_SIGMA, VAE_SCALING_FACTORS
+from amp_compiler.runtime.diffusion_inputs import LATENT_SIGMA, SIGMAS, VAE_SCALING_FACTORS
 from amp_compiler.runtime.input_kinds import image_inputs, input_kinds
 from amp_compiler.runtime.samples import random_samples
 from tests.support.onnx_builders import F32, model, tensor, vi, weights
@@ -76,3 +76,13 @@ def test_a_t_without_latents_beside_it_is_no_timestep_and_a_stated_range_wins():
     assert "t" not in input_kinds(m)
     d = _conv_model({"latent_sample": (F32, [1, 4, 8, 8])}, "latent_sample", 4)
     assert input_kinds(d, {"latent_sample": (-30.0, 30.0)})["latent_sample"].why == "stated"
+
+
+@pytest.mark.parametrize("name", ["sigma", "sigmas", "noise_level"])
+def test_an_edm_denoisers_noise_level_spans_karras_sigmas(name):
+    """EDM/Karras denoisers take ``(x, sigma)``, no timestep: sigma was N(0, 1), and ``log(sigma)`` NaN (sweep S)."""
+    m = _conv_model({"x": (F32, [1, 4, 8, 8]), name: (F32, [4])}, "x", 4)
+    kind = input_kinds(m)[name]
+    assert (kind.kind, kind.bounds) == ("positive", SIGMAS) and SIGMAS == (0.002, 80.0) and "EDM/Karras" in kind.why
+    sigma = random_samples(m, informed=True)[0][name]
+    assert sigma.min() == pytest.approx(0.002) and sigma.max() == pytest.approx(80.0)

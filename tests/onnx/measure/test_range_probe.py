@@ -323,8 +323,7 @@ def test_a_written_model_that_fails_where_fp32_runs_is_said_on_the_command_line(
 
 
 def _log1p_model():
-    """x (1, 13) -> Add(1) -> Log -> MatMul -> y: FP32's output is NaN wherever a feature is below -1, as
-    for DLRM's log1p of counts fed N(0, 1)."""
+    """x (1, 13) -> Add(1) -> Log -> MatMul -> y: DLRM's log1p of counts."""
     return model(
         [helper.make_node("Add", ["x", "one"], ["x1"], name="add"), helper.make_node("Log", ["x1"], ["lx"], name="log"),
          helper.make_node("MatMul", ["lx", "w"], ["y"], name="mm")],
@@ -333,10 +332,28 @@ def _log1p_model():
     )
 
 
+def _log_of_difference_model():
+    """x, z (1, 13) -> Sub -> Log -> MatMul -> y: FP32's output is NaN wherever x < z, which no input's own
+    readers say (the Log reads a difference of two inputs): both stay N(0, 1)."""
+    return model(
+        [helper.make_node("Sub", ["x", "z"], ["d"], name="sub"), helper.make_node("Log", ["d"], ["lx"], name="log"),
+         helper.make_node("MatMul", ["lx", "w"], ["y"], name="mm")],
+        [vi("x", F32, [1, 13]), vi("z", F32, [1, 13])], [vi("y", F32, [1, 8])], [tensor("w", weights((13, 8)))],
+    )
+
+
+def test_a_log1p_feature_is_drawn_positive_and_its_outputs_are_finite():
+    """Before: N(0, 1), and FP32's output NaN wherever a feature was below -1 (100% of it on the probe)."""
+    m = _log1p_model()
+    found = range_probe.probe_samples(m, InProcessRunner(), seed=0)
+    assert found.samples[0]["x"].min() > 0 and np.isfinite(found.outputs[0][0]).all()
+    assert found.inputs.startswith("x: positive 0.002..80, log-spaced (Log reads it)")
+
+
 def test_a_probe_whose_fp32_outputs_are_mostly_nan_says_so_and_does_not_call_the_written_model_wrong():
     """Before: the description said nothing of it, and FP32's NaN kept by the written model was 'NaN/Inf
     where FP32 is finite' (infinite error)."""
-    m = _log1p_model()
+    m = _log_of_difference_model()
     found = range_probe.probe_samples(m, InProcessRunner(), seed=0)
     assert np.isnan(found.outputs[0][0]).mean() > 0.5
     assert found.inputs.startswith("x: N(0, 1)") and found.inputs.endswith("FP32 outputs 100% NaN/Inf on them")
