@@ -248,6 +248,8 @@ def probe_samples(
     tensors_only(model)  # an UngeneratedInputError (a SampleSizeError) for an input that is not a tensor
     images = image_inputs(model, input_ranges)
     generated = _generated(model, runner, input_shapes, input_ranges, seed)
+    kinds = input_kinds(model, input_ranges)
+    negated, retried = _negated_masks(model, runner, generated, [n for n, k in kinds.items() if k.kind == "padded"])
     samples, outputs = list(generated.samples), list(generated.outputs)
     labels = [""]
     if images:
@@ -259,8 +261,8 @@ def probe_samples(
     if flipped:  # each sample labelled with its kind and its branches (a flipped one has its original's kind)
         kinds_of = labels + labels[:flipped]
         labels = [_label(kind, sample, switches) for kind, sample in zip(kinds_of, samples, strict=True)]
-    kinds = input_kinds(model, input_ranges)
     described = [f"{shown(name)}: {kind.why}" + (", uniform noise and dead leaves" if name in images else "")
+                 + (", negated (FP32 outputs mostly NaN/Inf the other way)" if name in negated else "")
                  for name, kind in kinds.items()]
     described += [f"{shown(name)}: " + ("True and False" if name in switches and flipped else _default_values(array))
                   for name, array in samples[0].items() if name not in kinds]
@@ -275,10 +277,33 @@ def probe_samples(
     if share > MOSTLY_NONFINITE:
         described.append(f"FP32 outputs {share:.0%} NaN/Inf on them")
     return ProbeSamples(
-        samples, outputs, runs=len(generated.refused) + len(samples),
+        samples, outputs, runs=len(generated.refused) + len(samples) + retried,
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
         kinds=labels if len(samples) > 1 else [],
     )
+
+
+def _negated_masks(
+    model: onnx.ModelProto, runner: Runner, generated: Generated, masks: list[str]
+) -> tuple[list[str], int]:
+    """When the FP32 outputs on ``generated``'s sample are mostly NaN/Inf (:data:`MOSTLY_NONFINITE`) and it
+    holds bool masks (kind ``padded``: a bool mask's polarity is not in the graph), the sample with those
+    ``masks`` negated, run once: kept in its place (with its outputs) where fewer outputs are NaN/Inf.
+    Returns the masks negated (none: kept as drawn) and the runs taken (0 or 1)."""
+    masks = [name for name in masks if name in generated.samples[0]]
+    if not masks or _nonfinite_share(generated.outputs[:1]) <= MOSTLY_NONFINITE:
+        return [], 0
+    other = {**generated.samples[0], **{name: np.logical_not(generated.samples[0][name]) for name in masks}}
+    try:
+        outputs = _run(model, runner, other)
+    except (RunBudgetError, ModelCrashError):
+        raise
+    except ModelRunError:  # the negated masks do not run: the probe keeps the masks as drawn
+        return [], 0
+    if _nonfinite_share([outputs]) >= _nonfinite_share(generated.outputs[:1]):
+        return [], 1
+    generated.samples[0], generated.outputs[0] = other, outputs
+    return masks, 1
 
 
 def _add_other_branches(

@@ -170,6 +170,17 @@ def test_a_bool_mask_holds_both_values_so_either_convention_keeps_keys_in_every_
     assert all(np.isfinite(o).all() for o in found.outputs[0]) and "NaN" not in found.inputs
 
 
+def test_a_bool_mask_whose_draw_leaves_outputs_mostly_nan_is_negated_once():
+    """sqrt(mask - 0.5): NaN where False, 3/4 of the padded tail's draw; negated, 1/4."""
+    nodes = [helper.make_node("Cast", ["attn_mask"], ["f"], to=F32), helper.make_node("Sub", ["f", "half"], ["d"]),
+             helper.make_node("Sqrt", ["d"], ["y"])]
+    m = model(nodes, [vi("attn_mask", BOOL, [1, 8])], [vi("y", F32, [1, 8])],
+              [tensor("half", np.array(0.5, np.float32))])
+    found = range_probe.probe_samples(m, InProcessRunner())
+    assert found.samples[0]["attn_mask"].tolist() == [[True] * 6 + [False] * 2]
+    assert found.runs == 2 and "attn_mask: " in found.inputs and "negated" in found.inputs
+
+
 def test_value_patterns():
     mask = additive_mask((2, 1, 4, 4), -1.0, np.dtype(np.float32))
     assert (mask[0, 0] == np.triu(np.full((4, 4), -1.0), 1)).all()  # causal only
