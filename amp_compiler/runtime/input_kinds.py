@@ -85,8 +85,9 @@ _MAX_LENGTH = re.compile(r"max_(length|new_tokens)", re.IGNORECASE)
 _NEUTRAL = re.compile(r"(repetition_|length_)?penalty|temperature", re.IGNORECASE)
 #: A float input named like a mask is ones, as an integer mask is (a time-series model's
 #: ``past_observed_mask``: N(0, 1) marked values observed at random, and negative), unless it is added to
-#: a softmax's logits (:func:`~amp_compiler.runtime.input_uses.added_to_logits`): an additive mask, 0 or
-#: ``finfo.min``. A bool input named so, or reaching a Softmax, is a padded mask (False, a True tail).
+#: a softmax's logits (:func:`~amp_compiler.runtime.input_uses.added_to_logits`, rank 2 at least: a rank-1 or
+#: scalar one is a bias or a temperature): an additive mask, 0 or ``finfo.min``. A bool input named so, or
+#: reaching a Softmax, is a padded mask (False, a True tail).
 _MASK = re.compile(r"mask", re.IGNORECASE)
 #: A float input added to logits but named like a bias (T5's ``position_bias``, ALiBi's) holds learned or
 #: position values, no mask: it keeps N(0, 1).
@@ -187,7 +188,8 @@ def input_kinds(
             kinds[info.name] = InputKind("padded", (0.0, 0.0), "False, each row's last quarter True (a padded tail)")
         elif _NEUTRAL.fullmatch(info.name) and rank(info) <= 1:
             kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
-        elif np.issubdtype(dtype, np.floating) and not _BIAS.search(info.name) and added_to_logits(info.name, uses):
+        elif (np.issubdtype(dtype, np.floating) and rank(info) >= 2 and not _BIAS.search(info.name)
+              and added_to_logits(info.name, uses)):
             lowest = float(np.finfo(dtype).min)
             kinds[info.name] = InputKind("additive", (lowest, 0.0),
                                          f"additive mask 0 / {lowest:.3g}, causal, left-padded")

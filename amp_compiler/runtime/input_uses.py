@@ -291,6 +291,12 @@ def _along(
                         frontier.append((out, depth + 1))
 
 
+def _computed(name: str, uses: GraphUses) -> bool:
+    """``name`` is the output of an op that is no Constant (not a constant, not a graph input)."""
+    node = uses.producers.get(name)
+    return node is not None and node.op_type != "Constant" and name not in uses.inits
+
+
 def _reaches_softmax(name: str, uses: GraphUses) -> bool:
     """Whether ``name`` reaches a Softmax's or LogSoftmax's input through :data:`_LOGIT_PATH`."""
     return any(node.op_type in _SOFTMAX and node.input[0] == value
@@ -299,13 +305,13 @@ def _reaches_softmax(name: str, uses: GraphUses) -> bool:
 
 def added_to_logits(name: str, uses: GraphUses) -> bool:
     """Whether ``name`` is an additive attention mask (or bias): through :data:`_MASK_PATH` (as input 0) and
-    scalings by constants, it is added (Add) to a value that is no constant, and the sum reaches a Softmax's
-    logits (:func:`_reaches_softmax`). A 0/1 mask turned into a bias in the graph (``(1 - m) * -10000``: a Sub)
-    or multiplied with the scores is not: it never meets the Add as it is."""
+    scalings by constants, it is added (Add) to a value an op computes (the scores: no constant, no graph input),
+    and the sum reaches a Softmax's logits (:func:`_reaches_softmax`). A 0/1 mask turned into a bias in the graph
+    (``(1 - m) * -10000``: a Sub) or multiplied with the scores is not: it never meets the Add as it is."""
     def step(node: onnx.NodeProto, value: str) -> bool:
         return (node.op_type in _MASK_PATH and node.input[0] == value) or _scaled(node, value, uses)
     return any(node.op_type == "Add" and len(node.input) == 2
-               and _constant(node.input[1] if node.input[0] == value else node.input[0], uses) is None
+               and _computed(node.input[1] if node.input[0] == value else node.input[0], uses)
                and _reaches_softmax(node.output[0], uses)
                for node, value in _along(name, uses, step))
 

@@ -71,8 +71,12 @@ def test_an_additive_mask_through_reshapes_and_a_constant_scale_is_found_by_stru
 
 
 def test_a_position_bias_added_to_logits_and_a_multiplicative_mask_stay_as_they_were():
-    """A learned/position bias is no mask (N(0, 1) as before); ``(1 - m) * -10000`` takes a 0/1 mask (ones)."""
+    """A learned/position bias is no mask (N(0, 1) as before), nor are two inputs added into a Softmax (no op computes
+    scores); ``(1 - m) * -10000`` takes a 0/1 mask (ones)."""
     assert "position_bias" not in input_kinds(_attention("position_bias", name="position_bias"))
+    summed = model([helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Softmax", ["s"], ["y"], axis=-1)],
+                   [vi("a", F32, [2, 4]), vi("b", F32, [2, 4])], [vi("y", F32, [2, 4])])
+    assert input_kinds(summed) == {}
     nodes = [helper.make_node("Sub", ["one", "attention_mask"], ["inv"]),
              helper.make_node("Mul", ["inv", "big"], ["m"])]
     assert input_kinds(_attention("m", nodes)) == {"attention_mask": InputKind("value", (1.0, 1.0), "mask of ones")}
