@@ -125,10 +125,14 @@ def _find_cycle(deps: list[set[int]]) -> list[int] | None:
 
 
 def check_output_names(graph: onnx.GraphProto, origin: str, subgraph: bool) -> None:
-    """Refuse a graph that lists an output name twice."""
+    """Refuse a graph that lists an output name twice: onnx's checker and onnxruntime accept it (hummingbird's
+    SVC export lists its probabilities twice), but the conversion writes, casts and measures each output once,
+    by name; the message says so, and how to drop the repeat."""
     seen: set[str] = set()
-    for v in graph.output:
+    for i, v in enumerate(graph.output):
         if v.name in seen:
-            where = f"{origin}: invalid ONNX model" + (f" (in subgraph {quote(graph.name)})" if subgraph else "")
-            raise ModelLoadError(f"{where}: graph output {quote(v.name)} is listed twice; output names must be unique")
+            where = f"{origin}: unsupported model" + (f" (in subgraph {quote(graph.name)})" if subgraph else "")
+            raise ModelLoadError(
+                f"{where}: graph output {quote(v.name)} is listed twice (onnx's checker accepts it; amp-compiler "
+                f"converts each output once): drop the repeat first, e.g. del model.graph.output[{i}]")
         seen.add(v.name)
