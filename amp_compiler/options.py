@@ -300,15 +300,17 @@ def check_allow_ops(opts: ConvertOptions, policy: PolicyTable) -> None:
 
 
 def check_input_ranges(graph_inputs: Mapping[str, bool], ranges: Mapping[str, tuple[float, float]]) -> None:
-    """Raise :class:`OptionError` unless every name is a float graph input (``graph_inputs``: name ->
-    whether it is a float tensor) and every range is finite with ``lo <= hi``."""
+    """Raise :class:`OptionError` unless every name is a graph input whose values reach a float
+    (``graph_inputs``: name -> whether it is a float tensor or an integer one cast to float: positions, raw
+    counts) and every range is finite with ``lo <= hi``."""
     for name, (lo, hi) in ranges.items():
         if name not in graph_inputs:
             raise OptionError(
                 f"{name} is not a graph input (inputs: {', '.join(sorted(graph_inputs))})", option="input_ranges"
             )
         if not graph_inputs[name]:
-            raise OptionError(f"{name} is not a float input: its range decides nothing", option="input_ranges")
+            raise OptionError(f"{name} is neither a float input nor an integer one cast to float: its range "
+                              "decides nothing", option="input_ranges")
         if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
             raise OptionError(f"{name}: expected a finite range LO <= HI, got {lo:g}, {hi:g}", option="input_ranges")
 

@@ -99,6 +99,7 @@ class SlotView(Hashable, Protocol):
 
 SlotT = TypeVar("SlotT", bound=SlotView)
 OpT = TypeVar("OpT", bound=OpView)
+StartT = TypeVar("StartT")  # where an integer walk starts: an op, or a graph input (hashable)
 
 
 @dataclasses.dataclass
@@ -154,8 +155,11 @@ class PrecisionGraph(Generic[SlotT, OpT]):
     # ``index_inputs``: Gather's indices, OneHot's, Equal's) through ops on integers: that reader and the input.
     index_readers: dict[OpT, tuple[OpT, int]] = dataclasses.field(default_factory=dict)
     # Ops computing a float from the value of integers that a count (the policy's ``positions``: Range, CumSum of a
-    # mask) produced, through ops on integers (``count_readers``): BLOOM's Cast of cumsum(mask) - 1, FX's
-    # ``slopes * arange``. Their float results are positions, though no float vertex leads to them.
+    # mask) or an integer graph input holding positions (``core.positions.is_position_input``: position_ids,
+    # cache_position) produced, through ops on integers (``count_readers``): BLOOM's Cast of cumsum(mask) - 1, the
+    # Cast of position_ids. Their float results are positions, though no float vertex leads to them. The ONNX
+    # frontend fills it; the FX one leaves it empty: there a softmax is FP32 by the table (autocast's list) and
+    # what computes its logits' bias from positions, outside any low-precision island, paints FP32.
     counted: frozenset[OpT] = frozenset()
 
     def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:
@@ -231,15 +235,16 @@ def tensor_edges(n_vertices: int, uses: Iterable[tuple[int, int, ValueView]]) ->
     return digraph
 
 
-def integer_uses_from(starts: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[tuple[OpT, int]]],
+def integer_uses_from(starts: Iterable[StartT], integer_uses: Callable[[StartT | OpT], Iterable[tuple[OpT, int]]],
                       through: Callable[[OpT], bool]) -> Iterator[tuple[OpT, int]]:
-    """Every use of integers computed from ``starts``, breadth first: (reader, input index) per use of an
-    integer output (``integer_uses(op)``) of a start or of a reader the walk went on through (those that
-    ``through`` accepts), each op's uses once. The walk :func:`index_readers` and :func:`count_readers` share."""
-    seen = set(starts)
+    """Every use of integers computed from ``starts`` (ops, or graph inputs), breadth first: (reader, input index)
+    per use of an integer output (``integer_uses(op)``) of a start or of a reader the walk went on through (those
+    that ``through`` accepts), each op's uses once. The walk :func:`index_readers` and :func:`count_readers`
+    share."""
+    seen: set[StartT | OpT] = set(starts)
     frontier = list(seen)
     while frontier:
-        nxt: list[OpT] = []
+        nxt: list[StartT | OpT] = []
         for op in frontier:
             for reader, index in integer_uses(op):
                 yield reader, index
@@ -265,7 +270,7 @@ def index_readers(selections: Iterable[OpT], integer_uses: Callable[[OpT], Itera
     return found
 
 
-def count_readers(counts: Iterable[OpT], integer_uses: Callable[[OpT], Iterable[tuple[OpT, int]]],
+def count_readers(counts: Iterable[StartT], integer_uses: Callable[[StartT | OpT], Iterable[tuple[OpT, int]]],
                   policy: Callable[[OpT], OpPolicy | None], computes_float: Callable[[OpT], bool]) -> frozenset[OpT]:
     """The ops that compute a float from the value of integers counted by ``counts`` (ops the policy marks
     ``positions`` with integer results): found forwards through the ops that read integers

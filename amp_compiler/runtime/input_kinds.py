@@ -46,7 +46,8 @@ class InputKind:
     """What generated values an input takes: ``range`` (uniform floats in ``bounds``), ``normal`` (floats
     N(``bounds[0]``, ``bounds[1]``): diffusion latents), ``ids`` (token ids)
     or ``index`` (indices into a dim, :data:`INDEX_INPUTS`) (integers in ``[0, bounds[1])``), ``positions``
-    (0, 1, 2... along the last dim), ``value`` (``bounds[0]`` everywhere), ``beyond`` (the longest token
+    (consecutive along the last dim: 0, 1, 2..., or the last ones up to ``bounds[1]`` when a range is stated),
+    ``value`` (``bounds[0]`` everywhere), ``beyond`` (the longest token
     input's length plus ``bounds[0]``: a generation's length limit), ``words`` (strings of ``vocabulary``),
     ``positive`` (floats log-spaced over ``bounds``), ``additive`` (an additive attention mask: 0 and
     ``bounds[0]``, causal and left-padded) or ``padded`` (a bool mask, a True tail per row: see
@@ -146,7 +147,10 @@ def input_kinds(
         if not info.type.HasField("tensor_type") or not tt.elem_type or info.name in kinds:  # no tensor; words
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if info.name in stated:
+        if info.name in stated and np.issubdtype(dtype, np.integer) and _POSITIONS.fullmatch(info.name) and rank(info):
+            lo, hi = stated[info.name]
+            kinds[info.name] = InputKind("positions", (float(lo), float(hi)), f"positions up to {hi:g} (stated)")
+        elif info.name in stated:
             kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
         elif info.name in diffusion:
             kinds[info.name] = InputKind(*diffusion[info.name])

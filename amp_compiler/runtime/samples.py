@@ -281,7 +281,9 @@ def random_samples(
                                if rank(i) == 2 and i.type.tensor_type.elem_type in INTEGER_TYPES), default=0)
                 sample[info.name] = np.full(shape, longest + int(kind.bounds[0]), dtype)
             elif kind is not None and kind.kind == "positions" and np.issubdtype(dtype, np.integer) and shape:
-                sample[info.name] = np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+                # consecutive, ending at the stated top (a decoding step's positions), else from 0
+                start = max(math.ceil(kind.bounds[0]), math.floor(kind.bounds[1]) + 1 - shape[-1])
+                sample[info.name] = np.broadcast_to(np.arange(start, start + shape[-1], dtype=dtype), shape).copy()
             elif kind is not None and kind.kind == "words" and kind.vocabulary is not None:
                 sample[info.name] = string_values(kind.vocabulary, shape, rng)
             elif kind is not None and kind.kind in ("ids", "index") and np.issubdtype(dtype, np.integer):

@@ -103,6 +103,41 @@ def test_rotary_angles_in_fp32_are_what_keeps_long_positions_accurate():
     assert with_rule < 0.005 and without > 0.05, (with_rule, without)
 
 
+def _relative_alibi(positions: str):
+    """Cast(positions) -> i - j -> |.| x slope, added to x @ x^T -> Softmax -> @ x (sweep S, pos_min): the
+    positions an integer graph input, as a decoder given ``position_ids`` or ``cache_position`` takes them."""
+    nodes = [
+        helper.make_node("Cast", [positions], ["p"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["p", "a2"], ["pi"]), helper.make_node("Unsqueeze", ["p", "a1"], ["pj"]),
+        helper.make_node("Sub", ["pi", "pj"], ["rel"]), helper.make_node("Abs", ["rel"], ["ar"]),
+        helper.make_node("Mul", ["ar", "slope"], ["bias"]),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]), helper.make_node("MatMul", ["x", "xt"], ["s"]),
+        helper.make_node("Add", ["s", "bias"], ["sb"]), helper.make_node("Softmax", ["sb"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "x"], ["y"]),
+    ]
+    inits = [tensor("a1", np.array([1], np.int64)), tensor("a2", np.array([2], np.int64)),
+             tensor("slope", np.array(-0.5, np.float32))]
+    return model(nodes, [vi(positions, onnx.TensorProto.INT64, [1, "seq"]), vi("x", F32, [1, "seq", 16])],
+                 [vi("y", F32, [1, "seq", 16])], inits)
+
+
+@pytest.mark.parametrize("positions", ["position_ids", "cache_position", "idx"])
+def test_relative_positions_from_an_integer_input_stay_exact_past_2048(positions):
+    """Positions 3000.. and 8000.. (a long prompt, a KV-cache step; the probe draws 0..127): FP16 rounds them to
+    multiples of 2 and 4, and the bias |i - j| x slope moves by up to 2 logits: 6.5% and 4.3% of range with
+    the Cast, Sub, Abs and Mul in FP16; 0.025% and 0.039% with them FP32, both MatMuls still FP16."""
+    fp32 = _relative_alibi(positions)
+    converted = convert(fp32)
+    assert [d.precision for d in converted.decisions if d.op_type == "MatMul"] == ["fp16", "fp16"]
+    rng = np.random.default_rng(0)
+    for start in (3000, 8000):
+        feeds = {positions: (start + np.arange(64))[None].astype(np.int64),
+                 "x": (rng.standard_normal((1, 64, 16)) / 2).astype(np.float32)}
+        ref = run_onnxruntime(fp32, feeds)[0]
+        got = run_onnxruntime(emulate(converted.model), feeds)[0]
+        assert np.abs(got - ref).max() / np.ptp(ref) < 0.005, (start, np.abs(got - ref).max() / np.ptp(ref))
+
+
 # ------------------------------------------------------------------------------- FP32 graph outputs
 def _relative_error(name: str, **options) -> float:
     fp32 = catalog.load(name)

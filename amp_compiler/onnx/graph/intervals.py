@@ -26,6 +26,7 @@ import onnx_ir as ir
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import PrecisionPlan
 from amp_compiler.dtypes import FLOAT_TYPES
+from amp_compiler.onnx.graph.integer_flow import cast_to_float
 from amp_compiler.onnx.graph.interval_ops import Bound, apply, exact
 from amp_compiler.onnx.graph.precision_graph import OnnxPrecisionGraph
 from amp_compiler.onnx.ir.constants import constant_array
@@ -142,10 +143,11 @@ def overflow_thresholds(
 def known_input_ranges(
     model: ir.Model, stated: Mapping[str, tuple[float, float]], observed: Mapping[str, TensorRange] | None
 ) -> dict[str, tuple[float, float]]:
-    """The graph inputs' ranges: ``stated`` ones (checked: float graph inputs, finite, lo <= hi), and
-    for the other float inputs the range ``observed`` in calibration data, if any."""
+    """The graph inputs' ranges: ``stated`` ones (checked: float graph inputs or integer ones cast to float,
+    finite, lo <= hi), and for the other float inputs the range ``observed`` in calibration data, if any."""
     floats = {v.name: v.dtype in FLOAT_TYPES for v in model.graph.inputs if v.name}
-    check_input_ranges(floats, stated)
+    check_input_ranges({v.name: floats[v.name] or (v.name in stated and cast_to_float(v))
+                        for v in model.graph.inputs if v.name}, stated)
     out = {name: (r.min, r.max) for name, r in (observed or {}).items() if floats.get(name) and r.count}
     out.update(stated)
     return out

@@ -174,11 +174,46 @@ def test_bad_input_ranges_are_option_errors(ranges, message):
     assert info.value.option == "input_ranges"
 
 
-def test_integer_input_range_is_refused(tmp_path, capsys):
-    path = tmp_path / "mask.onnx"
-    onnx.save(catalog.load("attention-mask-padding"), path)
-    code = main(["convert", str(path), "-o", str(tmp_path / "o.onnx"), "--input-range", "attention_mask:0,1"])
+def _integer_inputs() -> onnx.ModelProto:
+    """Token ids read by a Gather only (their range decides nothing: no float holds them), positions cast to
+    float and added, as a distance |p_i - p_j|, to the attention logits (ALiBi: their range decides the bias)."""
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["x"]),
+             helper.make_node("Cast", ["position_ids"], ["p"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["p", "a1"], ["pi"]), helper.make_node("Unsqueeze", ["p", "a0"], ["pj"]),
+             helper.make_node("Sub", ["pi", "pj"], ["rel"]), helper.make_node("Abs", ["rel"], ["dist"]),
+             helper.make_node("Mul", ["dist", "slope"], ["bias"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "xt"], ["s"]),
+             helper.make_node("Add", ["s", "bias"], ["sb"]), helper.make_node("Softmax", ["sb"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "x"], ["y"])]
+    inits = [tensor("table", weights((32, 16))), tensor("a0", np.array([0], np.int64)),
+             tensor("a1", np.array([1], np.int64)), tensor("slope", np.array(-0.5, np.float32))]
+    return model(nodes, [vi("input_ids", onnx.TensorProto.INT64, ["seq"]), vi("position_ids", onnx.TensorProto.INT64,
+                                                                             ["seq"])], [vi("y", F32, ["seq", 16])], inits)
+
+
+def test_integer_input_range_is_refused_where_no_float_holds_its_values(tmp_path, capsys):
+    path = tmp_path / "ids.onnx"
+    onnx.save(_integer_inputs(), path)
+    code = main(["convert", str(path), "-o", str(tmp_path / "o.onnx"), "--input-range", "input_ids:0,31"])
     assert code == 2
-    assert "--input-range: attention_mask is not a float input" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--input-range: input_ids is neither a float input nor an integer one cast to float" in err, err
     assert main(["convert", str(path), "-o", str(tmp_path / "o.onnx"), "--input-range", "x=1"]) == 2
     assert "expected NAME:LO,HI" in capsys.readouterr().err
+
+
+def test_integer_input_cast_to_float_takes_a_range_and_the_probe_draws_in_it(tmp_path, capsys):
+    """Positions past 2048 (a decoding step's) are what FP16 rounds: the probe draws the last ones of the
+    stated range (8128..8191 here), where it drew 0..63; an attention mask cast to float takes one too."""
+    path = tmp_path / "pos.onnx"
+    onnx.save(_integer_inputs(), path)
+    code = main(["convert", str(path), "-o", str(tmp_path / "o.onnx"), "--input-range", "position_ids:0,8191"])
+    assert code == 0, capsys.readouterr().err
+    assert "position_ids: positions up to 8191 (stated)" in capsys.readouterr().out
+    mask = tmp_path / "mask.onnx"
+    onnx.save(catalog.load("attention-mask-padding"), mask)
+    assert main(["convert", str(mask), "-o", str(tmp_path / "o.onnx"), "--input-range", "attention_mask:0,1"]) == 0
+
+    from amp_compiler.runtime.samples import random_samples
+    drawn = random_samples(_integer_inputs(), {"input_ids": (64,), "position_ids": (64,)}, informed=True, input_ranges={"position_ids": (0, 8191)})
+    assert drawn[0]["position_ids"].tolist() == list(range(8128, 8192))

@@ -131,3 +131,55 @@ def test_masks_features_and_learned_biases_are_not_positions(bias_kind):
     rules = _rules(_masked(bias_kind))
     assert not [n for n, (_, rule) in rules.items() if rule == RULE], rules
     assert rules["softmax"][0] == "fp16", rules["softmax"]
+
+
+def _explicit(name: str, relative: bool = True):
+    """Positions as an int64 graph input (``position_ids``, ``cache_position``: a decoder's decoding step), cast
+    to float: relative ALiBi ``|p_i - p_j| x slopes`` (relative) or BLOOM's absolute ``slopes x p`` (not)."""
+    cast = helper.make_node("Cast", [name], ["pf"], name="positions", to=TensorProto.FLOAT)
+    if relative:
+        bias = [cast, helper.make_node("Unsqueeze", ["pf", "axis1"], ["pi"], name="rows"),
+                helper.make_node("Unsqueeze", ["pf", "axis0"], ["pj"], name="cols"),
+                helper.make_node("Sub", ["pi", "pj"], ["rel"], name="distance"),
+                helper.make_node("Abs", ["rel"], ["dist"], name="abs"),
+                helper.make_node("Slice", ["dist", "last", "end", "axis0"], ["row"], name="last_query"),
+                helper.make_node("Mul", ["slopes", "row"], ["alibi"], name="slope_mul")]
+    else:
+        bias = [cast, helper.make_node("Mul", ["slopes", "pf"], ["alibi"], name="slope_mul")]
+    inits = [tensor("slopes", _SLOPES), tensor("axis0", np.array([0], np.int64)),
+             tensor("axis1", np.array([1], np.int64)), tensor("last", np.array([-1], np.int64)),
+             tensor("end", np.array([np.iinfo(np.int64).max], np.int64))]
+    return _attention(bias, "alibi", inits, [vi(name, TensorProto.INT64, ["s"])])
+
+
+@pytest.mark.parametrize("name, relative", [
+    ("position_ids", True), ("cache_position", True), ("idx", True),  # idx: by what it does (i - j)
+    ("position_ids", False), ("pos", False),  # absolute positions: by name
+])
+def test_positions_given_as_an_integer_input_are_positions(name, relative):
+    """FP16 holds integers exactly up to 2048: at decoding positions 3000-8000 the distance rounds by 2-4."""
+    rules = _rules(_explicit(name, relative))
+    path = ["positions", "slope_mul", "add_bias", "softmax"] + (["distance", "abs"] if relative else [])
+    for node in path:
+        assert rules[node] == ("fp32", RULE), (node, rules[node])
+    for node in ("scores", "k_proj", "v_proj", "attn_v", "o_proj"):
+        assert rules[node][0] == "fp16", (node, rules[node])
+
+
+@pytest.mark.parametrize("name", ["attention_mask", "segment"])
+def test_integer_inputs_that_are_no_positions_stay_low(name):
+    """A 0/1 attention_mask cast to float (exact in FP16), even subtracted from itself; an integer input neither
+    named like positions nor read as a distance (absolute, by an unknown name)."""
+    m = _explicit(name, relative=name == "attention_mask")
+    rules = _rules(m)
+    assert not [n for n, (_, rule) in rules.items() if rule == RULE], rules
+    assert rules["softmax"][0] == "fp16", rules["softmax"]
+
+
+def test_bert_attention_mask_of_an_int64_input_stays_low():
+    m = _masked("mask")
+    m.graph.input[1].name = "attention_mask"
+    for node in m.graph.node:
+        node.input[:] = ["attention_mask" if i == "mask" else i for i in node.input]
+    rules = _rules(m)
+    assert not [n for n, (_, rule) in rules.items() if rule == RULE], rules
