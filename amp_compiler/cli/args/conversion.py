@@ -102,7 +102,8 @@ class ConversionArgs(ArgGroup):
         group.add_argument(
             "--input-range", action="append", default=[], metavar="NAME:LO,HI",
             help="the range of a float graph input's values, e.g. audio:-32768,32767: what provably "
-            "overflows the target for inputs within it stays FP32 (repeatable)",
+            "overflows the target for inputs within it stays FP32; or of an integer input cast to float, "
+            "e.g. position_ids:0,8191, which generated inputs then draw in it (repeatable)",
         )
         group.add_argument(
             "--pad-tensor-cores", action="store_true",
