@@ -9,14 +9,14 @@ positions, :func:`~amp_compiler.core.positions.is_position_input`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import onnx_ir as ir
 
 from amp_compiler.core.graph import count_readers, index_readers, integer_uses_from
 from amp_compiler.core.positions import is_position_input
 from amp_compiler.dtypes import FLOAT_TYPES
-from amp_compiler.policy import OpPolicy
+from amp_compiler.policy import OpPolicy, schemas
 
 __all__ = ["cast_to_float", "counted_of", "index_readers_of", "position_inputs"]
 
@@ -39,22 +39,33 @@ def index_readers_of(graphs: list[ir.Graph], policy: Policy) -> dict[ir.Node, tu
     return index_readers(selections, _uses(True), policy) if selections else {}
 
 
-def _value_uses(integers_only: bool) -> Callable[[ir.Node | ir.Value], Iterator[tuple[ir.Node, int]]]:
-    """(reader, input index) per use of a graph input, or of an op's outputs: integers only, or floats too
-    (bools never: a comparison of positions is a mask)."""
+def _carries(node: ir.Node, index: int, opsets: Mapping[str, int]) -> bool:
+    """Whether ``node``'s input ``index`` carries its values into the output: a Cast's input, or an input of the
+    schema's type parameter that the first output has (Sub's A and B, Gather's data, Unsqueeze's data; not
+    Gather's indices, a Reshape's or Expand's shape, Slice's starts, what Shape or ConstantOfShape reads)."""
+    if node.op_type in ("Cast", "CastLike") and schemas.is_onnx_domain(node.domain):
+        return index == 0
+    sig = schemas.lookup(node.domain, node.op_type, opsets.get(node.domain or "", opsets.get("ai.onnx", 1)))
+    return sig is not None and bool(sig.outputs) and sig.type_key(True, index) == sig.type_key(False, 0)
+
+
+def _value_uses(integers_only: bool, opsets: Mapping[str, int]) -> Callable[[ir.Node | ir.Value],
+                                                                            Iterator[tuple[ir.Node, int]]]:
+    """(reader, input index) per use of a graph input, or of an op's outputs, that carries its values
+    (:func:`_carries`): integers only, or floats too (bools never: a comparison of positions is a mask)."""
     def uses(x: ir.Node | ir.Value) -> Iterator[tuple[ir.Node, int]]:
         outputs = [x] if isinstance(x, ir.Value) else list(x.outputs)
         return ((u.node, u.idx) for o in outputs if o.dtype != ir.DataType.BOOL
-                and (_integer(o, False) or not integers_only) for u in o.uses())
+                and (_integer(o, False) or not integers_only) for u in o.uses() if _carries(u.node, u.idx, opsets))
     return uses
 
 
-def cast_to_float(value: ir.Value) -> bool:
+def cast_to_float(value: ir.Value, opsets: Mapping[str, int]) -> bool:
     """Whether an integer graph input's values reach a float: a Cast (or CastLike) to a float type reads them,
-    directly or through ops on integers (a Sub, a Gather of them, an Unsqueeze). Its range then decides what the
-    float holds (positions, raw counts), as a float input's does."""
+    directly or through ops carrying them (a Sub, a Gather of them, an Unsqueeze; not a Shape of them). Its range
+    then decides what the float holds (positions, raw counts), as a float input's does."""
     return any(index == 0 and reader.op_type in ("Cast", "CastLike") and reader.outputs[0].dtype in FLOAT_TYPES
-               for reader, index in integer_uses_from([value], _value_uses(True), lambda _: True))
+               for reader, index in integer_uses_from([value], _value_uses(True, opsets), lambda _: True))
 
 
 def position_inputs(graph: ir.Graph, policy: Policy) -> list[ir.Value]:
@@ -71,7 +82,7 @@ def position_inputs(graph: ir.Graph, policy: Policy) -> list[ir.Value]:
         return node.domain in ("", "ai.onnx") and node.op_type == "Sub"
 
     return [v for v in graph.inputs if v.name and _integer(v, False)
-            and is_position_input(v.name, v, _value_uses(False), through, is_difference)]
+            and is_position_input(v.name, v, _value_uses(False, graph.opset_imports), through, is_difference)]
 
 
 def counted_of(graphs: list[ir.Graph], policy: Policy) -> frozenset[ir.Node]:
@@ -83,5 +94,5 @@ def counted_of(graphs: list[ir.Graph], policy: Policy) -> frozenset[ir.Node]:
     counts.extend(position_inputs(graphs[0], policy) if graphs else [])
     if not counts:
         return frozenset()
-    return count_readers(counts, _value_uses(True), policy,
+    return count_readers(counts, _value_uses(True, graphs[0].opset_imports), policy,
                          lambda n: any(o.dtype in FLOAT_TYPES for o in n.outputs))

@@ -146,7 +146,7 @@ def known_input_ranges(
     """The graph inputs' ranges: ``stated`` ones (checked: float graph inputs or integer ones cast to float,
     finite, lo <= hi), and for the other float inputs the range ``observed`` in calibration data, if any."""
     floats = {v.name: v.dtype in FLOAT_TYPES for v in model.graph.inputs if v.name}
-    check_input_ranges({v.name: floats[v.name] or (v.name in stated and cast_to_float(v))
+    check_input_ranges({v.name: floats[v.name] or (v.name in stated and cast_to_float(v, model.opset_imports))
                         for v in model.graph.inputs if v.name}, stated)
     out = {name: (r.min, r.max) for name, r in (observed or {}).items() if floats.get(name) and r.count}
     out.update(stated)

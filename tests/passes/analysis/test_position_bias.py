@@ -183,3 +183,22 @@ def test_bert_attention_mask_of_an_int64_input_stays_low():
         node.input[:] = ["attention_mask" if i == "mask" else i for i in node.input]
     rules = _rules(m)
     assert not [n for n, (_, rule) in rules.items() if rule == RULE], rules
+
+
+def test_the_shape_of_an_integer_input_is_no_position():
+    """GPT-2's input_ids: their length (Shape) is subtracted from itself (seq - past) and shapes a Reshape on the way
+    to the softmax; the ids' values never reach a float, so nothing is a position (13/13 Tensor Core ops low)."""
+    m = _explicit("input_ids", relative=False)
+    graph = m.graph
+    graph.node.insert(0, helper.make_node("Shape", ["input_ids"], ["n"], name="length"))
+    graph.node.insert(1, helper.make_node("Sub", ["n", "n"], ["zero"], name="n_minus_n"))
+    graph.node.insert(2, helper.make_node("Add", ["zero", "khd"], ["khd2"], name="shape_plus"))
+    for node in graph.node:
+        if node.name == "positions":  # the bias from a constant, not from input_ids
+            node.input[:] = ["fixed"]
+        if node.name == "k_heads":
+            node.input[1] = "khd2"
+    graph.initializer.append(tensor("fixed", np.arange(4, dtype=np.int64)))
+    graph.node.insert(3, helper.make_node("Size", ["input_ids"], ["size"], name="size"))
+    rules = _rules(m)
+    assert not [n for n, (_, rule) in rules.items() if rule == RULE], rules
