@@ -8,7 +8,9 @@ need FP32 arithmetic inside, the providers whose kernels already accumulate in F
 Tensor Core ops take FP8 inputs through Q/DQ, and why the others do not. An entry's ``[[op.when]]``
 cases (:class:`AttributeCase`) decide it differently for some values of one attribute: a scatter with
 ``reduction = "add"`` sums (a segment sum, HIGH like ReduceSum) where one without only moves values
-(PASS); :meth:`OpPolicy.resolve` picks the case a node's attributes select.
+(PASS). A case may instead name inputs that must be constants (``constant_inputs``): a DequantizeLinear
+of a constant integer weight (weight-only quantization) follows its products' type, where one of an
+activation is never touched. :meth:`OpPolicy.resolve` picks the case a node's attributes and inputs select.
 """
 
 from __future__ import annotations
@@ -166,20 +168,26 @@ class OpPolicy:
     # (MatMul, Gemm, Conv), or why the op does not (every other Tensor Core op).
     fp8_inputs: tuple[int, ...] = ()
     fp8_reason: str = ""
+    # Inputs that multiply every value the op dequantizes (DequantizeLinear's scale): a constant there is judged
+    # value by value, as a factor (passes/analysis/constants.py), not as a tensor whose tiny values may flush.
+    scale_inputs: tuple[int, ...] = ()
     # Cases that decide the op differently for some values of one attribute (``[[op.when]]``), first
     # match wins; a node whose attribute is absent (its schema default) or matches none takes this entry.
     when: tuple[AttributeCase, ...] = ()
 
-    def resolve(self, attribute: Callable[[str], object]) -> OpPolicy:
-        """The policy for a node whose attribute values ``attribute(name)`` gives (None: absent): the
-        first :class:`AttributeCase` it matches (:meth:`case_index`), else this entry."""
-        index = self.case_index(attribute)
+    def resolve(self, attribute: Callable[[str], object],
+                constant: Callable[[int], bool] | None = None) -> OpPolicy:
+        """The policy for a node whose attribute values ``attribute(name)`` gives (None: absent) and whose
+        input ``i`` is a constant where ``constant(i)`` (None: none is): the first :class:`AttributeCase` it
+        matches (:meth:`case_index`), else this entry."""
+        index = self.case_index(attribute, constant)
         return self if index is None else self.when[index].policy
 
-    def case_index(self, attribute: Callable[[str], object]) -> int | None:
+    def case_index(self, attribute: Callable[[str], object],
+                   constant: Callable[[int], bool] | None = None) -> int | None:
         """Which of :attr:`when` a node selects (None: the entry itself); nodes alike in it are decided alike."""
         for i, case in enumerate(self.when):
-            if case.matches(attribute(case.attribute)):
+            if case.matches_node(attribute, constant):
                 return i
         return None
 
@@ -190,20 +198,30 @@ class OpPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class AttributeCase:
-    """One ``[[op.when]]`` of an entry: for nodes whose ``attribute`` is one of ``values``, the op is
-    decided by ``policy`` (the entry with the case's category, reason and sensitivity)."""
+    """One ``[[op.when]]`` of an entry: for nodes whose ``attribute`` is one of ``values`` (or, with no
+    attribute, whose ``constant_inputs`` are all constants: initializers or Constant nodes), the op is decided
+    by ``policy`` (the entry with the case's category, reason, sensitivity and scale inputs)."""
 
-    attribute: str
+    attribute: str | None
     values: frozenset[str]
     policy: OpPolicy
+    constant_inputs: tuple[int, ...] = ()
 
     def matches(self, value: object) -> bool:
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         return value is not None and str(value) in self.values
 
+    def matches_node(self, attribute: Callable[[str], object], constant: Callable[[int], bool] | None) -> bool:
+        """Whether a node (its attribute values, and which inputs are constants) selects this case."""
+        if self.attribute is not None:
+            return self.matches(attribute(self.attribute))
+        return constant is not None and all(constant(i) for i in self.constant_inputs)
 
-_CASE_FIELDS = frozenset({"attribute", "values", "category", "reason", "sensitivity", "refs", "signal"})
+
+_CASE_FIELDS = frozenset({
+    "attribute", "values", "constant_inputs", "category", "reason", "sensitivity", "refs", "signal", "scale_inputs",
+})
 
 
 class PolicyTable:
@@ -248,15 +266,21 @@ class PolicyTable:
             cases = []
             for case in raw.get("when", ()):
                 extra = set(case) - _CASE_FIELDS
-                if extra or not case.get("values") or not str(case.get("reason", "")).strip():
+                by_attribute = "attribute" in case and bool(case.get("values")) and "constant_inputs" not in case
+                by_constants = "attribute" not in case and "values" not in case and bool(case.get("constant_inputs"))
+                if extra or not (by_attribute or by_constants) or not str(case.get("reason", "")).strip():
                     raise ValueError(
-                        f"{raw['op']}: a [[op.when]] names an attribute, its values and a reason"
+                        f"{raw['op']}: a [[op.when]] names an attribute and its values, or constant inputs, "
+                        "and a reason"
                         + (f" (unknown fields {sorted(extra)})" if extra else "")
                     )
                 merged = {k: v for k, v in raw.items() if k != "when"}
                 merged.pop("sensitivity", None)
-                merged.update({k: v for k, v in case.items() if k not in ("attribute", "values")})
-                cases.append(AttributeCase(case["attribute"], frozenset(map(str, case["values"])), cls._entry(merged)))
+                merged.update({k: v for k, v in case.items() if k not in ("attribute", "values", "constant_inputs")})
+                cases.append(AttributeCase(
+                    case.get("attribute"), frozenset(map(str, case.get("values", ()))), cls._entry(merged),
+                    tuple(case.get("constant_inputs", ())),
+                ))
             entries.append(dataclasses.replace(entry, when=tuple(cases)) if cases else entry)
         return cls(entries)
 
@@ -291,6 +315,7 @@ class PolicyTable:
             keeps_zeros=bool(raw.get("keeps_zeros", False)),
             fp8_inputs=tuple(raw.get("fp8_inputs", ())),
             fp8_reason=raw.get("fp8_reason", ""),
+            scale_inputs=tuple(raw.get("scale_inputs", ())),
         )
 
 

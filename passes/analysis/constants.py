@@ -30,6 +30,11 @@ largest weight of the channel (Conv/Gemm: the output for inputs of unit scale) o
 scale. A bias of 3e-10 (a BatchNorm folded into a Conv, mean and shift near zero) is not an epsilon:
 the Conv stays FP16 and the flush is noted on it. An epsilon added under a Sqrt, a Div or a Log, and a
 Clip bound, keep the tensor-relative test above (they decide what happens near zero).
+
+A quantization scale (the policy's ``scale_inputs``: a weight-only DequantizeLinear's ``x_scale``) is a
+factor of every value it dequantizes, judged value by value (:mod:`.scale_factors`): a value the target
+holds only as a subnormal (FP16: below 6.1e-5) rounds by more than the target's own 2^-11, and pins
+its reader FP32 (``constant.underflow``) even where nothing flushes.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.onnx.ir.constants import SCREEN_BYTES, constant_array, raw_float32_bytes
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.scale_factors import scale_constants, scale_verdict
 from amp_compiler.targets import Target
 
 __all__ = ["ConstantRangePass", "mask_paths", "range_stats"]
@@ -208,11 +214,29 @@ class ConstantRangePass(AnalysisPass):
             lambda v: plan.roles[v.id] not in _PINNABLE or not any(map(unrepresentable, v.constants)),
             f"is left free while it reads a constant beyond {self.target.value}'s range",
         )
+        ensure_all(
+            self, graph.vertices, lambda v: plan.roles[v.id] not in _PINNABLE or self._scale_verdict(v) is None,
+            f"is left free while it reads a quantization scale that {self.target.value} holds only as subnormals",
+        )
+
+    def _scale_verdict(self, vertex: Vertex) -> tuple[Rule, str] | None:
+        """The verdict on the first quantization scale ``vertex`` reads that the target cannot hold (its
+        policy's ``scale_inputs``: see :mod:`.scale_factors`), or None."""
+        positions = vertex.policy.scale_inputs if vertex.policy is not None else ()
+        for value in scale_constants(vertex.node, positions) if positions else ():
+            verdict = scale_verdict(value, self.target)
+            if verdict is not None:
+                return verdict
+        return None
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         cache: dict[int, RangeStats | None] = dict.fromkeys(self._plainly_representable(graph, plan))
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
+                continue
+            scale = self._scale_verdict(vertex)
+            if scale is not None:
+                plan.set_role(vertex.id, Role.DENY, *scale)
                 continue
             for value in vertex.constants:
                 if value.dtype is not ir.DataType.FLOAT:

@@ -22,7 +22,7 @@ ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
     "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "periodic", "positions", "logit_differences", "selects", "index_inputs",
-    "scores",
+    "scores", "scale_inputs",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 
@@ -335,14 +335,21 @@ def test_a_gemm_layout_is_checked_when_the_table_is_read():
 def test_attribute_cases_name_a_real_attribute_and_its_values(entries):
     """Every ``[[op.when]]`` names an attribute of the op's schema, string values, a reason, and on HIGH a
     sensitivity; the table reads each into an :class:`AttributeCase` whose policy is the entry's with them."""
-    from amp_compiler.policy import default_table
+    from amp_compiler.policy import default_table, schemas
 
     cased = [e for e in entries if "when" in e]
-    assert {e["op"] for e in cased} >= {"ScatterElements", "ScatterND"}
+    assert {e["op"] for e in cased} >= {"ScatterElements", "ScatterND", "DequantizeLinear"}
     for e in cased:
-        schema = onnx.defs.get_schema(e["op"], domain="" if e["domain"] == "ai.onnx" else e["domain"])
+        schema = schemas.lookup(e["domain"], e["op"], 100)
         for case in e["when"]:
-            assert case["attribute"] in schema.attributes, (e["op"], case["attribute"])
+            if "constant_inputs" in case:  # a case on constant inputs: real inputs of the schema, no attribute
+                assert "attribute" not in case and "values" not in case, e["op"]
+                assert all(0 <= i < len(schema.inputs) for i in case["constant_inputs"]), e["op"]
+                assert all(0 <= i < len(schema.inputs) for i in case.get("scale_inputs", ())), e["op"]
+                assert case["reason"].strip() and case["category"] in CATEGORIES, e["op"]
+                continue
+            attributes = onnx.defs.get_schema(e["op"], domain="" if e["domain"] == "ai.onnx" else e["domain"]).attributes
+            assert case["attribute"] in attributes, (e["op"], case["attribute"])
             assert case["values"] and all(isinstance(v, str) for v in case["values"]), e["op"]
             assert case["reason"].strip() and case["category"] in CATEGORIES, e["op"]
             assert (case.get("sensitivity") in SENSITIVITIES) == (case["category"] == "HIGH"), e["op"]
@@ -378,5 +385,5 @@ attribute = "reduction"
 values = ["add"]
 category = "HIGH"
 """
-    with pytest.raises(ValueError, match="names an attribute, its values and a reason"):
+    with pytest.raises(ValueError, match="names an attribute and its values, or constant inputs, and a reason"):
         PolicyTable.from_toml(text)

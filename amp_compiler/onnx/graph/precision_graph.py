@@ -42,6 +42,7 @@ from amp_compiler.onnx.ir.slots import (
     NODE_OUT,
     Slot,
     attribute_value,
+    constant_input,
     is_absent,
     shape_codes,
     slot_order,
@@ -155,8 +156,8 @@ class _Builder:
             self._add_node_slow(node)
             return
         policy = self._op(domain, op_type)[1]
-        attributes = functools.partial(attribute_value, node)
-        case = policy.case_index(attributes) if policy is not None and policy.when else None
+        case = (policy.case_index(functools.partial(attribute_value, node), functools.partial(constant_input, node))
+                if policy is not None and policy.when else None)
         key = (domain, op_type, case, shape_codes(node.inputs), shape_codes(node.outputs))
         template = self._templates.get(key)
         if template is None:
@@ -432,8 +433,8 @@ class _Builder:
                 node = owner_node
         policy = self._op(node.domain, node.op_type)[1] if node is not None else None
         if policy is not None and policy.when and node is not None:
-            # the [[op.when]] case its attributes select
-            policy = policy.resolve(functools.partial(attribute_value, node))
+            # the [[op.when]] case its attributes and constant inputs select
+            policy = policy.resolve(functools.partial(attribute_value, node), functools.partial(constant_input, node))
         slot_dtype = self.slot_dtype
         dtypes = {d for s in slots if (d := slot_dtype[s]) is not None}
         vertex = Vertex(vid, slots, node, next(iter(dtypes)) if len(dtypes) == 1 else None, policy)

@@ -8,10 +8,11 @@ from typing import NamedTuple
 import onnx_ir as ir
 
 from amp_compiler.core.graph import SlotKind
+from amp_compiler.onnx.ir.walk import is_constant
 
 __all__ = [
-    "GRAPH_IN", "GRAPH_OUT", "NODE_IN", "NODE_OUT", "Slot", "attribute_value", "is_absent", "shape_codes",
-    "slot_order", "tensor_dtype",
+    "GRAPH_IN", "GRAPH_OUT", "NODE_IN", "NODE_OUT", "Slot", "attribute_value", "constant_input", "is_absent",
+    "shape_codes", "slot_order", "tensor_dtype",
 ]
 
 NODE_IN, NODE_OUT, GRAPH_IN, GRAPH_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT, SlotKind.GRAPH_IN, SlotKind.GRAPH_OUT
@@ -62,6 +63,14 @@ def attribute_value(node: ir.Node, name: str) -> object:
     attr = node.attributes.get(name)
     value = None if attr is None else attr.value
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def constant_input(node: ir.Node, index: int) -> bool:
+    """Whether the node's input ``index`` is present and a constant (an initializer or a Constant node's
+    output): what a ``[[op.when]]`` case's ``constant_inputs`` are matched against."""
+    inputs = node.inputs
+    value = inputs[index] if index < len(inputs) else None
+    return value is not None and is_constant(value)
 
 
 def is_absent(value: ir.Value | None) -> bool:
