@@ -30,6 +30,13 @@ ran FP16 on ``DequantizeLinear -> Cast -> Conv`` for every provider). So:
   apart, the product goes low as any other, and its decision says why (a note). Weight-only units
   (a DQ on the weight alone) are not units here (``qdq_units.toml`` says why).
 
+The DequantizeLinears themselves are the policy table's: one of an activation (a QuantizeLinear's output)
+is never touched (NONFLOAT: its scale is its QuantizeLinear's, which the first rule keeps FP32, and in a
+fused unit the product keeps its FP32 output), one of a constant weight follows the products it feeds
+(FOLLOW, its ``[[op.when]]`` case on constant inputs): low with a low product, its scale converted
+offline, so a weight-only DQ feeds its FP16 MatMul with no Cast between (onnxruntime's MatMulNBits
+fusion needs that), and FP32 with a fused unit's FIXED product.
+
 Guarantees (checked by ``ensures``): every free vertex found by the first two rules, unless the user
 forced it low (``user.allow``), is pinned to FP32 (DENY) with one of them and the quantizer in its
 reason, every fused unit's product is FIXED by ``quantized.product``; nothing else changes.
