@@ -7,7 +7,8 @@ wants a few pixels, and onnxruntime refuses a smaller input (``Invalid input sha
 
 1. every dynamic dim takes 1, and the FP32 model runs on those inputs;
 2. if onnxruntime refuses them, the dims the user did not fix take the typical sizes of
-   :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch, one found only as the
+   :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch (by a letter, ``n``, only as the
+   first dim), one found only as the
    first dim of inputs of rank 2 or more, or a recurrent state's: :func:`batch_dims`), skipping a size the model's own
    constraints rule out: onnx's shape inference, given those input shapes, finds a dim below 1 (a
    Conv's kernel longer than its input) or fails. At most :data:`MAX_REFUSED` sizes are run and
@@ -55,9 +56,10 @@ SIZES = tuple(2**k for k in range(1, 15))
 MAX_REFUSED = 3
 #: Dims named like a batch keep 1 (the model's size per sample is what has a minimum).
 _BATCH = re.compile(r"batch", re.IGNORECASE)
-#: Short names that are a batch only as the first dim: einops-style ``b n d`` names a sequence ``n``
-#: (probed at 1, a text model's attention and pooling ran over one token).
-_FIRST_BATCH = re.compile(r"b|n|bs", re.IGNORECASE)
+#: ... and dims named by a batch's letter, where they are the first dim of every input they size (an
+#: ``n`` after a ``b``, ``[b, n, 8]``, counts points or events, and an ``[N, 3]`` input's first dim is
+#: a batch by its place anyway).
+_BATCH_LETTER = re.compile(r"b|n|bs", re.IGNORECASE)
 #: A rank-3 input named like a recurrent state, its first and last dims fixed, is ``[num_directions,
 #: batch, hidden]`` (ONNX's LSTM, GRU and RNN layout of ``initial_h``/``initial_c``): its dim 1 is the
 #: batch (Silero VAD's ``state``: ``[2, ?, 128]``).
@@ -120,8 +122,8 @@ def _static(dim: onnx.TensorShapeProto.Dimension) -> bool:
 
 
 def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
-    """The keys that are batch dims: named like one (``batch``; ``b``, ``n`` or ``bs`` only where found
-    as the first dim alone), found only as the first dim of inputs of rank 2
+    """The keys that are batch dims: named like one (by a batch's letter, ``b``, ``n`` or ``bs``, only as
+    the first dim of every input it sizes), found only as the first dim of inputs of rank 2
     or more (exporters often leave a batch unnamed: ``unk__0``), or dim 1 of a rank-3 recurrent state
     (an unnamed one; a named one shared with the inputs' batch is one already)."""
     places: dict[str, set[tuple[int, int]]] = {}
@@ -134,8 +136,8 @@ def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
             places.setdefault(dim_key(info, axis, dim), set()).add((axis, len(dims)))
         if len(dims) == 3 and _STATE.fullmatch(info.name) and _static(dims[0]) and _static(dims[2]):
             states.add(dim_key(info, 1, dims[1]))
-    first = {k for k, found in places.items() if found and all(axis == 0 for axis, _ in found)}
-    return {k for k in keys if _BATCH.search(k) or k in states or (_FIRST_BATCH.fullmatch(k) and k in first)
+    return {k for k in keys if _BATCH.search(k) or k in states
+            or (_BATCH_LETTER.fullmatch(k) and all(axis == 0 for axis, _ in places.get(k, ())))
             or all(axis == 0 and rank >= 2 for axis, rank in places.get(k, ()))}
 
 

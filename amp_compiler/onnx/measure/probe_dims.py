@@ -18,13 +18,28 @@ graph says a real input has:
   input, or named like audio) takes one second
   at 16 kHz, then, if the model refuses it, a streaming chunk of 512 samples (32 ms: what Silero VAD
   and other streaming detectors take, one frame of their recurrent state at a time);
-- a batch keeps 1 (:func:`~amp_compiler.onnx.measure.generated_inputs.batch_dims`).
+- a batch keeps 1 (:func:`~amp_compiler.onnx.measure.generated_inputs.batch_dims`);
+- **every other dynamic dim** (named but not recognised above, or unnamed: a point cloud's points, a
+  molecule's atoms, an event sequence, a set of pairs) takes :data:`SET_SIZE`, then, refused,
+  :data:`SHORTEST_SET`, then what the generic search gives it (1 where the model runs). At 1 a softmax
+  over the dim is 1, a pairwise product one value, a difference along it (``x[1:] - x[:-1]``) EMPTY: the
+  probe saw nothing and the conversion stated 0.00% where real sizes gave Inf, 50% flips or 57% (sweeps
+  Q and S). A name shared by several inputs is one key, so it takes one size everywhere.
+
+Why 16 for such a dim: it is the smallest power of two at which what runs along it looks like a real
+size: a softmax's largest weight over 16 N(0, 1) scores is about 0.3 (at 1, exactly 1), a pairwise
+product has 256 entries (240 off its diagonal), a difference 15 values, a mean or sum 16 terms whose
+FP16 rounding accumulates. Its cost is linear in it for what runs per element (16x one element's, still
+small beside a 128-token sequence) and quadratic for pairwise products (256x): 32 would be 4x that again
+for no new kind of behaviour, and a model with several such dims multiplies them (the samples' memory
+budget, :data:`~amp_compiler.runtime.samples.MAX_SAMPLE_BYTES`, falls back as for any refusal).
 
 An image's height and width are the range probe's to size (:data:`~amp_compiler.onnx.measure.range_probe.
 IMAGE_SIZES`): it passes the image's shape as ``fixed``, and a model's other inputs (a CLIP-like model's
 token ids) are sized here beside it.
 
-Only inputs all of whose dynamic dims get a size here are fixed; the search sizes the others.
+Only inputs all of whose dynamic dims get a size here are fixed; the search sizes the others: after
+the sizes above and their fallbacks, every such dim (:data:`SET_SIZE` ones too) is the search's.
 """
 
 from __future__ import annotations
@@ -38,8 +53,8 @@ from amp_compiler.onnx.measure.generated_inputs import batch_dims, dim_key, dyna
 from amp_compiler.runtime.input_kinds import constant_nodes, model_inputs, waveform_inputs
 
 __all__ = [
-    "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "SHORTEST_SEQUENCE", "WAVEFORM_SAMPLES", "head_sizes", "position_table_size",
-    "probe_dims", "probe_shapes",
+    "DEFAULT_SEQUENCE", "MAX_SEQUENCE", "SET_SIZE", "SHORTEST_SEQUENCE", "SHORTEST_SET", "WAVEFORM_SAMPLES",
+    "head_sizes", "position_table_size", "probe_dims", "probe_shapes",
 ]
 
 #: A token sequence's length when the graph states none (no position table): a typical sentence-pair
@@ -54,6 +69,13 @@ SHORTEST_SEQUENCE = 16
 #: but 8/16 kHz), then a 32 ms streaming chunk (a model that keeps a recurrent state between calls
 #: takes one chunk per call and refuses a whole second: Silero VAD).
 WAVEFORM_SAMPLES = (16000, 512)
+#: The size of a dynamic dim that is no batch and nothing above sizes (points, atoms, pairs, events):
+#: wide enough for a softmax, a pairwise product and a difference along it to be non-trivial (the
+#: module doc says why 16).
+SET_SIZE = 16
+#: What a refused :data:`SET_SIZE` falls back to before the generic search (which starts at 1): still
+#: more than one value to compare, pair or subtract.
+SHORTEST_SET = 4
 _PAST = re.compile(r"past", re.IGNORECASE)
 _TOTAL = re.compile(r"total|all_?seq|kv_?seq", re.IGNORECASE)
 #: A dim named like a sequence, or a time axis (a spectrogram's ``frames``, a Scan's ``T``: probed at 1,
@@ -180,8 +202,10 @@ def _constant_int(
 
 def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | None = None) -> list[dict[str, int]]:
     """The sizes to try, in turn, for the dynamic dims (by :func:`~amp_compiler.onnx.measure.
-    generated_inputs.dynamic_dims`' keys) the graph says something of (see the module doc); dims it
-    says nothing of are not in them. Empty when it says nothing but batches."""
+    generated_inputs.dynamic_dims`' keys), see the module doc: first the sizes the graph says real
+    inputs have with every other non-batch dim at :data:`SET_SIZE`, then their fallbacks (shorter
+    sequences, a streaming chunk, :data:`SHORTEST_SET`, the set dims left to the search). Empty when
+    every dynamic dim is a batch."""
     fixed = fixed or {}
     keys = dynamic_dims(model, fixed)
     batch = batch_dims(model, keys)
@@ -217,10 +241,20 @@ def probe_dims(model: onnx.ModelProto, fixed: Mapping[str, tuple[int, ...]] | No
                     dim.HasField("dim_param") and _SEQUENCE.search(key)):
                 out[key] = sequence
                 sequences.append(key)
+    sets = [key for key in keys if key not in out]  # no batch, and nothing above: points, atoms, pairs
+    batches = {key: value for key, value in out.items() if key in batch}
     if not any(value > 1 or value == 0 for value in out.values()):
-        return []  # nothing but batches: the search's own start
+        out = {}  # nothing but batches: the search's own start
     shorter = [{**out, **dict.fromkeys(sequences, length)} for length in _shorter(sequence) if sequences]
-    return [out, *shorter, *({**out, **dict.fromkeys(waves, size)} for size in WAVEFORM_SAMPLES[1:] if waves)]
+    sized = [entry for entry in (out, *shorter, *({**out, **dict.fromkeys(waves, size)}
+                                                  for size in WAVEFORM_SAMPLES[1:] if waves)) if entry]
+    if not sets:
+        return sized
+    # each size above with the set dims at SET_SIZE, then the first with them at SHORTEST_SET, then the
+    # sizes above alone (the set dims the search's: a model that refuses more than one there)
+    tries = [*({**batches, **entry, **dict.fromkeys(sets, SET_SIZE)} for entry in sized or [{}]),
+             {**batches, **(sized[0] if sized else {}), **dict.fromkeys(sets, SHORTEST_SET)}, *sized]
+    return [{key: entry[key] for key in keys if key in entry} for entry in tries]  # in the inputs' order
 
 
 def _shorter(sequence: int) -> list[int]:

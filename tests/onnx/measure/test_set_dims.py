@@ -1,0 +1,111 @@
+"""A dynamic dim the probe does not recognise (points, atoms, events; named or not) and that is no batch
+is probed at ``SET_SIZE``, not 1: at 1 a difference along it (``x[1:] - x[:-1]``) is empty and a softmax
+over it is 1, so the probe saw nothing and the conversion stated 0.00% where real sizes gave Inf and 68%
+(sweep S, D6). A model that refuses the size falls back (smaller, then the search's 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from amp_compiler import convert, emulate
+from amp_compiler.core.tensor_error import accuracy
+from amp_compiler.onnx.measure import range_probe
+from amp_compiler.onnx.measure.generated_inputs import batch_dims, dynamic_dims
+from amp_compiler.onnx.measure.probe_dims import SET_SIZE, SHORTEST_SET, probe_dims
+from amp_compiler.runtime.runner import InProcessRunner
+from tests.support.onnx_builders import F32, model, tensor, vi
+
+
+def _events(points: str | None = None, batch: str = "batch") -> onnx.ModelProto:
+    """events [batch, N, 8] (N unnamed, or named ``points``) -> per-step differences along N -> an MLP
+    whose first layer scales them by 2e4 (raw units) -> mean over the steps: ``logits`` [batch, 3]; and
+    ``weights``, a softmax over N of each event's squared norm. At N = 1 the differences are empty (the
+    mean NaN) and the softmax 1."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((8, 64)) * 2e4 / np.sqrt(8)).astype(np.float32)
+    w2 = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    w3 = (rng.standard_normal((64, 3)) / 8 / 2e4).astype(np.float32)
+    nodes = [
+        helper.make_node("Slice", ["events", "one", "big", "axis1"], ["later"], name="later"),
+        helper.make_node("Slice", ["events", "zero", "minus_one", "axis1"], ["earlier"], name="earlier"),
+        helper.make_node("Sub", ["later", "earlier"], ["steps"], name="steps"),
+        helper.make_node("MatMul", ["steps", "w1"], ["h1"], name="fc1"), helper.make_node("Relu", ["h1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"), helper.make_node("Relu", ["h2"], ["r2"]),
+        helper.make_node("MatMul", ["r2", "w3"], ["h3"], name="fc3"),
+        helper.make_node("ReduceMean", ["h3", "axis1"], ["logits"], name="mean", keepdims=0),
+        helper.make_node("Mul", ["events", "events"], ["squares"], name="squares"),
+        helper.make_node("ReduceSum", ["squares", "axis2"], ["norms"], name="norms", keepdims=0),
+        helper.make_node("Softmax", ["norms"], ["weights"], name="softmax", axis=-1),
+    ]
+    inits = [tensor("w1", w1), tensor("w2", w2), tensor("w3", w3), tensor("one", np.array([1], np.int64)),
+             tensor("zero", np.array([0], np.int64)), tensor("big", np.array([1 << 30], np.int64)),
+             tensor("minus_one", np.array([-1], np.int64)), tensor("axis1", np.array([1], np.int64)),
+             tensor("axis2", np.array([2], np.int64))]
+    return model(nodes, [vi("events", F32, [batch, points, 8])],
+                 [vi("logits", F32, [batch, 3]), vi("weights", F32, [batch, points])], inits)
+
+
+def _real(n: int = 16, seed: int = 1) -> dict[str, np.ndarray]:
+    return {"events": np.random.default_rng(seed).standard_normal((2, n, 8)).astype(np.float32)}
+
+
+def test_an_unnamed_dim_that_is_no_batch_is_probed_at_the_set_size():
+    m = _events()
+    assert batch_dims(m, dynamic_dims(m)) == {"batch"}
+    assert probe_dims(m) == [{"batch": 1, "events[1]": SET_SIZE}, {"batch": 1, "events[1]": SHORTEST_SET}]
+
+
+def test_a_dim_named_by_a_batchs_letter_after_the_batch_is_no_batch():
+    """``[b, n, 8]`` (sweep S's export): ``n`` counted as a batch by its name before, and was probed at 1."""
+    m = _events(points="n", batch="b")
+    assert batch_dims(m, dynamic_dims(m)) == {"b"}
+    assert probe_dims(m)[0] == {"b": 1, "n": SET_SIZE}
+
+
+def test_a_dim_name_shared_by_inputs_takes_one_size():
+    nodes = [helper.make_node("Mul", ["a", "b"], ["y"], name="mul")]
+    m = model(nodes, [vi("a", F32, ["batch", "atoms", 3]), vi("b", F32, ["batch", "atoms", 3])],
+              [vi("y", F32, ["batch", "atoms", 3])])
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.samples[0]["a"].shape == probe.samples[0]["b"].shape == (1, SET_SIZE, 3)
+    assert probe.dims == {"batch": 1, "atoms": SET_SIZE} and f"atoms={SET_SIZE}" in probe.inputs
+
+
+def test_the_conversion_states_the_error_at_the_set_size():
+    """Before: probed at N = 1, ``logits`` was NaN in FP32 (a mean of nothing) and ``weights`` 1, the
+    first layer's 2e4-scaled differences never seen: the written model gave Inf on 16 events."""
+    m = _events()
+    result = convert(m, runner=InProcessRunner())
+    assert result.probe_dims == {"batch": 1, "events[1]": SET_SIZE} and f"events[1]={SET_SIZE}" in result.probe_inputs
+    stated = {a.name: a for a in result.accuracy}
+    assert all(a.measured and a.finite for a in stated.values())
+    assert 0 < stated["weights"].value_range < 1  # a softmax over 16 events, not one of 1
+    real = dict(zip(["logits", "weights"], _run(m, _real()), strict=True))
+    got = dict(zip(["logits", "weights"], _run(emulate(result.model), _real()), strict=True))
+    for name in real:  # what was stated is what real sizes give (within the line): no Inf
+        a = accuracy(name, [real[name]], [got[name]])
+        assert a.finite and a.error_of_range <= max(2 * stated[name].error_of_range, 1e-3), (name, a, stated[name])
+
+
+def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    with InProcessRunner() as runner:
+        session = runner.load(m)
+        try:
+            return session.run(feeds)
+        finally:
+            session.close()
+
+
+@pytest.mark.parametrize("takes, expected", [(SHORTEST_SET, SHORTEST_SET), (1, 1)])
+def test_a_model_that_refuses_the_set_size_falls_back(takes, expected):
+    """A Reshape to a fixed [1, takes] refuses any other size: the probe still runs, at the size it takes."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Softmax", ["r"], ["y"], name="softmax", axis=-1)]
+    m = model(nodes, [vi("x", F32, ["batch", "items"])], [vi("y", F32, [1, takes])],
+              [tensor("shape", np.array([1, takes], np.int64))])
+    probe = range_probe.probe_ranges(m, InProcessRunner())
+    assert probe.dims == {"batch": 1, "items": expected} and probe.samples[0]["x"].shape == (1, expected)
+    assert f"items={expected}" in probe.inputs and f"{SET_SIZE}" in probe.inputs.split("did not run")[0]
