@@ -246,6 +246,8 @@ def _one_error(a: OutputAccuracy, *, name: bool) -> str:
     from amp_compiler.report.common import changed_text
 
     who = f"{shown(a.name)} " if name else ""
+    if a.empty:
+        return f"{who}not measured (empty in FP32)"
     if a.changed is not None:
         return f"{who}{changed_text(a.changed, a.values)} changed"
     if not a.finite:
@@ -289,18 +291,29 @@ def accuracy_warnings(
 
 def _unmeasured_warning(accuracy: list[OutputAccuracy], measured_on: str, data: str | None) -> list[str]:
     """One warning naming the outputs whose FP32 values were all NaN/Inf on ``measured_on`` (their error is
-    unknown: a Log of the probe's negative noise), and what gives inputs they compute on."""
+    unknown: a Log of the probe's negative noise), one naming those that were empty there (a difference
+    along a dim of 1), each with what gives inputs they compute on."""
     from amp_compiler.onnx.load.text import quote
 
-    unmeasured = [a.name for a in accuracy if a.finite and not a.measured]
-    if not unmeasured:
-        return []
-    names = ", ".join(quote(n) for n in unmeasured[:3]) + (f" (and {len(unmeasured) - 3} more)"
-                                                          if len(unmeasured) > 3 else "")
-    helps = ("give --input-range NAME:LO,HI for the inputs, or --calibration-data DIR" if data is None
-             else "check the data's values")
-    return [f"output{'s' if len(unmeasured) > 1 else ''} {names}: FP32's own values are all NaN/Inf on "
-            f"{measured_on}, so {'their' if len(unmeasured) > 1 else 'its'} error is not measured; {helps}"]
+    out = []
+    for empty in (False, True):
+        unmeasured = [a.name for a in accuracy if a.finite and not a.measured and a.empty == empty]
+        if not unmeasured:
+            continue
+        names = ", ".join(quote(n) for n in unmeasured[:3]) + (f" (and {len(unmeasured) - 3} more)"
+                                                              if len(unmeasured) > 3 else "")
+        its = "their" if len(unmeasured) > 1 else "its"
+        if empty:
+            helps = ("give --input-shape NAME:DIMS at sizes it has values at, or --calibration-data DIR"
+                     if data is None else "check the data's shapes")
+            what = f"FP32's output{'s are' if len(unmeasured) > 1 else ' is'} empty (no values)"
+        else:
+            helps = ("give --input-range NAME:LO,HI for the inputs, or --calibration-data DIR" if data is None
+                     else "check the data's values")
+            what = "FP32's own values are all NaN/Inf"
+        out.append(f"output{'s' if len(unmeasured) > 1 else ''} {names}: {what} on {measured_on}, so {its} "
+                   f"error is not measured; {helps}")
+    return out
 
 
 def _advice(model: Path, output: Path, data: str | None, tolerance: float | None, metric: str) -> str:

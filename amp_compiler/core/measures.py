@@ -147,7 +147,8 @@ class OutputAccuracy:
     sample: the report). An integer or bool output (a label from ArgMax, TopK's indices, a class id) is
     compared exactly: ``changed`` counts its values that differ from FP32's, of ``values``; the float
     fields hold its values' statistics as numbers, which nothing judges it by. An output whose FP32 values
-    were all NaN/inf is not ``measured``: its zero error is no measurement (the inputs were unlike its real ones)."""
+    were all NaN/inf is not ``measured``: its zero error is no measurement (the inputs were unlike its real ones);
+    nor is an ``empty`` one, which held no values at all (a dim of its shape was 0 on the inputs)."""
 
     name: str
     cosine: float
@@ -160,6 +161,9 @@ class OutputAccuracy:
     # False: FP32's own values were all NaN/inf on the inputs (a Log of negative noise), so no error was
     # measured: the zero error and cosine 1 then say nothing
     measured: bool = True
+    # True: FP32's output held no values on the inputs (a difference along a dim the probe sized 1, x[1:] -
+    # x[:-1]: a dim of 0), so nothing was compared: not measured either
+    empty: bool = False
 
     @property
     def exact(self) -> bool:

@@ -130,11 +130,12 @@ class ErrorStats:
 
     def accuracy(self, name: str) -> OutputAccuracy:
         """These statistics as an output's :class:`OutputAccuracy` (when not :attr:`finite`: NaN cosine,
-        infinite errors, range 0; not ``measured`` when the reference had values and none was finite)."""
+        infinite errors, range 0; not ``measured`` when no reference value was finite, ``empty`` too when
+        the reference had no values at all)."""
         if not self.finite:
             return OutputAccuracy(name, math.nan, math.inf, 0.0, False, math.inf)
         return OutputAccuracy(name, self.cosine, self.max_abs, self.value_range, True, self.rel_l2,
-                              measured=not (self.count and self.ref_max < self.ref_min))
+                              measured=self.ref_min <= self.ref_max, empty=not self.count)
 
     @property
     def value_range(self) -> float:
@@ -213,12 +214,14 @@ class ChangedValues:
 
 def exact_accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:
     """An integer or bool output's accuracy over samples: its :class:`ChangedValues` as
-    :attr:`OutputAccuracy.changed`; the float fields are its values' statistics where the shapes match."""
+    :attr:`OutputAccuracy.changed`; the float fields are its values' statistics where the shapes match.
+    Not ``measured`` (and ``empty``) when neither held a value: nothing was compared."""
     stats, counted = ErrorStats(), ChangedValues()
     for r, g in zip(references, converted, strict=True):
         if counted.add(r, g):
             stats.add(r, g)
-    return dataclasses.replace(stats.accuracy(name), changed=counted.changed, values=counted.values)
+    return dataclasses.replace(stats.accuracy(name), changed=counted.changed, values=counted.values,
+                               measured=counted.values > 0, empty=not counted.values)
 
 
 def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:

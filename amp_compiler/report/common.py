@@ -277,10 +277,11 @@ def summary_parts(report: PrecisionReport) -> list[str]:
     if nonfinite:
         names = ", ".join(a.name for a in nonfinite[:3]) + (", ..." if len(nonfinite) > 3 else "")
         parts.append(f"NON-FINITE output{'s' if len(nonfinite) > 1 else ''} {names}")
-    unmeasured = [a.name for a in s.accuracy if a.finite and not a.measured]
-    if unmeasured:
-        names = ", ".join(clean(n) for n in unmeasured[:3]) + (", ..." if len(unmeasured) > 3 else "")
-        parts.append(f"output{'s' if len(unmeasured) > 1 else ''} {names} not measured (FP32's own values NaN/Inf)")
+    for empty, why in ((False, "FP32's own values NaN/Inf"), (True, "empty in FP32")):
+        unmeasured = [a.name for a in s.accuracy if a.finite and not a.measured and a.empty == empty]
+        if unmeasured:
+            names = ", ".join(clean(n) for n in unmeasured[:3]) + (", ..." if len(unmeasured) > 3 else "")
+            parts.append(f"output{'s' if len(unmeasured) > 1 else ''} {names} not measured ({why})")
     if worst_cos is not None and worst_err is not None:
         parts.append(f"worst output cosine {cosine_str(worst_cos.cosine)}")
         on = s.accuracy_on.get(worst_err.name)

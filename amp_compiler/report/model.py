@@ -5,7 +5,8 @@ Renderers (terminal, JSON, CSV, HTML) read these dataclasses and nothing else. J
 this version and the ones before it:
 
 - 4: an output's accuracy says whether it was ``measured`` (false: FP32's own values were all NaN/Inf
-  on the inputs, and its zero error says nothing); earlier versions load as measured.
+  on the inputs, and its zero error says nothing, or it was ``empty``: no values at all); earlier
+  versions load as measured (and a version 4 report without ``empty`` as not empty).
 - 3: an output's accuracy may be an integer or bool output's (a label, an index): ``changed`` counts
   its values that differ from FP32's, of ``values`` (``changed`` is null for a float output);
   ``changed_share`` is derived from them, and written for readers of the JSON.

@@ -1,9 +1,12 @@
 """A dynamic dim the probe does not recognise (points, atoms, events; named or not) and that is no batch
 is probed at ``SET_SIZE``, not 1: at 1 a difference along it (``x[1:] - x[:-1]``) is empty and a softmax
 over it is 1, so the probe saw nothing and the conversion stated 0.00% where real sizes gave Inf and 68%
-(sweep S, D6). A model that refuses the size falls back (smaller, then the search's 1)."""
+(sweep S, D6). A model that refuses the size falls back (smaller, then the search's 1). An output empty in
+FP32 on the inputs is not measured, and the summary and a warning say so."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -11,7 +14,8 @@ import pytest
 from onnx import helper
 
 from amp_compiler import convert, emulate
-from amp_compiler.core.tensor_error import accuracy
+from amp_compiler.cli import main
+from amp_compiler.core.tensor_error import ErrorStats, accuracy, exact_accuracy
 from amp_compiler.onnx.measure import range_probe
 from amp_compiler.onnx.measure.generated_inputs import batch_dims, dynamic_dims
 from amp_compiler.onnx.measure.probe_dims import SET_SIZE, SHORTEST_SET, probe_dims
@@ -109,3 +113,32 @@ def test_a_model_that_refuses_the_set_size_falls_back(takes, expected):
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.dims == {"batch": 1, "items": expected} and probe.samples[0]["x"].shape == (1, expected)
     assert f"items={expected}" in probe.inputs and f"{SET_SIZE}" in probe.inputs.split("did not run")[0]
+
+
+def test_an_empty_output_is_not_measured():
+    stats = ErrorStats()
+    stats.add(np.zeros((1, 0, 8)), np.zeros((1, 0, 8)))
+    a = stats.accuracy("steps")
+    assert a.finite and not a.measured and a.empty
+    b = exact_accuracy("idx", [np.zeros((0, 2), np.int64)], [np.zeros((0, 2), np.int64)])
+    assert not b.measured and b.empty
+    c = exact_accuracy("idx", [np.zeros((0, 2), np.int64)], [np.zeros((1, 2), np.int64)])
+    assert c.measured and not c.empty and c.changed == 2  # another shape: changed, measured
+
+
+def test_convert_says_which_outputs_were_empty(tmp_path, capsys):
+    """The differences themselves as an output, the events given as one (``--input-shape``): nothing to compare."""
+    m = _events()
+    m.graph.output.append(vi("steps", F32, ["batch", None, 8]))
+    src, dst, report = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx", tmp_path / "r.json"
+    onnx.save(m, src)
+    code = main([str(a) for a in ["convert", src, "-o", dst, "--input-shape", "events:1x1x8", "--report", report]])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "steps not measured (empty in FP32)" in out
+    assert ("warning: output 'steps': FP32's output is empty (no values) on generated inputs, so its error is not "
+            "measured; give --input-shape NAME:DIMS at sizes it has values at, or --calibration-data DIR") in (
+        " ".join(err.split()))
+    accuracy_of = {a["name"]: a for a in json.loads(report.read_text())["summary"]["accuracy"]}
+    assert accuracy_of["steps"]["empty"] is True and accuracy_of["steps"]["measured"] is False
+    assert accuracy_of["weights"]["empty"] is False
