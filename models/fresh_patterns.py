@@ -24,6 +24,15 @@ an image:
   7.7) its hidden tensor reaches about 1e5 and the FP16 image is NaN (the SDXL VAE's FP16 overflow); on
   image-range inputs (-1..1) it stays near 1e4, and the probe saw nothing.
 
+A sixth, from sweep S (D6), is a dim the probe gave 1 (neither a batch nor a sequence it knew):
+
+- ``event-steps``: an event sequence ``events [batch, ?, 8]`` (the dim unnamed) whose per-step
+  differences ``x[1:] - x[:-1]`` feed an MLP with a trained-like 2e4 first-layer scale (raw units),
+  averaged over the steps, beside a softmax over the events: probed at one event the differences were
+  empty, the mean NaN and the softmax 1, so the conversion stated 0.00% while 16 real events gave Inf
+  and 68% of range; probed at 16 (:data:`~amp_compiler.onnx.measure.probe_dims.SET_SIZE`) the hidden
+  layer's overflow is seen and kept out of FP16.
+
 The three after the first are accuracy the range probe does not fix (nothing overflows): the default conversion
 measures them on its generated inputs and warns (``amp-compiler convert``'s summary line).
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
@@ -270,4 +279,42 @@ _register(
     "VAE's FP16 overflow). Probed as a -1..1 image it peaks near 1e4 and nothing was kept out of FP16; "
     "probed as latents N(0, 7.7) the probe keeps it out of plain FP16 (rule probe.overflow).",
     "the image is NaN without the range probe (tests/e2e/test_fresh_patterns.py holds the probe's fix)",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# event-steps
+# --------------------------------------------------------------------------------------------------
+
+_EVENTS = (2, 16, 8)
+
+
+def build_event_steps() -> onnx.ModelProto:
+    g = _Graph(_seed("event-steps"))
+    axis = g.const("step_axis", np.array([1], np.int64))
+    later = g.node("Slice", ["events", g.const("from_1", np.array([1], np.int64)),
+                             g.const("to_end", np.array([1 << 30], np.int64)), axis], name="later")
+    earlier = g.node("Slice", ["events", g.const("from_0", np.array([0], np.int64)),
+                               g.const("to_last", np.array([-1], np.int64)), axis], name="earlier")
+    steps = g.node("Sub", [later, earlier], name="steps")
+    h = g.node("Relu", [g.node("MatMul", [steps, g.weight("fc1_w", [8, 64], scale=2e4 / np.sqrt(8))], name="fc1")],
+               name="fc1_relu")  # raw units: hidden values near 1e5 on real steps, inf in FP16
+    h = g.node("Relu", [g.node("MatMul", [h, g.weight("fc2_w", [64, 64])], name="fc2")], name="fc2_relu")
+    h = g.node("MatMul", [h, g.weight("fc3_w", [64, 3], scale=1 / (8 * 2e4))], name="fc3")
+    g.node("ReduceMean", [h, axis], name="mean_steps", outputs=["logits"], keepdims=0)
+    norms = g.node("ReduceSum", [g.node("Mul", ["events", "events"], name="squares"),
+                                 g.const("feature_axis", np.array([2], np.int64))], name="norms", keepdims=0)
+    g.node("Softmax", [norms], name="event_softmax", outputs=["weights"], axis=-1)
+    return _model(g, "event_steps", [_vi("events", F32, ["batch", None, 8])],
+                  [_vi("logits", F32, ["batch", 3]), _vi("weights", F32, ["batch", None])], 18)
+
+
+_register(
+    "event-steps",
+    build_event_steps,
+    lambda rng: {"events": rng.standard_normal(_EVENTS).astype(np.float32)},
+    "An event sequence [batch, ?, 8] (the dim unnamed): per-step differences into an MLP with a trained-like "
+    "2e4 first-layer scale, averaged over the steps, and a softmax over the events. Probed at one event the "
+    "differences are empty and the softmax 1; at 16 the hidden overflow is seen and kept out of FP16.",
+    "16 real events: Inf and 68% of range in the logits where the probe at one event stated 0.00%",
 )
