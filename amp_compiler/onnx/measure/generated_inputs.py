@@ -8,8 +8,8 @@ wants a few pixels, and onnxruntime refuses a smaller input (``Invalid input sha
 1. every dynamic dim takes 1, and the FP32 model runs on those inputs;
 2. if onnxruntime refuses them, the dims the user did not fix take the typical sizes of
    :data:`SIZES` in turn (a batch dim keeps 1: one named like a batch (by a letter, ``n``, only as the
-   first dim), one found only as the
-   first dim of inputs of rank 2 or more, or a recurrent state's: :func:`batch_dims`), skipping a size the model's own
+   first dim), one found only as the first dim of inputs of rank 2 or more, but not one whose samples
+   meet in a ``[N, N]`` tensor, or a recurrent state's: :func:`batch_dims`), skipping a size the model's own
    constraints rule out: onnx's shape inference, given those input shapes, finds a dim below 1 (a
    Conv's kernel longer than its input) or fails. At most :data:`MAX_REFUSED` sizes are run and
    refused before the search stops; the first that runs is taken.
@@ -46,7 +46,8 @@ from amp_compiler.runtime.samples import MAX_SAMPLE_BYTES, SampleSizeError, rand
 from amp_compiler.sizes import format_bytes
 
 __all__ = [
-    "MAX_REFUSED", "SIZES", "Generated", "batch_dims", "dim_key", "dynamic_dims", "runnable_inputs", "shapes_for",
+    "MAX_REFUSED", "SIZES", "Generated", "batch_dims", "dim_key", "dynamic_dims", "pairwise_dims", "runnable_inputs",
+    "shapes_for",
 ]
 
 #: The sizes dynamic dims take after 1, smallest first: powers of two up to 16384 (a second of
@@ -125,7 +126,8 @@ def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
     """The keys that are batch dims: named like one (by a batch's letter, ``b``, ``n`` or ``bs``, only as
     the first dim of every input it sizes), found only as the first dim of inputs of rank 2
     or more (exporters often leave a batch unnamed: ``unk__0``), or dim 1 of a rank-3 recurrent state
-    (an unnamed one; a named one shared with the inputs' batch is one already)."""
+    (an unnamed one; a named one shared with the inputs' batch is one already). Not, of those but the
+    ones named ``batch``, a dim whose samples meet (:func:`pairwise_dims`)."""
     places: dict[str, set[tuple[int, int]]] = {}
     states: set[str] = set()
     for info in model_inputs(model):
@@ -136,9 +138,47 @@ def batch_dims(model: onnx.ModelProto, keys: list[str]) -> set[str]:
             places.setdefault(dim_key(info, axis, dim), set()).add((axis, len(dims)))
         if len(dims) == 3 and _STATE.fullmatch(info.name) and _static(dims[0]) and _static(dims[2]):
             states.add(dim_key(info, 1, dims[1]))
-    return {k for k in keys if _BATCH.search(k) or k in states
-            or (_BATCH_LETTER.fullmatch(k) and all(axis == 0 for axis, _ in places.get(k, ())))
-            or all(axis == 0 and rank >= 2 for axis, rank in places.get(k, ()))}
+    found = {k for k in keys if (_BATCH_LETTER.fullmatch(k) and all(axis == 0 for axis, _ in places.get(k, ())))
+             or all(axis == 0 and rank >= 2 for axis, rank in places.get(k, ()))}
+    if found:
+        found -= pairwise_dims(model, found)
+    return found | {k for k in keys if _BATCH.search(k) or k in states}
+
+
+def pairwise_dims(model: onnx.ModelProto, keys: set[str]) -> set[str]:
+    """The ``keys`` (dynamic input dims) that a tensor of the graph holds twice in its shape, by onnx's
+    shape inference with the graph outputs' stated shapes set aside (an exporter names an output's dims
+    anew): ``[N, N]``, a Gram matrix of N points (``X @ X^T``, pairwise distances), a CLIP head's
+    similarity of every image-text pair, whose softmax runs over it. Its samples meet there, so it is no
+    batch: at 1 each such product is one value and the softmax 1 (sweep Q: a [N, 3] molecule's
+    distances, 57% off on real atoms, and CLIP's logits, stated 0.00%). Empty where inference fails."""
+    light = weight_free(model)
+    if light is None:
+        light = onnx.ModelProto()
+        light.CopyFrom(model)
+    symbols: dict[str, str] = {}  # the symbol inference sees -> the key (an unnamed dim gets one)
+    for info in light.graph.input:
+        if not info.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+            key = dim_key(info, axis, dim)
+            if key in keys and not _static(dim):
+                symbol = dim.dim_param or f"amp_probe_dim_{len(symbols)}"
+                dim.dim_param = symbol
+                symbols[symbol] = key
+    for info in light.graph.output:
+        if info.type.HasField("tensor_type"):
+            info.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception:  # noqa: BLE001 - onnx raises several types; without inference no dim is found
+        return set()
+    out: set[str] = set()
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            named = [d.dim_param for d in info.type.tensor_type.shape.dim if d.dim_param in symbols]
+            out.update(symbols[p] for p in named if named.count(p) > 1)
+    return out
 
 
 def shapes_for(
