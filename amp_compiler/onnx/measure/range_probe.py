@@ -176,8 +176,9 @@ def _sized(
     model: onnx.ModelProto, runner: Runner, fixed: Mapping[str, tuple[int, ...]],
     input_ranges: Mapping[str, tuple[float, float]] | None, seed: int,
 ) -> Generated:
-    """One runnable sample with ``fixed``'s shapes: token sequences, KV caches and waveforms at the sizes
-    the graph says real inputs have (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; refused
+    """One runnable sample with ``fixed``'s shapes: token sequences, KV caches, waveforms and set dims
+    (points, atoms, pairs) at the sizes the graph says real inputs have
+    (:func:`~amp_compiler.onnx.measure.probe_dims.probe_dims`; refused
     or over the memory budget, they fall back; over the time budget, the probe stops as for any run),
     then the generic search (:func:`~amp_compiler.onnx.measure.generated_inputs.runnable_inputs`)."""
     refused: list[tuple[int, str]] = []  # (a waveform's or sequence's size, onnxruntime's refusal)
