@@ -157,7 +157,9 @@ def overflow_warnings(
     model: ir.Model, graph: OnnxPrecisionGraph, plan: PrecisionPlan, target: Target, inputs: Iterable[str]
 ) -> list[str]:
     """One sentence per low-precision node with a tensor that provably overflows the target above some
-    magnitude of a graph input in ``inputs`` (those without a known range), smallest magnitude first."""
+    magnitude of a graph input in ``inputs`` (those without a known range), smallest magnitude first: it
+    *can* overflow there (some input of that magnitude makes it: a worst case, every value at once, that a
+    filter over raw audio attains and a classifier's standardized features need not; sweep T)."""
     low = [v for v in graph.vertices if v.node is not None and plan.decisions[v.id].dtype == target.dtype]
     names = {s.value.name for v in low for s in v.slots if s.value is not None and s.value.name}
     first: dict[str, Threshold] = {}
@@ -168,6 +170,8 @@ def overflow_warnings(
         hits = [first[s.value.name] for s in v.slots if s.value is not None and s.value.name in first]
         if hits:
             t = min(hits, key=lambda h: h.magnitude)
-            found.append((t.magnitude, v.id, f"{v.describe()} overflows {target.value.upper()} when "
+            # "can": some input of that magnitude overflows it (every value of it at once, signs aligned with
+            # the weights): a bound it attains, which real inputs of that size need not reach
+            found.append((t.magnitude, v.id, f"{v.describe()} can overflow {target.value.upper()} once "
                           f"|{t.input}| > {t.magnitude:.3g}"))
     return [text for _, _, text in sorted(found)]
