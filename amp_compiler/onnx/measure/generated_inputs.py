@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -237,6 +238,27 @@ class _Inference:
         return True
 
 
+def _batch_of_two(
+    model: onnx.ModelProto, session: Any, keys: list[str], batch: set[str], fixed: dict[str, tuple[int, ...]],
+    refused: list[tuple[int, str]], **draw: Any,
+) -> Generated | None:
+    """The search's last try: its batch dims at 2, the others at 1. A graph that squeezes every dim of
+    1 (hummingbird's compiled trees: a ``Squeeze`` without axes before a ``Gemm``) runs on no batch of
+    one, and a model refused at every size was converted without the probe (sweep T)."""
+    values = {k: 2 if k in batch else 1 for k in keys}
+    shapes = shapes_for(model, values, fixed)
+    if sample_bytes(model, shapes) > draw["max_bytes"]:
+        return None
+    samples = random_samples(model, shapes, **draw)
+    try:
+        return Generated(samples, values, [session.run(samples[0])], refused)
+    except _STOPS:
+        raise
+    except ModelRunError as exc:
+        refused.append((2, first_line(exc)))
+        return None
+
+
 def runnable_inputs(
     model: onnx.ModelProto, runner: Runner, fixed: Mapping[str, tuple[int, ...]] | None = None, *,
     seed: int = 0, max_bytes: int = MAX_SAMPLE_BYTES, informed: bool = False,
@@ -279,6 +301,11 @@ def runnable_inputs(
                     break
                 continue
             return Generated(samples, values, [outputs], refused)
+        if batch and first is not None:  # a model that takes no batch of one: once more with two
+            found = _batch_of_two(model, session, keys, batch, fixed, refused, seed=seed, max_bytes=max_bytes,
+                                  informed=informed, input_ranges=input_ranges)
+            if found is not None:
+                return found
         if first is None:  # not even size 1 fits
             raise SampleSizeError(
                 f"random inputs for the model take more than the {format_bytes(max_bytes)} generated inputs may"

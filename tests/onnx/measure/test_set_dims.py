@@ -12,7 +12,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from amp_compiler import convert, emulate
 from amp_compiler.cli import main
@@ -207,3 +207,18 @@ def test_a_batch_named_so_is_trusted_and_an_unpaired_first_dim_stays_a_batch():
     nodes = [helper.make_node("Relu", ["pos"], ["y"], name="relu")]
     plain = model(nodes, [vi("pos", F32, ["N", 3])], [vi("y", F32, ["N", 3])])
     assert batch_dims(plain, dynamic_dims(plain)) == {"N"} and probe_dims(plain) == []
+
+
+def test_a_model_that_takes_no_batch_of_one_is_probed_with_two():
+    """hummingbird's compiled trees squeeze every dim of 1 before a 2-D Transpose: at batch 1 it reads a vector and
+    onnxruntime refuses every size the search tried, so the conversion ran without the probe (sweep T)."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 4], np.linspace(-1, 1, 12).astype(np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Squeeze", ["x"], ["s"]), helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["w", "t"], ["y"])], "trees",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, "N"])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = convert(model, runner=InProcessRunner())
+    assert not result.probe_skipped and result.probe_shapes == {"x": (2, 4)}
+    assert result.accuracy and result.accuracy[0].measured
