@@ -143,6 +143,11 @@ class OpPolicy:
     # why FP16 rounding of what it reads changes its results. What computes that input stays FP32
     # (passes/analysis/thresholds.py); empty: no thresholds.
     thresholds: str = ""
+    # Its thresholds are an operand, not attributes (Less, Greater, Equal...): it reads thresholds only where one
+    # of its float inputs is a constant holding more than one distinct value (a vector of cut points: a compiled
+    # tree's splits, bucket edges); against a scalar or all-equal constant (x > 0, p > 0.5) it is a gate, and
+    # what it compares is left alone (passes/analysis/thresholds.py).
+    thresholds_operand: bool = False
     # Returns the indices of its largest or smallest values (TopK, ArgMax, ArgMin): why FP16 rounding of what it
     # reads picks other indices. When they reach an ``index_inputs`` input in the graph, what computes its input
     # stays FP32 (passes/analysis/routing.py); empty: no selection.
@@ -306,6 +311,7 @@ class PolicyTable:
             logit_differences=raw.get("logit_differences", ""),
             quantizes=raw.get("quantizes"),
             thresholds=raw.get("thresholds", ""),
+            thresholds_operand=bool(raw.get("thresholds_operand", False)),
             selects=raw.get("selects", ""),
             index_inputs=tuple(raw.get("index_inputs", ())),
             scores=bool(raw.get("scores", False)),

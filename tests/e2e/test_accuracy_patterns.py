@@ -302,3 +302,28 @@ def test_tolerance_pins_the_cheap_chains_and_keeps_every_convolution_fp16():
     assert r.low_flops_share > 0.99  # the classifier's Gemm, a few FLOPs, may go
     pinned_ops = {fp32.graph.node[i].op_type for i, _ in r.pinned}
     assert pinned_ops & {"Mul", "Add", "Clip", "Div"} and "Conv" not in pinned_ops
+
+
+# ------------------------------------------------------------------------ trees compiled to tensor ops
+def test_a_tree_compiled_to_tensor_ops_takes_the_fp32_branches():
+    """hummingbird's GEMM strategy in four ops: MatMul(x, one-hot feature selection) -> Less(split thresholds) ->
+    Cast -> MatMul(leaf values). With the selection in FP16, features near a split (1000.3, FP16's step 0.5
+    there) took the other branch: 3 of 301 rows changed by 100, 90% of the output's range, stated 0%."""
+    a = np.zeros((4, 3), np.float32)
+    a[0, 0] = a[2, 1] = a[3, 2] = 1
+    nodes = [helper.make_node("MatMul", ["x", "select"], ["f"], name="select"),
+             helper.make_node("Less", ["f", "thresholds"], ["left"], name="split"),
+             helper.make_node("Cast", ["left"], ["leftf"], to=onnx.TensorProto.FLOAT, name="to_float"),
+             helper.make_node("MatMul", ["leftf", "leaves"], ["y"], name="leaves")]
+    fp32 = model(nodes, [vi("x", F32, ["N", 4])], [vi("y", F32, ["N", 1])],
+                 [tensor("select", a), tensor("thresholds", np.array([1000.3, 0.7, 52.1], np.float32)),
+                  tensor("leaves", np.array([[100.0], [10.0], [1.0]], np.float32))], opset=17, ir_version=8)
+    rng = np.random.default_rng(100)
+    x = np.stack([rng.uniform(999, 1002, 301), rng.normal(0, 1, 301), rng.uniform(0, 1.4, 301),
+                  rng.uniform(40, 60, 301)], 1).astype(np.float32)
+    result = convert(fp32)
+    want, got = (run_onnxruntime(m, {"x": x})[0] for m in (fp32, emulate(result.model)))
+    assert int(np.sum(want != got)) == 0
+    by_node = {d.node: d for d in result.decisions}
+    assert (by_node["select"].precision, by_node["select"].rule) == ("fp32", "threshold.input")
+    assert by_node["leaves"].precision == "fp16"  # what the comparisons give (0/1) is exact in FP16

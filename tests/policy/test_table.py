@@ -21,8 +21,8 @@ PROVIDERS = {"cuda", "cpu", "tensorrt"}
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
-    "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "periodic", "positions", "logit_differences", "selects", "index_inputs",
-    "scores", "scale_inputs",
+    "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "thresholds_operand", "periodic", "positions",
+    "logit_differences", "selects", "index_inputs", "scores", "scale_inputs",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 
@@ -103,6 +103,8 @@ def test_entry_fields(entries):
             assert isinstance(e["dtype_attr"], str) and e["dtype_attr"], name
         if "thresholds" in e:  # why what it reads must not be rounded: a reason, not a flag alone
             assert isinstance(e["thresholds"], str) and e["thresholds"].strip(), name
+        if "thresholds_operand" in e:  # a condition on the thresholds it reads: only with their reason
+            assert e["thresholds_operand"] is True and "thresholds" in e, name
         if "periodic" in e:  # why its argument's absolute error matters: a reason, not a flag alone
             assert isinstance(e["periodic"], str) and e["periodic"].strip(), name
 

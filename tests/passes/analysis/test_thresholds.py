@@ -66,3 +66,74 @@ def test_the_policy_says_why_for_every_threshold_reader():
     assert {("ai.onnx.ml", op) for op in ("TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor",
                                           "Binarizer")} <= readers.keys()
     assert all(len(why) > 40 for why in readers.values())
+
+
+# ------------------------------------------------------------------ comparisons against constant operands
+def _compare_after_matmul(op: str, constant: np.ndarray, via_reshape: bool = False) -> onnx.ModelProto:
+    """x -> MatMul "proj" -> ``op``(., constant) "cmp" -> Cast -> y (the constant reshaped first with ``via_reshape``)."""
+    c = "c_flat" if via_reshape else "c"
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"], name="proj"),
+             helper.make_node(op, ["z", c], ["b"], name="cmp"),
+             helper.make_node("Cast", ["b"], ["y"], to=onnx.TensorProto.FLOAT, name="to_float")]
+    inits = [tensor("w", np.eye(3, dtype=np.float32))]
+    if via_reshape:
+        nodes.insert(0, helper.make_node("Reshape", ["c", "shape"], ["c_flat"], name="c_reshape"))
+        inits += [tensor("c", constant.reshape(-1, 1)), tensor("shape", np.array([-1], np.int64))]
+    else:
+        inits.append(tensor("c", constant))
+    return make_model(nodes, [vi("x", F32, ["N", 3])], [vi("y", F32, ["N", 3])], inits, opset=17, ir_version=8)
+
+
+def _threshold_readers(m: onnx.ModelProto) -> dict[str, str]:
+    """Per node whose vertex ``threshold_inputs`` finds, the node of the op that reads it."""
+    import onnx_ir as ir
+
+    from amp_compiler.onnx.graph.precision_graph import build_precision_graph
+    from amp_compiler.passes.analysis.thresholds import threshold_inputs
+    from amp_compiler.policy import default_table
+    from amp_compiler.targets import Target
+
+    graph = build_precision_graph(ir.from_proto(onnx.shape_inference.infer_shapes(m)), Target.FP16, default_table())
+    return {graph.vertices[vid].node.name: reader.node.name for vid, reader in threshold_inputs(graph).items()
+            if graph.vertices[vid].node is not None}
+
+
+def test_a_comparison_with_a_vector_of_thresholds_reads_them_and_a_scalar_gate_does_not():
+    vector = np.array([1000.3, 0.7, 52.1], np.float32)
+    for op in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"):
+        assert _threshold_readers(_compare_after_matmul(op, vector)) == {"proj": "cmp"}, op
+        by_node = {d.node: d for d in convert(_compare_after_matmul(op, vector), probe=False).decisions}
+        assert (by_node["proj"].precision, by_node["proj"].rule) == ("fp32", "threshold.input"), op
+        assert f"{op} node 'cmp'" in by_node["proj"].reason
+    # a Constant reached through a Reshape is the same vector of thresholds (which the Reshape keeps FP32 too)
+    assert _threshold_readers(_compare_after_matmul("Less", vector, via_reshape=True)) == {"proj": "cmp",
+                                                                                           "c_reshape": "cmp"}
+    # a scalar, or a vector of one value repeated, is a gate: what it compares is left alone
+    for gate in (np.array(0.5, np.float32), np.full(3, 0.5, np.float32)):
+        assert _threshold_readers(_compare_after_matmul("Greater", gate)) == {}
+        by_node = {d.node: d for d in convert(_compare_after_matmul("Greater", gate), probe=False).decisions}
+        assert (by_node["proj"].precision, by_node["proj"].rule) == ("fp16", "policy.low")
+    # two computed operands compare no thresholds either
+    m = _compare_after_matmul("Less", vector)
+    m.graph.node[1].input[1] = "x"
+    assert _threshold_readers(m) == {}
+
+
+def test_a_leaky_relu_written_as_where_keeps_its_matmul_fp16():
+    """Where(h > 0, h, 0.01 * h) after a MatMul: the gate is continuous at 0, so a value FP16 rounds across it
+    moves nothing, and the MatMul (the model's FLOPs) stays FP16 at the same error as a LeakyRelu op."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+             helper.make_node("Greater", ["h", "zero"], ["pos"], name="gate"),
+             helper.make_node("Mul", ["h", "slope"], ["hs"], name="leak"),
+             helper.make_node("Where", ["pos", "h", "hs"], ["y"], name="where")]
+    rng = np.random.default_rng(0)
+    inits = [tensor("w", (rng.normal(size=(64, 64)) / 8).astype(np.float32)), tensor("zero", np.array(0, np.float32)),
+             tensor("slope", np.array(0.01, np.float32))]
+    m = make_model(nodes, [vi("x", F32, ["N", 64])], [vi("y", F32, ["N", 64])], inits, opset=17, ir_version=8)
+    result = convert(m, probe=False)
+    by_node = {d.node: d for d in result.decisions}
+    assert (by_node["proj"].precision, by_node["proj"].rule) == ("fp16", "policy.low")
+    assert not any(d.rule == "threshold.input" for d in result.decisions)
+    x = rng.normal(size=(256, 64)).astype(np.float32)
+    (want,), (got,) = (run_onnxruntime(mm, {"x": x}) for mm in (m, emulate(result.model)))
+    assert np.max(np.abs(got - want)) / np.ptp(want) < 1e-3
