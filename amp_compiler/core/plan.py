@@ -39,6 +39,7 @@ class Rule(enum.Enum):
     SIGNAL_PATH = "policy.high.signal-path"  # on a raw signal's linear path into Log
     PHASE_ARGUMENT = "policy.high.phase-argument"  # computes a Sin/Cos argument linearly from raw positions
     POSITION_BIAS = "policy.high.position-bias"  # adds a bias linear in positions to a Softmax's logits (ALiBi)
+    RAW_SMALL_PRODUCT = "policy.high.raw-small-product"  # a Tensor Core op with K < 16 reading raw coordinates
     LOOP_ACCUMULATOR = "policy.high.loop-accumulator"  # a Loop/Scan state its body adds into itself
     UNKNOWN_OP = "policy.unknown-op"
     USER_BLOCK_OP = "user.block-op"

@@ -6,7 +6,10 @@ In pipeline order (:func:`~amp_compiler.passes.analysis.pipeline.analysis_passes
 spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a low-precision kernel on the
 target provider stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays
 FP32), ``PhaseArgumentPass`` (the linear path from raw positions or coordinates into a Sin/Cos stays
-FP32), ``QuantizedIslandPass`` (values quantized again and quantization scales stay FP32),
+FP32), ``PositionBiasPass`` (the linear path from positions into a Softmax's logits stays FP32),
+``RawSmallProductPass`` (a Tensor Core op with K < 16 reading raw coordinates or features stays FP32),
+``LoopAccumulatorPass`` (a Loop/Scan state its body adds into itself stays FP32), ``QuantizedIslandPass``
+(values quantized again and quantization scales stay FP32),
 ``ThresholdInputPass`` (what a tree ensemble or another threshold-reading op reads is computed in FP32),
 ``RoutingScorePass`` (the scores a TopK/ArgMax whose indices route computation reads, a router, in FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
@@ -36,6 +39,7 @@ from amp_compiler.passes.analysis.position_bias import PositionBiasPass
 from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
 from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
 from amp_compiler.passes.analysis.range_scaling import RangeScalingPass
+from amp_compiler.passes.analysis.raw_products import RawSmallProductPass
 from amp_compiler.passes.analysis.routing import RoutingScorePass
 from amp_compiler.passes.analysis.signal import SignalPathPass
 from amp_compiler.passes.analysis.static_ranges import StaticRangePass
@@ -57,6 +61,7 @@ __all__ = [
     "ThresholdInputPass",
     "RangeFallbackPass",
     "RangeScalingPass",
+    "RawSmallProductPass",
     "RoutingScorePass",
     "RuntimeHazardPass",
     "SignalPathPass",

@@ -59,7 +59,9 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, 
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.policy import Category
 
-__all__ = ["PhaseArgumentPass", "angle_error", "constant_derived", "is_linear", "linear_paths", "phase_paths"]
+__all__ = [
+    "PhaseArgumentPass", "angle_error", "constant_derived", "is_linear", "is_raw", "linear_paths", "phase_paths",
+]
 
 #: The angles (rad) whose storage error the reasons quote: position 2000 and 32000 at frequency 1.
 _ANGLES = (2000.0, 32000.0)
@@ -87,7 +89,7 @@ def constant_derived(graph: PrecisionGraph, digraph: nx.DiGraph) -> set[int]:
     return derived
 
 
-def _is_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
+def is_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
     """A position or coordinate: a float graph input, a float computed from integers alone (a Cast of
     position ids: no float input, no constant), or a count (Range) not computed from constants."""
     if _is_input(vertex):
@@ -140,7 +142,7 @@ def phase_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex]]:
     derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, Vertex]] = {}
     for sink, path in linear_paths(graph, digraph, derived, lambda v: bool(v.policy and v.policy.periodic),
-                                   lambda v: _is_raw(v, digraph, derived)):
+                                   lambda v: is_raw(v, digraph, derived)):
         # The constants the path reads through ops of its own (Expand, Unsqueeze of inv_freq).
         todo = [(p, origin) for vid, origin in path.items() for p in digraph.pred[vid] if p in derived]
         while todo:

@@ -1,7 +1,7 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
     classify -> tolerance choices -> kernel coverage -> signal paths -> phase arguments -> position biases
-    -> loop accumulators
+    -> raw small products -> loop accumulators
     -> quantized islands -> threshold inputs -> routing scores
              -> constant ranges
                 (--tolerance)        (ONNX frontends)
@@ -44,6 +44,7 @@ from amp_compiler.passes.analysis import (
     QuantizedIslandPass,
     RangeFallbackPass,
     RangeScalingPass,
+    RawSmallProductPass,
     RoutingScorePass,
     RuntimeHazardPass,
     SignalPathPass,
@@ -119,6 +120,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     passes.append(SignalPathPass())
     passes.append(PhaseArgumentPass())
     passes.append(PositionBiasPass())
+    passes.append(RawSmallProductPass())  # beside the phase walk it reuses
     passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ThresholdInputPass())

@@ -27,6 +27,10 @@ TENSOR_CORE_RECORD: dict[str, tuple[int, int, str]] = {
                    "(routing.score): 2/64 of the experts' FLOPs"),
     "quantized-encoder": (0, 4, "integer MatMuls whose results are quantized again (quantized.requantize)"),
     "rnn-batch-first": (1, 2, "a MatMul onnxruntime crashes on with a Cast inside (runtime.ort-transpose-matmul)"),
+    "convtranspose-einsum": (2, 3, "the Einsum 'bij,bjk->bik' contracts K = 8 of the raw graph input 'a', below one "
+                             "MMA tile (K = 16): bound by memory, FP32 gains as much (policy.high.raw-small-product)"),
+    "vae-decoder-overflow": (5, 6, "post_quant_conv, a 1x1 Conv over the 4 raw latent channels (K = 4, 0.03% of the "
+                             "decoder's FLOPs: policy.high.raw-small-product)"),
 }
 
 _ENTRIES = [e.name for e in catalog.entries("small")]

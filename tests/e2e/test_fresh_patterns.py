@@ -61,7 +61,10 @@ def test_the_probe_draws_the_decoders_latents_at_their_scale_and_scales_its_over
     by_node = {d.node: d for d in result.decisions}
     assert (by_node["conv_in"].precision, by_node["conv_in"].rule) == ("fp16", "probe.overflow")
     assert "power-of-two scales" in by_node["conv_in"].reason  # on Tensor Cores, not FP32
-    assert all(d.precision == "fp16" for d in result.decisions if d.op_type == "Conv")
+    assert all(d.precision == "fp16" for d in result.decisions if d.op_type == "Conv" and d.node != "post_quant_conv")
+    # a 1x1 Conv over the 4 raw latent channels (K = 4): below one MMA tile, FP32 (policy.high.raw-small-product)
+    assert (by_node["post_quant_conv"].precision, by_node["post_quant_conv"].rule) == (
+        "fp32", "policy.high.raw-small-product")
     accuracy = _accuracy("vae-decoder-overflow", result.model)
     assert accuracy and all(a.finite for a in accuracy) and not any(misses(a) for a in accuracy), accuracy
 

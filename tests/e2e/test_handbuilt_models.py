@@ -483,7 +483,9 @@ def check_lstm_gru():
 
 def check_convtranspose_einsum():
     r = _converted("convtranspose-einsum", "fp16")
-    _assert_fp16(r, "convtranspose", "einsum_bmm")
+    _assert_fp16(r, "convtranspose")
+    # K = 8 of the raw graph input 'a': below one MMA tile, kept FP32 (passes/analysis/raw_products.py)
+    _assert_fp32(r, "einsum_bmm", rule="policy.high.raw-small-product")
 
 
 def check_shared_initializer():

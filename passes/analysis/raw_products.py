@@ -1,0 +1,188 @@
+"""Raw small products: keep FP32 a Tensor Core op whose contraction is shorter than one MMA tile and which
+reads raw coordinates or features.
+
+Pairwise squared distances written as ``|a|^2 + |b|^2 - 2 a.b^T`` (DGCNN's ``knn``, PointNet++'s
+``square_distance``, SchNet-style cutoffs and radial bases) take the Gram matrix ``pos @ pos^T`` of raw
+coordinates, a MatMul with K = 3, and cancel it: for two atoms 1.5 A apart at 40 A from the origin
+``a.b`` is about 5000, stored in FP16 to within 2 (spacing 4), and the difference is about 2. Its
+absolute error is the result's, whatever comes after. A tabular model's first Gemm reading raw features
+(K = 4, incomes up to 3e5) casts them to FP16 first, beyond its largest finite value (65504). Measured under
+exact FP16 emulation (sweep Q): the Gram-distance cutoff ``0.5 (cos(pi d / 5) + 1)`` of a 24-atom
+molecule 57% of range off at +40 A (9.3% at +10 A, 0.66% at 0-10 A) with the MatMul FP16, 0 with it FP32;
+a SchNet with Gram distances, 40 A from the origin, energy 25.8% of range (8 eV) and atom energies 70% off
+before, 0.055% (0.010 eV) and 0.12% with this pass; DGCNN's kNN neighbour sets, a room 20 m from the origin,
+36% equal before, 100% after (logits 2.4% -> 0.73% of range); the tabular model 155 of 192 outputs Inf/NaN
+before, 0.03% of range after. The range probe cannot see it: it draws coordinates ~ N(0, 1) for one atom.
+
+What FP16 saves there is nothing measurable: FP16/BF16 MMA instructions take K = 16 on Ampere and Hopper
+(m16n8k16), and cuBLAS/cuDNN pad a shorter K to a tile, so such a product does at most K/16 of the work
+its Tensor Core tile costs and is bound by memory: its FLOPs are 2K per output element, against 2 or 4
+bytes written. What FP32 costs is that write at 4 bytes an element instead of 2 where the consumers are
+low; where they are FP32 already (the cancelling Sub, a Cos, a Sqrt of the distances), it saves the Cast.
+A long contraction (an image stem's Conv, K = 3 x 7 x 7 = 147, on raw pixels) does gain from Tensor
+Cores, and a short one of learned activations (a depthwise Conv, K = 9) cancels nothing raw: both are
+left to the other rules.
+
+Found on the precision graph: a free vertex of a Tensor Core op (the table's ``tensor_core`` with a
+``gemm`` layout) whose contraction size K (:func:`contraction_size`: a matmul's A [..., M, K], ONNX
+Gemm's ``transA`` read; a convolution's weight [C_out, C_in/group, kernel...], K = C_in/group x kernel; an
+ONNX Einsum's summed indices) is statically known and below :data:`MMA_K`, and one of whose operands is
+computed from a raw value (:func:`~amp_compiler.passes.analysis.phase.is_raw`: a float graph input, a float
+computed from integers alone, a count) through ops linear in their input
+(:func:`~amp_compiler.passes.analysis.phase.is_linear`, the table's ``signal``: data movement, Add, Sub, Mul,
+powers and sums) that are no products themselves (a projection computes learned features), on
+:func:`~amp_compiler.core.graph.dataflow`. The Gram case's operands are ``pos`` and ``Transpose(pos)``. A
+Gather of a table by token ids is constant-derived, no raw value; symbolic dims (ONNX) leave K unknown and
+the op as it was. On FX graphs a dim is its traced size (symbolic sizes count as their hint), and an einsum's
+equation is not read: its K is unknown there.
+
+Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
+(``user.allow``), is DENY with rule ``policy.high.raw-small-product`` and a reason naming K, the raw value and
+what FP16 would save; nothing else changes. DENY, as the phase-argument pins: the ops after it that follow
+their inputs (the cancelling Sub) stay FP32 with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import ml_dtypes
+import networkx as nx
+import onnx_ir as ir
+
+from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex, dataflow
+from amp_compiler.core.plan import PrecisionPlan, Role, Rule
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
+from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
+from amp_compiler.passes.analysis.phase import angle_error, constant_derived, is_linear, is_raw
+from amp_compiler.policy import GemmKind
+
+__all__ = ["MMA_K", "RawSmallProductPass", "contraction_size", "raw_small_products"]
+
+#: The K of one FP16/BF16 MMA instruction on Ampere and Hopper (mma.m16n8k16, wgmma's k16): a product with a
+#: shorter contraction is padded to it, so its FLOPs gain nothing on Tensor Cores.
+MMA_K = 16
+
+
+def _dims(shape: ir.Shape | None) -> tuple[int | None, ...] | None:
+    """A shape's dims, each a known int or None (symbolic); None when the rank is unknown."""
+    if shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else None for d in shape)
+
+
+def _product(dims: Sequence[int | None]) -> int | None:
+    """The product of ``dims`` when each one is known."""
+    known = [d for d in dims if d is not None]
+    return math.prod(known) if len(known) == len(dims) else None
+
+
+def _operand_shape(vertex: Vertex, operand: int | str) -> ir.Shape | None:
+    """The shape of a Tensor Core op's operand as its vertex's input slot holds it: ONNX layouts name operands
+    by input index (the slot's ``index``), ATen ones by schema argument (an FX slot's ``arg``)."""
+    for slot in vertex.slots:
+        if slot.kind is not SlotKind.NODE_IN or slot.value is None:
+            continue
+        if (slot.index if isinstance(operand, int) else getattr(slot, "arg", None)) == operand:
+            return slot.value.shape
+    return None
+
+
+def _attribute(node: object, name: str) -> object:
+    """An ONNX node's attribute value (None for other frontends' ops, or absent)."""
+    if not isinstance(node, ir.Node):
+        return None
+    attr = node.attributes.get(name)
+    value = None if attr is None else attr.value
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _einsum_k(node: object, shapes: Sequence[tuple[int | None, ...] | None]) -> int | None:
+    """The product of the sizes of an ONNX Einsum's summed indices (in its inputs, not its output)."""
+    equation = _attribute(node, "equation")
+    if not isinstance(equation, str) or "->" not in equation or "." in equation:
+        return None
+    ins, out = equation.replace(" ", "").split("->")
+    sizes: dict[str, int] = {}
+    for term, shape in zip(ins.split(","), shapes, strict=False):
+        if shape is not None and len(shape) == len(term):
+            sizes.update((letter, d) for letter, d in zip(term, shape, strict=True) if d is not None)
+    summed = sorted(set(ins.replace(",", "")) - set(out))
+    return _product([sizes.get(letter) for letter in summed]) if summed else None
+
+
+def contraction_size(vertex: Vertex) -> int | None:
+    """How many products each output element of a Tensor Core op sums (K), where its shapes say statically:
+    a matmul's A [..., M, K] (ONNX Gemm's ``transA``: [K, M]), a convolution's C_in/group x kernel (its weight
+    [C_out, C_in/group, kernel...]), an ONNX Einsum's summed indices; None otherwise."""
+    policy = vertex.policy
+    layout = policy.gemm if policy is not None and policy.tensor_core else None
+    if layout is None or vertex.node is None:
+        return None
+    if layout.kind is GemmKind.MATMUL:
+        a = _dims(_operand_shape(vertex, layout.operands[0]))
+        if not a:
+            return None
+        transposed = bool(layout.transpose and _attribute(vertex.node, layout.transpose[0]))
+        return a[-2] if transposed and len(a) >= 2 else a[-1]
+    if layout.kind is GemmKind.CONV:
+        weight = _dims(_operand_shape(vertex, layout.operands[1]))
+        return _product(weight[1:]) if weight and len(weight) >= 3 else None
+    if layout.kind is GemmKind.EINSUM and isinstance(vertex.node, ir.Node):
+        return _einsum_k(vertex.node, [_dims(v.shape) if v is not None else None for v in vertex.node.inputs])
+    return None
+
+
+def _carries_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool:
+    """Passes raw values on: linear in its input (:func:`~amp_compiler.passes.analysis.phase.is_linear`) and no
+    product of its own. A projection with learned weights computes features (MobileNet's convolutions from the
+    image on, a value projection from the hidden states), not coordinates."""
+    return is_linear(vertex, digraph, derived) and not (vertex.policy is not None and vertex.policy.tensor_core)
+
+
+def raw_small_products(graph: PrecisionGraph) -> dict[int, tuple[Vertex, int]]:
+    """Per free Tensor Core vertex with K below :data:`MMA_K` reading an operand computed linearly from a raw
+    value: (that raw value's vertex, K)."""
+    digraph = dataflow(graph)
+    derived = constant_derived(graph, digraph)
+    found: dict[int, tuple[Vertex, int]] = {}
+    for vertex in graph.vertices:
+        if not vertex.free:
+            continue
+        k = contraction_size(vertex)
+        if k is None or not 0 < k < MMA_K:
+            continue
+        path = paths_into(graph, vertex, lambda v: is_raw(v, digraph, derived),
+                          lambda v: _carries_raw(v, digraph, derived), digraph)
+        if path:
+            found[vertex.id] = (graph.vertices[min(path.values())], k)
+    return found
+
+
+@dataclasses.dataclass
+class RawSmallProductPass(AnalysisPass):
+    def requires(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        require_roles(self, graph, plan)
+
+    def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
+        found = raw_small_products(graph)
+        ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.RAW_SMALL_PRODUCT}), found)
+        ensure_pinned(self, graph, plan, found, f"is a Tensor Core op with K < {MMA_K} reading raw values")
+
+    def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
+        name = graph.target.value.upper()
+        err = angle_error(graph.target.numpy_dtype, 5000.0)
+        top = float(ml_dtypes.finfo(graph.target.numpy_dtype).max)
+        for vid, (raw, k) in sorted(raw_small_products(graph).items()):
+            if not pinnable(plan, vid):
+                continue
+            plan.set_role(
+                vid, Role.DENY, Rule.RAW_SMALL_PRODUCT,
+                f"FP32: a product over K = {k} of values computed linearly from {raw.describe()} (raw coordinates "
+                f"or features): its result is cancelled or its absolute value matters ({name} stores a Gram entry "
+                f"a.b = 5000 of coordinates 40 from the origin to within {err:g}, which |a|^2 + |b|^2 - 2 a.b "
+                f"cancels, and no raw value beyond {top:.6g}), and K < {MMA_K} gains nothing on Tensor Cores (one "
+                f"MMA tile takes K = {MMA_K}: the product is bound by memory)",
+            )
