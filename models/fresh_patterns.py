@@ -33,6 +33,12 @@ A sixth, from sweep S (D6), is a dim the probe gave 1 (neither a batch nor a seq
   and 68% of range; probed at 16 (:data:`~amp_compiler.onnx.measure.probe_dims.SET_SIZE`) the hidden
   layer's overflow is seen and kept out of FP16.
 
+A seventh, from a sweep of models with unusual numerics (sweep Q), fixed since:
+
+- ``pairwise-distance-gram``: pairwise distances as |a|^2 + |b|^2 - 2 a.b^T of raw coordinates 40 A from the
+  origin; the K = 3 Gram MatMul in FP16 was cancelled by the subtraction (57% of range), and stays FP32 now
+  (``policy.high.raw-small-product``, passes/analysis/raw_products.py).
+
 The three after the first are accuracy the range probe does not fix (nothing overflows): the default conversion
 measures them on its generated inputs and warns (``amp-compiler convert``'s summary line).
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
@@ -317,4 +323,57 @@ _register(
     "2e4 first-layer scale, averaged over the steps, and a softmax over the events. Probed at one event the "
     "differences are empty and the softmax 1; at 16 the hidden overflow is seen and kept out of FP16.",
     "16 real events: Inf and 68% of range in the logits where the probe at one event stated 0.00%",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# pairwise-distance-gram
+# --------------------------------------------------------------------------------------------------
+
+_ATOMS = 24
+_OFFSET = 40.0  # Angstrom: a ligand where a PDB file puts it, far from the origin
+_CUTOFF = 5.0
+
+
+def build_pairwise_distance_gram() -> onnx.ModelProto:
+    """A cosine cutoff 0.5 (cos(pi d / 5) + 1) of pairwise distances d computed from the Gram matrix of the
+    coordinates, |a|^2 + |b|^2 - 2 a.b^T, as PointNet++'s square_distance and DGCNN's knn write it."""
+    g = _Graph(_seed("pairwise-distance-gram"))
+    pos_t = g.node("Transpose", ["pos"], name="pos_t", perm=[1, 0])
+    gram = g.node("MatMul", ["pos", pos_t], name="gram")  # K = 3
+    square = g.node("Mul", ["pos", "pos"], name="square")
+    norms = g.node("ReduceSum", [square, g.const("axis1", np.array([1], np.int64))], name="norms", keepdims=1)
+    norms_t = g.node("Transpose", [norms], name="norms_t", perm=[1, 0])
+    both = g.node("Add", [norms, norms_t], name="add_norms")
+    twice = g.node("Mul", [gram, g.const("two", np.array(2.0, np.float32))], name="twice")
+    d2 = g.node("Relu", [g.node("Sub", [both, twice], name="cancel")], name="clamp")
+    d = g.node("Sqrt", [d2], name="distance")
+    angle = g.node("Mul", [d, g.const("pi_over_cutoff", np.array(np.pi / _CUTOFF, np.float32))], name="angle")
+    cos = g.node("Add", [g.node("Cos", [angle], name="cos"), g.const("one", np.array(1.0, np.float32))], name="plus_one")
+    g.node("Mul", [cos, g.const("half", np.array(0.5, np.float32))], name="cutoff", outputs=["cutoff"])
+    return _model(g, "pairwise_distance_gram", [_vi("pos", F32, ["atoms", 3])],
+                  [_vi("cutoff", F32, ["atoms", "atoms"])], 17)
+
+
+def _molecule(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """24 atoms 1-1.5 A from a neighbour and at least 0.95 A from every other, offset 40 A from the origin."""
+    atoms = [np.zeros(3)]
+    while len(atoms) < _ATOMS:
+        step = rng.standard_normal(3)
+        candidate = atoms[rng.integers(len(atoms))] + step / np.linalg.norm(step) * rng.uniform(1.0, 1.5)
+        if np.min(np.linalg.norm(candidate - np.array(atoms), axis=1)) > 0.95:
+            atoms.append(candidate)
+    pos = np.array(atoms)
+    return {"pos": (pos - pos.min(0) + _OFFSET).astype(np.float32)}
+
+
+_register(
+    "pairwise-distance-gram",
+    build_pairwise_distance_gram,
+    _molecule,
+    "A cosine cutoff of pairwise distances computed as |a|^2 + |b|^2 - 2 a.b^T from raw coordinates pos [N, 3] "
+    "(PointNet++'s square_distance, DGCNN's knn, SchNet-style cutoffs), a 24-atom molecule 40 A from the "
+    "origin: the K = 3 Gram MatMul in FP16 stores a.b ~ 5000 to within 2 and the subtraction cancels it (57% "
+    "of range off under exact emulation); it stays FP32 (rule policy.high.raw-small-product).",
+    "",
 )

@@ -102,3 +102,17 @@ def test_cli_convert_says_where_ranges_came_from_and_warns(tmp_path):
         capture_output=True, text=True, check=True,
     )
     assert "generated inputs" not in quiet.stdout and "warning: output" not in quiet.stderr
+
+
+@pytest.mark.parametrize("probe", [False, True], ids=["blind", "probed"])
+def test_pairwise_distances_from_the_gram_matrix_of_raw_coordinates_are_accurate(probe):
+    """The K = 3 Gram MatMul of coordinates 40 A from the origin stays FP32 (sweep Q: 57% of range with it
+    FP16, stated 0.00%: the probe draws coordinates ~ N(0, 1) for one atom); the cutoff is exact now."""
+    fp32 = catalog.load("pairwise-distance-gram")
+    result = convert(fp32, probe=probe, runner=InProcessRunner())
+    gram = next(d for d in result.decisions if d.node == "gram")
+    assert (gram.precision, gram.rule) == ("fp32", "policy.high.raw-small-product"), gram
+    accuracy = _accuracy("pairwise-distance-gram", result.model)
+    assert accuracy and all(a.error_of_range < 0.01 for a in accuracy), accuracy
+    low = convert(fp32, probe=False, allow_nodes=["^gram$"], runner=InProcessRunner())  # the MatMul forced FP16
+    assert all(a.error_of_range > 0.3 for a in _accuracy("pairwise-distance-gram", low.model))
