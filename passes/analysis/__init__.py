@@ -7,11 +7,11 @@ spreading, those it kept stay low), ``KernelCoveragePass`` (ops without a low-pr
 target provider stay FP32), ``SignalPathPass`` (the linear path from a raw input into a Log stays
 FP32), ``PhaseArgumentPass`` (the linear path from raw positions or coordinates into a Sin/Cos stays
 FP32), ``PositionBiasPass`` (the linear path from positions into a Softmax's logits stays FP32),
-``RawSmallProductPass`` (a Tensor Core op with K < 16 reading raw coordinates or features stays FP32),
 ``LoopAccumulatorPass`` (a Loop/Scan state its body adds into itself stays FP32), ``QuantizedIslandPass``
 (values quantized again and quantization scales stay FP32),
 ``ThresholdInputPass`` (what a tree ensemble or another threshold-reading op reads is computed in FP32),
 ``RoutingScorePass`` (the scores a TopK/ArgMax whose indices route computation reads, a router, in FP32),
+``RawSmallProductPass`` (a Tensor Core op with K < 16 reading raw coordinates or features stays FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
 the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``RuntimeHazardPass`` (no Cast
 inside op patterns onnxruntime crashes on: FP32 where the provider inserts one, else the Transpose

@@ -1,8 +1,8 @@
 """The analysis pipeline: which passes turn a precision graph into a plan, in which order, and checked how.
 
     classify -> tolerance choices -> kernel coverage -> signal paths -> phase arguments -> position biases
-    -> raw small products -> loop accumulators
-    -> quantized islands -> threshold inputs -> routing scores
+    -> loop accumulators
+    -> quantized islands -> threshold inputs -> routing scores -> raw small products
              -> constant ranges
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
@@ -120,11 +120,11 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     passes.append(SignalPathPass())
     passes.append(PhaseArgumentPass())
     passes.append(PositionBiasPass())
-    passes.append(RawSmallProductPass())  # beside the phase walk it reuses
     passes.append(LoopAccumulatorPass())
     passes.append(QuantizedIslandPass(settings.provider))
     passes.append(ThresholdInputPass())
     passes.append(RoutingScorePass())
+    passes.append(RawSmallProductPass())  # after the pins that say more (a tree's input, a router)
     passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))

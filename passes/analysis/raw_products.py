@@ -16,9 +16,13 @@ before, 0.03% of range after. The range probe cannot see it: it draws coordinate
 
 What FP16 saves there is nothing measurable: FP16/BF16 MMA instructions take K = 16 on Ampere and Hopper
 (m16n8k16), and cuBLAS/cuDNN pad a shorter K to a tile, so such a product does at most K/16 of the work
-its Tensor Core tile costs and is bound by memory: its FLOPs are 2K per output element, against 2 or 4
-bytes written. What FP32 costs is that write at 4 bytes an element instead of 2 where the consumers are
-low; where they are FP32 already (the cancelling Sub, a Cos, a Sqrt of the distances), it saves the Cast.
+its Tensor Core tile costs and is bound by memory: its FLOPs are 2K < 32 per output element, under 8 per
+byte of an FP32 output, below the ratio (about 13 on an A100, 20 on an H100, from their FP32 FLOPs and memory
+bandwidth; not timed here) at which even FP32 CUDA cores stop waiting for memory. What FP32 costs is that
+write at 4 bytes an element instead of 2 where the consumers are low (catalog: vae-decoder-overflow's
+post_quant_conv, K = 4 over raw latents, 0.03% of the decoder's FLOPs; convtranspose-einsum's K = 8 Einsum);
+where they are FP32 already (the cancelling Sub, a Cos, a Sqrt of the distances), it saves the Cast. No
+other catalog model changes (ONNX and FX: stems, depthwise Convs, attention all stay low).
 A long contraction (an image stem's Conv, K = 3 x 7 x 7 = 147, on raw pixels) does gain from Tensor
 Cores, and a short one of learned activations (a depthwise Conv, K = 9) cancels nothing raw: both are
 left to the other rules.
@@ -39,7 +43,8 @@ equation is not read: its K is unknown there.
 Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
 (``user.allow``), is DENY with rule ``policy.high.raw-small-product`` and a reason naming K, the raw value and
 what FP16 would save; nothing else changes. DENY, as the phase-argument pins: the ops after it that follow
-their inputs (the cancelling Sub) stay FP32 with it.
+their inputs (the cancelling Sub) stay FP32 with it. It runs after the passes whose pins say more (a rotary
+angle, a tree's input, a router keep their own rule) and before the range rules.
 """
 
 from __future__ import annotations
@@ -175,6 +180,7 @@ class RawSmallProductPass(AnalysisPass):
         name = graph.target.value.upper()
         err = angle_error(graph.target.numpy_dtype, 5000.0)
         top = float(ml_dtypes.finfo(graph.target.numpy_dtype).max)
+        beyond = f", and no raw value beyond {top:.6g}" if top < 1e6 else ""  # FP16's range; BF16's is FP32's
         for vid, (raw, k) in sorted(raw_small_products(graph).items()):
             if not pinnable(plan, vid):
                 continue
@@ -183,6 +189,6 @@ class RawSmallProductPass(AnalysisPass):
                 f"FP32: a product over K = {k} of values computed linearly from {raw.describe()} (raw coordinates "
                 f"or features): its result is cancelled or its absolute value matters ({name} stores a Gram entry "
                 f"a.b = 5000 of coordinates 40 from the origin to within {err:g}, which |a|^2 + |b|^2 - 2 a.b "
-                f"cancels, and no raw value beyond {top:.6g}), and K < {MMA_K} gains nothing on Tensor Cores (one "
+                f"cancels{beyond}), and K < {MMA_K} gains nothing on Tensor Cores (one "
                 f"MMA tile takes K = {MMA_K}: the product is bound by memory)",
             )

@@ -20,7 +20,8 @@ def good_model(tmp_path) -> Path:
             helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
             helper.make_node("Relu", ["a"], ["y"], name="relu"),
         ],
-        [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])], [tensor("w", weights((4, 4)))],
+        # K = 16: a shorter product of the input stays FP32 (policy.high.raw-small-product)
+        [vi("x", F32, [2, 16])], [vi("y", F32, [2, 4])], [tensor("w", weights((16, 4)))],
     )
     p = tmp_path / "good.onnx"
     onnx.save(m, p)

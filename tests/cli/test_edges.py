@@ -41,7 +41,7 @@ def _run(argv) -> tuple[int, str, str]:
 @pytest.fixture
 def small(tmp_path) -> Path:
     m = model([helper.make_node("MatMul", ["x", "w"], ["t"], name="mm"), helper.make_node("Relu", ["t"], ["y"], name="relu")],
-              [vi("x", F32, [2, 4])], [vi("y", F32, [2, 3])], [tensor("w", weights((4, 3)))])
+              [vi("x", F32, [2, 16])], [vi("y", F32, [2, 3])], [tensor("w", weights((16, 3)))])  # K = 16
     path = tmp_path / "small.onnx"
     onnx.save(m, path)
     return path
@@ -114,7 +114,7 @@ def test_csv_cells_that_spreadsheets_would_run_are_neutralised(tmp_path):
 
 def test_library_log_records_and_invalid_names_make_one_line(tmp_path, small, monkeypatch):
     bad = model([helper.make_node("MatMul", ["x" + EVIL, "w"], ["t"], name="mm" + EVIL)],
-                [vi("x" + EVIL, F32, [2, 4])], [vi("t", F32, [2, 3])], [tensor("w", weights((4, 3)))])
+                [vi("x" + EVIL, F32, [2, 16])], [vi("t", F32, [2, 3])], [tensor("w", weights((16, 3)))])
     bad.graph.node.append(helper.make_node("Relu", ["missing" + EVIL], ["y"], name="relu" + EVIL))
     bad.graph.output[0].name = "y"
     onnx.save(bad, tmp_path / "bad.onnx")

@@ -2,8 +2,9 @@
 traced shapes and the aten table's ``gemm`` layouts (schema argument names).
 
 PointNet++'s ``square_distance`` of coordinates 40 from the origin: the K = 3 ``matmul(pos, pos^T)`` in FP16
-stores a.b ~ 5000 to within 2, and the subtraction cancels it. Converted to FP16 it stays FP32 now; the
-Linear layers of learned features stay low.
+stores a.b ~ 5000 to within 2, and the subtraction cancels it: with an MLP of the distances after it, 9.9% of
+the output's range converted to FP16 (BF16: 44%). It stays FP32 now: 0.05% (0.33%), the K = 32 Linear layers of
+learned features still low.
 """
 
 from __future__ import annotations

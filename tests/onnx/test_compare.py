@@ -44,7 +44,7 @@ def test_a_mixed_fp16_bf16_model_compares_as_the_fp16_conversion_it_is():
     from tests.passes.analysis.test_range_fallback import _scaled
 
     fp32 = _scaled()
-    samples = [{"x": np.random.default_rng(s).standard_normal((4, 8)).astype(np.float32)} for s in range(2)]
+    samples = [{"x": np.random.default_rng(s).standard_normal((4, 16)).astype(np.float32)} for s in range(2)]
     c = compare_models(fp32, convert(fp32, probe=False).model, samples)
     (out,) = c.outputs
     assert out.nonfinite == 0 and out.cosine > 0.999

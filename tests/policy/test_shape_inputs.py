@@ -38,10 +38,10 @@ def _reshape_by_own_shape(op: str = "Shape") -> onnx.ModelProto:
         helper.make_node("Reshape", ["h", target], ["r"], name="reshape"),
         helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
     ]
-    inits = [tensor("w1", weights((8, 8))), tensor("w2", weights((8, 8), 1))]
+    inits = [tensor("w1", weights((16, 8))), tensor("w2", weights((8, 8), 1))]  # K = 16 (raw-small-product)
     if op == "Size":
         inits += [tensor("one", np.array([1], np.int64)), tensor("width", np.array([8], np.int64))]
-    return model(nodes, [vi("x", F32, [4, 8])], [vi("y", F32, [4, 8])], inits)
+    return model(nodes, [vi("x", F32, [4, 16])], [vi("y", F32, [4, 8])], inits)
 
 
 @pytest.mark.parametrize("op", ["Shape", "Size"])
@@ -54,7 +54,7 @@ def test_no_cast_for_a_shape_reader(op: str) -> None:
     # Only the graph input and output (kept FP32) need one: nothing for the shape reader.
     assert len(casts) == 2 and result.casts_inserted == 2
     validate(result.model)
-    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     np.testing.assert_allclose(run_onnxruntime(result.model, {"x": x})[0], run_onnxruntime(m, {"x": x})[0], atol=0.02)
 
 
@@ -73,8 +73,8 @@ def test_casts_inserted_counts_inserted_not_the_net_change() -> None:
         helper.make_node("Cast", ["hc"], ["h32"], name="exporter_back", to=F32),
         helper.make_node("MatMul", ["h32", "w2"], ["y"], name="mm2"),
     ]
-    m = model(nodes, [vi("x", F32, [4, 8])], [vi("y", F32, [4, 8])],
-              [tensor("w1", weights((8, 8))), tensor("w2", weights((8, 8), 1))])
+    m = model(nodes, [vi("x", F32, [4, 16])], [vi("y", F32, [4, 8])],
+              [tensor("w1", weights((16, 8))), tensor("w2", weights((8, 8), 1))])
     result = convert(m, probe=False)
     inserted = sum(d.rule == "lowering.cast" for d in result.decisions)
     assert result.casts_inserted == inserted == 2

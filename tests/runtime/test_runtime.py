@@ -55,8 +55,8 @@ def test_installed_here() -> None:
 def test_plain_models_convert_without_it(no_onnxruntime) -> None:
     from amp_compiler import convert
 
-    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", F32, [2, 8])], [vi("y", F32, [2, 8])],
-              [tensor("w", weights((8, 8)))])
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", F32, [2, 16])], [vi("y", F32, [2, 8])],
+              [tensor("w", weights((16, 8)))])
     assert convert(m, probe=False).decisions[0].precision == "fp16"
 
 

@@ -237,13 +237,18 @@ CLEAR_WEIGHTS = np.array([[1.0, 2.0, -1.0], [0.5, 0.0, 0.0]], np.float32)
 
 def label_model(weights: np.ndarray, topk: bool = False, rows: int = 64) -> onnx.ModelProto:
     """x[rows, 2] @ weights -> ArgMax's int64 ``label`` (``topk``: TopK(k=2)'s float ``top`` and int64
-    ``classes`` instead)."""
+    ``classes`` instead). x is padded with zeros to 16 columns, and weights with zero rows: a product over
+    fewer of a graph input stays FP32 (``policy.high.raw-small-product``), and the labels would not change."""
     head = (helper.make_node("TopK", ["z", "k"], ["top", "classes"], name="topk", axis=-1) if topk
             else helper.make_node("ArgMax", ["z"], ["label"], name="argmax", axis=1, keepdims=0))
     outputs = ([vi("top", F32, [rows, 2]), vi("classes", TensorProto.INT64, [rows, 2])] if topk
                else [vi("label", TensorProto.INT64, [rows])])
-    inits = [tensor("w", weights)] + ([tensor("k", np.array([2], np.int64))] if topk else [])
-    return model([helper.make_node("MatMul", ["x", "w"], ["z"], name="matmul"), head],
+    padded = np.zeros((16, weights.shape[1]), np.float32)
+    padded[: weights.shape[0]] = weights
+    inits = [tensor("w", padded), tensor("pads", np.array([0, 0, 0, 16 - weights.shape[0]], np.int64))]
+    inits += [tensor("k", np.array([2], np.int64))] if topk else []
+    return model([helper.make_node("Pad", ["x", "pads"], ["x16"], name="pad"),
+                  helper.make_node("MatMul", ["x16", "w"], ["z"], name="matmul"), head],
                  [vi("x", F32, [rows, 2])], outputs, inits)
 
 

@@ -35,9 +35,10 @@ def test_the_batch_moving_perms_are_the_ones_onnxruntime_crashes_on():
     assert moving - {(1, 0, 2), (1, 2, 0), (1, 2, 0, 3), (1, 2, 3, 0)} == {(1, 2, 3, 0, 4), (1, 2, 3, 4, 0)}
 
 
-def _projection(perm=(1, 0, 2), w_shape=(8, 3), elem=F32, pre=True):
-    """x [5, 2, 8] -> MatMul(w0) (``pre``) -> Transpose(perm) -> MatMul(w) -> o, in ``elem``."""
-    t_shape = [[5, 2, 8][p] for p in perm]
+def _projection(perm=(1, 0, 2), w_shape=(16, 3), elem=F32, pre=True):
+    """x [5, 2, 16] -> MatMul(w0) (``pre``) -> Transpose(perm) -> MatMul(w) -> o, in ``elem``. K = 16: a shorter
+    product of the raw input would stay FP32 for its own reason (``policy.high.raw-small-product``)."""
+    t_shape = [[5, 2, 16][p] for p in perm]
     o_shape = list(np.broadcast_shapes(tuple(t_shape[:-2]), tuple(w_shape[:-2]))) + [t_shape[-2], w_shape[-1]]
     np_type = helper.tensor_dtype_to_np_dtype(elem)
     nodes = [helper.make_node("MatMul", ["x", "w0"], ["s"], name="pre")] if pre else []
@@ -45,8 +46,8 @@ def _projection(perm=(1, 0, 2), w_shape=(8, 3), elem=F32, pre=True):
               helper.make_node("MatMul", ["t", "w"], ["o"], name="proj")]
     inits = [tensor("w", weights(w_shape).astype(np_type))]
     if pre:
-        inits.append(tensor("w0", weights((8, 8), seed=1).astype(np_type)))
-    return model(nodes, [vi("x", elem, [5, 2, 8])], [vi("o", elem, o_shape)], inits, opset=17, ir_version=8)
+        inits.append(tensor("w0", weights((16, 16), seed=1).astype(np_type)))
+    return model(nodes, [vi("x", elem, [5, 2, 16])], [vi("o", elem, o_shape)], inits, opset=17, ir_version=8)
 
 
 def test_the_pattern_in_fp16_crashes_onnxruntime():
@@ -143,7 +144,7 @@ def test_a_transpose_feeding_a_low_and_an_fp32_matmul_keeps_the_pattern_fp32():
     assert not _between(result.model) and _loads(result.model)
 
 
-@pytest.mark.parametrize("perm, w_shape", [((0, 2, 1), (2, 3)), ((1, 0, 2), (2, 8, 3)), ((1, 0, 2), (1, 8, 3))],
+@pytest.mark.parametrize("perm, w_shape", [((0, 2, 1), (2, 3)), ((1, 0, 2), (2, 16, 3)), ((1, 0, 2), (1, 16, 3))],
                          ids=["not-batch-moving", "equal-ranks", "equal-ranks-broadcast"])
 @pytest.mark.parametrize("provider", ["cuda", "cpu"])
 def test_other_transposes_and_equal_ranks_are_converted(perm, w_shape, provider):

@@ -24,16 +24,16 @@ from tests.support.onnx_builders import F32, model, tensor, vi, weights
 
 
 def _slice_then_matmul():
-    """A big FP32 graph input, sliced down 64x before a MatMul: cast after the Slice, not before."""
+    """A big FP32 graph input, sliced down 64x (to [4, 16]) before a MatMul: cast after the Slice, not before."""
     return model(
         [
             helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
             helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
         ],
-        [vi("x", F32, [64, 64])], [vi("y", F32, [8, 8])],
+        [vi("x", F32, [64, 64])], [vi("y", F32, [4, 16])],
         [
-            tensor("starts", np.array([0, 0], np.int64)), tensor("ends", np.array([8, 8], np.int64)),
-            tensor("w", weights((8, 8))),
+            tensor("starts", np.array([0, 0], np.int64)), tensor("ends", np.array([4, 16], np.int64)),
+            tensor("w", weights((16, 16))),  # K = 16: a shorter product of the input is raw-small-product's
         ],
     )
 
@@ -45,8 +45,8 @@ def test_cast_goes_to_the_smaller_side_of_a_slice():
     d = {x.node: x for x in placed.decisions}
     assert {x.node: x for x in painted.decisions}["slice"].precision == "fp16"  # painting: cast 64x64
     assert d["slice"].precision == "fp32" and d["slice"].rule == "placement.min-cut"
-    assert placed.cast_bytes_painting == (64 * 64 + 8 * 8) * 6
-    assert placed.cast_bytes == (8 * 8 + 8 * 8) * 6
+    assert placed.cast_bytes_painting == (64 * 64 + 4 * 16) * 6
+    assert placed.cast_bytes == (4 * 16 + 4 * 16) * 6
     validate(placed.model)
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     assert compare("y", run_onnxruntime(m, {"x": x})[0], run_onnxruntime(placed.model, {"x": x})[0]).cosine > 0.999
@@ -94,7 +94,7 @@ def test_never_more_cast_bytes_than_painting(entry, target):
 
 
 def _transpose_chain_then_slice(n: int):
-    """A 64x64 FP32 input through ``n`` Transposes (PASS ops), sliced to 8x8 before a MatMul.
+    """A 64x64 FP32 input through ``n`` Transposes (PASS ops), sliced to 4x16 before a MatMul.
 
     Painting spreads low precision from the MatMul back through every PASS op and casts the 64x64
     input; the optimum casts after the Slice, ``n + 1`` ops away from painting's Cast, so the band
@@ -108,10 +108,10 @@ def _transpose_chain_then_slice(n: int):
         helper.make_node("MatMul", ["s", "w"], ["y"], name="mm"),
     ]
     return model(
-        nodes, [vi("x", F32, [64, 64])], [vi("y", F32, [8, 8])],
+        nodes, [vi("x", F32, [64, 64])], [vi("y", F32, [4, 16])],
         [
-            tensor("starts", np.array([0, 0], np.int64)), tensor("ends", np.array([8, 8], np.int64)),
-            tensor("w", weights((8, 8))),
+            tensor("starts", np.array([0, 0], np.int64)), tensor("ends", np.array([4, 16], np.int64)),
+            tensor("w", weights((16, 16))),
         ],
     )
 
@@ -120,8 +120,8 @@ def _transpose_chain_then_slice(n: int):
 def test_cast_moves_across_a_long_chain_to_the_small_side(n):
     placed = convert(_transpose_chain_then_slice(n), probe=False)
     d = {x.node: x for x in placed.decisions}
-    assert placed.cast_bytes_painting == (64 * 64 + 8 * 8) * 6
-    assert placed.cast_bytes == (8 * 8 + 8 * 8) * 6
+    assert placed.cast_bytes_painting == (64 * 64 + 4 * 16) * 6
+    assert placed.cast_bytes == (4 * 16 + 4 * 16) * 6
     assert all(d[f"tr{i}"].precision == "fp32" for i in range(n))
     assert d["slice"].precision == "fp32" and d["mm"].precision == "fp16"
     validate(placed.model)

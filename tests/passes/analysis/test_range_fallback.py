@@ -24,7 +24,8 @@ FP16 = onnx.TensorProto.FLOAT16
 
 def _scaled():
     """MatMul -> MatMul(weights up to 1e5) -> Add -> Mul(1e-5) -> MatMul: the second MatMul's weights
-    are beyond FP16 (a folded scale), the Add and the Mul read its large result."""
+    are beyond FP16 (a folded scale), the Add and the Mul read its large result. The first reads x with K = 16
+    (a shorter product of the input would stay FP32 for its own reason: policy.high.raw-small-product)."""
     w_big = weights((8, 8), seed=2) * np.float32(1e5)
     return model(
         [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm1"),
@@ -32,8 +33,8 @@ def _scaled():
          helper.make_node("Add", ["b", "bias"], ["c"], name="add"),
          helper.make_node("Mul", ["c", "small"], ["s"], name="unscale"),
          helper.make_node("MatMul", ["s", "w2"], ["y"], name="mm2")],
-        [vi("x", F32, [4, 8])], [vi("y", F32, [4, 8])],
-        [tensor("w", weights((8, 8))), tensor("w2", weights((8, 8), seed=1)), tensor("w_big", w_big),
+        [vi("x", F32, [4, 16])], [vi("y", F32, [4, 8])],
+        [tensor("w", weights((16, 8))), tensor("w2", weights((8, 8), seed=1)), tensor("w_big", w_big),
          tensor("bias", np.full((8,), 1e5, np.float32)), tensor("small", np.array([1e-5], np.float32))],
     )
 
@@ -64,7 +65,7 @@ def test_fp32_fallback_and_the_cpu_provider_keep_fp32():
 
 def test_bf16_fallback_is_as_accurate_and_finite_under_exact_emulation():
     m = _scaled()
-    x = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    x = {"x": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}
     ref = run_onnxruntime(m, x)[0]
     got = run_onnxruntime(emulate(convert(m, probe=False).model), x)[0]
     assert np.isfinite(got).all()
@@ -109,7 +110,7 @@ def test_a_range_pinned_op_without_a_bf16_kernel_stays_fp32_and_says_why():
 def test_unknown_fallback_and_bf16_with_tolerance_are_one_line_errors():
     with pytest.raises(OptionError, match="expected scaled, bf16 or fp32"):
         convert(_scaled(), range_fallback="fp8", probe=False)
-    x = {"x": np.ones((4, 8), np.float32)}
+    x = {"x": np.ones((4, 16), np.float32)}
     for fallback in ("bf16", "scaled"):
         with pytest.raises(OptionError, match="not combined with --tolerance"):
             refine(_scaled(), [x], 1e-3, ConvertOptions(range_fallback=fallback))
@@ -119,7 +120,7 @@ def test_fp8_with_an_fp16_fallback_keeps_the_range_fallback_and_its_rule():
     """--target fp8 --fallback fp16: a GEMM beyond FP16 kept out of FP8 runs in BF16 under its range
     rule (not fp8.kept-fp16), and the mixed FP8/FP16/BF16 model emulates finite."""
     m = _scaled()
-    samples = [{"x": np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32)} for i in range(3)]
+    samples = [{"x": np.random.default_rng(i).standard_normal((4, 16)).astype(np.float32)} for i in range(3)]
     r = convert(m, target="fp8", fallback="fp16", samples=samples, probe=False)
     d = _decisions(r)
     assert (d["big_mm"].precision, d["big_mm"].rule) == ("bf16", "constant.overflow")

@@ -47,8 +47,10 @@ def test_the_gram_matmul_of_raw_coordinates_stays_fp32_and_says_why():
     assert (by_node["gram"].precision, by_node["gram"].rule) == ("fp32", RULE)
     reason = by_node["gram"].reason
     assert "K = 3" in reason and "'pos'" in reason and "cancelled" in reason, reason
-    assert "gains nothing on Tensor Cores" in reason and "to within 2" in reason, reason
+    assert "gains nothing on Tensor Cores" in reason and "to within 2" in reason and "beyond 65504" in reason, reason
     assert by_node["cancel"].precision == "fp32"
+    bf16 = {d.node: d for d in convert(_gram(), target="bf16", probe=False).decisions}["gram"]
+    assert bf16.rule == RULE and "BF16 stores" in bf16.reason and "to within 16" in bf16.reason, bf16.reason
 
 
 def test_a_user_allowed_gram_matmul_stays_low():

@@ -19,7 +19,7 @@ _ML = [helper.make_opsetid("ai.onnx.ml", 3)]
 
 def _tree_model() -> onnx.ModelProto:
     """x -> MatMul "proj" -> Reshape "flat" -> TreeEnsembleRegressor splitting at 1000.3 (FP16 steps 0.5 there);
-    x -> MatMul "side" -> y2, read by no threshold op."""
+    x -> Tile -> MatMul "side" (K = 16) -> y2, read by no threshold op."""
     tree = helper.make_node(
         "TreeEnsembleRegressor", ["f"], ["y"], domain="ai.onnx.ml", name="tree", n_targets=1,
         nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0], nodes_values=[1000.3, 0.0, 0.0],
@@ -27,9 +27,10 @@ def _tree_model() -> onnx.ModelProto:
         target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0], target_weights=[-1.0, 1.0])
     nodes = [helper.make_node("MatMul", ["x", "w"], ["z"], name="proj"),
              helper.make_node("Reshape", ["z", "shape"], ["f"], name="flat"), tree,
-             helper.make_node("MatMul", ["x", "w2"], ["y2"], name="side")]
+             helper.make_node("Tile", ["x", "repeats"], ["x16"], name="tile"),
+             helper.make_node("MatMul", ["x16", "w2"], ["y2"], name="side")]
     inits = [tensor("w", np.ones((1, 1), np.float32)), tensor("shape", np.array([-1, 1], np.int64)),
-             tensor("w2", np.ones((1, 16), np.float32))]
+             tensor("repeats", np.array([1, 16], np.int64)), tensor("w2", np.ones((16, 16), np.float32) / 16)]
     return make_model(nodes, [vi("x", F32, ["N", 1])], [vi("y", F32, ["N", 1]), vi("y2", F32, ["N", 16])], inits,
                       opset=17, ir_version=8, extra_opsets=_ML)
 
