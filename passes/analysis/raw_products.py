@@ -31,8 +31,9 @@ Found on the precision graph: a free vertex of a Tensor Core op (the table's ``t
 ``gemm`` layout) whose contraction size K (:func:`contraction_size`: a matmul's A [..., M, K], ONNX
 Gemm's ``transA`` read; a convolution's weight [C_out, C_in/group, kernel...], K = C_in/group x kernel; an
 ONNX Einsum's summed indices) is statically known and below :data:`MMA_K`, and one of whose operands is
-computed from a raw value (:func:`~amp_compiler.passes.analysis.phase.is_raw`: a float graph input, a float
-computed from integers alone, a count) through ops linear in their input
+computed from a float graph input (:func:`~amp_compiler.passes.analysis.phase.is_raw`'s first kind; not a float
+computed from integers, such as a mask's or position ids' Cast: a mask gating features is no coordinate, and a
+rotary angle is the phase-argument pass's) through ops linear in their input
 (:func:`~amp_compiler.passes.analysis.phase.is_linear`, the table's ``signal``: data movement, Add, Sub, Mul,
 powers and sums) that are no products themselves (a projection computes learned features), on
 :func:`~amp_compiler.core.graph.dataflow`. The Gram case's operands are ``pos`` and ``Transpose(pos)``. A
@@ -148,8 +149,8 @@ def _carries_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool
 
 
 def raw_small_products(graph: PrecisionGraph) -> dict[int, tuple[Vertex, int]]:
-    """Per free Tensor Core vertex with K below :data:`MMA_K` reading an operand computed linearly from a raw
-    value: (that raw value's vertex, K)."""
+    """Per free Tensor Core vertex with K below :data:`MMA_K` reading an operand computed linearly from a float
+    graph input: (that input's vertex, K)."""
     digraph = dataflow(graph)
     derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, int]] = {}
@@ -159,7 +160,7 @@ def raw_small_products(graph: PrecisionGraph) -> dict[int, tuple[Vertex, int]]:
         k = contraction_size(vertex)
         if k is None or not 0 < k < MMA_K:
             continue
-        path = paths_into(graph, vertex, lambda v: is_raw(v, digraph, derived),
+        path = paths_into(graph, vertex, lambda v: v.node is None and is_raw(v, digraph, derived),
                           lambda v: _carries_raw(v, digraph, derived), digraph)
         if path:
             found[vertex.id] = (graph.vertices[min(path.values())], k)

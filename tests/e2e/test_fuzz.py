@@ -89,14 +89,14 @@ def test_the_tolerance_catches_a_real_precision_bug(monkeypatch):
     m = helper.make_model(
         helper.make_graph(
             [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],  # K = 16: not raw-small-product
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
-            [onnx.numpy_helper.from_array(np.full((3, 2), 0.3, np.float32), "w")],
+            [onnx.numpy_helper.from_array(np.full((16, 2), 0.3, np.float32), "w")],
         ),
         opset_imports=[helper.make_opsetid("", 18)],
     )
     m.ir_version = 8
-    case = fz.FuzzCase(m, [fz.InputSpec("x", fz.F, (2, 3), -1.0, 1.0)], {"y": 3 * (1 * 0.3) * 4}, "fp16", 0, [])
+    case = fz.FuzzCase(m, [fz.InputSpec("x", fz.F, (2, 16), -1.0, 1.0)], {"y": 16 * (1 * 0.3) * 4}, "fp16", 0, [])
     with pytest.raises(AssertionError, match="tolerance"):
         fz.check_case(case)
 
@@ -183,12 +183,12 @@ def test_fully_masked_attention_row_stays_uniform():
     m = _model(
         [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("Add", ["q", "mask"], ["s"]),
          helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "wv"], ["y"])],
-        [_VI("x", TensorProto.FLOAT, [2, 4])], [_VI("y", TensorProto.FLOAT, [2, 4])],
-        [onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "wq"),
+        [_VI("x", TensorProto.FLOAT, [2, 16])], [_VI("y", TensorProto.FLOAT, [2, 4])],  # K = 16 (raw-small-product)
+        [onnx.numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "wq"),
          onnx.numpy_helper.from_array(np.array([[0, 0, 0, 0], [-1e9] * 4], np.float32), "mask"),
          onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "wv")],
     )
-    x = rng.uniform(-1, 1, (2, 4)).astype(np.float32)
+    x = rng.uniform(-1, 1, (2, 16)).astype(np.float32)
     ref = run_onnxruntime(m, {"x": x})[0]
     got = run_onnxruntime(convert(m, probe=False).model, {"x": x})[0]
     np.testing.assert_allclose(ref[1], 0.25, atol=1e-6)  # the FP32 model: uniform

@@ -52,8 +52,11 @@ def make(nodes, inputs, outputs, inits=(), opset=18, ir_version=9, domains=(), n
 
 
 def good_model() -> onnx.ModelProto:
+    """x -> Relu -> MatMul -> Relu -> y: a K = 4 product straight of the input would stay FP32
+    (policy.high.raw-small-product); of an activation it is low."""
     return make(
-        [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"), helper.make_node("Relu", ["a"], ["y"], name="relu")],
+        [helper.make_node("Relu", ["x"], ["h"], name="act"), helper.make_node("MatMul", ["h", "w"], ["a"], name="mm"),
+         helper.make_node("Relu", ["a"], ["y"], name="relu")],
         [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])], [tensor("w", weights((4, 4)))],
     )
 
@@ -287,7 +290,7 @@ def test_custom_domain_op_without_schema_converts_and_stays_fp32(tmp_path):
             helper.make_node("Frobnicate", ["a"], ["b"], domain="com.example", name="custom"),
             helper.make_node("MatMul", ["b", "w"], ["y"], name="mm2"),
         ],
-        [vi("x", F32, [2, 2])], [vi("y", F32, [2, 2])], [tensor("w", weights((2, 2)))], domains=["com.example"],
+        [vi("x", F32, [2, 16])], [vi("y", F32, [2, 16])], [tensor("w", weights((16, 16)))], domains=["com.example"],
     )
     p = write(tmp_path, m)
     out = tmp_path / "out.onnx"
@@ -314,7 +317,7 @@ def _flip_name(blob: bytes, name: bytes) -> bytes:
 def test_name_that_is_not_utf8(tmp_path):
     """proto2 strings are not validated by protobuf's parser; Python then hands back bytes."""
     blob = _flip_name(good_model().SerializeToString(), b"relu")
-    refused(write(tmp_path, blob), "node[1].name", "not valid UTF-8")
+    refused(write(tmp_path, blob), "node[2].name", "not valid UTF-8")
 
 
 @pytest.mark.parametrize(

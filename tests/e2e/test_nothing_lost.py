@@ -179,9 +179,9 @@ def test_converted_initializer_keeps_its_doc_string():
 def _doc_model() -> onnx.ModelProto:
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Reshape", ["y", "shape"], ["z"])], "g",
-        [vi("x", TensorProto.FLOAT, [2, 2])], [vi("z", TensorProto.FLOAT, [4])],
-        [numpy_helper.from_array(np.eye(2, dtype=np.float32), "w"),
-         numpy_helper.from_array(np.array([4], np.int64), "shape")],
+        [vi("x", TensorProto.FLOAT, [2, 16])], [vi("z", TensorProto.FLOAT, [32])],  # K = 16 (raw-small-product)
+        [numpy_helper.from_array(np.eye(16, dtype=np.float32), "w"),
+         numpy_helper.from_array(np.array([32], np.int64), "shape")],
     )
     g.initializer[0].doc_string = "w doc"
     g.initializer[1].doc_string = "shape doc"

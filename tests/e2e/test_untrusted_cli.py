@@ -120,8 +120,8 @@ def test_a_plain_convert_runs_nothing_and_needs_no_budget(loop, tmp_path):
 
 
 def _good(tmp_path: Path) -> Path:
-    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])],
-              [tensor("w", weights((4, 4)))])
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", F32, [2, 16])], [vi("y", F32, [2, 4])],
+              [tensor("w", weights((16, 4)))])  # K = 16: a shorter product of x stays FP32 (raw-small-product)
     path = tmp_path / "good.onnx"
     onnx.save(m, path)
     return path

@@ -73,7 +73,7 @@ def test_report_of_an_unconverted_module_is_an_error():
 class Fanout(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = torch.nn.Linear(8, 8)
+        self.fc = torch.nn.Linear(16, 8)  # K = 16: a shorter product of x is policy.high.raw-small-product's
         self.a = torch.nn.Linear(8, 8)
         self.b = torch.nn.Linear(8, 8)
 
@@ -83,7 +83,7 @@ class Fanout(torch.nn.Module):
 
 
 def test_one_cast_per_tensor_and_dtype():
-    gm = ampfx.convert(Fanout().eval(), (torch.randn(2, 8),))
+    gm = ampfx.convert(Fanout().eval(), (torch.randn(2, 16),))
     per_source = collections.Counter((c.args[0].name, c.kwargs["dtype"]) for c in _casts(gm))
     assert per_source and max(per_source.values()) == 1
     # h (fp16) feeds exp, log_softmax and a graph output, all FP32: one cast serves them all.
@@ -96,7 +96,7 @@ def test_one_cast_per_tensor_and_dtype():
 class SharedWeight(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.w = torch.nn.Parameter(torch.randn(8, 16))  # K = 16
 
     def forward(self, x):
         return F.linear(x, self.w), self.w.sum()
@@ -104,7 +104,7 @@ class SharedWeight(torch.nn.Module):
 
 def test_parameter_with_fp16_and_fp32_uses_stays_fp32_and_is_cast_at_use():
     m = SharedWeight().eval()
-    gm = ampfx.convert(m, (torch.randn(2, 8),))
+    gm = ampfx.convert(m, (torch.randn(2, 16),))
     assert gm.w.dtype == torch.float32
     assert [c.args[0].name for c in _casts(gm) if c.kwargs["dtype"] == torch.float16].count("w") == 1
     d = _decisions(gm)
@@ -191,7 +191,7 @@ def test_scalar_constants_out_of_range_keep_their_op_fp32():
 class Conversions(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Linear(8, 8)
+        self.a = torch.nn.Linear(16, 8)  # K = 16
         self.b = torch.nn.Linear(8, 8)
 
     def forward(self, x, mask):
@@ -202,7 +202,7 @@ class Conversions(torch.nn.Module):
 
 def test_explicit_conversions_are_retargeted_or_kept():
     m = Conversions().eval()
-    x, mask = torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.long)
+    x, mask = torch.randn(2, 3, 16), torch.ones(2, 3, dtype=torch.long)
     gm = ampfx.convert(m, (x, mask))
     conv = [n for n in gm.graph.nodes if n.op == "call_function" and "to.dtype" in str(n.target)]
     dtypes = [n.args[1] for n in conv]
@@ -220,7 +220,7 @@ def test_explicit_conversions_are_retargeted_or_kept():
 class Unknown(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Linear(8, 8)
+        self.a = torch.nn.Linear(16, 8)  # K = 16
         self.b = torch.nn.Linear(8, 8)
 
     def forward(self, x):
@@ -228,7 +228,7 @@ class Unknown(torch.nn.Module):
 
 
 def test_unknown_ops_stay_fp32_with_casts_and_a_warning():
-    gm = ampfx.convert(Unknown().eval(), (torch.randn(2, 8),))
+    gm = ampfx.convert(Unknown().eval(), (torch.randn(2, 16),))
     rep = ampfx.report(gm)
     d = _decisions(gm)
     assert d["i0"].precision == "fp32" and d["i0"].rule == "policy.unknown-op"
@@ -302,10 +302,10 @@ def test_precision_report_renders_with_the_shared_renderers():
 class SliceFirst(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Linear(2, 8)
+        self.a = torch.nn.Linear(16, 8)  # K = 16: a shorter product of x is policy.high.raw-small-product's
 
     def forward(self, x):
-        return self.a(x[:, :2])
+        return self.a(x[:, :16])
 
 
 def test_min_cut_placement_casts_after_the_slice():
@@ -314,7 +314,7 @@ def test_min_cut_placement_casts_after_the_slice():
     assert painted["slice_1"].precision == "fp16" and "x_fp16" in painted  # casts the whole input
     d = _decisions(ampfx.convert(SliceFirst().eval(), (x,)))  # the default: min-cut, as the ONNX path
     assert d["slice_1"].precision == "fp32" and d["slice_1"].rule == "placement.min-cut"
-    assert "slice_1_fp16" in d and "x_fp16" not in d  # casts the 16 values it keeps
+    assert "slice_1_fp16" in d and "x_fp16" not in d  # casts the 128 values it keeps
 
 
 class Stateful(torch.nn.Module):

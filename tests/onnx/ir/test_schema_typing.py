@@ -95,8 +95,8 @@ def _custom_op_model() -> onnx.ModelProto:
         helper.make_node("MatMul", ["r", "w2"], ["m"], name="mm2"),
         helper.make_node("Riddle", ["m"], ["y"], name="riddle", domain="com.example"),
     ]
-    graph = helper.make_graph(nodes, "g", [vi("x", F32, [2, 8])], [vi("y", F32, [2, 8])],
-                              [tensor("w1", weights((8, 8)))])
+    graph = helper.make_graph(nodes, "g", [vi("x", F32, [2, 16])], [vi("y", F32, [2, 16])],
+                              [tensor("w1", weights((16, 16)))])  # K = 16: not policy.high.raw-small-product
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     m.ir_version = 9
     return m
@@ -129,7 +129,7 @@ def test_strict_refuses_them() -> None:
 
 
 def test_the_report_does_not_count_them_low_precision() -> None:
-    report = analyze(_custom_op_model(), ConvertOptions(), input_shapes={"x": (2, 8)}).report
+    report = analyze(_custom_op_model(), ConvertOptions(), input_shapes={"x": (2, 16)}).report
     summary = report.summary
     assert summary.untyped_nodes == 5
     untyped_flops = sum(n.flops or 0 for n in report.nodes if n.name in ("relu", "mm2"))

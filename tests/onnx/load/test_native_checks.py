@@ -119,7 +119,7 @@ def test_shape_inference_failure_in_the_child_keeps_declared_types(child_always,
     monkeypatch.setattr(native_checks, "child_command", lambda: [sys.executable, "-c", answer])
     m = model(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
-        [vi("x", F32, [2, 4])], [vi("y", F32, [2, 4])], [tensor("w", weights((4, 4)))],
+        [vi("x", F32, [2, 16])], [vi("y", F32, [2, 4])], [tensor("w", weights((16, 4)))],  # K = 16
     )
     result = convert(m, probe=False)
     assert {d.node: d.precision for d in result.decisions}["mm"] == "fp16"

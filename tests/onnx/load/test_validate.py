@@ -36,23 +36,23 @@ def _sparse(name, dense: np.ndarray, linear: bool) -> onnx.SparseTensorProto:
                                      list(dense.shape))
 
 
-def _w() -> np.ndarray:
-    w = weights((4, 3))
+def _w(k: int = 4) -> np.ndarray:
+    w = weights((k, 3))
     w[w < 0.1] = 0  # about half zeros
     return w
 
 
 @pytest.mark.parametrize("linear", [True, False], ids=["linear-indices", "coordinate-indices"])
 def test_a_sparse_initializer_converts_and_computes_what_onnxruntime_does(linear):
-    w = _w()
-    m = _make([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [vi("x", F32, [2, 4])], [vi("y", F32, [2, 3])],
+    w = _w(16)  # K = 16: a shorter product of x stays FP32 (policy.high.raw-small-product)
+    m = _make([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [vi("x", F32, [2, 16])], [vi("y", F32, [2, 3])],
               sparse=[_sparse("W", w, linear)])
     result = convert(m, probe=False)
     assert {d.node: d.precision for d in result.decisions}["mm"] == "fp16"
     validate(result.model)
     out_w = next(t for t in result.model.graph.initializer if t.name == "W")
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(out_w), w.astype(np.float16))
-    x = weights((2, 4), seed=3)
+    x = weights((2, 16), seed=3)
     reference = run_onnxruntime(m, {"x": x})[0]  # onnxruntime reads the sparse original
     np.testing.assert_allclose(run_onnxruntime(emulate(result.model), {"x": x})[0], reference, rtol=1e-2, atol=1e-3)
 
@@ -95,9 +95,9 @@ def test_sparse_tensors_that_cannot_be_made_dense_are_refused(dims, indices, nee
 
 
 def _stale(declared_type=F32, declared_shape=(7, 7)) -> onnx.ModelProto:
-    """x [2, 4] @ w [4, 3] -> t -> Relu -> y, with value_info declaring t as ``declared_type[declared_shape]``."""
+    """x [2, 16] @ w [16, 3] -> t -> Relu -> y, with value_info declaring t as ``declared_type[declared_shape]``."""
     return _make([helper.make_node("MatMul", ["x", "w"], ["t"], name="mm"), helper.make_node("Relu", ["t"], ["y"], name="relu")],
-                 [vi("x", F32, [2, 4])], [vi("y", F32, [2, 3])], [tensor("w", weights((4, 3)))],
+                 [vi("x", F32, [2, 16])], [vi("y", F32, [2, 3])], [tensor("w", weights((16, 3)))],
                  value_info=[vi("t", declared_type, list(declared_shape))])
 
 
@@ -108,7 +108,7 @@ def test_a_stale_value_info_shape_gives_way_to_inference(shape):
     (t,) = result.model.graph.value_info
     assert t.name == "t" and [d.dim_value for d in t.type.tensor_type.shape.dim] == [2, 3]
     assert t.type.tensor_type.elem_type == TensorProto.FLOAT16
-    run_onnxruntime(result.model, {"x": weights((2, 4))})
+    run_onnxruntime(result.model, {"x": weights((2, 16))})
 
 
 def test_a_value_info_type_that_contradicts_its_producer_makes_the_model_invalid():

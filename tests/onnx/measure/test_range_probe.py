@@ -136,9 +136,10 @@ def test_a_stem_that_overflows_only_on_imagenet_normalized_pixels_is_scaled_into
     """A stem Conv summing 3 channels x 1e4 peaks near 3e4 on -1..1 images (FP16 holds it with the 2x
     margin: the probe kept it plain FP16) and at 7.9e4 on a white pixel normalized with ImageNet's mean/std
     (2.64): there the FP16 model was Inf. Probed over -2.12..2.64 it runs on power-of-two scales."""
-    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], name="stem"),
+    # 3x3: K = 27 (a 1x1 stem over 3 channels, K = 3, stays FP32: policy.high.raw-small-product), 1e4 / 9 each
+    nodes = [helper.make_node("Conv", ["image", "w"], ["c"], name="stem", pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["c", "w2"], ["h"], name="head")]
-    inits = [tensor("w", np.full((4, 3, 1, 1), 1e4, np.float32)), tensor("w2", np.full((1, 4, 1, 1), 1e-4, np.float32))]
+    inits = [tensor("w", np.full((4, 3, 3, 3), 1e4 / 9, np.float32)), tensor("w2", np.full((1, 4, 1, 1), 1e-4, np.float32))]
     m = model(nodes, [vi("image", F32, [1, 3, 32, 32])], [vi("h", F32, [1, 1, 32, 32])], inits)
     result = convert(m, probe=True, runner=InProcessRunner())
     stem = next(d for d in result.decisions if d.node == "stem")

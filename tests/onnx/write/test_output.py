@@ -23,8 +23,8 @@ def _branches_model() -> onnx.ModelProto:
                               [vi("product", F32, ["n", 4])])
     return model(
         [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then, else_branch=other)],
-        [vi("cond", TensorProto.BOOL, []), vi("x", F32, ["n", 4])], [vi("y", F32, ["n", 4])],
-        [tensor("w", weights((4, 4)))],
+        [vi("cond", TensorProto.BOOL, []), vi("x", F32, ["n", 16])], [vi("y", F32, ["n", 4])],
+        [tensor("w", weights((16, 4)))],  # K = 16: a shorter product of x is policy.high.raw-small-product's
     )
 
 
@@ -43,7 +43,7 @@ def test_subgraph_outputs_keep_their_declared_shapes_and_the_model_runs_at_any_s
     (branch,) = [n for n in converted.graph.node if n.op_type == "If"]
     assert any(n.op_type == "MatMul" and n.input[0].endswith("fp16") for a in branch.attribute for n in a.g.node)
     session = ort.InferenceSession(emulate(converted).SerializeToString(), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     (y,) = session.run(None, {"cond": np.array(False), "x": x})
     assert y.shape == (3, 4) and np.allclose(y, x @ onnx.numpy_helper.to_array(fp32.graph.initializer[0]), atol=1e-2)
     (empty,) = session.run(None, {"cond": np.array(True), "x": x})

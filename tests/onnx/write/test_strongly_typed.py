@@ -84,7 +84,7 @@ def test_contrib_ops_are_decided_as_onnxruntimes_tensorrt_provider_runs_them():
 def test_onnx_ops_tensorrt_does_not_import_get_one_line():
     m = model(
         [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Det", ["h"], ["y"], name="det")],
-        [vi("x", F32, [3, 4, 4])], [vi("y", F32, [3])], [tensor("w", weights((4, 4)))], opset=17,
+        [vi("x", F32, [3, 4, 16])], [vi("y", F32, [3])], [tensor("w", weights((16, 4)))], opset=17,  # K = 16
     )
     (line,) = convert(m, provider="tensorrt", probe=False).provider_warnings
     assert line.startswith("TensorRT 10.15's ONNX parser does not import Det (its operator table)")
@@ -100,8 +100,8 @@ def _custom_model() -> onnx.ModelProto:
         [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
          helper.make_node("Frobnicate", ["h"], ["u"], name="frob", domain="com.example"),
          helper.make_node("MatMul", ["u", "w2"], ["y"], name="mm2")],
-        [vi("x", F32, [2, 8])], [vi("y", F32, [2, 8])],
-        [tensor("w1", weights((8, 8), seed=1)), tensor("w2", weights((8, 8), seed=2))],
+        [vi("x", F32, [2, 16])], [vi("y", F32, [2, 8])],  # K = 16: not policy.high.raw-small-product
+        [tensor("w1", weights((16, 8), seed=1)), tensor("w2", weights((8, 8), seed=2))],
         opset=17, extra_opsets=[helper.make_opsetid("com.example", 1)],
     )
     m.graph.value_info.append(vi("u", F32, [2, 8]))
