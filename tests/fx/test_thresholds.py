@@ -23,7 +23,9 @@ class CompiledTree(torch.nn.Module):
         self.register_buffer("thresholds", torch.tensor([1000.3, 0.7, 52.1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.select(x)
+        # the gated model's product reads x through a relu, so that its K = 4 over the raw input is not
+        # policy.high.raw-small-product's FP32 and the gate's own effect on the decision shows
+        f = self.select(torch.relu(x) if self.gate else x)
         return self.leaves(((f > 0.0) if self.gate else (f < self.thresholds)).float())
 
 

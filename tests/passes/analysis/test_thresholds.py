@@ -71,9 +71,11 @@ def test_the_policy_says_why_for_every_threshold_reader():
 
 # ------------------------------------------------------------------ comparisons against constant operands
 def _compare_after_matmul(op: str, constant: np.ndarray, via_reshape: bool = False) -> onnx.ModelProto:
-    """x -> MatMul "proj" -> ``op``(., constant) "cmp" -> Cast -> y (the constant reshaped first with ``via_reshape``)."""
+    """x -> Relu -> MatMul "proj" -> ``op``(., constant) "cmp" -> Cast -> y (the constant reshaped first with
+    ``via_reshape``; the Relu keeps the K = 3 product off the raw input, policy.high.raw-small-product's)."""
     c = "c_flat" if via_reshape else "c"
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"], name="proj"),
+    nodes = [helper.make_node("Relu", ["x"], ["xr"], name="features"),
+             helper.make_node("MatMul", ["xr", "w"], ["z"], name="proj"),
              helper.make_node(op, ["z", c], ["b"], name="cmp"),
              helper.make_node("Cast", ["b"], ["y"], to=onnx.TensorProto.FLOAT, name="to_float")]
     inits = [tensor("w", np.eye(3, dtype=np.float32))]
@@ -118,7 +120,7 @@ def test_a_comparison_with_a_vector_of_thresholds_reads_them_and_a_scalar_gate_d
         assert (by_node["proj"].precision, by_node["proj"].rule) == ("fp16", "policy.low")
     # two computed operands compare no thresholds either
     m = _compare_after_matmul("Less", vector)
-    m.graph.node[1].input[1] = "x"
+    m.graph.node[2].input[1] = "x"
     assert _threshold_readers(m) == {}
 
 
