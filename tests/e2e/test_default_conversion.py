@@ -31,6 +31,8 @@ TENSOR_CORE_RECORD: dict[str, tuple[int, int, str]] = {
                              "MMA tile (K = 16): bound by memory, FP32 gains as much (policy.high.raw-small-product)"),
     "vae-decoder-overflow": (5, 6, "post_quant_conv, a 1x1 Conv over the 4 raw latent channels (K = 4, 0.03% of the "
                              "decoder's FLOPs: policy.high.raw-small-product)"),
+    "event-steps": (2, 3, "fc1, the K = 8 product of the raw events' per-step differences (policy.high."
+                    "raw-small-product; before, FP16 on range-scaled operands): 2.5% of the MLP's FLOPs"),
     "pairwise-distance-gram": (0, 1, "the K = 3 Gram MatMul of raw coordinates, which |a|^2 + |b|^2 - 2 a.b cancels "
                                "(57% of range in FP16: policy.high.raw-small-product)"),
 }
