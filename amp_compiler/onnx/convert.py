@@ -274,7 +274,9 @@ def _convert_ranged(
     unranged = [v.name for v in ir_model.graph.inputs if v.name and v.name not in input_ranges]
     warnings = overflow_warnings(ir_model, graph, plan, target, unranged)
     if probe is not None or ranges is None:  # no value of the user's seen: what the weights say of the inputs
-        warnings = [*weight_scale_warnings(ir_model, unranged, target.max), *warnings]
+        lowered = {id(v.node) for v in graph.vertices
+                   if v.node is not None and plan.decisions[v.id].dtype == target.dtype}
+        warnings = [*weight_scale_warnings(ir_model, unranged, target.max, lambda n: id(n) in lowered), *warnings]
 
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)

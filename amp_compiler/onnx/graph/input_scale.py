@@ -21,7 +21,7 @@ It is a warning, not a pin: the input's real values are the user's to state (``-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import onnx_ir as ir
@@ -39,9 +39,11 @@ SCALE_MARGIN = 4.0
 _SAME_VALUES = frozenset({"Identity", "Cast", "Reshape", "Flatten", "Unsqueeze", "Squeeze"})
 
 
-def weight_scale_warnings(model: ir.Model, inputs: Iterable[str], limit: float) -> list[str]:
-    """One sentence per graph input in ``inputs`` (float, of unknown range) whose first product's weights
-    say it takes values past ``limit / SCALE_MARGIN`` (module doc), its smallest-weighted feature's."""
+def weight_scale_warnings(model: ir.Model, inputs: Iterable[str], limit: float,
+                          low: Callable[[ir.Node], bool]) -> list[str]:
+    """One sentence per graph input in ``inputs`` (float, of unknown range) whose first product, in low
+    precision (``low``; one kept FP32 reads the input as it is), has weights that say it takes values past
+    ``limit / SCALE_MARGIN`` (module doc), its smallest-weighted feature's."""
     by_name = {v.name: v for v in model.graph.inputs if v.name}
     found = []
     for name in inputs:
@@ -49,6 +51,8 @@ def weight_scale_warnings(model: ir.Model, inputs: Iterable[str], limit: float) 
         if value is None or value.dtype not in FLOAT_TYPES:
             continue
         for node, weights in _first_products(value):
+            if not low(node):
+                continue
             peaks = np.max(np.abs(weights), axis=1)
             live = np.flatnonzero(peaks > 0)
             if not live.size:
