@@ -28,7 +28,8 @@ from amp_compiler.policy import Category, OpPolicy
 from amp_compiler.targets import Target
 
 __all__ = [
-    "CONTROL_FLOW_OPS", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "UnionFind", "ValueView", "Vertex",
+    "CONTROL_FLOW_OPS", "OpT", "OpView", "PrecisionGraph", "SlotKind", "SlotView", "StartT", "UnionFind", "ValueView",
+    "Vertex",
     "count_readers", "dataflow", "index_readers", "integer_uses_from", "tensor_edges",
 ]
 
