@@ -321,13 +321,14 @@ def _refuse_map(graph: onnx.GraphProto, name: str, origin: str) -> None:
     type (it raised NotImplementedError, an internal error). Most such models are scikit-learn
     classifiers written by skl2onnx with its default ZipMap output, which repackages the FP32
     probability tensor as one dict per row; skl2onnx writes that tensor as the output instead when
-    asked, so the line says how."""
+    asked, so the line says how; other exporters (CatBoost's own ONNX export always ends in ZipMap) have no
+    such option, so it also says which tensor to make the output instead."""
     producer = next((n for n in graph.node if name in n.output), None)
     if producer is not None and producer.op_type == "ZipMap":
         raise ModelLoadError(
-            f"{origin}: map-typed output {quote(name)} (ZipMap) cannot be converted: export the classifier "
-            "with skl2onnx's options={id(clf): {'zipmap': False}} (the probabilities as a tensor), or remove "
-            "the ZipMap node"
+            f"{origin}: map-typed output {quote(name)} (ZipMap) cannot be converted: make the ZipMap's input "
+            f"{quote(producer.input[0])}, the probabilities as a tensor, the graph output instead (delete the ZipMap "
+            "node; skl2onnx writes it so with options={id(clf): {'zipmap': False}})"
         )
     raise ModelLoadError(
         f"{origin}: {quote(name)} is map-typed, which this compiler cannot convert: export the model so that "

@@ -135,6 +135,8 @@ def test_a_zipmap_output_is_refused_with_the_export_option_that_avoids_it():
         convert(_zipmap_classifier(), probe=False)
     message = str(info.value)
     assert "map-typed output 'output_probability' (ZipMap)" in message and "'zipmap': False" in message
+    # any exporter's (CatBoost's has no such option): the tensor to make the output instead
+    assert "make the ZipMap's input 'p'" in message
 
 
 def _with_opsets(*versions: int) -> onnx.ModelProto:
