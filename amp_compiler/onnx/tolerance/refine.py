@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -297,7 +298,7 @@ class _Refiner:
             if room > 0 or not units:
                 chosen = self.choose(probe, units, parts, fp8_group, room)
             else:  # what no unit controls is beyond the tolerance already
-                chosen = self.fp32_only(probe, units)
+                chosen = self.fp32_only(probe, units, _forced_low(plain, low.value))
         finally:
             self.runs += probe.runs
             probe.close()
@@ -346,9 +347,11 @@ class _Refiner:
         why = None if any(picks) or not units else self.why_fp32(probe, units, items, room)
         return _Chosen(result, errors, outputs, held, decided, why, _shares(units, items, picks, room))
 
-    def fp32_only(self, probe: SwitchProbe, units: list[Unit]) -> _Chosen:
+    def fp32_only(self, probe: SwitchProbe, units: list[Unit], forced: Sequence[str] = ()) -> _Chosen:
         """Every unit pinned, unmeasured: with every switch off the probe already misses the tolerance
-        (what no unit controls), and a unit switched on is assumed to add to that, never to cancel it."""
+        (what no unit controls), and a unit switched on is assumed to add to that, never to cancel it.
+        ``forced``: the nodes the user forced low (``--allow-op``/``--allow-node``), which no unit switches:
+        the first thing the message names."""
         decided = decide_fp32(units, self.tolerance, probe.base, self.opts.low_target)
         result, errors, outputs, held = self.convert(decided)
         moved = probe.errors(())
@@ -356,8 +359,8 @@ class _Refiner:
         what = "relative L2" if self.opts.metric is Metric.REL_L2 else metric_name(self.opts.metric)
         why = (f"no unit can stay {self.opts.low_target.value} within --tolerance {self.tolerance:g}: with every unit "
                f"in FP32 the probe already moves output '{output}' by {moved[output]:.3g} ({what}), what no unit "
-               f"controls (FP32's own rounding in a graph fused otherwise, roundings inside subgraphs, tables "
-               f"stored low); inputs unlike the model's real ones (e.g. noise) can cause this")
+               f"controls ({_forced_text(forced)}FP32's own rounding in a graph fused otherwise, roundings inside "
+               f"subgraphs, tables stored low); inputs unlike the model's real ones (e.g. noise) can cause this")
         shares = {"low_flops_share": 0.0, "fp8_flops_share": 0.0, "ceiling": 0.0}
         return _Chosen(result, errors, outputs, held, decided, why, shares)
 
@@ -411,6 +414,20 @@ class _Refiner:
         position = {id(node): i for i, node in enumerate(ir_model.graph)}
         roots = {u.root for u in units if u.tensor_core_flops}
         return {position[id(c.node)]: c for c in passed if position.get(id(c.node)) in roots}
+
+
+def _forced_low(result: ConversionResult, low: str) -> list[str]:
+    """The main-graph nodes the user forced low (rule ``user.allow``), by name or op."""
+    return [d.node or d.op_type for d in result.decisions
+            if d.graph == "main" and d.precision == low and d.rule == Rule.USER_ALLOW.value]
+
+
+def _forced_text(forced: Sequence[str]) -> str:
+    """``forced`` as the first thing no unit controls: 'the nodes --allow-op/--allow-node forced low (...), '."""
+    if not forced:
+        return ""
+    names = ", ".join(forced[:3]) + (f" and {len(forced) - 3} more" if len(forced) > 3 else "")
+    return f"the node(s) --allow-op/--allow-node forced low ({names}), "
 
 
 def _shares(units: list[Unit], items: list[list[Choice]], picks: list[int], room: float) -> dict[str, float]:

@@ -87,3 +87,24 @@ def test_when_what_no_unit_controls_misses_the_tolerance_no_unit_is_measured(mon
     assert r.why_fp32 is not None and "\n" not in r.why_fp32
     assert r.why_fp32.startswith("no unit can stay fp16 within --tolerance 0.0001: with every unit in FP32 the "
                                  "probe already moves output '")
+
+
+def test_a_node_the_user_forced_low_is_named_first_among_what_no_unit_controls():
+    """x in [2049, 2050] -> Sub 2049 (forced low: FP16 rounds x in steps of 2, the difference is lost) -> MatMul.
+    With every unit FP32 the forced Sub alone misses the tolerance; the line blamed FP32's own rounding
+    (sweep S's --tolerance run with a Cast no unit switches)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["x", "c"], ["d"], name="shift"), helper.make_node("MatMul", ["d", "w"], ["y"])],
+        "forced", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        [numpy_helper.from_array(np.array(2049.0, np.float32), "c"),
+         numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w")])
+    fp32 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    samples = [{"x": (2049 + rng.random((8, 16))).astype(np.float32)} for _ in range(4)]
+    with InProcessRunner() as runner:
+        r = refine(fp32, samples, 0.01, ConvertOptions(allow_nodes=("^shift$",)), runner=runner)
+    assert r.why_fp32 is not None and "what no unit controls (the node(s) --allow-op/--allow-node forced low " \
+                                      "(shift), FP32's own rounding" in r.why_fp32
