@@ -160,29 +160,31 @@ def convert(
         fp8_plan, ranges = plan_fp8(ir_model, in_memory, list(samples or ()), ranges, opts, runner)
         del in_memory
 
-    # Calibration inputs given for another target than FP8: their observed ranges, as --calibration-data's.
+    # Calibration inputs given for another target than FP8: their observed ranges, as --calibration-data's,
+    # in the runner (one process) that then measures the written model on them.
     calibration: onnx.ModelProto | None = None
+    model_runner: tuple[Runner, bool] | None = None  # where the calibration samples or the probe run
     if samples and ranges is None and not fp8:
         samples = list(samples)
         calibration = weights_in_memory(proto, origin) if locations else proto
-        owned = default_runner(runner)
+        model_runner = default_runner(runner)
         try:
-            ranges = collect_ranges(calibration, samples, runner=owned[0])
-        finally:
-            if owned[1]:
-                owned[0].close()
+            ranges = collect_ranges(calibration, samples, runner=model_runner[0])
+        except BaseException:
+            if model_runner[1]:
+                model_runner[0].close()
+            raise
 
     # The range probe: without calibration ranges, the FP32 model's ranges on generated inputs.
     probe: RangeProbe | None = None
     probe_skipped = ""
     probe_model: onnx.ModelProto | None = None
-    probe_runner: tuple[Runner, bool] | None = None
     if opts.probe and ranges is None and not fp8:
         probe_model, probe_skipped = _probe_model(proto, origin, locations)
         if probe_model is not None:
-            probe_runner = default_runner(runner)
+            model_runner = default_runner(runner)
             try:
-                probe = probe_ranges(probe_model, probe_runner[0], input_shapes=shapes or None,
+                probe = probe_ranges(probe_model, model_runner[0], input_shapes=shapes or None,
                                      input_ranges=dict(opts.input_ranges))
             except ProbeSkipped as exc:
                 probe_skipped = str(exc)
@@ -192,13 +194,13 @@ def convert(
         result = _convert_ranged(
             source, proto, ir_model, locations, origin, checked, shapes, opts, policy, patterns, allow_patterns,
             fp8_plan, probe.ranges if probe is not None else ranges, probe, probe_skipped, probe_model,
-            probe_runner[0] if probe_runner else None, declared, provider_warnings,
+            model_runner[0] if model_runner and probe is not None else None, declared, provider_warnings,
         )
+        if calibration is not None and model_runner is not None:
+            _measure_on(result, calibration, list(samples or ()), model_runner[0])
     finally:
-        if probe_runner is not None and probe_runner[1]:
-            probe_runner[0].close()
-    if calibration is not None and samples:
-        _measure_on(result, calibration, list(samples), runner)
+        if model_runner is not None and model_runner[1]:
+            model_runner[0].close()
     if opset is not None:
         _say_opset(result, opset)
     if stores_low_precision(proto):  # whatever measures the output's error (the probe, the report) has no FP32
@@ -384,16 +386,12 @@ def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto,
 
 
 def _measure_on(result: ConversionResult, fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-                runner: Runner | None) -> None:
+                runner: Runner) -> None:
     """The written model's output error on the calibration ``samples`` the conversion was given."""
-    owned = default_runner(runner)
     try:
-        result.accuracy = output_accuracy(fp32, result.model, samples, owned[0])
+        result.accuracy = output_accuracy(fp32, result.model, samples, runner)
     except ModelRunError as exc:
         result.accuracy_not_measured = first_line(exc)
-    finally:
-        if owned[1]:
-            owned[0].close()
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike | DeferredModel, *, all_weights: bool = False) -> DeferredModel:
