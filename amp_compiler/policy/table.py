@@ -143,7 +143,7 @@ class OpPolicy:
     # why FP16 rounding of what it reads changes its results. What computes that input stays FP32
     # (passes/analysis/thresholds.py); empty: no thresholds.
     thresholds: str = ""
-    # Its thresholds are an operand, not attributes (Less, Greater, Equal...): it reads thresholds only where one
+    # Its thresholds are an operand, not attributes (Less, Greater...; not Equal): it reads thresholds only where one
     # of its float inputs is a constant holding more than one distinct value (a vector of cut points: a compiled
     # tree's splits, bucket edges); against a scalar or all-equal constant (x > 0, p > 0.5) it is a gate, and
     # what it compares is left alone (passes/analysis/thresholds.py).

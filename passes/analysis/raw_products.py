@@ -60,6 +60,7 @@ import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex, dataflow
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
+from amp_compiler.onnx.ir.slots import attribute_value
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.passes.analysis.phase import angle_error, constant_derived, is_linear, is_raw
@@ -98,11 +99,7 @@ def _operand_shape(vertex: Vertex, operand: int | str) -> ir.Shape | None:
 
 def _attribute(node: object, name: str) -> object:
     """An ONNX node's attribute value (None for other frontends' ops, or absent)."""
-    if not isinstance(node, ir.Node):
-        return None
-    attr = node.attributes.get(name)
-    value = None if attr is None else attr.value
-    return value.decode() if isinstance(value, bytes) else value
+    return attribute_value(node, name) if isinstance(node, ir.Node) else None
 
 
 def _einsum_k(node: object, shapes: Sequence[tuple[int | None, ...] | None]) -> int | None:

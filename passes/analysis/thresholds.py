@@ -53,7 +53,7 @@ __all__ = ["ThresholdInputPass", "threshold_inputs"]
 
 def _reads_thresholds(graph: PrecisionGraph, vertex: Vertex) -> bool:
     """An op comparing with thresholds: its attributes (a tree ensemble), or, for a ``thresholds_operand`` op (Less,
-    Equal...), a constant operand holding more than one distinct value; a scalar or all-equal one is a gate."""
+    Greater...), a constant operand holding more than one distinct value; a scalar or all-equal one is a gate."""
     if vertex.node is None or vertex.policy is None or not vertex.policy.thresholds:
         return False
     return not vertex.policy.thresholds_operand or any(
