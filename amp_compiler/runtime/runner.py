@@ -30,6 +30,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -58,6 +59,8 @@ __all__ = ["ChildRunner", "InProcessRunner", "Runner", "Session", "default_runne
 
 #: How long the child may take to start (import onnxruntime), whatever the budget.
 _START_SECONDS = 60.0
+#: How long a closed child may take to exit before it is killed.
+_EXIT_SECONDS = 2.0
 
 
 class _ChildSession(Session):
@@ -202,13 +205,13 @@ class ChildRunner(Runner):
         return self._alive()
 
     def close(self) -> None:
+        """End the child: its stdin closes, and it exits at once (:func:`runner_child._exit`). It is reaped
+        on a thread of its own (:func:`_reap`): the kernel's freeing of its memory is no work of the caller's
+        (ViT-B's calibration child: 0.12 s, ppocr-v4-det's 0.03 s, which the caller waited for)."""
         if self._proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 self._proc.stdin.close()  # type: ignore[union-attr]
-                self._proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-                self._proc.wait()
+            threading.Thread(target=_reap, args=(self._proc,), name="amp-compiler-reap", daemon=True).start()
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 stream.close()
@@ -431,6 +434,16 @@ def child_command(memory: int) -> list[str]:
     its sys.path (as :func:`amp_compiler.onnx.load.native_checks.child_command` does)."""
     boot = "import runpy, sys; sys.path.pop(0); runpy.run_path(sys.argv[1], run_name='__main__')"
     return [sys.executable, "-c", boot, runner_child.__file__, str(memory)]
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for the child ``proc``, whose stdin is closed, to exit; kill it if it has not within
+    :data:`_EXIT_SECONDS` (an onnxruntime call that does not return)."""
+    try:
+        proc.wait(timeout=_EXIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def default_runner(runner: Runner | None) -> tuple[Runner, bool]:

@@ -179,3 +179,26 @@ def test_a_budget_must_be_possible(seconds, memory, option):
     with pytest.raises(OptionError) as info:
         RunBudget(seconds=seconds, memory=memory)
     assert info.value.option == option
+
+
+def test_close_leaves_the_childs_exit_to_a_thread_which_kills_a_child_that_does_not_end(monkeypatch):
+    """close returns once the child's stdin is closed, without waiting for the kernel to free its memory;
+    the child is reaped on a thread, and one that has not ended in ``_EXIT_SECONDS`` is killed."""
+    import os
+    import signal
+    import time
+
+    from amp_compiler.runtime import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_EXIT_SECONDS", 0.2)
+    runner = ChildRunner()
+    runner._wait_ready()
+    proc = runner._proc
+    os.kill(proc.pid, signal.SIGSTOP)  # a child that cannot end
+    runner.close()
+    assert proc.returncode is None  # close did not wait for it
+    deadline = time.monotonic() + 30
+    while proc.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.returncode == -signal.SIGKILL
+    assert not runner.alive
