@@ -121,7 +121,7 @@ class ChildRunner(Runner):
 
     def load_chain(
         self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False,
-        data_folder: str | os.PathLike | None = None,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
     ) -> list[Session]:
         """As :meth:`Runner.load_chain`, each model serialized while the child makes the session of the one
         before (serializing is most of the parent's part of a load, making the session the child's)."""
@@ -136,7 +136,7 @@ class ChildRunner(Runner):
                     sessions.append(self._loaded(deadline))
                 with self._guard("loading"):
                     sent = self._send({"op": "load", "bytes": len(payload), "provider": CPU, "basic": basic,
-                                       "chained": chained, **folder}, raw=[payload])
+                                       "chained": chained, "prepack": prepack, **folder}, raw=[payload])
                 del payload
             if sent is not None:
                 deadline, sent = sent, None

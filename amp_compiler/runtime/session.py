@@ -66,14 +66,15 @@ class Runner(abc.ABC):
 
     def load_chain(
         self, models: Iterable[onnx.ModelProto], *, basic: bool = False, chained: bool = False,
-        data_folder: str | os.PathLike | None = None,
+        data_folder: str | os.PathLike | None = None, prepack: bool = True,
     ) -> list[Session]:
-        """The sessions of ``models`` (taken one at a time), as :meth:`load` with ``basic``, ``chained`` and
-        ``data_folder`` makes them, in order; where one fails, those made are closed."""
+        """The sessions of ``models`` (taken one at a time), as :meth:`load` with ``basic``, ``chained``,
+        ``data_folder`` and ``prepack`` makes them, in order; where one fails, those made are closed."""
         sessions: list[Session] = []
         try:
             for model in models:
-                sessions.append(self.load(model, basic=basic, chained=chained, data_folder=data_folder))
+                sessions.append(
+                    self.load(model, basic=basic, chained=chained, data_folder=data_folder, prepack=prepack))
         except BaseException:
             for session in sessions:
                 session.close()

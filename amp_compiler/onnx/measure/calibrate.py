@@ -40,6 +40,13 @@ __all__ = ["IntermediateRunner", "collect_ranges"]
 #: -> 113 pieces: 1.66-1.83 s against 1.82-1.94 s at a quarter, interleaved); resnet50-768 at 303 MB
 #: from a quarter on (353 MB at a half).
 _PIECES_AT_ONCE = 6
+#: Calibration's pieces prepack their weights (:class:`ModelChain`'s ``prepack``) from this many samples on.
+#: Prepacking copies every MatMul weight into the kernel's layout once, at the load; without, each run
+#: packs what it multiplies. ViT-B (346 MB of weights; ``benchmarks.calibration_cost``): the pieces load in
+#: 0.04 s against 0.35 s, and each sample runs 10 ms longer (0.44 s against 0.41 s for 4), so the
+#: load's 0.3 s pay back after some 30 samples; a range probe's 1 or 2 and a calibration's few do not.
+#: A few bits of difference in the products' last places move no range.
+_PREPACK_FROM = 32
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP16_SMALLEST_NORMAL = 2.0**-14
 
@@ -143,7 +150,8 @@ def _collect(
     model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], runner: Runner
 ) -> dict[str, TensorRange]:
     samples = list(samples)
-    chain = ModelChain(model, runner, samples[0] if samples else {}, at_once=_PIECES_AT_ONCE)
+    chain = ModelChain(model, runner, samples[0] if samples else {}, at_once=_PIECES_AT_ONCE,
+                       prepack=len(samples) >= _PREPACK_FROM)
     try:
         key = id(chain)  # this collection's running statistics in the runner (which others may share)
         inputs: dict[str, list] = {}

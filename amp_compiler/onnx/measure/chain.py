@@ -102,10 +102,12 @@ class ModelChain:
     """``model``'s pieces loaded into ``runner``, every main-graph float tensor exposed (``names``: the
     exposed tensors, the graph outputs first), cut by their sizes at ``sample``'s dims so that ``at_once``
     pieces' outputs hold no more than the model's live activations; ``inputs``: the graph inputs the chain
-    takes, with their onnxruntime types; ``runs``: runs counted by the caller."""
+    takes, with their onnxruntime types; ``runs``: runs counted by the caller. ``prepack``: False where the
+    chain runs a few times only (:meth:`~amp_compiler.runtime.session.Runner.load`: the kernels then pack
+    their weights on each run, not once at the load)."""
 
     def __init__(self, model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray], *,
-                 at_once: int = 1):
+                 at_once: int = 1, prepack: bool = True):
         light, stubbed = _weightless(model, sample)
         exposed, self.names = exposed_model(light)
         sizes = _sizes(light, exposed)
@@ -116,11 +118,12 @@ class ModelChain:
         budget = max(live_bytes(model, sizes) // at_once, LEAST_PIECE_BYTES)
         joined = {v.name for v in exposed.graph.value_info if v.type.tensor_type.elem_type in _UNRETURNED}
         self._weights = _WeightFile(model, stubbed)
-        # basic: see runner_child.session_options. Prepacked weights kept: without, onnxruntime's LSTM
-        # takes another GEMM path, and its outputs differ in the last bits from the FP32 model's
+        # basic: see runner_child.session_options. Prepacked weights kept where the values are compared with
+        # the FP32 model's: without, onnxruntime's LSTM takes another GEMM path, and its outputs differ in
+        # the last bits
         def load(pieces: Iterator[onnx.ModelProto]) -> list[Session]:
             return runner.load_chain(_with_weights(pieces, exposed, model, self._weights), basic=True, chained=True,
-                                     data_folder=self._weights.folder)
+                                     data_folder=self._weights.folder, prepack=prepack)
 
         try:
             try:

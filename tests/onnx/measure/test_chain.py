@@ -93,12 +93,13 @@ def test_the_in_process_and_the_child_runner_measure_the_same():
 class _Recording(InProcessRunner):
     """An in-process runner that keeps the pieces it was given and the folder their data is in."""
 
-    def load_chain(self, models, *, basic=False, chained=False, data_folder=None):
+    def load_chain(self, models, *, basic=False, chained=False, data_folder=None, prepack=True):
         self.pieces = [m.__deepcopy__() for m in models]
         self.folder = data_folder
         from amp_compiler.runtime.session import Runner
 
-        return Runner.load_chain(self, iter(self.pieces), basic=basic, chained=chained, data_folder=data_folder)
+        return Runner.load_chain(self, iter(self.pieces), basic=basic, chained=chained, data_folder=data_folder,
+                                 prepack=prepack)
 
 
 @pytest.mark.parametrize("runner_type", [InProcessRunner, ChildRunner])

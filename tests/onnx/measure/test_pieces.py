@@ -37,11 +37,15 @@ def test_chain_ranges_are_the_whole_models(name):
     whole.close()
     ranges = collect_ranges(model, samples, runner=runner)
     assert set(ranges) == set(expected)
+    # to the last bits: with few samples the pieces skip weight prepacking, and onnxruntime's LSTM then
+    # takes another GEMM path (a relative 1e-7 in its products, which no range decides on)
+    last_bits = 1e-6
     for tensor, stats in expected.items():
         got = ranges[tensor]
-        assert (got.absmax, got.count) == (stats[2], stats[6]), tensor
+        assert got.count == stats[6], tensor
+        assert got.absmax == pytest.approx(stats[2], rel=last_bits), tensor
         if stats[6]:
-            assert (got.min, got.max) == (stats[0], stats[1]), tensor
+            assert (got.min, got.max) == pytest.approx((stats[0], stats[1]), rel=last_bits), tensor
 
 
 def test_pieces_cover_the_graph_in_order():
