@@ -7,6 +7,7 @@ statistics, the accuracy checks and the report, which renders them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 __all__ = [
     "BF16_RELATIVE_ERROR", "BINADE_HIGH", "BINADE_LOW", "FP16_RELATIVE_ERROR", "SHIFT_BUDGET", "ChannelPeaks",
     "NodeError", "OutputAccuracy", "TensorRange", "binade_counts", "fp16_relative_error", "mean_fp16_error",
-    "shift_cost", "shift_room",
+    "shift_cost", "shift_room", "shift_rooms",
 ]
 
 #: The binades of a magnitude histogram (:func:`binade_counts`; the calibration child's, which keeps its
@@ -68,19 +69,33 @@ SHIFT_BUDGET = BF16_RELATIVE_ERROR - FP16_RELATIVE_ERROR
 
 def shift_room(binades: Sequence[float]) -> int:
     """The largest power-of-two shift down, k in 0..40, that costs a tensor whose magnitudes fall in
-    ``binades`` (:data:`BINADE_LOW` on) no more than :data:`SHIFT_BUDGET` (:func:`shift_cost`): no more
-    relative precision than BF16 gives up against FP16. -1 when nothing was counted."""
-    total = float(sum(binades))
-    if total <= 0:
-        return -1
-    counted = _counted(binades)
-    base = _mean_error(counted, total, 0)
-    best = 0
-    for k in range(1, _MOST_SHIFT + 1):
-        if _mean_error(counted, total, k) - base > SHIFT_BUDGET:
-            break
-        best = k
-    return best
+    ``binades`` (:data:`BINADE_LOW` on) no more than :data:`SHIFT_BUDGET` (:func:`shift_cost`), every
+    smaller shift too: no more relative precision than BF16 gives up against FP16. -1 when nothing was
+    counted."""
+    return int(shift_rooms([binades])[0])
+
+
+@functools.cache
+def _shift_errors(bins: int) -> np.ndarray:
+    """The table (read-only) of :func:`fp16_relative_error` of bin i's values shifted down by 2^-k, for k in
+    0..40 (the first bin's values lost whatever the shift, :func:`_counted`)."""
+    exponents = [-_FLUSHED_ALWAYS, *range(BINADE_LOW + 1, BINADE_LOW + bins)]
+    table = np.array([[fp16_relative_error(e - k) for k in range(_MOST_SHIFT + 1)] for e in exponents])
+    table.setflags(write=False)
+    return table
+
+
+def shift_rooms(histograms: Sequence[Sequence[float]]) -> np.ndarray:
+    """:func:`shift_room` of each histogram (rows of the same bins), at once: a calibration's every tensor
+    in a product of two matrices (ppocr-v4-det's 672: 1 ms, against 13 ms one at a time in Python)."""
+    counts = np.asarray(histograms, dtype=np.float64)
+    if not counts.size:  # nothing known: no shift
+        return np.full(len(histograms), -1)
+    total = counts.sum(axis=1)
+    means = counts @ _shift_errors(counts.shape[1]) / np.where(total > 0, total, 1.0)[:, None]
+    over = means[:, 1:] - means[:, :1] > SHIFT_BUDGET  # shifts 1..40 past the budget
+    rooms = np.where(over.any(axis=1), over.argmax(axis=1), _MOST_SHIFT)
+    return np.where(total > 0, rooms, -1)
 
 
 def binade_counts(magnitudes: np.ndarray) -> list[int]:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx
 
-from amp_compiler.core.measures import ChannelPeaks, TensorRange, shift_room
+from amp_compiler.core.measures import ChannelPeaks, TensorRange, shift_rooms
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.measure.chain import ModelChain, exposed_model, session_feeds
 from amp_compiler.policy.kernels import ORT_NAMES
@@ -82,8 +82,9 @@ class IntermediateRunner:
         self.session.close()
 
 
-def _range(stats: list[float]) -> TensorRange:
-    """A tensor's :class:`TensorRange` from its running statistics (:data:`child_folds.STAT_FIELDS`)."""
+def _range(stats: list[float], room: int) -> TensorRange:
+    """A tensor's :class:`TensorRange` from its running statistics (:data:`child_folds.STAT_FIELDS`) and the
+    :func:`~amp_compiler.core.measures.shift_room` of their histogram."""
     lo, hi, absmax, nonzero, flushed, subnormal, count, energy, lost = stats[:child_folds.SCALARS]
     return TensorRange(
         min=lo if count else 0.0,
@@ -93,7 +94,7 @@ def _range(stats: list[float]) -> TensorRange:
         subnormal_share=subnormal / nonzero if nonzero else 0.0,
         count=int(count),
         underflow_error=_underflow_error(energy, lost, flushed),
-        shift_room=shift_room(stats[child_folds.HISTOGRAM]),
+        shift_room=room,
         binades=tuple(int(n) for n in stats[child_folds.HISTOGRAM]),
         channel_peaks=_peaks(stats[child_folds.PEAKS_AT:]),
     )
@@ -163,4 +164,6 @@ def _collect(
         observed = runner.statistics(key)
     finally:
         chain.close()
-    return {name: _range(stats) for name, stats in {**observed, **inputs}.items()}
+    seen = {**observed, **inputs}
+    rooms = shift_rooms([stats[child_folds.HISTOGRAM] for stats in seen.values()])
+    return {name: _range(stats, int(room)) for (name, stats), room in zip(seen.items(), rooms, strict=True)}

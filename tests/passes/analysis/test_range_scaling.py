@@ -18,6 +18,7 @@ from amp_compiler.core.measures import (
     binade_counts,
     fp16_relative_error,
     shift_room,
+    shift_rooms,
 )
 from amp_compiler.onnx.graph.intervals import reached_magnitudes, static_bounds
 from amp_compiler.onnx.graph.precision_graph import build_precision_graph
@@ -56,6 +57,9 @@ def test_shift_room_is_where_fp16_keeps_bf16s_precision_on_average():
     # a tail of 1% small values costs the shift: flushed, each adds 1 to the sum, 1% of them 2.5x BF16's loss
     tail = binade_counts(np.concatenate([np.ones(99), [2.0**-10]]))
     assert shift_room(tail) < 17
+    # a calibration's every tensor at once, each as alone
+    histograms = [ones, binade_counts(np.full(100, 2.0**-20)), tail, [0] * len(ones)]
+    assert shift_rooms(histograms).tolist() == [17, 0, shift_room(tail), -1]
     # the child's histogram and this one agree on their bins
     assert (child_folds.EXPONENT_LOW, child_folds.EXPONENT_HIGH) == (BINADE_LOW, BINADE_HIGH)
     x = np.random.default_rng(0).standard_normal(850).astype(np.float32)
