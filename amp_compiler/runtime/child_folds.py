@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = [
     "ERROR_FIELDS", "STAT_FIELDS", "add_sums", "array_stats", "channel_peaks", "error_sums", "fold_array",
-    "merge_peaks", "merge_stats",
+    "merge_peaks", "merge_stats", "repeated_stats",
 ]
 
 #: The running statistics of one tensor (:func:`fold_array`), in this order: its smallest and largest
@@ -293,6 +293,13 @@ def merge_stats(stats: dict[str, list], name: str, new: list) -> None:
                        old[4] + new[4], old[5] + new[5], old[6] + new[6], old[7] + new[7], old[8] + new[8],
                        *[x + y for x, y in zip(old[HISTOGRAM], new[HISTOGRAM], strict=True)],
                        *merge_peaks(old[PEAKS_AT:], old[2], new[PEAKS_AT:], new[2])]
+
+
+def repeated_stats(stats: list, n: int) -> list:
+    """The statistics of ``n`` copies of the arrays whose statistics ``stats`` are (as :func:`merge_stats`
+    of them would give, up to the order of the energies' sums): a constant's over ``n`` runs."""
+    extremes, sums = stats[:3], stats[3:SCALARS]
+    return [*extremes, *(x * n for x in sums), *(x * n for x in stats[HISTOGRAM]), *stats[PEAKS_AT:]]
 
 
 def error_sums(np: Any, reference: Any, got: Any) -> list | None:

@@ -330,3 +330,12 @@ def test_the_childs_pipes_are_widened_on_linux():
         proc = runner._proc
         sizes = [fcntl.fcntl(s.fileno(), getattr(fcntl, "F_GETPIPE_SZ", 1032)) for s in (proc.stdin, proc.stdout)]
     assert sizes == [PIPE_BYTES, PIPE_BYTES]
+
+
+def test_repeated_statistics_are_those_of_the_copies_folded():
+    """A constant folded once stands for its every run: its statistics as if each copy had been folded."""
+    a = np.array([[0.5, -3.0, 1e-9, 0.0], [2000.0, 7.0, -1e-6, 4.0]], np.float32)
+    folded: dict[str, list] = {}
+    for _ in range(3):
+        child_folds.fold_array(np, folded, "c", a)
+    assert child_folds.repeated_stats(child_folds.array_stats(np, a), 3) == pytest.approx(folded["c"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -44,12 +44,13 @@ _SIZED = frozenset(set(onnx.helper.get_all_tensor_dtypes()) - {onnx.TensorProto.
 _STUB_BYTES = 1024
 
 
-def exposed_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+def exposed_model(model: onnx.ModelProto, unexposed: Collection[str] = ()) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` whose main-graph float tensors (but bfloat16 ones, which onnxruntime cannot
-    return) are all graph outputs, and their names. Tensors onnx's shape inference leaves untyped
-    (downstream of onnxruntime's contrib ops) take the type their ops' schemas imply."""
+    return, and ``unexposed`` ones that are no graph output) are all graph outputs, and their names.
+    Tensors onnx's shape inference leaves untyped (downstream of onnxruntime's contrib ops) take the
+    type their ops' schemas imply."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    existing = {o.name for o in inferred.graph.output}
+    existing = {o.name for o in inferred.graph.output} | set(unexposed)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info
              if vi.type.HasField("tensor_type")}
     # sequences, optionals and maps are no tensors: a schema's element type must not make them one
@@ -104,12 +105,13 @@ class ModelChain:
     pieces' outputs hold no more than the model's live activations; ``inputs``: the graph inputs the chain
     takes, with their onnxruntime types; ``runs``: runs counted by the caller. ``prepack``: False where the
     chain runs a few times only (:meth:`~amp_compiler.runtime.session.Runner.load`: the kernels then pack
-    their weights on each run, not once at the load)."""
+    their weights on each run, not once at the load); ``unexposed``: tensors not exposed (but where a
+    piece hands them to a later one: ``names`` then lacks them, the pieces' outputs do not)."""
 
     def __init__(self, model: onnx.ModelProto, runner: Runner, sample: Mapping[str, np.ndarray], *,
-                 at_once: int = 1, prepack: bool = True):
+                 at_once: int = 1, prepack: bool = True, unexposed: Collection[str] = ()):
         light, stubbed = _weightless(model, sample)
-        exposed, self.names = exposed_model(light)
+        exposed, self.names = exposed_model(light, unexposed)
         sizes = _sizes(light, exposed)
         del light
         shapes = _shapes(_weightless(model, {})[0])

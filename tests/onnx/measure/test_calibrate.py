@@ -237,3 +237,32 @@ def test_calibration_prepacks_the_pieces_weights_only_where_enough_samples_pay_f
     ranges = collect_ranges(m, samples, runner=runner)
     assert runner.prepack is prepacked
     assert {o for n in m.graph.node for o in n.output} <= set(ranges)
+
+
+def test_calibration_folds_a_constant_once_not_in_every_run():
+    """A Constant node's values are the same in every run: folded once in this process, as ``count`` runs
+    of them, where the runs fold the rest (ppocr-v4-det: 342 of its 672 tensors)."""
+    import onnx
+
+    from amp_compiler.runtime.runner import InProcessRunner
+
+    c = np.array([[0.5, -3.0, 1e-9]], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(c)),
+         helper.make_node("Mul", ["x", "c"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+        "g", [vi("x", F32, [2, 3])], [vi("z", F32, [2, 3])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    class Recording(InProcessRunner):
+        def statistics(self, key):
+            stats = super().statistics(key)
+            self.folded = set(stats)
+            return stats
+
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(3)]
+    runner = Recording()
+    ranges = collect_ranges(m, samples, runner=runner)
+    assert runner.folded == {"y", "z"}
+    assert (ranges["c"].min, ranges["c"].max, ranges["c"].absmax, ranges["c"].count) == (-3.0, 0.5, 3.0, 9)
+    assert ranges["c"].underflow_share == pytest.approx(1 / 3)  # 1e-9 flushes in FP16
