@@ -188,6 +188,10 @@ def convert(
                                      input_ranges=dict(opts.input_ranges))
             except ProbeSkipped as exc:
                 probe_skipped = str(exc)
+            except BaseException:
+                if model_runner[1]:
+                    model_runner[0].close()
+                raise
         if probe_model is not None and probe_model is not proto and not stores_low_precision(probe_model):
             probe_model = _outputs_only(probe_model)  # the FP32 outputs are in hand: its weights' copy goes
     try:

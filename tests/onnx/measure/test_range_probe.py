@@ -463,3 +463,26 @@ def test_dynamic_latents_take_their_convs_channels_and_a_latent_size_not_an_imag
     found = range_probe.probe_samples(m, InProcessRunner())
     assert found.samples[0]["latent_sample"].shape == (1, 4, *range_probe.LATENT_SIZE)
     assert found.inputs.startswith("latent_sample: latents N(0, 7.7)") and "1x4x32x32" in found.inputs
+
+
+def test_a_probe_that_fails_closes_the_runner_the_conversion_started(monkeypatch):
+    """An error of the probe's own (not a skip) leaves no onnxruntime child behind: the conversion closes
+    the runner it started before the error goes on."""
+    from amp_compiler.onnx import convert as convert_module
+
+    class Owned(InProcessRunner):
+        closed = False
+
+        def close(self):
+            Owned.closed = True
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the probe failed")
+
+    monkeypatch.setattr(convert_module, "default_runner", lambda runner: (Owned(), True))
+    monkeypatch.setattr(convert_module, "probe_ranges", failing)
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", F32, [2, 16])], [vi("y", F32, [2, 16])],
+              [tensor("w", weights((16, 16)))])
+    with pytest.raises(RuntimeError, match="the probe failed"):
+        convert(m)
+    assert Owned.closed
