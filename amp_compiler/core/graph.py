@@ -158,9 +158,8 @@ class PrecisionGraph(Generic[SlotT, OpT]):
     # Ops computing a float from the value of integers that a count (the policy's ``positions``: Range, CumSum of a
     # mask) or an integer graph input holding positions (``core.positions.is_position_input``: position_ids,
     # cache_position) produced, through ops on integers (``count_readers``): BLOOM's Cast of cumsum(mask) - 1, the
-    # Cast of position_ids. Their float results are positions, though no float vertex leads to them. The ONNX
-    # frontend fills it; the FX one leaves it empty: there a softmax is FP32 by the table (autocast's list) and
-    # what computes its logits' bias from positions, outside any low-precision island, paints FP32.
+    # Cast of position_ids. Their float results are positions, though no float vertex leads to them. Each frontend
+    # fills it (onnx/graph/integer_flow.py, fx/graph/integer_flow.py: FX's pos.float() and mixed-type slopes * pos).
     counted: frozenset[OpT] = frozenset()
 
     def vertex_of(self, slot: SlotT) -> Vertex[SlotT, OpT] | None:

@@ -7,8 +7,8 @@ logits, an angle. FP16 holds integers exactly only up to 2048 (spacing 2 from 20
 positions of a long prompt or a KV-cache decoding step (thousands) the distance is off by up to 4, and
 the probe, which draws positions 0..127, cannot see it. An integer input whose values are positions
 therefore starts the count walk (:func:`~amp_compiler.core.graph.count_readers`) as a count does, in both
-frontends, so the passes reading ``PrecisionGraph.counted`` (the position-bias pass) see its float casts
-as positions.
+frontends (each walks its own graph: ``onnx/graph/integer_flow.py``, ``fx/graph/integer_flow.py``), so the
+passes reading ``PrecisionGraph.counted`` (the position-bias pass) see its float casts as positions.
 
 Which integer inputs: decided by what the graph does with them, the name as a hint. An input whose values
 reach both operands of a subtraction (``i - j`` of the input with itself, through casts, unsqueezes and

@@ -136,6 +136,11 @@ class OpPolicy:
     # scale-invariant): why a large additive bias rounded in storage moves its result. The linear path from
     # positions (integer-derived, a count) into it stays FP32 (passes/analysis/position_bias.py); empty: no.
     logit_differences: str = ""
+    # The inputs of a ``logit_differences`` op that it adds to its logits, where not every input is logits
+    # (scaled_dot_product_attention's attn_mask, a bias added to q @ k^T inside): the position-bias walk starts
+    # from those alone, and the op itself is not pinned (a Tensor Core op: the bias it reads is cast at its
+    # input, after being computed in FP32). Empty: every input is logits (Softmax), and the op reads them FP32.
+    logit_inputs: tuple[int, ...] = ()
     # Quantizes its float input: "static" (a fixed scale: QuantizeLinear) or "dynamic" (a scale from the
     # tensor's range at run time: DynamicQuantizeLinear); what it reads stays FP32 (passes/quantized.py).
     quantizes: str | None = None
@@ -309,6 +314,7 @@ class PolicyTable:
             periodic=raw.get("periodic", ""),
             positions=bool(raw.get("positions", False)),
             logit_differences=raw.get("logit_differences", ""),
+            logit_inputs=tuple(raw.get("logit_inputs", ())),
             quantizes=raw.get("quantizes"),
             thresholds=raw.get("thresholds", ""),
             thresholds_operand=bool(raw.get("thresholds_operand", False)),

@@ -99,18 +99,18 @@ def ensure_only_pinned(
 
 def paths_into(
     graph: PrecisionGraph, sink: Vertex, is_source: Callable[[Vertex], bool], passes: Callable[[Vertex], bool],
-    digraph: nx.DiGraph | None = None,
+    digraph: nx.DiGraph | None = None, starts: Iterable[int] | None = None,
 ) -> dict[int, int]:
     """The vertices on paths into ``sink`` from sources (``is_source``) through vertices that ``passes``
     lets by, each with the source it comes from (a vertex reached from several: the first, in id order):
     backwards from the sink through passing vertices to the sources, then forwards from each source
     within what the backward walk found. Sources are included; the sink is not. ``digraph``: the edges
     walked (default ``graph.digraph``; :func:`~amp_compiler.core.graph.dataflow` also crosses a Cast
-    between float types)."""
+    between float types); ``starts``: the sink's predecessors the backward walk starts from (default: all)."""
     digraph = graph.digraph if digraph is None else digraph
     back: set[int] = set()
     sources: list[int] = []
-    stack = list(digraph.pred[sink.id])
+    stack = list(digraph.pred[sink.id] if starts is None else starts)
     while stack:
         vid = stack.pop()
         if vid in back:

@@ -36,6 +36,14 @@ MatMul stays low (two variable operands), so the Cast to FP32 the Softmax needs 
 The slopes, an initializer the pinned Mul reads, stay FP32 with it; other constant-derived operands are
 not followed (see :func:`position_bias_paths`).
 
+An op that adds only some of its inputs to its logits (the table's ``logit_inputs``: aten
+``scaled_dot_product_attention``'s ``attn_mask``, added to ``q @ k^T`` inside) is walked from the producers of
+those inputs alone, and is not pinned itself: its products stay low and the bias, computed in FP32, is cast
+to FP16 at its input (FP16 SDPA takes an FP16 mask). In FX the bias was painted FP16 between the attention
+products: an ALiBi attention (4 heads, slopes 2^-2..2^-8) over ``keys.float()`` (integer positions, counted
+by ``fx/graph/integer_flow.py``) into SDPA was off by 8.7% of its output's range at positions 2040-3000 and
+10.4% at 5000-8000 in FP16; 0.04% with the Cast, distance, slope Mul and mask Add FP32, every product FP16.
+
 Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
 (``user.allow``), is DENY with rule ``policy.high.position-bias`` and a reason that names the softmax,
 the position source and the bias's storage error at 2048 and 16384 positions x slope 0.5; nothing else
@@ -48,11 +56,11 @@ import dataclasses
 
 import numpy as np
 
-from amp_compiler.core.graph import PrecisionGraph, Vertex, dataflow
+from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex, dataflow
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
-from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, require_roles
+from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
-from amp_compiler.passes.analysis.phase import angle_error, constant_derived, linear_paths
+from amp_compiler.passes.analysis.phase import angle_error, constant_derived, is_linear, linear_paths
 
 __all__ = ["PositionBiasPass", "position_bias_paths"]
 
@@ -80,11 +88,30 @@ def position_bias_paths(graph: PrecisionGraph) -> dict[int, tuple[Vertex, Vertex
     digraph = dataflow(graph)
     derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, Vertex]] = {}
-    for sink, path in linear_paths(graph, digraph, derived, lambda v: bool(v.policy and v.policy.logit_differences),
+    for sink, path in linear_paths(graph, digraph, derived, lambda v: bool(v.policy and v.policy.logit_differences
+                                                                               and not v.policy.logit_inputs),
                                    lambda v: _is_position(v, graph, derived)):
         for vid, origin in path.items():
             found.setdefault(vid, (origin, sink))
+    # An op adding some of its inputs to its logits (attention's attn_mask): the walk starts from the producers of
+    # those inputs, and the op itself stays as it is (its mask is cast at its input; its products stay low).
+    for sink in graph.vertices:
+        if sink.node is None or sink.policy is None or not sink.policy.logit_differences:
+            continue
+        starts = _producers(graph, sink, sink.policy.logit_inputs)
+        if not starts:
+            continue
+        for vid, src in paths_into(graph, sink, lambda v: _is_position(v, graph, derived),
+                                   lambda v: is_linear(v, digraph, derived), digraph, starts).items():
+            found.setdefault(vid, (graph.vertices[src], sink))
     return found
+
+
+def _producers(graph: PrecisionGraph, sink: Vertex, inputs: tuple[int, ...]) -> list[int]:
+    """The vertices defining the tensors ``sink``'s op reads at ``inputs`` (none when ``inputs`` is empty)."""
+    values = [s.value for s in sink.slots if s.kind is SlotKind.NODE_IN and s.index in inputs and s.value is not None]
+    return [p for p in graph.digraph.pred[sink.id]
+            if any(any(v is w for w in values) for v in graph.digraph.edges[p, sink.id]["values"])]
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_inside", "tensor_core",
     "shape_inputs", "signal", "dynamic_range", "quantizes", "recurrent", "tiny_outputs", "fp8_inputs", "fp8_reason",
     "gemm", "zero_singular", "keeps_zeros", "when", "thresholds", "thresholds_operand", "periodic", "positions",
-    "logit_differences", "selects", "index_inputs", "scores", "scale_inputs",
+    "logit_differences", "logit_inputs", "selects", "index_inputs", "scores", "scale_inputs",
 }
 GEMM_KEYS = {"kind", "operands", "transpose", "bias", "source"}
 

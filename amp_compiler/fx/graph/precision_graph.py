@@ -50,6 +50,7 @@ from amp_compiler.fx.graph.arguments import (
     tensor_arguments,
     viewed,
 )
+from amp_compiler.fx.graph.integer_flow import counted_ops
 from amp_compiler.fx.graph.policy import AtenPolicy, op_name, policy_name
 from amp_compiler.fx.graph.views import FLOAT_DTYPES, TORCH_TO_IR, FxOp, FxSlot, FxValue, is_float, tensor_dtype
 from amp_compiler.policy import Category, OpPolicy
@@ -122,6 +123,7 @@ class _Builder:
         self.main_slot: dict[fx.Node, FxSlot] = {}
         self.unknown: list[FxOp] = []
         self.pending_unions: list[tuple[FxSlot, fx.Node]] = []
+        self.ops: dict[fx.Node, FxOp] = {}
 
     # -- slots -------------------------------------------------------------------------------------
     def _value(self, tensor: fx.Node) -> FxValue:
@@ -209,7 +211,7 @@ class _Builder:
         inputs = [self._constant_value(t) if t in self.constants else None for _, t in args]
         if not (self.table_lookups and pname == "embedding"):
             inputs = [None] * len(inputs)  # painting's table rule reads inputs[0]: not a table here
-        op = FxOp(node, name, "aten", inputs)
+        op = self.ops[node] = FxOp(node, name, "aten", inputs)
         if entry is None:
             self.unknown.append(op)
 
@@ -368,6 +370,7 @@ class _Builder:
             digraph=digraph,
             node_vertices=node_vertices,
             unknown_ops=self.unknown,
+            counted=counted_ops(self.gm, self.policy, self.ops, self.constants.keys()),
         )
         return FxPrecisionGraph(
             graph=graph,
