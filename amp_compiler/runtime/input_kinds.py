@@ -113,7 +113,9 @@ def input_kinds(
     (``--input-range``); a diffusion model's latents and timesteps
     (:func:`~amp_compiler.runtime.diffusion_inputs.diffusion_kinds`: a VAE decoder's ``latent_sample``
     N(0, 7.7), a denoiser's ``sample`` N(0, 1) and ``timestep`` 0..999), before images (a 4-channel
-    latent is no RGBA image); a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
+    latent is no RGBA image); a float input added to a softmax's logits an additive mask (0 and ``finfo.min``,
+    causal, left-padded), before images too (HF's 4-D mask ``[batch, 1, queries, keys]`` has one channel);
+    a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
     normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
     123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
     normalization lives in its preprocessing: PP-OCR, torchvision exports): ImageNet's mean/std range
@@ -127,12 +129,10 @@ def input_kinds(
     FP16 overflow at 4.8e5 that every real image reached); a scalar integer named
     like a sample rate (``sr``) is 16000; a generation's length limit (``max_length``) the prompt's length
     plus :data:`GENERATED_TOKENS`; a float penalty or temperature 1; a bool input named like a mask or reaching
-    a Softmax both values, a True tail per row; a float input added to a softmax's logits an additive mask (0 and
-    ``finfo.min``, causal, left-padded); one an op needing positive values reads log-spaced over :data:`POSITIVE`;
-    another float mask ones; a string input read by
-    an op with a vocabulary (:func:`~amp_compiler.runtime.string_inputs.string_vocabularies`) its words. Other
-    inputs are not
-    in the result (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
+    a Softmax both values, a True tail per row; a float input an op needing positive values reads log-spaced
+    over :data:`POSITIVE`; another float mask ones; a string input read by an op with a vocabulary
+    (:func:`~amp_compiler.runtime.string_inputs.string_vocabularies`) its words. Other inputs are not in the result
+    (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     uses = graph_uses(model)
     consumers, inits, producers, shapes = uses.consumers, uses.inits, uses.producers, uses.shapes
@@ -154,6 +154,11 @@ def input_kinds(
             kinds[info.name] = InputKind("range", tuple(stated[info.name]), "stated")  # type: ignore[arg-type]
         elif info.name in diffusion:
             kinds[info.name] = InputKind(*diffusion[info.name])
+        elif (np.issubdtype(dtype, np.floating) and rank(info) >= 2 and not _BIAS.search(info.name)
+              and added_to_logits(info.name, uses)):  # before images: HF's [batch, 1, queries, keys] mask has 1 channel
+            lowest = float(np.finfo(dtype).min)
+            kinds[info.name] = InputKind("additive", (lowest, 0.0),
+                                         f"additive mask 0 / {lowest:.3g}, causal, left-padded")
         elif np.issubdtype(dtype, np.floating) and image_like(info):
             readers = consumers.get(info.name, ())
             top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)
@@ -192,11 +197,6 @@ def input_kinds(
             kinds[info.name] = InputKind("padded", (0.0, 0.0), "False, each row's last quarter True (a padded tail)")
         elif _NEUTRAL.fullmatch(info.name) and rank(info) <= 1:
             kinds[info.name] = InputKind("value", (1.0, 1.0), "1 (no penalty, no scaling)")
-        elif (np.issubdtype(dtype, np.floating) and rank(info) >= 2 and not _BIAS.search(info.name)
-              and added_to_logits(info.name, uses)):
-            lowest = float(np.finfo(dtype).min)
-            kinds[info.name] = InputKind("additive", (lowest, 0.0),
-                                         f"additive mask 0 / {lowest:.3g}, causal, left-padded")
         elif np.issubdtype(dtype, np.floating) and (reader := positive_reader(info.name, uses)):
             kinds[info.name] = InputKind("positive", POSITIVE, f"positive {POSITIVE[0]:g}..{POSITIVE[1]:g}, log-spaced "
                                          f"({reader} reads it)")

@@ -100,6 +100,29 @@ def test_a_converted_model_keeps_a_left_padded_causal_finfo_min_mask_finite_and_
     assert "attention_mask: additive mask" in result.probe_inputs
 
 
+def test_a_four_dimensional_additive_mask_of_one_head_is_a_mask_not_an_image():
+    """HF's extended mask ``[batch, 1, queries, keys]`` has the layout of a 1-channel image: it was drawn as an image
+    in 0..1, its Add went FP16, and real masks' padding rows came out NaN (sweep X D6: 192/512 values, stated
+    0.23%)."""
+    seq = 8
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["q"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "xt"], ["s"]),
+             helper.make_node("Add", ["s", "mask"], ["sm"]),
+             helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["y"])]
+    m = model(nodes, [vi("x", F32, [1, 1, seq, 8]), vi("mask", F32, [1, 1, seq, seq])], [vi("y", F32, [1, 1, seq, 8])],
+              [tensor("w", weights((8, 8), scale=0.33))])
+    assert input_kinds(m)["mask"].kind == "additive"
+    result = convert(m, runner=InProcessRunner())
+    keep = np.arange(seq) < 5  # padding queries see no key
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 1, seq, 8)).astype(np.float32),
+             "mask": np.where(keep[:, None] & keep[None, :], 0.0, FMIN).astype(np.float32)[None, None]}
+    (ref,), (got,) = _run(m, feeds), _run(emulate(result.model), feeds)
+    assert np.isfinite(ref).all() and np.isfinite(got).all()
+    assert np.abs(got - ref).max() / (ref.max() - ref.min()) < 0.01
+
+
 def _sigma_model():
     """log(sigma) added to x -> MatMul with activations ~1e5 -> Relu -> MatMul (sweep S's sigma_min)."""
     nodes = [helper.make_node("Log", ["sigma"], ["c"]), helper.make_node("Add", ["x", "c"], ["xc"]),
