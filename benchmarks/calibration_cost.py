@@ -1,7 +1,7 @@
 """What calibration costs against running the model: time and peak memory, whole processes as users run them.
 
     python -m benchmarks.calibration_cost [--samples 4] [--models resnet50-768,ppocr-v4-det,vit-base]
-                                          [--tolerance 0.01] [--results benchmarks/RESULTS.md]
+                                          [--repeats 3] [--tolerance 0.01] [--results benchmarks/RESULTS.md]
 
 Per model, each in a fresh process (as ``benchmarks.cold`` spawns them; peak RSS is ``ru_maxrss``
 from ``os.wait4``: the largest process of the tree, the runner's child included):
@@ -12,7 +12,10 @@ from ``os.wait4``: the largest process of the tree, the runner's child included)
   and the process's peak RSS;
 - **calibration**: :func:`amp_compiler.collect_ranges` over the same N samples (the model's loading
   into the runner's child included), its time and the tree's peak RSS; the parent's and the child's
-  peaks apart;
+  peaks apart, and the parent's before calibration (the model and the samples loaded, amp_compiler
+  imported: what calibration's own memory comes on top of);
+- plain and calibration ``--repeats`` times each, interleaved (the shared machine's load shifts both
+  alike): the times are medians, the memory figures the largest;
 - **probe**: the same over 1 and 2 generated samples (:func:`amp_compiler.runtime.samples.random_samples`
   at the same input size): what a range probe costs;
 - ``--tolerance T``: :func:`amp_compiler.refine` at tolerance T on the N samples (its default
@@ -23,7 +26,9 @@ from ``os.wait4``: the largest process of the tree, the runner's child included)
 The goals (issue 23): calibration time <= 3x the N plain runs; peak RSS <= the FP32 weights + 2x
 the largest set of live activations (computed from the run: each float tensor's size, from the
 calibration's value counts, alive from its producer to its last consumer in the graph's order), to
-which the table adds the runtime's own floor (a process with numpy and onnxruntime imported, no model).
+which the table adds the runtime's own floor (a process with numpy and onnxruntime imported, no model);
+``child x bound`` holds the child (the process calibration starts) to it, ``x bound`` the larger of the
+two processes (the parent holds the model the caller loaded).
 Beside it, the calibration's peak over the plain run's (``x plain's``): onnxruntime's own run of a
 model can exceed the bound (its arena, its prepacked weights: ViT-B's 437 MB against 412 MB).
 
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,13 +97,15 @@ if sys.argv[2] == "random":
 else:
     data = np.load(sys.argv[2])
     samples = [{name: data[f"{i}/{name}"]} for i in range(int(sys.argv[3]))]
+kib = 1024
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib
 start = time.perf_counter()
 with ChildRunner() as runner:
     ranges = collect_ranges(model, samples, runner=runner)
 seconds = time.perf_counter() - start
-kib = 1024
+runner._proc.wait()  # closed, it is reaped on a thread: its peak counts once it is
 print(json.dumps({"seconds": seconds, "self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib,
-                  "child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib,
+                  "before": before, "child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib,
                   "counts": {k: r.count for k, r in ranges.items()}}))
 """
 
@@ -183,12 +191,14 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.0f} MB"
 
 
-def measure(names: list[str], n: int, tolerance: float | None, timeout_s: float, log=print) -> list[str]:
+def measure(
+    names: list[str], n: int, tolerance: float | None, timeout_s: float, log=print, repeats: int = 3,
+) -> list[str]:
     py = sys.executable
     header = ("| model | input | FP32 weights | live activations (max) | N | N plain runs (with the session's creation) "
               "| calibration | x plain (with the session) | "
-              "probe 1 / 2 samples | peak RSS plain | peak RSS calibration (parent / child) | x plain's | bound: weights + "
-              "2x live + runtime floor | x bound |")
+              "probe 1 / 2 samples | peak RSS plain | peak RSS calibration: parent (before it) / child | x plain's | "
+              "bound: weights + 2x live + runtime floor | child x bound | x bound |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     lines: list[str] = []  # --tolerance, per detector
     with tempfile.TemporaryDirectory(prefix="amp-calib-cost-") as tmp:
@@ -200,27 +210,34 @@ def measure(names: list[str], n: int, tolerance: float | None, timeout_s: float,
             model = onnx.load(path, load_external_data=False)
             shape = MODELS[name][1]
             _spawn([py, "-c", _CALIBRATE, str(path), "random", json.dumps(shape), "1"], timeout_s)  # bytecode, page cache
-            plain = _spawn([py, "-c", _PLAIN, str(path), str(data), str(n)], timeout_s)
-            loaded_s, plain_s = map(float, plain.stdout.split()[-2:])
-            cal = _spawn([py, "-c", _CALIBRATE, str(path), str(data), str(n)], timeout_s)
-            info = json.loads(cal.stdout.strip().splitlines()[-1])
+            plains, cals = [], []
+            for _ in range(repeats):  # interleaved: the machine's load shifts both alike
+                plains.append(_spawn([py, "-c", _PLAIN, str(path), str(data), str(n)], timeout_s))
+                cals.append(_spawn([py, "-c", _CALIBRATE, str(path), str(data), str(n)], timeout_s))
+            loaded_s = statistics.median(float(p.stdout.split()[-2]) for p in plains)
+            plain_s = statistics.median(float(p.stdout.split()[-1]) for p in plains)
+            infos = [json.loads(c.stdout.strip().splitlines()[-1]) for c in cals]
+            seconds = statistics.median(i["seconds"] for i in infos)
+            info = max(infos, key=lambda i: i["child"])  # the memory figures: the largest of the runs
+            plain_rss, cal_rss = max(p.peak_rss for p in plains), max(c.peak_rss for c in cals)
             probes = []
             for k in (1, 2):
                 p = _spawn([py, "-c", _CALIBRATE, str(path), "random", json.dumps(shape), str(k)], timeout_s)
                 probes.append(json.loads(p.stdout.strip().splitlines()[-1])["seconds"])
             weights, live = weight_bytes(model), live_bytes(model, info["counts"], n)
             bound = weights + 2 * live + floor
-            log(f"  {name}: plain {plain_s:.2f} s ({loaded_s:.2f} s with the session), calibration {info['seconds']:.2f} s, peak {_mb(cal.peak_rss)} "
-                f"(parent {_mb(info['self'])}, child {_mb(info['child'])}), bound {_mb(bound)}")
+            log(f"  {name}: plain {plain_s:.2f} s ({loaded_s:.2f} s with the session), calibration {seconds:.2f} s "
+                f"(medians of {repeats}), peak {_mb(cal_rss)} (parent {_mb(info['self'])}, {_mb(info['before'])} before "
+                f"it; child {_mb(info['child'])}), bound {_mb(bound)}")
             rows.append(
                 f"| {name} | {'x'.join(map(str, shape))} | {_mb(weights)} | {_mb(live)} | {n} | {plain_s:.2f} s ({loaded_s:.2f} s) | "
-                f"{info['seconds']:.2f} s | {info['seconds'] / plain_s:.1f}x ({info['seconds'] / loaded_s:.1f}x) | "
+                f"{seconds:.2f} s | {seconds / plain_s:.1f}x ({seconds / loaded_s:.1f}x) | "
                 f"{probes[0]:.2f} s / {probes[1]:.2f} s | "
-                f"{_mb(plain.peak_rss)} | {_mb(cal.peak_rss)} ({_mb(info['self'])} / {_mb(info['child'])}) | "
-                f"{cal.peak_rss / plain.peak_rss:.2f}x | {_mb(bound)} | {cal.peak_rss / bound:.2f}x |"
+                f"{_mb(plain_rss)} | {_mb(info['self'])} ({_mb(info['before'])}) / {_mb(info['child'])} | "
+                f"{cal_rss / plain_rss:.2f}x | {_mb(bound)} | {info['child'] / bound:.2f}x | {cal_rss / bound:.2f}x |"
             )
             if tolerance is not None and name in TOLERANCE_MODELS:
-                lines.append(_tolerance_line(name, path, data, n, tolerance, info["seconds"], timeout_s))
+                lines.append(_tolerance_line(name, path, data, n, tolerance, seconds, timeout_s))
                 log("  " + lines[-1])
     return rows + [""] + [f"- {line}" for line in lines]
 
@@ -247,11 +264,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tolerance", type=float, default=None,
                         help=f"also time --tolerance on {', '.join(TOLERANCE_MODELS)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per process")
+    parser.add_argument("--repeats", type=int, default=3, help="plain and calibration runs per model (medians)")
     parser.add_argument("--results", type=Path, default=None,
                         help="also write the table into this file's calibration-cost section (benchmarks/RESULTS.md)")
     args = parser.parse_args(argv)
     names = [m for m in args.models.split(",") if m]
-    rows = measure(names, args.samples, args.tolerance, args.timeout, log=lambda s: print(s, file=sys.stderr))
+    rows = measure(names, args.samples, args.tolerance, args.timeout, log=lambda s: print(s, file=sys.stderr),
+                   repeats=args.repeats)
     text = "\n".join([
         "## Calibration cost against running the model (issue 23)",
         "",
