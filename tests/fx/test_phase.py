@@ -15,8 +15,7 @@ import pytest
 import torch
 
 import amp_compiler.fx as ampfx
-from amp_compiler.core.tensor_error import ErrorStats
-from tests.support.fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
+from tests.support.fx_helpers import error_of_range, one_thread  # noqa: F401 - autouse: torch on one thread
 
 PHASE = "policy.high.phase-argument"
 SIGNAL = "policy.high.signal-path"
@@ -60,14 +59,6 @@ def _convert(module, inputs, target="fp16"):
     return gm, {d.node: d for d in ampfx.report(gm).decisions}
 
 
-def _error_of_range(module, gm, inputs) -> float:
-    with torch.no_grad():
-        ref, got = module(*inputs).numpy(), gm(*inputs).numpy()
-    stats = ErrorStats()
-    stats.add(ref.ravel(), got.ravel())
-    return stats.error_of_range
-
-
 @pytest.fixture(scope="module")
 def rotary():
     torch.manual_seed(0)
@@ -94,7 +85,7 @@ def test_llama_rotary_angles_and_their_sines_stay_fp32(rotary):
 def test_llama_rotary_is_accurate_at_long_positions(rotary, position):
     """16% of range at 32000 (3.6% at 2000) with the angle in FP16; 0.04-0.05% now."""
     module, x, (gm, _) = rotary
-    err = _error_of_range(module, gm, (x, torch.arange(16)[None] + position))
+    err = error_of_range(module, gm, (x, torch.arange(16)[None] + position))
     assert err < 0.005, err
 
 
@@ -103,7 +94,7 @@ def test_bf16_rotary_is_accurate_at_long_positions(rotary):
     module, x, _ = rotary
     gm, d = _convert(module, (x, torch.arange(16)[None]), "bf16")
     assert d["matmul"].rule == PHASE
-    assert _error_of_range(module, gm, (x, torch.arange(16)[None] + 32000)) < 0.01
+    assert error_of_range(module, gm, (x, torch.arange(16)[None] + 32000)) < 0.01
 
 
 def test_positions_counted_by_arange_into_outer():
@@ -174,4 +165,4 @@ def test_audio_front_end_signal_path_stays_fp32(cast):
     for node in ["conv1d", "mul", "mul_1", "add"] + (["to"] if cast else []):
         assert (d[node].precision, d[node].rule) == ("fp32", SIGNAL), (node, d[node].precision, d[node].rule)
     assert d["conv1d_1"].precision == d["linear"].precision == "fp16"  # learned layers after the log
-    assert _error_of_range(module, gm, (wave,)) < 0.002
+    assert error_of_range(module, gm, (wave,)) < 0.002

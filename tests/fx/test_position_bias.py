@@ -17,12 +17,11 @@ import torch
 import torch.nn.functional as F
 
 import amp_compiler.fx as ampfx
-from amp_compiler.core.tensor_error import ErrorStats
 from amp_compiler.fx.graph.pipeline import capture_for_inference
 from amp_compiler.fx.graph.policy import default_policy
 from amp_compiler.fx.graph.precision_graph import build_fx_precision_graph
 from amp_compiler.targets import Target
-from tests.support.fx_helpers import one_thread  # noqa: F401 - autouse: torch on one thread
+from tests.support.fx_helpers import error_of_range, one_thread  # noqa: F401 - autouse: torch on one thread
 
 BIAS = "policy.high.position-bias"
 S = 64
@@ -56,14 +55,6 @@ class Alibi(torch.nn.Module):
 def _inputs(start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = torch.randn(1, S, 64, generator=torch.Generator().manual_seed(1))
     return x, torch.arange(S)[None] + start, torch.ones(1, S, dtype=torch.int64)
-
-
-def _error_of_range(module, gm, inputs) -> float:
-    with torch.no_grad():
-        ref, got = module(*inputs).numpy(), gm(*inputs).numpy()
-    stats = ErrorStats()
-    stats.add(ref.ravel(), got.ravel())
-    return stats.error_of_range
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["sdpa", "softmax"])
@@ -102,7 +93,7 @@ def test_the_bias_from_positions_is_fp32_and_the_products_fp16(alibi):
 def test_alibi_over_positions_past_2048_is_accurate(alibi, start):
     """SDPA: 8.7% of range at 3000.., 10.4% at 8000.. with the bias FP16; 0.04% now."""
     module, gm, _ = alibi
-    assert _error_of_range(module, gm, _inputs(start)) < 0.002
+    assert error_of_range(module, gm, _inputs(start)) < 0.002
 
 
 def test_a_mask_alone_is_no_position_and_stays_low():

@@ -66,6 +66,17 @@ class MeanPoolCNN(CNN):
 PATTERNS = torch.randn(10, 3, 16, 16, generator=torch.Generator().manual_seed(123))
 
 
+def error_of_range(module, gm, inputs) -> float:
+    """The converted ``gm``'s largest error against ``module`` (FP32) on ``inputs``, over the output's range."""
+    from amp_compiler.core.tensor_error import ErrorStats
+
+    with torch.no_grad():
+        ref, got = module(*inputs).numpy(), gm(*inputs).numpy()
+    stats = ErrorStats()
+    stats.add(ref.ravel(), got.ravel())
+    return stats.error_of_range
+
+
 def images(n, seed):
     """Ten noisy class patterns (the noise keeps the loss well above zero)."""
     g = torch.Generator().manual_seed(seed)
