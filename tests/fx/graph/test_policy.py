@@ -23,7 +23,8 @@ TABLE = ROOT / "amp_compiler" / "policy" / "aten_ops.toml"
 ALLOWED_KEYS = {
     "op", "domain", "category", "reason", "sensitivity", "refs", "dtype_attr", "fp32_args",
     "follow_outputs", "observer", "tensor_core", "recurrent", "fp8_operands", "fp8_bias", "fp8_transposed", "fp8_kept",
-    "gemm", "signal", "dynamic_range", "periodic", "positions", "logit_differences", "logit_inputs", "index_inputs", "thresholds", "thresholds_operand",
+    "gemm", "signal", "dynamic_range", "periodic", "positions", "logit_differences", "logit_inputs", "index_inputs", "selects", "scores", "thresholds",
+    "thresholds_operand",
 }
 aten = torch.ops.aten
 F16, F32 = torch.float16, torch.float32
