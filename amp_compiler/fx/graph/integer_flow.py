@@ -1,4 +1,5 @@
-"""What flows through an FX graph's integer ops: positions counted into a float (``PrecisionGraph.counted``).
+"""What flows through an FX graph's integer ops: positions counted into a float (``PrecisionGraph.counted``), a
+selection's indices into an index input (``PrecisionGraph.index_readers``).
 
 The precision graph holds float tensors only; this walk follows the integer tensors between the ATen nodes,
 as :mod:`amp_compiler.onnx.graph.integer_flow` does for ONNX, for the position-bias pass
@@ -14,24 +15,32 @@ A use carries its values into the reader's result unless the reader's table entr
 (numbered as :func:`~amp_compiler.fx.graph.arguments.tensor_arguments` numbers them) in ``index_inputs`` (a
 gather's or an ``index``'s indices) or ``shape_inputs``; sizes are no tensors in an FX graph (``sym_size``
 gives a SymInt), so a shape read of positions is no use at all.
+
+A selection (the table's ``selects``: ``topk``, ``sort``, ``argmax``, ``max.dim``) whose indices reach an
+``index_inputs`` argument (``gather``, ``index``, ``one_hot``, ``eq``) through ops on integers or bools routes: the
+walk is the ONNX wing's (:func:`~amp_compiler.core.graph.index_readers`), over every use of an op's integer or bool
+results, a tuple result's (``topk``'s ``.indices``) read through its ``getitem`` nodes. Without it the routing-score
+pass (passes/analysis/routing.py) found nothing on FX: a DGCNN EdgeConv's Gram product and a mixture-of-experts
+router ran FP16, and their top-k picked other neighbours and experts.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 
 import torch
 import torch.fx as fx
 
-from amp_compiler.core.graph import count_readers
+from amp_compiler.core.graph import count_readers, index_readers
 from amp_compiler.core.positions import is_position_input
 from amp_compiler.fx.graph.arguments import tensor_arguments
 from amp_compiler.fx.graph.policy import AtenPolicy, policy_name
 from amp_compiler.fx.graph.views import FLOAT_DTYPES, FxOp
 from amp_compiler.policy import OpPolicy
 
-__all__ = ["counted_ops", "position_placeholders"]
+__all__ = ["counted_ops", "index_readers_of", "position_placeholders"]
 
 #: The ATen ops whose result is a relative distance when both operands carry one input's values.
 _DIFFERENCES = frozenset({"sub", "rsub"})
@@ -49,6 +58,19 @@ def _integer(node: fx.Node) -> bool:
 
 def _floats(node: fx.Node) -> bool:
     return _dtype(node) in FLOAT_DTYPES
+
+
+def _indices(node: fx.Node) -> bool:
+    """Integers or bools: what an index input reads (a selection's indices, a mask built from them)."""
+    dtype = _dtype(node)
+    return dtype is not None and dtype not in FLOAT_DTYPES and not dtype.is_complex
+
+
+def _tensors(node: fx.Node) -> list[fx.Node]:
+    """The tensors ``node`` gives: itself, or for a tuple result (``topk``, ``max.dim``) its ``getitem`` users."""
+    if isinstance(node.meta.get("val"), (tuple, list)):
+        return [u for u in node.users if u.op == "call_function" and u.target is operator.getitem]
+    return [node]
 
 
 class _Flow:
@@ -77,6 +99,24 @@ class _Flow:
                     if arg is node and index not in entry.index_inputs and index not in entry.shape_inputs:
                         yield op, index
         return uses
+
+    def index_uses(self, op: FxOp) -> Iterator[tuple[FxOp, int]]:
+        """(reader, tensor argument index) per use of one of ``op``'s integer or bool results, every argument."""
+        for tensor in _tensors(op.fx):
+            if not _indices(tensor):
+                continue
+            for user in tensor.users:
+                reader = self.ops.get(user)
+                if reader is not None:
+                    yield from ((reader, k) for k, (_, arg) in enumerate(tensor_arguments(user)) if arg is tensor)
+
+
+def index_readers_of(policy: AtenPolicy, ops: Mapping[fx.Node, FxOp]) -> dict[FxOp, tuple[FxOp, int]]:
+    """The selections (the table's ``selects``) whose indices an index input (``index_inputs``) reads, each with
+    that (reader, tensor argument index); ``ops``: the graph's ATen ops by node."""
+    flow = _Flow(policy, ops)
+    selections = [op for op in ops.values() if (p := flow.entry(op)) is not None and p.selects]
+    return index_readers(selections, flow.index_uses, flow.entry) if selections else {}
 
 
 def position_placeholders(gm: fx.GraphModule, policy: AtenPolicy, ops: Mapping[fx.Node, FxOp]) -> list[fx.Node]:

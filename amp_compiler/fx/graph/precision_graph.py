@@ -50,7 +50,7 @@ from amp_compiler.fx.graph.arguments import (
     tensor_arguments,
     viewed,
 )
-from amp_compiler.fx.graph.integer_flow import counted_ops
+from amp_compiler.fx.graph.integer_flow import counted_ops, index_readers_of
 from amp_compiler.fx.graph.policy import AtenPolicy, op_name, policy_name
 from amp_compiler.fx.graph.views import FLOAT_DTYPES, TORCH_TO_IR, FxOp, FxSlot, FxValue, is_float, tensor_dtype
 from amp_compiler.policy import Category, OpPolicy
@@ -370,6 +370,7 @@ class _Builder:
             digraph=digraph,
             node_vertices=node_vertices,
             unknown_ops=self.unknown,
+            index_readers=index_readers_of(self.policy, self.ops),
             counted=counted_ops(self.gm, self.policy, self.ops, self.constants.keys()),
         )
         return FxPrecisionGraph(
