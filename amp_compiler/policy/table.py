@@ -76,6 +76,9 @@ class GemmLayout:
     source: str  # the op's definition this layout is read from
     transpose: tuple[str, str] | None = None  # attributes that transpose A and B when set (ONNX Gemm)
     bias: int | str | None = None  # the input added to the product (Gemm's C, a convolution's bias)
+    # A matmul's argument holding the axis of A that the product sums (linalg_vecdot's ``dim``): K is A's size
+    # there, where it is not the last (A [..., K]) nor, transposed, the one before.
+    k_axis: str | None = None
 
     @classmethod
     def from_toml(cls, raw: dict, op: str) -> GemmLayout:
@@ -90,7 +93,10 @@ class GemmLayout:
         source = raw.get("source", "")
         if not source.strip():
             raise ValueError(f"{op}: a gemm layout says where it is defined (source)")
-        return cls(kind, operands, source, tuple(transpose) if transpose else None, raw.get("bias"))
+        k_axis = raw.get("k_axis")
+        if k_axis is not None and (kind is not GemmKind.MATMUL or not isinstance(k_axis, str)):
+            raise ValueError(f"{op}: k_axis names the argument holding a matmul's summed axis")
+        return cls(kind, operands, source, tuple(transpose) if transpose else None, raw.get("bias"), k_axis)
 
     def weight_axes(self, rank: int, transposed: bool = False) -> tuple[int, int]:
         """The reduction axis and the output axis of the second operand of a matmul or a convolution of

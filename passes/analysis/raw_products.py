@@ -27,19 +27,28 @@ A long contraction (an image stem's Conv, K = 3 x 7 x 7 = 147, on raw pixels) do
 Cores, and a short one of learned activations (a depthwise Conv, K = 9) cancels nothing raw: both are
 left to the other rules.
 
-Found on the precision graph: a free vertex of a Tensor Core op (the table's ``tensor_core`` with a
-``gemm`` layout) whose contraction size K (:func:`contraction_size`: a matmul's A [..., M, K], ONNX
-Gemm's ``transA`` read; a convolution's weight [C_out, C_in/group, kernel...], K = C_in/group x kernel; an
-ONNX Einsum's summed indices) is statically known and below :data:`MMA_K`, and one of whose operands is
-computed from a float graph input (:func:`~amp_compiler.passes.analysis.phase.is_raw`'s first kind; not a float
-computed from integers, such as a mask's or position ids' Cast: a mask gating features is no coordinate, and a
-rotary angle is the phase-argument pass's) through ops linear in their input
+The same holds, with less to lose, for the matrix-vector products and dots the ATen table lays out without
+``tensor_core`` (``mv``, ``addmv``, ``linalg_vecdot``, ``dot``, ``vdot``): no Tensor Core work at any K (2 FLOPs per
+element read, bound by memory), so FP32 there costs no Tensor Core FLOP, only bytes. Point-to-plane distances
+``n.p - d`` of LiDAR points ~1000 m out into an RBF MLP, converted with ``amp_compiler.fx``: ``mv`` 15.6% of range
+in FP16 and ``linalg_vecdot`` 17.1% before, 0.106% now (``pts @ n`` and the ONNX wing: 0.106%); an einsum Gram
+``einsum("bnd,bmd->bnm", pos, pos)`` of atoms 40-50 A out, 5.0% before, 0% now (a kNN-distance MLP 67.7% ->
+0.021%; the ONNX wing 0.026%).
+
+Found on the precision graph: a free vertex of a matrix product (:func:`is_product`: the table's ``gemm``
+layout) whose contraction size K (:func:`contraction_size`: a matmul's A [..., M, K], ONNX Gemm's ``transA``
+read, linalg_vecdot's ``dim``; a convolution's weight [C_out, C_in/group, kernel...], K = C_in/group x kernel; an
+einsum's summed indices, :func:`amp_compiler.core.einsum.contraction_size` of the ONNX attribute's or the ATen
+argument's equation and the operands' shapes) is statically known and below :data:`MMA_K`, and one of whose
+operands is computed from a float graph input (:func:`~amp_compiler.passes.analysis.phase.is_raw`'s first
+kind; not a float computed from integers, such as a mask's or position ids' Cast: a mask gating features is no
+coordinate, and a rotary angle is the phase-argument pass's) through ops linear in their input
 (:func:`~amp_compiler.passes.analysis.phase.is_linear`, the table's ``signal``: data movement, Add, Sub, Mul,
 powers and sums) that are no products themselves (a projection computes learned features), on
 :func:`~amp_compiler.core.graph.dataflow`. The Gram case's operands are ``pos`` and ``Transpose(pos)``. A
-Gather of a table by token ids is constant-derived, no raw value; symbolic dims (ONNX) leave K unknown and
-the op as it was. On FX graphs a dim is its traced size (symbolic sizes count as their hint), and an einsum's
-equation is not read: its K is unknown there.
+Gather of a table by token ids is constant-derived, no raw value. A K not statically known (symbolic ONNX
+dims, an einsum equation that cannot be read) leaves the op as it was on both frontends: no pin, the other
+rules decide. On FX graphs a dim is its traced size (symbolic sizes count as their hint).
 
 Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
 (``user.allow``), is DENY with rule ``policy.high.raw-small-product`` and a reason naming K, the raw value and
@@ -58,15 +67,16 @@ import ml_dtypes
 import networkx as nx
 import onnx_ir as ir
 
+from amp_compiler.core.einsum import contraction_size as einsum_contraction
 from amp_compiler.core.graph import PrecisionGraph, SlotKind, Vertex, dataflow
 from amp_compiler.core.plan import PrecisionPlan, Role, Rule
 from amp_compiler.onnx.ir.slots import attribute_value
 from amp_compiler.passes.analysis.base import AnalysisPass, ensure_only_pinned, paths_into, require_roles
 from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinnable
 from amp_compiler.passes.analysis.phase import angle_error, constant_derived, is_linear, is_raw
-from amp_compiler.policy import GemmKind
+from amp_compiler.policy import GemmKind, GemmLayout, OpPolicy
 
-__all__ = ["MMA_K", "RawSmallProductPass", "contraction_size", "raw_small_products"]
+__all__ = ["MMA_K", "RawSmallProductPass", "contraction_size", "is_product", "raw_small_products"]
 
 #: The K of one FP16/BF16 MMA instruction on Ampere and Hopper (mma.m16n8k16, wgmma's k16): a product with a
 #: shorter contraction is padded to it, so its FLOPs gain nothing on Tensor Cores.
@@ -98,43 +108,62 @@ def _operand_shape(vertex: Vertex, operand: int | str) -> ir.Shape | None:
 
 
 def _attribute(node: object, name: str) -> object:
-    """An ONNX node's attribute value (None for other frontends' ops, or absent)."""
-    return attribute_value(node, name) if isinstance(node, ir.Node) else None
+    """An op's attribute: an ONNX node's, an ATen call's non-tensor schema argument (the FX frontend's
+    ``FxOp.attribute``, einsum's ``equation``); None when absent."""
+    if isinstance(node, ir.Node):
+        return attribute_value(node, name)
+    read = getattr(node, "attribute", None)
+    return read(name) if callable(read) else None
 
 
-def _einsum_k(node: object, shapes: Sequence[tuple[int | None, ...] | None]) -> int | None:
-    """The product of the sizes of an ONNX Einsum's summed indices (in its inputs, not its output)."""
-    equation = _attribute(node, "equation")
-    if not isinstance(equation, str) or "->" not in equation or "." in equation:
-        return None
-    ins, out = equation.replace(" ", "").split("->")
-    sizes: dict[str, int] = {}
-    for term, shape in zip(ins.split(","), shapes, strict=False):
-        if shape is not None and len(shape) == len(term):
-            sizes.update((letter, d) for letter, d in zip(term, shape, strict=True) if d is not None)
-    summed = sorted(set(ins.replace(",", "")) - set(out))
-    return _product([sizes.get(letter) for letter in summed]) if summed else None
+def _operand_shapes(vertex: Vertex, layout: GemmLayout, count: int) -> list[tuple[int | None, ...] | None]:
+    """The dims of an einsum's ``count`` operands as its vertex's input slots hold them, by slot index: every
+    input of an ONNX Einsum (its layout names none), the elements of an ATen einsum's ``tensors`` list (the
+    call's only tensor arguments); None for an operand no slot holds (not a float)."""
+    shapes: list[tuple[int | None, ...] | None] = [None] * count
+    for slot in vertex.slots:
+        if slot.kind is not SlotKind.NODE_IN or slot.value is None or not 0 <= slot.index < count:
+            continue
+        if not layout.operands or getattr(slot, "arg", None) in layout.operands:
+            shapes[slot.index] = _dims(slot.value.shape)
+    return shapes
+
+
+def is_product(policy: OpPolicy | None) -> bool:
+    """A matrix product: a Tensor Core op, or a product the table lays out (``gemm``) that runs on no Tensor
+    Core (a matrix-vector product, a dot: bound by memory)."""
+    return policy is not None and (policy.tensor_core or policy.gemm is not None)
 
 
 def contraction_size(vertex: Vertex) -> int | None:
-    """How many products each output element of a Tensor Core op sums (K), where its shapes say statically:
-    a matmul's A [..., M, K] (ONNX Gemm's ``transA``: [K, M]), a convolution's C_in/group x kernel (its weight
-    [C_out, C_in/group, kernel...]), an ONNX Einsum's summed indices; None otherwise."""
+    """How many products each output element of a matrix product sums (K), where its shapes say statically:
+    a matmul's A [..., M, K] (ONNX Gemm's ``transA``: [K, M]; ATen mv's matrix, a dot's vector), a
+    convolution's C_in/group x kernel (its weight [C_out, C_in/group, kernel...]), an einsum's summed indices
+    (:func:`amp_compiler.core.einsum.contraction_size`, its equation read from the ONNX attribute or the ATen
+    argument); None otherwise."""
     policy = vertex.policy
-    layout = policy.gemm if policy is not None and policy.tensor_core else None
+    layout = policy.gemm if policy is not None else None
     if layout is None or vertex.node is None:
         return None
     if layout.kind is GemmKind.MATMUL:
         a = _dims(_operand_shape(vertex, layout.operands[0]))
         if not a:
             return None
+        if layout.k_axis is not None:  # linalg_vecdot's dim (left out: the last)
+            axis = _attribute(vertex.node, layout.k_axis)
+            axis = -1 if axis is None else axis
+            return a[axis] if isinstance(axis, int) and -len(a) <= axis < len(a) else None
         transposed = bool(layout.transpose and _attribute(vertex.node, layout.transpose[0]))
         return a[-2] if transposed and len(a) >= 2 else a[-1]
     if layout.kind is GemmKind.CONV:
         weight = _dims(_operand_shape(vertex, layout.operands[1]))
         return _product(weight[1:]) if weight and len(weight) >= 3 else None
-    if layout.kind is GemmKind.EINSUM and isinstance(vertex.node, ir.Node):
-        return _einsum_k(vertex.node, [_dims(v.shape) if v is not None else None for v in vertex.node.inputs])
+    if layout.kind is GemmKind.EINSUM:
+        equation = _attribute(vertex.node, "equation")
+        if not isinstance(equation, str):
+            return None
+        count = equation.partition("->")[0].count(",") + 1
+        return einsum_contraction(equation, _operand_shapes(vertex, layout, count))
     return None
 
 
@@ -142,12 +171,12 @@ def _carries_raw(vertex: Vertex, digraph: nx.DiGraph, derived: set[int]) -> bool
     """Passes raw values on: linear in its input (:func:`~amp_compiler.passes.analysis.phase.is_linear`) and no
     product of its own. A projection with learned weights computes features (MobileNet's convolutions from the
     image on, a value projection from the hidden states), not coordinates."""
-    return is_linear(vertex, digraph, derived) and not (vertex.policy is not None and vertex.policy.tensor_core)
+    return is_linear(vertex, digraph, derived) and not is_product(vertex.policy)
 
 
 def raw_small_products(graph: PrecisionGraph) -> dict[int, tuple[Vertex, int]]:
-    """Per free Tensor Core vertex with K below :data:`MMA_K` reading an operand computed linearly from a float
-    graph input: (that input's vertex, K)."""
+    """Per free product vertex (:func:`is_product` with a ``gemm`` layout) with K below :data:`MMA_K` reading an
+    operand computed linearly from a float graph input: (that input's vertex, K)."""
     digraph = dataflow(graph)
     derived = constant_derived(graph, digraph)
     found: dict[int, tuple[Vertex, int]] = {}
@@ -172,7 +201,7 @@ class RawSmallProductPass(AnalysisPass):
     def ensures(self, graph: PrecisionGraph, plan: PrecisionPlan, before: PrecisionPlan) -> None:
         found = raw_small_products(graph)
         ensure_only_pinned(self, graph, plan, before, PINNABLE, Role.DENY, frozenset({Rule.RAW_SMALL_PRODUCT}), found)
-        ensure_pinned(self, graph, plan, found, f"is a Tensor Core op with K < {MMA_K} reading raw values")
+        ensure_pinned(self, graph, plan, found, f"is a matrix product with K < {MMA_K} reading raw values")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
         name = graph.target.value.upper()
@@ -182,11 +211,17 @@ class RawSmallProductPass(AnalysisPass):
         for vid, (raw, k) in sorted(raw_small_products(graph).items()):
             if not pinnable(plan, vid):
                 continue
+            policy = graph.vertices[vid].policy
+            saves = (
+                f"K < {MMA_K} gains nothing on Tensor Cores (one MMA tile takes K = {MMA_K}: the product is bound by "
+                "memory)" if policy is not None and policy.tensor_core else
+                "it is no Tensor Core work (a matrix-vector product or a dot: bound by memory), so FP32 costs no "
+                "Tensor Core FLOP, only the bytes of its FP32 operands and result"
+            )
             plan.set_role(
                 vid, Role.DENY, Rule.RAW_SMALL_PRODUCT,
                 f"FP32: a product over K = {k} of values computed linearly from {raw.describe()} (raw coordinates "
                 f"or features): its result is cancelled or its absolute value matters ({name} stores a Gram entry "
                 f"a.b = 5000 of coordinates 40 from the origin to within {err:g}, which |a|^2 + |b|^2 - 2 a.b "
-                f"cancels{beyond}), and K < {MMA_K} gains nothing on Tensor Cores (one "
-                f"MMA tile takes K = {MMA_K}: the product is bound by memory)",
+                f"cancels{beyond}), and {saves}",
             )

@@ -6,8 +6,9 @@ baddbmm, matmul, ..., and the GEMM callables the caller names: the FP8 paths' ow
 C_out/groups * kernel``, einsum the product of all index sizes (times 2), scaled-dot-product
 attention its two matrix products; other numeric ops one per output element; data movement (the
 policy's PASS and NONFLOAT ops), casts, quantizers, placeholders, attributes and outputs none.
-Which ops are matrix products or convolutions, and which argument holds K or the weight, is the ATen
-table's ``gemm`` layout of each (:class:`~amp_compiler.policy.GemmLayout`). Shapes are the traced
+Which ops are matrix products or convolutions (matrix-vector products and dots included: ``mv``, ``dot``,
+``linalg_vecdot``, no Tensor Core work), and which argument holds K or the weight, is the ATen table's
+``gemm`` layout of each (:class:`~amp_compiler.policy.GemmLayout`). Shapes are the traced
 ``meta["val"]`` (symbolic sizes count as their hint).
 """
 
@@ -51,7 +52,8 @@ def _arg(node: fx.Node, name: str) -> object:
 
 def _matmul(node: fx.Node, gemm: GemmLayout) -> int:
     lhs = _shape(_arg(node, str(gemm.operands[0])))
-    return 2 * _numel(node) * (lhs[-1] if lhs else 0)
+    axis = _arg(node, gemm.k_axis) if gemm.k_axis is not None else -1  # linalg_vecdot's dim
+    return 2 * _numel(node) * (lhs[axis] if lhs and isinstance(axis, int) and -len(lhs) <= axis < len(lhs) else 0)
 
 
 def _conv(node: fx.Node, gemm: GemmLayout) -> int:

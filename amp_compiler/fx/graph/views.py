@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from amp_compiler.core.graph import SlotKind
+from amp_compiler.fx.graph.arguments import schema_argument
 
 __all__ = [
     "FLOAT_DTYPES", "FP8_TO_IR", "FxOp", "FxSlot", "FxValue", "IR_TO_TORCH", "TORCH_TO_IR", "dim_hint", "is_float",
@@ -79,6 +80,20 @@ class FxOp:
         self.domain = domain
         self.name = node.name
         self.inputs = inputs
+
+    def attribute(self, name: str) -> object:
+        """The value of the call's schema argument ``name`` where it holds no tensor (einsum's ``equation``):
+        what an ONNX node holds as an attribute. None when the call leaves it out (or passes tensors there)."""
+        present, value = schema_argument(self.fx, name)
+        holds_tensor = False
+
+        def find(n: fx.Node) -> fx.Node:
+            nonlocal holds_tensor
+            holds_tensor = True
+            return n
+
+        fx.node.map_arg(value, find)
+        return value if present and not holds_tensor else None
 
     def __repr__(self) -> str:
         return f"FxOp({self.op_type}, {self.name})"

@@ -70,25 +70,33 @@ def test_fx_fields_name_schema_arguments(entries):
             assert any(e["dtype_attr"] in [a.name for a in s.arguments] for s in schemas), e["op"]
 
 
+# Matrix-vector products and dots: a product layout (policy.high.raw-small-product reads their K), no Tensor Core work.
+MEMORY_BOUND_PRODUCTS = {"mv", "addmv", "linalg_vecdot", "dot", "vdot"}
+
+
 def test_gemm_layouts_name_schema_arguments(entries):
-    """Each Tensor Core op's product layout (``[op.gemm]``) names arguments of the op's schema and says
-    where it is defined; where the FP8 path names the same op's operands, they are the same ones."""
+    """Each product layout (``[op.gemm]``: Tensor Core ops, and the matrix-vector products and dots that are
+    none) names arguments of the op's schema and says where it is defined; where the FP8 path names the same
+    op's operands, they are the same ones."""
     kinds = {}
     for e in entries:
         if "gemm" not in e:
             continue
         gemm, name = e["gemm"], e["op"]
-        assert e.get("tensor_core") and gemm["source"].startswith(f"aten::{name}("), name
+        assert gemm["source"].startswith(f"aten::{name}("), name
+        assert e.get("tensor_core") or name in MEMORY_BOUND_PRODUCTS, name
         packet = getattr(aten, name)
         arguments = {a.name for o in packet.overloads() for a in getattr(packet, o)._schema.arguments}
-        assert {*gemm["operands"], gemm.get("bias", gemm["operands"][0])} <= arguments, name
+        assert {*gemm["operands"], gemm.get("bias", gemm["operands"][0]), gemm.get("k_axis", gemm["operands"][0])} \
+            <= arguments, name
         if gemm["kind"] == "einsum":
             assert "equation" in arguments, name
         if "fp8_operands" in e:
             assert gemm["operands"] == e["fp8_operands"] and gemm.get("bias") == e.get("fp8_bias"), name
         kinds.setdefault(gemm["kind"], set()).add(name)
     assert kinds == {
-        "matmul": {"mm", "bmm", "matmul", "linear", "addmm", "baddbmm", "addbmm", "_addmm_activation"},
+        "matmul": {"mm", "bmm", "matmul", "linear", "addmm", "baddbmm", "addbmm", "_addmm_activation",
+                   *MEMORY_BOUND_PRODUCTS},
         "conv": {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_tbc"},
         "conv_transpose": {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
         "einsum": {"einsum"},
