@@ -10,7 +10,8 @@ argument), as numpy, ONNX and torch define it:
   alphabetical order; explicit mode: the output term says, and ellipsis dims it leaves out are summed;
 - an index's size is the largest size it has in the operands (a size-1 dim broadcasts).
 
-:func:`contraction_size` is K, what the Tensor Core rules read (``passes/analysis/raw_products.py``).
+:func:`contraction_size` is K, what the Tensor Core rules read (``passes/analysis/raw_products.py``);
+:func:`einsum_flops` the cost models' FLOPs (``onnx/costs/costs.py``, ``fx/graph/flops.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-__all__ = ["EinsumIndices", "contraction_size", "einsum_indices"]
+__all__ = ["EinsumIndices", "contraction_size", "einsum_flops", "einsum_indices"]
 
 Dims = Sequence[int | None] | None
 
@@ -107,3 +108,14 @@ def contraction_size(equation: str, shapes: Sequence[Dims]) -> int | None:
     sizes = indices.sizes(shapes)
     known = [sizes.get(i) for i in indices.summed]
     return math.prod(d for d in known if d is not None) if None not in known else None
+
+
+def einsum_flops(equation: str, shapes: Sequence[Dims]) -> int | None:
+    """An einsum's FLOPs: a multiply-add (2) per combination of its indices, the product of all their sizes;
+    None when the equation cannot be read or an index's size is unknown."""
+    indices = einsum_indices(equation, [len(s) if s is not None else None for s in shapes])
+    if indices is None:
+        return None
+    sizes = indices.sizes(shapes)
+    every = dict.fromkeys(i for term in indices.operands for i in term)
+    return 2 * math.prod(sizes[i] for i in every) if every and all(i in sizes for i in every) else None

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection
 import torch
 import torch.fx as fx
 
+from amp_compiler.core.einsum import einsum_flops
 from amp_compiler.fx.graph.arguments import schema_argument, tensor_arguments
 from amp_compiler.fx.graph.policy import AtenPolicy, op_name, policy_name
 from amp_compiler.fx.graph.views import dim_hint
@@ -70,13 +71,10 @@ def _conv(node: fx.Node, gemm: GemmLayout) -> int:
 def _einsum(node: fx.Node, gemm: GemmLayout) -> int:
     equation = _arg(node, "equation")
     operands = _arg(node, str(gemm.operands[0]))
-    if not isinstance(equation, str) or "..." in equation or not isinstance(operands, (list, tuple)):
+    if not isinstance(equation, str) or not isinstance(operands, (list, tuple)):
         return _numel(node)
-    sizes: dict[str, int] = {}
-    for term, op in zip(equation.split("->")[0].split(","), operands, strict=False):
-        shape = _shape(op) or ()
-        sizes.update(zip(term.strip(), shape, strict=False))
-    return 2 * math.prod(sizes.values()) if sizes else 0
+    flops = einsum_flops(equation, [_shape(op) for op in operands])
+    return flops if flops is not None else _numel(node)
 
 
 def _attention(node: fx.Node) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import onnx
 import onnx.shape_inference
 
+from amp_compiler.core.einsum import einsum_flops
 from amp_compiler.errors import OptionError
 from amp_compiler.onnx.costs import dims
 from amp_compiler.onnx.costs.fused import attr, fused_flops, fused_gemm_dims
@@ -299,17 +300,9 @@ def _gemm_flops(node: onnx.NodeProto, gemm: GemmLayout, ins: list, out: tuple[in
     return None
 
 
-def _einsum_flops(node: onnx.NodeProto, ins: list) -> int:
-    sizes: dict[str, int] = {}
+def _einsum_flops(node: onnx.NodeProto, ins: list) -> int | None:
     eq = attr(node, "equation", b"")
-    eq = eq.decode() if isinstance(eq, bytes) else eq
-    terms = eq.replace(" ", "").split("->")[0].split(",")
-    for term, s in zip(terms, ins, strict=False):
-        if s is None or "." in term:
-            continue
-        for letter, d in zip(term, s, strict=False):
-            sizes[letter] = d
-    return 2 * math.prod(sizes.values()) if sizes else 0
+    return einsum_flops(eq.decode() if isinstance(eq, bytes) else eq, ins)
 
 
 def _gemm_dims(node: onnx.NodeProto, gemm: GemmLayout, ins: list) -> dict[str, int] | None:

@@ -45,3 +45,22 @@ def test_without_its_layout_an_op_counts_one_flop_per_output_element():
     flops = _flops_by_op(AtenPolicy(table, default.info))
     assert flops["linear"] == 5 * 24
     assert flops["conv1d"] == 2 * (2 * 8 * 8) * 4 * 3
+
+
+class VectorProducts(torch.nn.Module):
+    def forward(self, m, v, x):
+        return (torch.mv(m, v).sum() + torch.linalg.vecdot(x, x, dim=0).sum() + torch.dot(v, v)
+                + torch.einsum("...nd,...md->...nm", x, x).sum())
+
+
+def test_matrix_vector_products_dots_and_ellipsis_einsums_count_their_k():
+    """mv, linalg_vecdot (K along its dim), dot: 2 * output elements * K from their layouts (before: one FLOP
+    per output element); an einsum with an ellipsis: every index, its ellipsis dims included (before: one per
+    output element)."""
+    gm = ampfx.capture(VectorProducts().eval(), (torch.randn(7, 5), torch.randn(5), torch.randn(2, 6, 4)))
+    flops = graph_flops(gm, default_policy())
+    by_op = {op_name(n.target) or "": flops[n.name] for n in gm.graph.nodes if n.op == "call_function"}
+    assert by_op["mv"] == 2 * 7 * 5
+    assert by_op["linalg_vecdot"] == 2 * (6 * 4) * 2
+    assert by_op["dot"] == 2 * 5
+    assert by_op["einsum"] == 2 * 2 * 6 * 6 * 4
