@@ -131,6 +131,11 @@ def test_contraction_sizes():
                    [vi("a", F32, ["n", 3]), vi("b", F32, ["m", 3])], [vi("y", F32, ["n", "m"])])
     assert _k(einsum, "e") == 3
     assert _rules(einsum)["e"] == ("fp32", RULE)
+    # an ellipsis (read as torch reads it, amp_compiler/core/einsum.py; before: K unknown, the Einsum low)
+    ellipsis = model([helper.make_node("Einsum", ["a", "b"], ["y"], name="e", equation="...nd,...md->...nm")],
+                     [vi("a", F32, [2, "n", 3]), vi("b", F32, [2, "m", 3])], [vi("y", F32, [2, "n", "m"])])
+    assert _k(ellipsis, "e") == 3
+    assert _rules(ellipsis)["e"] == ("fp32", RULE)
     dynamic = model([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")],
                     [vi("a", F32, ["n", "k"]), vi("b", F32, ["k", 4])], [vi("y", F32, ["n", 4])])
     assert _k(dynamic, "mm") is None  # K not known statically: left to the other rules
