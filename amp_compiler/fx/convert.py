@@ -14,8 +14,10 @@ import torch.fx as fx
 
 from amp_compiler import targets
 from amp_compiler.errors import OptionError
+from amp_compiler.fx.fp8.inference import calibration_samples, graph_inputs
 from amp_compiler.fx.graph.pipeline import capture_for_inference, transform
 from amp_compiler.fx.graph.policy import AtenPolicy
+from amp_compiler.fx.graph.ranges import ObservedRanges, calibration_ranges, probe_ranges
 from amp_compiler.targets import Target
 
 __all__ = ["convert"]
@@ -38,6 +40,7 @@ def convert(
     fp8_budget: float = targets.FP8_BUDGET,
     fp8_max_error: float = targets.FP8_MAX_ERROR,
     fp8_max_subnormal: float = targets.FP8_MAX_SUBNORMAL,
+    probe: bool = True,
 ) -> fx.GraphModule:
     """Convert ``model`` to a mixed-precision GraphModule for inference, with explicit casts.
 
@@ -54,6 +57,12 @@ def convert(
     products (linear, mm, addmm, bmm, matmul) whose statistics on them allow it take FP8 E4M3 inputs
     (``fp8_*``: the ONNX path's ``--fp8-*`` settings); everything else is converted as for FP16
     (:mod:`amp_compiler.fx.fp8.inference`).
+
+    FP16 and BF16 observe the FP32 graph's activation ranges first (:mod:`amp_compiler.fx.graph.ranges`):
+    on the ``calibration`` samples where given (rules ``calibration.overflow``/``underflow``, as the ONNX
+    path's ``--calibration-data``), else on the example inputs (``probe.overflow``/``underflow``, as its
+    range probe; ``probe=False`` skips that run, as the ONNX path's ``--no-probe``, and the report warns
+    that ranges were not checked). What overflows or underflows the target stays FP32.
     """
     target = Target.parse(target) if isinstance(target, str) else target
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -64,9 +73,29 @@ def convert(
         return convert_fp8(model, inputs, example_kwargs, calibration=calibration, opts=opts, block_ops=block_ops,
                            block_nodes=block_nodes, dynamic_shapes=dynamic_shapes, fold_bn=fold_bn,
                            placement=placement, policy=policy)
-    if calibration is not None:
-        raise OptionError("calibration samples are for target fp8 only", option="calibration")
+    given = _calibration(calibration, inputs, example_kwargs, dynamic_shapes)
     captured = capture_for_inference(model, inputs, example_kwargs, dynamic_shapes=dynamic_shapes, fold_bn=fold_bn)
-    transform(captured.gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
-              parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement)
-    return captured.gm
+    gm = captured.gm
+    if given:
+        observed = calibration_ranges(gm, [graph_inputs(gm, args, kwargs) for args, kwargs in given])
+    elif probe:
+        observed = probe_ranges(gm, graph_inputs(gm, inputs, example_kwargs or {}))
+    else:
+        observed = ObservedRanges.unchecked("probe=False and no calibration samples")
+    transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
+              parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement,
+              observed=observed)
+    return gm
+
+
+def _calibration(
+    calibration: Iterable[Any] | None, inputs: tuple, example_kwargs: dict | None, dynamic_shapes: Any
+) -> list[tuple[tuple, dict]]:
+    """The calibration samples as ``(args, kwargs)`` pairs, checked against the example (none: [])."""
+    if calibration is None:
+        return []
+    samples = list(calibration)
+    if not samples:
+        raise OptionError("calibration is empty: give samples like example_inputs, or leave it out",
+                          option="calibration")
+    return calibration_samples(samples, inputs, example_kwargs, same_shapes=dynamic_shapes is None)

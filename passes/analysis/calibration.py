@@ -27,8 +27,9 @@ Guarantees, given per-tensor ranges observed on the FP32 model (``amp_compiler.o
 ``ensures`` checks both rules and that only free vertices changed, and only to DENY.
 
 With ``generated`` the ranges come from the range probe's run on generated inputs
-(:mod:`amp_compiler.onnx.measure.range_probe`): the same two rules, as ``probe.overflow`` and
-``probe.underflow``, with reasons that say so.
+(:mod:`amp_compiler.onnx.measure.range_probe`), or the FX conversion's run on its example inputs
+(:mod:`amp_compiler.fx.graph.ranges`): the same two rules, as ``probe.overflow`` and
+``probe.underflow``, with reasons that say so (``seen``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from amp_compiler.passes.analysis.base import AnalysisPass, ensure_all, ensure_o
 from amp_compiler.passes.analysis.constants import mask_paths
 from amp_compiler.targets import Target
 
-__all__ = ["CalibrationRangePass"]
+__all__ = ["CalibrationRangePass", "observed_magnitude"]
 
 _PINNABLE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
 #: FP16's unit roundoff: the most its rounding moves a normal value, relative to the value.
@@ -55,11 +56,12 @@ FP16_UNIT_ROUNDOFF = 2.0**-11
 def _constant(value) -> bool:
     """An initializer or a Constant node's output: its flush is :class:`~amp_compiler.passes.analysis.
     constants.ConstantRangePass`' to judge (against what the node computes), not a share of it."""
-    producer = value.producer()
-    return value.const_value is not None or (producer is not None and producer.op_type == "Constant")
+    # An FX graph's activations (FxValue) have neither: they are never constants here.
+    producer = value.producer() if hasattr(value, "producer") else None
+    return getattr(value, "const_value", None) is not None or (producer is not None and producer.op_type == "Constant")
 
 
-def _magnitude(r: TensorRange, mask_floor: float | None) -> float:
+def observed_magnitude(r: TensorRange, mask_floor: float | None) -> float:
     """The observed magnitude that counts: on a rewritten mask's path (``mask_floor``: the most
     negative constant rewritten), values at or below half of it are the mask's and do not."""
     if mask_floor is not None and r.min <= mask_floor / 2:
@@ -78,6 +80,9 @@ class CalibrationRangePass(AnalysisPass):
     # all flush is 2048 of it (docs/converting.md).
     underflow_factor: float = 1.0
     generated: bool = False  # the ranges come from generated inputs (the range probe), not data
+    # What the ranges were seen on, as reasons name it (default: the calibration data, or the probe's
+    # generated inputs): the FX conversion's "the example inputs", "3 calibration samples".
+    seen: str = ""
 
     @property
     def rules(self) -> tuple[Rule, Rule]:
@@ -96,7 +101,7 @@ class CalibrationRangePass(AnalysisPass):
 
         def within_range(vertex: Vertex) -> bool:
             return plan.roles[vertex.id] not in _PINNABLE or all(
-                _magnitude(r, masks.get(vertex.id)) * self.margin <= self.target.max
+                observed_magnitude(r, masks.get(vertex.id)) * self.margin <= self.target.max
                 for s in vertex.slots
                 if s.value is not None and s.value.name and (r := self.ranges.get(s.value.name)) is not None
             )
@@ -119,7 +124,7 @@ class CalibrationRangePass(AnalysisPass):
         name = self.target.value.upper()
         masks = mask_paths(graph, plan)
         overflow, underflow = self.rules
-        seen = "generated inputs (the range probe)" if self.generated else "the calibration data"
+        seen = self.seen or ("generated inputs (the range probe)" if self.generated else "the calibration data")
         for vertex in graph.vertices:
             if plan.roles[vertex.id] in (Role.FIXED, Role.DENY):
                 continue
@@ -129,7 +134,7 @@ class CalibrationRangePass(AnalysisPass):
                 if r is None:
                     continue
                 where = "input" if slot.kind in (SlotKind.NODE_IN, SlotKind.GRAPH_OUT) else "output"
-                magnitude = _magnitude(r, masks.get(vertex.id))
+                magnitude = observed_magnitude(r, masks.get(vertex.id))
                 if magnitude * self.margin > self.target.max:
                     plan.set_role(
                         vertex.id, Role.DENY, overflow,

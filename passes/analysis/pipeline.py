@@ -97,6 +97,7 @@ class AnalysisSettings:
     kept: Mapping[Hashable, str] = dataclasses.field(default_factory=dict)
     ranges: Mapping[str, TensorRange] | None = None
     ranges_generated: bool = False  # ``ranges`` come from the range probe's generated inputs
+    ranges_seen: str = ""  # what ``ranges`` were seen on, as reasons say it (default: calibration data / probe)
     placement: str = "mincut"
     reached: Mapping[str, float] | None = None
     stated_reached: Mapping[str, float] | None = None
@@ -129,7 +130,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))
     if settings.ranges:
-        passes.append(CalibrationRangePass(settings.ranges, settings.target, generated=settings.ranges_generated))
+        passes.append(CalibrationRangePass(settings.ranges, settings.target, generated=settings.ranges_generated,
+                                           seen=settings.ranges_seen))
     if settings.runtime_hazards:
         passes.append(RuntimeHazardPass(settings.provider))  # once every role is final
     passes.append(PaintPass())

@@ -45,7 +45,7 @@ def test_the_report_names_the_outputs_as_captured_for_the_onnx_export():
 
 def test_sizes_print_with_units():
     summary = ampfx.report(ampfx.convert(_mlp().eval(), (torch.randn(2, 16),))).summary()
-    assert summary.endswith("parameters 2.70 kB -> 1.35 kB (50%)")  # 676 FP32 values, then FP16
+    assert "| parameters 2.70 kB -> 1.35 kB (50%) |" in summary  # 676 FP32 values, then FP16
     assert [format_bytes(n) for n in (0, 999, 1000, 999_600, 12_345_678, 2 * 10**9)] == [
         "0 B", "999 B", "1.00 kB", "1.00 MB", "12.3 MB", "2.00 GB"]
     assert [parse_bytes(t) for t in ("4G", "512MiB", "1.5k", "100")] == [4 * 10**9, 512 * 2**20, 1500, 100]

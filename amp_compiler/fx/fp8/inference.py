@@ -33,13 +33,17 @@ from amp_compiler.fx.graph.flops import graph_flops
 from amp_compiler.fx.graph.lower import short
 from amp_compiler.fx.graph.pipeline import REPORT_KEY, capture_for_inference, refresh_meta, transform
 from amp_compiler.fx.graph.policy import AtenPolicy, default_policy, op_name, policy_name
+from amp_compiler.fx.graph.ranges import calibration_ranges
 from amp_compiler.fx.graph.report import FxReport, node_dtypes, state_bytes
 from amp_compiler.options import ConvertOptions, check_fp8_options
 from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Target
 
-__all__ = ["calibration_samples", "convert_fp8", "fp8_decisions", "fp8_options", "fp8_report", "redecide", "table_kept"]
+__all__ = [
+    "calibration_samples", "convert_fp8", "fp8_decisions", "fp8_options", "fp8_report", "graph_inputs", "redecide",
+    "table_kept",
+]
 
 
 def _sample(s: Any, example: tuple, example_kwargs: dict) -> tuple[tuple, dict]:
@@ -96,7 +100,7 @@ def calibration_samples(
     return samples
 
 
-def _graph_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> tuple:
+def graph_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> tuple:
     """``args`` and ``kwargs`` flattened to the graph's placeholders, as the module's own ``forward``
     flattens them (its pytree spec orders the keywords)."""
     info = getattr(gm.graph._codegen, "pytree_info", None)
@@ -125,7 +129,7 @@ def convert_fp8(
     captured = capture_for_inference(model, example_inputs, example_kwargs, dynamic_shapes=dynamic_shapes,
                                      fold_bn=fold_bn)
     gm = captured.gm
-    samples = [_graph_inputs(gm, args, kwargs) for args, kwargs in given]
+    samples = [graph_inputs(gm, args, kwargs) for args, kwargs in given]
 
     def blocked(node: fx.Node) -> bool:
         name = op_name(node.target)
@@ -133,8 +137,11 @@ def convert_fp8(
 
     candidates = find_candidates(gm, policy, exclude=[n for n in gm.graph.nodes if blocked(n)])
     choice = choose(gm, candidates, samples, opts)
+    # The FP16 rest's ranges, on the same samples: a GEMM they keep FP32 is not lowered to FP8 (skipped).
+    observed = calibration_ranges(gm, samples)
     transform(gm, Target.FP16, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
-              parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement)
+              parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement,
+              observed=observed)
     lowering = lower_fp8(gm, choice.chosen)
     refresh_meta(gm)
     base: FxReport = gm.meta[REPORT_KEY]

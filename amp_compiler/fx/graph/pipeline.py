@@ -27,6 +27,7 @@ from amp_compiler.fx.graph.flops import graph_flops
 from amp_compiler.fx.graph.lower import lower_plan, short
 from amp_compiler.fx.graph.policy import AtenPolicy, default_policy
 from amp_compiler.fx.graph.precision_graph import FxPrecisionGraph, build_fx_precision_graph
+from amp_compiler.fx.graph.ranges import ObservedRanges, overflow_warnings
 from amp_compiler.fx.graph.report import FxReport, node_decisions, state_bytes
 from amp_compiler.fx.graph.rewrite import fold_batchnorm, functionalize_inplace, own_written_state
 from amp_compiler.passes.analysis import compile_patterns
@@ -112,6 +113,7 @@ def transform(
     parameter_bytes_before: int | None = None,
     notes: dict[str, str] | None = None,
     placement: str = "mincut",
+    observed: ObservedRanges | None = None,
 ) -> FxReport:
     """Convert ``gm`` in place to mixed precision and return the report.
 
@@ -121,6 +123,9 @@ def transform(
     ``notes``: node name -> a sentence appended to that node's reason (rewrites made before).
     ``placement``: ``"mincut"`` re-decides painting's free choices to move the fewest cast bytes
     (the ONNX path's default), ``"paint"`` keeps painting's answer.
+    ``observed``: the FP32 graph's activation ranges (:mod:`amp_compiler.fx.graph.ranges`), which keep
+    FP32 what overflows or underflows the target (the ONNX path's probe and calibration rules); with
+    none observed (``observed.skipped``), a warning says the ranges were not checked.
     """
     target = Target.parse(target) if isinstance(target, str) else target
     if target is Target.FP8:
@@ -151,8 +156,11 @@ def transform(
         table_lookups=(mode == "inference"),
     )
     # The ONNX path's analysis; no kernel coverage nor runtime hazards (they read ONNX ops).
+    seen = observed if observed is not None and observed.ranges else None  # ranges to read, if any
     settings = AnalysisSettings(
         target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False, runtime_hazards=False,
+        ranges=seen.ranges if seen else None, ranges_generated=seen.generated if seen else False,
+        ranges_seen=seen.seen if seen else "",
     )
     plan = plan_precisions(fxg.graph, settings)
     lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
@@ -170,6 +178,13 @@ def transform(
         for op in fxg.graph.unknown_ops
         if op.domain == "aten" and op in fxg.graph.node_vertices
     ]
+    if seen is not None:
+        warnings.extend(overflow_warnings(fxg, plan, lowering.slot_dtypes, seen))
+    if observed is not None and observed.skipped:
+        warnings.append(
+            f"activation ranges were not checked ({observed.skipped}): a tensor beyond {target.value.upper()}'s "
+            "range becomes inf or NaN with no rule keeping it FP32; pass calibration=[samples] to observe them"
+        )
     report = FxReport(
         target=target.value,
         mode=mode,
@@ -181,6 +196,8 @@ def transform(
         warnings=warnings,
         output_names=output_names,
         flops=graph_flops(gm, policy),
+        ranges_from=seen.seen if seen else "",
+        range_runs=seen.runs if seen else 0,
     )
     gm.meta[REPORT_KEY] = report
     return report

@@ -22,7 +22,10 @@ from amp_compiler.fx.graph.views import FLOAT_DTYPES, tensor_dtype
 from amp_compiler.report.model import PrecisionReport
 from amp_compiler.sizes import format_bytes
 
-__all__ = ["FxReport", "node_decisions", "node_dtypes", "state_bytes"]
+__all__ = ["RANGE_RULES", "FxReport", "node_decisions", "node_dtypes", "state_bytes"]
+
+#: The rules observed ranges decide with (:class:`~amp_compiler.passes.analysis.CalibrationRangePass`).
+RANGE_RULES = (Rule.PROBE_OVERFLOW, Rule.PROBE_UNDERFLOW, Rule.CALIBRATION_OVERFLOW, Rule.CALIBRATION_UNDERFLOW)
 
 
 @dataclasses.dataclass
@@ -47,6 +50,11 @@ class FxReport:
     fp8_error: float | None = None
     fp8_budget: float | None = None
     fp8_runs: int = 0
+    # What the activation ranges the analysis read were observed on ("the example inputs", "3
+    # calibration samples"; empty: none were, and a warning says why) and the FP32 runs that took
+    # (amp_compiler.fx.graph.ranges).
+    ranges_from: str = ""
+    range_runs: int = 0
 
     def flops_by_precision(self) -> dict[str, int]:
         """Estimated FLOPs per precision ("fp8", "fp16", "fp32", ...), of the nodes deciding them."""
@@ -96,7 +104,16 @@ class FxReport:
         if self.fp8_error is not None:
             fp8 = f" | FP8 error at the outputs {self.fp8_error:.2%} (budget {self.fp8_budget:.0%})"
         return (f"{self.target} {self.mode} | nodes: {nodes}{flops}{fp8} | casts inserted: {self.casts_inserted} "
-                f"| {params}")
+                f"| {params}{self._ranges_note()}")
+
+    def _ranges_note(self) -> str:
+        """The summary's word on observed ranges: what they were seen on, and how many nodes they kept
+        FP32 (the ONNX summary's probe note)."""
+        if not self.ranges_from:
+            return ""
+        rules = {r.value for r in RANGE_RULES}
+        kept = sum(1 for d in self.decisions if d.rule in rules)
+        return f" | ranges from {self.ranges_from} ({self.range_runs} FP32 run(s)): {kept} node(s) kept FP32 by them"
 
 
     def table(self, verbose: bool = False) -> str:

@@ -31,7 +31,7 @@ from amp_compiler.runtime import child_folds
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.targets import Provider
 
-__all__ = ["IntermediateRunner", "collect_ranges"]
+__all__ = ["IntermediateRunner", "collect_ranges", "ranges_of"]
 
 #: Calibration's pieces are cut at this fraction of the model's live bytes. Two pieces' outputs are
 #: held at once (:func:`runner_child.run_chain` folds one while the next runs); at a sixth each (not a
@@ -192,6 +192,12 @@ def _collect(
     for name, value in constants.items():  # the same in every run: folded here once (unless a piece gave it)
         if name not in observed and samples:
             observed[name] = child_folds.repeated_stats(child_folds.array_stats(np, value), len(samples))
-    seen = {**observed, **inputs}
+    return ranges_of({**observed, **inputs})
+
+
+def ranges_of(seen: dict[str, list]) -> dict[str, TensorRange]:
+    """Each tensor's :class:`TensorRange` from its running statistics (:func:`child_folds.fold_array`'s),
+    with the shift rooms of all of them (:func:`~amp_compiler.core.measures.shift_rooms`); the FX
+    conversion's observed ranges (:mod:`amp_compiler.fx.graph.ranges`) come from here too."""
     rooms = shift_rooms([stats[child_folds.HISTOGRAM] for stats in seen.values()])
     return {name: _range(stats, int(room)) for (name, stats), room in zip(seen.items(), rooms, strict=True)}

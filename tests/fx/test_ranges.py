@@ -1,0 +1,143 @@
+"""The FX conversion observes the FP32 graph's activation ranges (amp_compiler.fx.graph.ranges): what
+overflows FP16 on the example inputs or calibration samples stays FP32, as the ONNX path's range probe
+and calibration data keep it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import amp_compiler.fx as ampfx
+from amp_compiler.core.plan import Rule
+
+TENSOR_CORE = ("aten.linear.default", "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+               "aten.matmul.default", "aten.convolution.default")
+
+
+class SwiGLU(torch.nn.Module):
+    """``x + down(silu(gate(x)) * up(x))``; ``massive``: one gate/up row x200, so the product reaches
+    about 1e5 on N(0, 1) inputs (a decoder's massive activation), every weight within FP16."""
+
+    def __init__(self, massive: bool, d: int = 64, f: int = 128):
+        super().__init__()
+        torch.manual_seed(0)
+        self.g = torch.nn.Linear(d, f, bias=False)
+        self.u = torch.nn.Linear(d, f, bias=False)
+        self.dn = torch.nn.Linear(f, d, bias=False)
+        if massive:
+            with torch.no_grad():
+                self.g.weight[5] *= 200.0
+                self.u.weight[5] *= 200.0
+                self.dn.weight[:, 5] = 0
+                self.dn.weight[3, 5] = 0.05
+
+    def forward(self, x):
+        return x + self.dn(F.silu(self.g(x)) * self.u(x))
+
+
+def _x(seed: int) -> torch.Tensor:
+    return torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(seed))
+
+
+def _decisions(gm):
+    return {d.node: d for d in ampfx.report(gm).decisions}
+
+
+def _tensor_core(gm):
+    return [d for d in ampfx.report(gm).decisions if d.op_type in TENSOR_CORE]
+
+
+def _error_of_range(model, gm, x) -> float:
+    with torch.no_grad():
+        ref, got = model(x), gm(x)
+    assert torch.isfinite(got).all()
+    return float((got - ref).abs().max() / (ref.max() - ref.min()))
+
+
+def test_massive_product_stays_fp32_by_the_example_inputs_ranges():
+    m = SwiGLU(massive=True).eval()
+    gm = ampfx.convert(m, (_x(0),))
+    d = _decisions(gm)
+    assert d["mul"].precision == "fp32" and d["mul"].rule == Rule.PROBE_OVERFLOW.value
+    assert "the example inputs" in d["mul"].reason
+    assert d["linear_2"].precision == "fp32" and d["linear_2"].rule == Rule.PROBE_OVERFLOW.value  # reads it
+    assert d["linear"].precision == d["linear_1"].precision == "fp16"  # the rest of the Tensor Core ops
+    for seed in (100, 101, 102):  # before: 64 inf/NaN values per sample
+        assert _error_of_range(m, gm, _x(seed)) < 2e-3
+    rep = ampfx.report(gm)
+    assert rep.ranges_from == "the example inputs" and rep.range_runs == 1
+    assert "ranges from the example inputs (1 FP32 run(s)): 2 node(s) kept FP32" in rep.summary()
+    assert not rep.warnings
+
+
+def test_tame_ranges_keep_every_tensor_core_op_low():
+    m = SwiGLU(massive=False).eval()
+    gm = ampfx.convert(m, (_x(0),))
+    assert all(d.precision == "fp16" for d in _tensor_core(gm)) and len(_tensor_core(gm)) == 3
+    assert not any(d.rule.startswith(("probe.", "calibration.")) for d in ampfx.report(gm).decisions)
+    assert _error_of_range(m, gm, _x(100)) < 2e-3
+
+
+def test_calibration_samples_give_fp16_its_ranges():
+    m = SwiGLU(massive=True).eval()
+    small = _x(0) * 0.01  # the example alone shows no overflow: the samples do
+    gm = ampfx.convert(m, (small,), calibration=[_x(1), (_x(2),)])
+    d = _decisions(gm)
+    assert d["mul"].precision == "fp32" and d["mul"].rule == Rule.CALIBRATION_OVERFLOW.value
+    assert "2 calibration samples" in d["mul"].reason
+    assert ampfx.report(gm).ranges_from == "2 calibration samples" and ampfx.report(gm).range_runs == 2
+    assert _error_of_range(m, gm, _x(100)) < 2e-3
+    bf16 = ampfx.convert(m, (small,), target="bf16", calibration=[_x(1)])  # BF16 has FP32's range
+    assert all(d.precision == "bf16" for d in _tensor_core(bf16))
+
+
+def test_probe_false_skips_the_run_and_says_ranges_were_not_checked():
+    m = SwiGLU(massive=True).eval()
+    gm = ampfx.convert(m, (_x(0),), probe=False)
+    rep = ampfx.report(gm)
+    assert _decisions(gm)["mul"].precision == "fp16" and rep.ranges_from == ""
+    assert any("activation ranges were not checked" in w for w in rep.warnings)
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.fc(x) * self.calls
+
+
+@pytest.mark.parametrize("calibration", [None, [torch.randn(2, 8), torch.randn(2, 8)]])
+def test_observing_ranges_leaves_written_state_as_it_was(calibration):
+    m = Counter().eval()
+    gm = ampfx.convert(m, (torch.randn(2, 8),), calibration=calibration)
+    assert float(m.calls) == 0 and float(gm.get_buffer("calls")) == 0
+
+
+def test_fp8_keeps_its_fp16_rest_within_range_by_its_calibration_samples():
+    m = SwiGLU(massive=True).eval()
+    gm = ampfx.convert(m, (_x(0),), target="fp8", calibration=[_x(1), _x(2)])
+    d = _decisions(gm)
+    assert d["mul"].precision == "fp32" and d["mul"].rule == Rule.CALIBRATION_OVERFLOW.value
+    assert d["linear_2"].precision == "fp32"  # not lowered to FP8 with an FP16 input beyond its range
+    assert _error_of_range(m, gm, _x(100)) < 0.05
+
+
+class OwnHalf(torch.nn.Module):
+    """A model that casts to FP16 itself (its dtype is fixed): the value it casts is beyond FP16."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc((x * 1e5).half().float())
+
+
+def test_an_observed_overflow_left_in_fp16_is_a_warning():
+    gm = ampfx.convert(OwnHalf().eval(), (torch.randn(2, 8),))
+    warnings = ampfx.report(gm).warnings
+    assert any(w.startswith("to reaches |x| = inf on the example inputs but is computed in float16")
+               for w in warnings), warnings
