@@ -141,3 +141,40 @@ def test_an_observed_overflow_left_in_fp16_is_a_warning():
     warnings = ampfx.report(gm).warnings
     assert any(w.startswith("to reaches |x| = inf on the example inputs but is computed in float16")
                for w in warnings), warnings
+
+
+class RawUnits(torch.nn.Module):
+    """A first layer trained on raw units: feature 0 (a timestamp near 1.7e9) has weights near 1e-9."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1, self.l2 = torch.nn.Linear(20, 64), torch.nn.Linear(64, 2)
+        with torch.no_grad():
+            self.l1.weight[:, 0] *= 3e-9
+            self.l1.bias -= self.l1.weight[:, 0] * 1.7e9
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+def _raw(seed: int) -> torch.Tensor:
+    x = torch.randn(32, 20, generator=torch.Generator().manual_seed(seed))
+    x[:, 0] = 1.7e9 + 1e6 * x[:, 0]
+    return x
+
+
+def test_raw_unit_inputs_stay_fp32_when_seen_and_are_a_warning_when_not():
+    m = RawUnits().eval()
+    gm = ampfx.convert(m, (_raw(0),))  # the example holds raw units: the first linear reads them in FP32
+    d = _decisions(gm)
+    assert d["linear"].precision == "fp32" and d["linear"].rule == Rule.PROBE_OVERFLOW.value
+    assert d["linear_1"].precision == "fp16"
+    assert _error_of_range(m, gm, _raw(100)) < 2e-3  # before: every output inf/NaN
+    assert not ampfx.report(gm).warnings
+    blind = ampfx.convert(m, (torch.randn(32, 20),))  # N(0, 1) examples show nothing: the weights say it
+    warnings = ampfx.report(blind).warnings
+    assert any(w.startswith("linear 'linear' reads feature 0 of input 'x' with weights of at most") for w in warnings)
+    calibrated = ampfx.convert(m, (torch.randn(32, 20),), calibration=[_raw(1)])
+    assert _decisions(calibrated)["linear"].rule == Rule.CALIBRATION_OVERFLOW.value
+    assert not ampfx.report(calibrated).warnings  # the data's values were seen: no guess from weights

@@ -22,14 +22,17 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from amp_compiler.core.graph import SlotKind
+from amp_compiler.core.plan import PrecisionPlan
 from amp_compiler.errors import OptionError
 from amp_compiler.fx.graph.flops import graph_flops
+from amp_compiler.fx.graph.input_scale import weight_scale_warnings
 from amp_compiler.fx.graph.lower import lower_plan, short
 from amp_compiler.fx.graph.policy import AtenPolicy, default_policy
 from amp_compiler.fx.graph.precision_graph import FxPrecisionGraph, build_fx_precision_graph
 from amp_compiler.fx.graph.ranges import ObservedRanges, overflow_warnings
 from amp_compiler.fx.graph.report import FxReport, node_decisions, state_bytes
 from amp_compiler.fx.graph.rewrite import fold_batchnorm, functionalize_inplace, own_written_state
+from amp_compiler.fx.graph.views import is_float
 from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
 from amp_compiler.targets import Provider, Target
@@ -163,6 +166,7 @@ def transform(
         ranges_seen=seen.seen if seen else "",
     )
     plan = plan_precisions(fxg.graph, settings)
+    scale_warnings = _scale_warnings(gm, fxg, plan, target, observed, sources)  # before lowering swaps weights
     lowering = lower_plan(gm, fxg, plan, store_low=(mode == "inference"))
     fake = fake_inputs if fake_inputs is not None else _fake_inputs(gm)
     _check(gm, fxg, lowering, fake)
@@ -178,6 +182,7 @@ def transform(
         for op in fxg.graph.unknown_ops
         if op.domain == "aten" and op in fxg.graph.node_vertices
     ]
+    warnings[:0] = scale_warnings
     if seen is not None:
         warnings.extend(overflow_warnings(fxg, plan, lowering.slot_dtypes, seen))
     if observed is not None and observed.skipped:
@@ -201,6 +206,18 @@ def transform(
     )
     gm.meta[REPORT_KEY] = report
     return report
+
+
+def _scale_warnings(gm: fx.GraphModule, fxg: FxPrecisionGraph, plan: PrecisionPlan, target: Target,
+                    observed: ObservedRanges | None, sources: dict | None) -> list[str]:
+    """The ONNX path's weight-scale warnings (:mod:`amp_compiler.fx.graph.input_scale`) where no value
+    of the user's data was seen (ranges from the example inputs, or none), as the ONNX path gives them
+    with the range probe's ranges or none; none for the graph-level entries (``observed`` not given)."""
+    if observed is None or (observed.ranges and not observed.generated):
+        return []
+    low = {node for node, vid in fxg.main_vertex.items() if plan.decisions[vid].dtype == target.dtype}
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and is_float(n) and n not in (sources or {})]
+    return weight_scale_warnings(gm, inputs, target.max, low.__contains__)
 
 
 class _FakeProp(FakeTensorProp):

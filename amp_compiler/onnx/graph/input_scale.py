@@ -30,7 +30,7 @@ from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import is_constant
 
-__all__ = ["SCALE_MARGIN", "weight_scale_warnings"]
+__all__ = ["SCALE_MARGIN", "scale_warning", "weight_scale_warnings"]
 
 #: A feature is taken to reach ``1 / max |w|``; a warning comes when that is past the target's largest
 #: value over this margin (its weights may be a few times smaller than its values' reciprocal).
@@ -53,19 +53,29 @@ def weight_scale_warnings(model: ir.Model, inputs: Iterable[str], limit: float,
         for node, weights in _first_products(value):
             if not low(node):
                 continue
-            peaks = np.max(np.abs(weights), axis=1)
-            live = np.flatnonzero(peaks > 0)
-            if not live.size:
-                continue
-            k = int(live[np.argmin(peaks[live])])
-            implied = 1.0 / float(peaks[k])
-            if implied * SCALE_MARGIN > limit:
-                who = f"{node.op_type} {node.name!r}" if node.name else node.op_type
-                found.append((implied, f"{who} reads feature {k} of input {name!r} with weights of at most "
-                                       f"{peaks[k]:.2g}: a model trained so takes values near {implied:.2g} there "
-                                       f"(past {limit:g} / {SCALE_MARGIN:g})"))
+            who = f"{node.op_type} {node.name!r}" if node.name else node.op_type
+            warning = scale_warning(weights, who, name, limit)
+            if warning is not None:
+                found.append(warning)
                 break
     return [text for _, text in sorted(found, key=lambda f: -f[0])]
+
+
+def scale_warning(weights: np.ndarray, who: str, name: str, limit: float) -> tuple[float, str] | None:
+    """The scale the first product ``who`` (its constant weight ``weights`` as ``[features, outputs]``)
+    implies for the input ``name``, its smallest-weighted feature's ``1 / max |w|``, and the warning's
+    sentence, when that scale is past ``limit / SCALE_MARGIN`` (module doc); None otherwise. The FX
+    conversion's check (:mod:`amp_compiler.fx.graph.input_scale`) is this one."""
+    peaks = np.max(np.abs(weights), axis=1)
+    live = np.flatnonzero(peaks > 0)
+    if not live.size:
+        return None
+    k = int(live[np.argmin(peaks[live])])
+    implied = 1.0 / float(peaks[k])
+    if implied * SCALE_MARGIN <= limit:
+        return None
+    return implied, (f"{who} reads feature {k} of input {name!r} with weights of at most {peaks[k]:.2g}: a model "
+                     f"trained so takes values near {implied:.2g} there (past {limit:g} / {SCALE_MARGIN:g})")
 
 
 def _first_products(value: ir.Value) -> list[tuple[ir.Node, np.ndarray]]:
