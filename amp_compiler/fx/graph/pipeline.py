@@ -1,8 +1,10 @@
 """The FX pipeline: capture with torch.export, analyse with the shared passes, lower casts into the graph.
 
-    capture (torch.export, in-place ops made functional) -> precision graph -> analysis (classify,
-    constant ranges, paint, min-cut: amp_compiler.passes.analysis.pipeline) -> lower (cast nodes,
-    parameter storage) -> fake-tensor check -> report
+    capture (torch.export, in-place ops made functional) -> observed ranges (the FP32 graph on the
+    example inputs or calibration samples: fx/graph/ranges.py; convert) -> precision graph -> analysis
+    (classify, constant and observed ranges, paint, min-cut: amp_compiler.passes.analysis.pipeline)
+    -> lower (cast nodes, parameter storage) -> fake-tensor check -> report (with the overflow and
+    weight-scale warnings)
 
 The entries (:func:`amp_compiler.fx.convert`, ``prepare_training``, the compile backend, FP8) run
 these steps; the report a conversion attaches to its GraphModule is read back with :func:`report`.
