@@ -15,6 +15,7 @@ import torch.fx as fx
 from amp_compiler import targets
 from amp_compiler.errors import OptionError
 from amp_compiler.fx.fp8.inference import calibration_samples, graph_inputs
+from amp_compiler.fx.graph.accuracy import accuracy_warnings, output_accuracy
 from amp_compiler.fx.graph.pipeline import capture_for_inference, transform
 from amp_compiler.fx.graph.policy import AtenPolicy
 from amp_compiler.fx.graph.ranges import ObservedRanges, calibration_ranges, probe_ranges
@@ -76,15 +77,20 @@ def convert(
     given = _calibration(calibration, inputs, example_kwargs, dynamic_shapes)
     captured = capture_for_inference(model, inputs, example_kwargs, dynamic_shapes=dynamic_shapes, fold_bn=fold_bn)
     gm = captured.gm
+    samples = ([graph_inputs(gm, args, kwargs) for args, kwargs in given] if given
+               else [graph_inputs(gm, inputs, example_kwargs or {})] if probe else [])
     if given:
-        observed = calibration_ranges(gm, [graph_inputs(gm, args, kwargs) for args, kwargs in given])
+        observed = calibration_ranges(gm, samples)
     elif probe:
-        observed = probe_ranges(gm, graph_inputs(gm, inputs, example_kwargs or {}))
+        observed = probe_ranges(gm, samples[0])
     else:
         observed = ObservedRanges.unchecked("probe=False and no calibration samples")
-    transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
-              parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement,
-              observed=observed)
+    report = transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
+                       parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement,
+                       observed=observed)
+    if observed.outputs:  # measured before it is returned, on the inputs the ranges came from
+        report.accuracy = output_accuracy(gm, samples, observed.outputs, report.output_names)
+        report.warnings.extend(accuracy_warnings(report.accuracy, observed.seen))
     return gm
 
 

@@ -24,8 +24,9 @@ warnings, from observed values.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,10 @@ from amp_compiler.passes.analysis.calibration import observed_magnitude
 from amp_compiler.passes.analysis.constants import mask_paths
 from amp_compiler.runtime import child_folds
 
-__all__ = ["ObservedRanges", "calibration_ranges", "observe_ranges", "overflow_warnings", "probe_ranges"]
+__all__ = [
+    "ObservedRanges", "calibration_ranges", "observe_ranges", "output_arrays", "overflow_warnings", "probe_ranges",
+    "state_kept",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,9 @@ class ObservedRanges:
     seen: str
     runs: int = 0
     skipped: str = ""
+    # each run's outputs (the graph's output leaves, in order, as numpy arrays): what the converted graph's
+    # outputs are measured against (amp_compiler.fx.graph.accuracy), not kept in the report
+    outputs: tuple[tuple[np.ndarray, ...], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @classmethod
     def unchecked(cls, why: str) -> ObservedRanges:
@@ -83,6 +90,29 @@ class _Folder(fx.Interpreter):
         return value
 
 
+def output_arrays(value: Any) -> tuple[np.ndarray, ...]:
+    """A run's outputs (a graph's output value: tensors in tuples, lists, dicts) as numpy arrays, in the
+    order of the output node's leaves (:attr:`~amp_compiler.fx.graph.report.FxReport.output_names`); a leaf
+    that is no tensor is an empty array."""
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return tuple(leaf.detach().to("cpu").float().numpy() if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
+                 else leaf.detach().to("cpu").numpy() if isinstance(leaf, torch.Tensor) else np.zeros(0)
+                 for leaf in leaves)
+
+
+@contextlib.contextmanager
+def state_kept(gm: fx.GraphModule) -> Iterator[None]:
+    """Within, ``gm`` may run: the parameters and buffers its forward writes (a step counter, a cache) hold
+    after it what they held before."""
+    saved = _written(gm)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, before in saved:
+                tensor.copy_(before)
+
+
 def _written(gm: fx.GraphModule) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each parameter or buffer the graph writes, with a copy of what it holds now."""
     names = written_state(gm)
@@ -95,16 +125,11 @@ def observe_ranges(gm: fx.GraphModule, samples: Sequence[tuple], *, generated: b
     """The FP32 graph's ranges over ``samples`` (each the graph's placeholders' values, in order): one
     run each, every float node output folded as it comes (see module doc)."""
     stats: dict[str, list] = {}
-    saved = _written(gm)
-    try:
-        with torch.no_grad():
-            for sample in samples:
-                _Folder(gm, stats).run(*sample)
-    finally:
-        with torch.no_grad():
-            for tensor, before in saved:
-                tensor.copy_(before)
-    return ObservedRanges(ranges_of(stats), generated, seen, len(samples))
+    outputs = []
+    with state_kept(gm), torch.no_grad():
+        for sample in samples:
+            outputs.append(output_arrays(_Folder(gm, stats).run(*sample)))
+    return ObservedRanges(ranges_of(stats), generated, seen, len(samples), outputs=tuple(outputs))
 
 
 def probe_ranges(gm: fx.GraphModule, example: tuple) -> ObservedRanges:

@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from amp_compiler.core.decision import NodeDecision, count_by_precision, count_by_rule
 from amp_compiler.core.graph import SlotKind
+from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.core.plan import PrecisionPlan, Rule
 from amp_compiler.dtypes import LOW_PRECISIONS, MIXED, NO_FLOAT, precision_rank
 from amp_compiler.fx.graph.arguments import tensor_arguments
@@ -55,6 +56,9 @@ class FxReport:
     # (amp_compiler.fx.graph.ranges).
     ranges_from: str = ""
     range_runs: int = 0
+    # Each output's error against the FP32 graph's on those same inputs, the converted graph run once on
+    # each (amp_compiler.fx.graph.accuracy); empty where no ranges were observed.
+    accuracy: list[OutputAccuracy] = dataclasses.field(default_factory=list)
 
     def flops_by_precision(self) -> dict[str, int]:
         """Estimated FLOPs per precision ("fp8", "fp16", "fp32", ...), of the nodes deciding them."""
@@ -113,7 +117,21 @@ class FxReport:
             return ""
         rules = {r.value for r in RANGE_RULES}
         kept = sum(1 for d in self.decisions if d.rule in rules)
-        return f" | ranges from {self.ranges_from} ({self.range_runs} FP32 run(s)): {kept} node(s) kept FP32 by them"
+        note = f" | ranges from {self.ranges_from} ({self.range_runs} FP32 run(s)): {kept} node(s) kept FP32 by them"
+        return note + self._accuracy_note()
+
+    def _accuracy_note(self) -> str:
+        """The summary's measured error: the worst float output's max error of range and its cosine (NaN/Inf
+        where FP32 is finite first), and any integer/bool output's changed values (the ONNX summary's)."""
+        floats = [a for a in self.accuracy if not a.exact and a.measured]
+        parts = []
+        if floats:
+            worst = min(floats, key=lambda a: (a.finite, -a.error_of_range))
+            error = "NaN/Inf" if not worst.finite else f"max error {worst.error_of_range:.2%} of range"
+            named = f" ({worst.name})" if len(floats) > 1 else ""
+            parts.append(f"{error}{named}, cosine {worst.cosine:.5f}")
+        parts += [f"{a.name}: {a.changed} of {a.values} values changed" for a in self.accuracy if a.exact and a.changed]
+        return f" | output vs FP32 on them: {'; '.join(parts)}" if parts else ""
 
 
     def table(self, verbose: bool = False) -> str:

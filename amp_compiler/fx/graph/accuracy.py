@@ -1,0 +1,67 @@
+"""The converted FX graph's outputs against the FP32 graph's, on the inputs its ranges were observed on.
+
+The FX counterpart of the ONNX path's measure before writing (:mod:`amp_compiler.onnx.measure.output_error`):
+:func:`amp_compiler.fx.convert` runs the FP32 graph on the example inputs or calibration samples to
+observe ranges (:mod:`amp_compiler.fx.graph.ranges`, which keeps each run's outputs), then runs the
+converted graph once on each of them here, so its summary states the error it measured for one run
+more than the observation's. The converted graph runs in eager torch, as its users run it: every op
+rounds its output to the dtype the conversion gave it (FP16/BF16 storage, exactly), with the
+accumulation its kernels choose (FP32 in torch's CPU and CUDA matrix products).
+
+Each float output's accuracy is pooled over the samples (:func:`~amp_compiler.core.tensor_error.accuracy`),
+an integer or bool one's compared value by value (:func:`~amp_compiler.core.tensor_error.exact_accuracy`);
+:func:`accuracy_warnings` names the outputs past the ONNX path's line (:func:`~amp_compiler.onnx.measure.
+output_error.misses`: NaN/Inf where FP32 is finite, max error above 2% of the range, cosine below 0.999,
+more than 1% of labels changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from amp_compiler.core.measures import OutputAccuracy
+from amp_compiler.core.tensor_error import accuracy, exact_accuracy, is_exact
+from amp_compiler.fx.graph.ranges import output_arrays, state_kept
+from amp_compiler.onnx.measure.output_error import misses
+
+__all__ = ["accuracy_warnings", "output_accuracy"]
+
+
+def output_accuracy(
+    gm: fx.GraphModule, samples: Sequence[tuple], references: Sequence[Sequence[np.ndarray]], names: Sequence[str],
+) -> list[OutputAccuracy]:
+    """The converted ``gm``'s outputs on ``samples`` (each its placeholders' values) against ``references``
+    (the FP32 graph's on them, :func:`~amp_compiler.fx.graph.ranges.output_arrays`), one per float, integer
+    or bool output (``names``: the outputs' names, in order; outputs of other kinds are not compared)."""
+    with state_kept(gm), torch.no_grad():
+        converted = [output_arrays(fx.Interpreter(gm).run(*sample)) for sample in samples]
+    out = []
+    for k, name in enumerate(names):
+        refs, gots = [r[k] for r in references], [c[k] for c in converted]
+        if all(r.size and np.issubdtype(r.dtype, np.floating) for r in refs):
+            out.append(accuracy(name, refs, [g.astype(np.float32) for g in gots]))
+        elif refs and all(r.size and is_exact(r) for r in refs):
+            out.append(exact_accuracy(name, refs, gots))
+    return out
+
+
+def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str]:
+    """A sentence per output past the line (:func:`~amp_compiler.onnx.measure.output_error.misses`), saying
+    how far off it is on ``seen`` (the inputs it was measured on) and what helps."""
+    out = []
+    for a in measured:
+        if not a.measured or not misses(a):
+            continue
+        if a.exact:
+            how = f"{a.changed} of its {a.values} values differ from FP32's"
+        elif not a.finite:
+            how = "it holds NaN/Inf where FP32 does not"
+        else:
+            how = f"its max error is {a.error_of_range:.2%} of its range (cosine {a.cosine:.5f})"
+        out.append(f"output {a.name}: {how} on {seen}; keep the ops feeding it FP32 (block_ops/block_nodes) or "
+                   f"give calibration=[samples] of real data")
+    return out
