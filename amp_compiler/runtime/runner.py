@@ -59,8 +59,7 @@ __all__ = ["ChildRunner", "InProcessRunner", "Runner", "Session", "default_runne
 
 #: How long the child may take to start (import onnxruntime), whatever the budget.
 _START_SECONDS = 60.0
-#: How long a closed child may take to exit before it is killed.
-_EXIT_SECONDS = 2.0
+_EXIT_SECONDS = 2.0  #: how long a closed child may take to exit before it is killed
 
 
 class _ChildSession(Session):
@@ -205,9 +204,8 @@ class ChildRunner(Runner):
         return self._alive()
 
     def close(self) -> None:
-        """End the child: its stdin closes, and it exits at once (:func:`runner_child._exit`). It is reaped
-        on a thread of its own (:func:`_reap`): the kernel's freeing of its memory is no work of the caller's
-        (ViT-B's calibration child: 0.12 s, ppocr-v4-det's 0.03 s, which the caller waited for)."""
+        """End the child (its stdin closed, it exits at once), reaped on a thread (:func:`_reap`): the caller no
+        longer waits for the kernel to free its memory (ViT-B's calibration child: 0.12 s, ppocr-v4-det's 0.03 s)."""
         if self._proc.poll() is None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()  # type: ignore[union-attr]
@@ -437,8 +435,7 @@ def child_command(memory: int) -> list[str]:
 
 
 def _reap(proc: subprocess.Popen) -> None:
-    """Wait for the child ``proc``, whose stdin is closed, to exit; kill it if it has not within
-    :data:`_EXIT_SECONDS` (an onnxruntime call that does not return)."""
+    """Wait for the closed child ``proc`` to exit; kill it if it has not in :data:`_EXIT_SECONDS` (a hung call)."""
     try:
         proc.wait(timeout=_EXIT_SECONDS)
     except subprocess.TimeoutExpired:
