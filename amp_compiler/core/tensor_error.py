@@ -29,7 +29,8 @@ from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric
 
 __all__ = ["ArgmaxAgreement", "ChangedValues", "ErrorMetric", "ErrorStats", "Metric", "MetricFunction",
-           "OutputErrors", "accuracy", "exact_accuracy", "is_exact", "metric_name", "parse_metric", "relative_l2"]
+           "OutputErrors", "accuracy", "compared_outputs", "exact_accuracy", "is_exact", "metric_name",
+           "output_accuracies", "parse_metric", "relative_l2"]
 
 # The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
 # Each mapping holds every float output by name, one float64 array per sample.
@@ -234,6 +235,28 @@ def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np
             raise ValueError(f"{name}: {g.size} values against the reference's {r.size}")
         stats.add(r, g)
     return stats.accuracy(name)
+
+
+def compared_outputs(names: Sequence[str], references: Sequence[Sequence[np.ndarray]]) -> list[tuple[int, str, bool]]:
+    """(position, name, compared exactly) of the outputs (``names``, in order) that are floats in every sample's
+    ``references`` (one array per output), or integers/bools (exact: :func:`is_exact`); others (strings, objects)
+    are not compared."""
+    out = []
+    for k, name in enumerate(names):
+        if all(np.issubdtype(np.asarray(r[k]).dtype, np.floating) for r in references):
+            out.append((k, name, False))
+        elif references and all(is_exact(r[k]) for r in references):
+            out.append((k, name, True))
+    return out
+
+
+def output_accuracies(
+    names: Sequence[str], references: Sequence[Sequence[np.ndarray]], converted: Sequence[Sequence[np.ndarray]],
+) -> list[OutputAccuracy]:
+    """Each compared output's accuracy (:func:`compared_outputs`) over the samples, all their values together
+    (:func:`accuracy`, :func:`exact_accuracy`)."""
+    return [(exact_accuracy if exact else accuracy)(name, [r[k] for r in references], [c[k] for c in converted])
+            for k, name, exact in compared_outputs(names, references)]
 
 
 class OutputErrors:

@@ -77,11 +77,12 @@ def convert(
     given = _calibration(calibration, inputs, example_kwargs, dynamic_shapes)
     captured = capture_for_inference(model, inputs, example_kwargs, dynamic_shapes=dynamic_shapes, fold_bn=fold_bn)
     gm = captured.gm
-    samples = ([graph_inputs(gm, args, kwargs) for args, kwargs in given] if given
-               else [graph_inputs(gm, inputs, example_kwargs or {})] if probe else [])
+    samples: list[tuple] = []  # what the ranges are observed, and the conversion measured, on
     if given:
+        samples = [graph_inputs(gm, args, kwargs) for args, kwargs in given]
         observed = calibration_ranges(gm, samples)
     elif probe:
+        samples = [graph_inputs(gm, inputs, example_kwargs or {})]
         observed = probe_ranges(gm, samples[0])
     else:
         observed = ObservedRanges.unchecked("probe=False and no calibration samples")

@@ -8,8 +8,8 @@ more than the observation's. The converted graph runs in eager torch, as its use
 rounds its output to the dtype the conversion gave it (FP16/BF16 storage, exactly), with the
 accumulation its kernels choose (FP32 in torch's CPU and CUDA matrix products).
 
-Each float output's accuracy is pooled over the samples (:func:`~amp_compiler.core.tensor_error.accuracy`),
-an integer or bool one's compared value by value (:func:`~amp_compiler.core.tensor_error.exact_accuracy`);
+Each float output's accuracy is pooled over the samples, an integer or bool one's compared value by value, as
+the ONNX path does (:func:`~amp_compiler.core.tensor_error.output_accuracies`);
 :func:`accuracy_warnings` names the outputs past the ONNX path's line (:func:`~amp_compiler.onnx.measure.
 output_error.misses`: NaN/Inf where FP32 is finite, max error above 2% of the range, cosine below 0.999,
 more than 1% of labels changed).
@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 
 from amp_compiler.core.measures import OutputAccuracy
-from amp_compiler.core.tensor_error import accuracy, exact_accuracy, is_exact
+from amp_compiler.core.tensor_error import output_accuracies
 from amp_compiler.fx.graph.ranges import output_arrays, state_kept
 from amp_compiler.onnx.measure.output_error import misses
 
@@ -39,14 +39,7 @@ def output_accuracy(
     or bool output (``names``: the outputs' names, in order; outputs of other kinds are not compared)."""
     with state_kept(gm), torch.no_grad():
         converted = [output_arrays(fx.Interpreter(gm).run(*sample)) for sample in samples]
-    out = []
-    for k, name in enumerate(names):
-        refs, gots = [r[k] for r in references], [c[k] for c in converted]
-        if all(r.size and np.issubdtype(r.dtype, np.floating) for r in refs):
-            out.append(accuracy(name, refs, [g.astype(np.float32) for g in gots]))
-        elif refs and all(r.size and is_exact(r) for r in refs):
-            out.append(exact_accuracy(name, refs, gots))
-    return out
+    return output_accuracies(names, references, converted)
 
 
 def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str]:

@@ -93,11 +93,14 @@ class _Folder(fx.Interpreter):
 def output_arrays(value: Any) -> tuple[np.ndarray, ...]:
     """A run's outputs (a graph's output value: tensors in tuples, lists, dicts) as numpy arrays, in the
     order of the output node's leaves (:attr:`~amp_compiler.fx.graph.report.FxReport.output_names`); a leaf
-    that is no tensor is an empty array."""
-    leaves = torch.utils._pytree.tree_leaves(value)
-    return tuple(leaf.detach().to("cpu").float().numpy() if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
-                 else leaf.detach().to("cpu").numpy() if isinstance(leaf, torch.Tensor) else np.zeros(0)
-                 for leaf in leaves)
+    that is no tensor is an object array (compared with nothing)."""
+    def array(leaf: Any) -> np.ndarray:
+        if not isinstance(leaf, torch.Tensor):
+            return np.array(leaf, dtype=object)
+        leaf = leaf.detach().to("cpu")
+        return (leaf.float() if leaf.is_floating_point() else leaf).numpy()
+
+    return tuple(array(leaf) for leaf in torch.utils._pytree.tree_leaves(value))
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from amp_compiler.core.measures import OutputAccuracy
-from amp_compiler.core.tensor_error import accuracy, exact_accuracy, is_exact
+from amp_compiler.core.tensor_error import accuracy, compared_outputs, exact_accuracy, output_accuracies
 from amp_compiler.onnx.measure.chain import session_feeds
 from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import Runner
@@ -44,8 +44,7 @@ def output_accuracy(
     """Each float, integer or bool output's accuracy over ``samples`` (all samples' values together).
     ``refs``: the FP32 model's outputs on them (graph output order) when already run; else it runs them too."""
     refs, gots = _outputs(fp32, converted, samples, runner, refs)
-    return [(exact_accuracy if exact else accuracy)(name, [r[k] for r in refs], [g[k] for g in gots])
-            for k, name, exact in _compared_outputs(fp32, refs)]
+    return output_accuracies([o.name for o in fp32.graph.output], refs, gots)
 
 
 def worst_accuracy(
@@ -58,7 +57,7 @@ def worst_accuracy(
     (the range probe's noise and dead-leaves images) are not pooled, so one kind's error shows whole."""
     refs, gots = _outputs(fp32, converted, samples, runner, refs)
     out = []
-    for k, name, exact in _compared_outputs(fp32, refs):
+    for k, name, exact in compared_outputs([o.name for o in fp32.graph.output], refs):
         measure = exact_accuracy if exact else accuracy
         each = [measure(name, [ref[k]], [got[k]]) for ref, got in zip(refs, gots, strict=True)]
         worst = max(range(len(each)), key=lambda i: (not each[i].finite, misses(each[i]), _badness(each[i])))
@@ -85,18 +84,6 @@ def _run_all(runner: Runner, model: onnx.ModelProto, samples: list[dict[str, np.
         return [session.run(session_feeds(sample, types)) for sample in samples]
     finally:
         session.close()
-
-
-def _compared_outputs(fp32: onnx.ModelProto, refs: list[list[np.ndarray]]) -> list[tuple[int, str, bool]]:
-    """(position, name, compared exactly) of the graph outputs that are floats, or integers/bools (exact),
-    in every sample's FP32 outputs (strings and other types are not compared)."""
-    out = []
-    for k, info in enumerate(fp32.graph.output):
-        if all(np.issubdtype(np.asarray(r[k]).dtype, np.floating) for r in refs):
-            out.append((k, info.name, False))
-        elif refs and all(is_exact(r[k]) for r in refs):
-            out.append((k, info.name, True))
-    return out
 
 
 def misses(accuracy: OutputAccuracy) -> bool:
