@@ -85,15 +85,9 @@ class FxOp:
         """The value of the call's schema argument ``name`` where it holds no tensor (einsum's ``equation``):
         what an ONNX node holds as an attribute. None when the call leaves it out (or passes tensors there)."""
         present, value = schema_argument(self.fx, name)
-        holds_tensor = False
-
-        def find(n: fx.Node) -> fx.Node:
-            nonlocal holds_tensor
-            holds_tensor = True
-            return n
-
-        fx.node.map_arg(value, find)
-        return value if present and not holds_tensor else None
+        tensors: list[fx.Node] = []
+        fx.node.map_arg(value, tensors.append)  # the mapped copy is not kept: only what it met
+        return value if present and not tensors else None
 
     def __repr__(self) -> str:
         return f"FxOp({self.op_type}, {self.name})"
