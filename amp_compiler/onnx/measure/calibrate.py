@@ -28,6 +28,7 @@ from amp_compiler.onnx.measure.chain import ModelChain, exposed_model, session_f
 from amp_compiler.policy.kernels import ORT_NAMES
 from amp_compiler.runtime import child as runner_child
 from amp_compiler.runtime import child_folds
+from amp_compiler.runtime.input_uses import constant_nodes
 from amp_compiler.runtime.runner import Runner, default_runner
 from amp_compiler.targets import Provider
 
@@ -136,25 +137,17 @@ def _progress(items: list, label: str) -> Iterator:
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The float values of the main graph's Constant nodes, by output name: the same in every run, so
-    calibration folds them once, not in every run of every sample (ppocr-v4-det's 342 of its 672
-    tensors: 8 ms of each sample's 120 ms of folding). A value that cannot be read here (external
-    data) is left to the runs."""
+    """The float values of the main graph's Constant nodes (:func:`~amp_compiler.runtime.input_uses.constant_nodes`),
+    by output name: the same in every run, so calibration folds them once, not in every run of every sample
+    (ppocr-v4-det's 342 of its 672 tensors: 8 ms of each sample's 120 ms of folding). A value that cannot be
+    read here (external data) is left to the runs."""
     out = {}
-    for node in model.graph.node:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+    for name, tensor in constant_nodes(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
             continue
-        attribute = node.attribute[0]
-        if attribute.name == "value" and attribute.t.data_location != onnx.TensorProto.EXTERNAL:
-            value = numpy_helper.to_array(attribute.t)
-        elif attribute.name == "value_float":
-            value = np.array(attribute.f, np.float32)
-        elif attribute.name == "value_floats":
-            value = np.array(attribute.floats, np.float32)
-        else:
-            continue
+        value = numpy_helper.to_array(tensor)
         if value.dtype in (np.float16, np.float32, np.float64):
-            out[node.output[0]] = value
+            out[name] = value
     return out
 
 
