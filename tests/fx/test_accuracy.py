@@ -66,3 +66,22 @@ def test_calibration_samples_are_what_it_is_measured_on_and_no_run_no_measure():
     assert rep.accuracy and rep.ranges_from == "2 calibration samples"
     rep = ampfx.report(ampfx.convert(model, (samples[0],), probe=False))
     assert rep.accuracy == [] and "output vs FP32" not in rep.summary()
+
+
+class SizeFirst(torch.nn.Module):
+    """Returns a size before its tensor: the graph's output holds a constant where the run holds an int."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return x.shape[0], self.a(x)
+
+
+def test_a_returned_constant_leaves_each_output_measured_under_its_own_name():
+    gm = ampfx.convert(SizeFirst().eval(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(1)),))
+    rep = ampfx.report(gm)
+    assert [(a.name, a.exact) for a in rep.accuracy] == [(rep.output_names[0], False)]
+    assert rep.accuracy[0].error_of_range < 0.01

@@ -38,7 +38,7 @@ def output_accuracy(
     (the FP32 graph's on them, :func:`~amp_compiler.fx.graph.ranges.output_arrays`), one per float, integer
     or bool output (``names``: the outputs' names, in order; outputs of other kinds are not compared)."""
     with state_kept(gm), torch.no_grad():
-        converted = [output_arrays(fx.Interpreter(gm).run(*sample)) for sample in samples]
+        converted = [output_arrays(gm, fx.Interpreter(gm).run(*sample)) for sample in samples]
     return output_accuracies(names, references, converted)
 
 

@@ -90,17 +90,20 @@ class _Folder(fx.Interpreter):
         return value
 
 
-def output_arrays(value: Any) -> tuple[np.ndarray, ...]:
-    """A run's outputs (a graph's output value: tensors in tuples, lists, dicts) as numpy arrays, in the
-    order of the output node's leaves (:attr:`~amp_compiler.fx.graph.report.FxReport.output_names`); a leaf
-    that is no tensor is an object array (compared with nothing)."""
+def output_arrays(gm: fx.GraphModule, value: Any) -> tuple[np.ndarray, ...]:
+    """A run of ``gm``'s outputs (its output value: tensors in tuples, lists, dicts) as numpy arrays, one per
+    node the output node holds, in order (:attr:`~amp_compiler.fx.graph.report.FxReport.output_names`: a
+    constant the graph returns is no node, and is left out); a value that is no tensor (a size) is an object
+    array (compared with nothing)."""
     def array(leaf: Any) -> np.ndarray:
         if not isinstance(leaf, torch.Tensor):
             return np.array(leaf, dtype=object)
         leaf = leaf.detach().to("cpu")
         return (leaf.float() if leaf.is_floating_point() else leaf).numpy()
 
-    return tuple(array(leaf) for leaf in torch.utils._pytree.tree_leaves(value))
+    graph_leaves = torch.utils._pytree.tree_leaves(gm.graph.output_node().args[0])
+    values = torch.utils._pytree.tree_leaves(value)
+    return tuple(array(v) for g, v in zip(graph_leaves, values, strict=True) if isinstance(g, fx.Node))
 
 
 @contextlib.contextmanager
@@ -131,7 +134,7 @@ def observe_ranges(gm: fx.GraphModule, samples: Sequence[tuple], *, generated: b
     outputs = []
     with state_kept(gm), torch.no_grad():
         for sample in samples:
-            outputs.append(output_arrays(_Folder(gm, stats).run(*sample)))
+            outputs.append(output_arrays(gm, _Folder(gm, stats).run(*sample)))
     return ObservedRanges(ranges_of(stats), generated, seen, len(samples), outputs=tuple(outputs))
 
 
