@@ -42,6 +42,7 @@ def convert(
     fp8_max_error: float = targets.FP8_MAX_ERROR,
     fp8_max_subnormal: float = targets.FP8_MAX_SUBNORMAL,
     probe: bool = True,
+    range_fallback: str = "bf16",
 ) -> fx.GraphModule:
     """Convert ``model`` to a mixed-precision GraphModule for inference, with explicit casts.
 
@@ -63,7 +64,10 @@ def convert(
     on the ``calibration`` samples where given (rules ``calibration.overflow``/``underflow``, as the ONNX
     path's ``--calibration-data``), else on the example inputs (``probe.overflow``/``underflow``, as its
     range probe; ``probe=False`` skips that run, as the ONNX path's ``--no-probe``, and the report warns
-    that ranges were not checked). What overflows or underflows the target stays FP32.
+    that ranges were not checked). What overflows or underflows the target stays FP32, but for
+    ``target="fp16"`` the matrix products and convolutions among it: with ``range_fallback="bf16"`` (the
+    default, as the ONNX path's for the CUDA provider) they run in BF16, FP32's range on BF16 Tensor Cores
+    (Ampere, sm_80, and later); give ``"fp32"`` for GPUs without them (Turing, Volta).
     """
     target = Target.parse(target) if isinstance(target, str) else target
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -88,7 +92,7 @@ def convert(
         observed = ObservedRanges.unchecked("probe=False and no calibration samples")
     report = transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
                        parameter_bytes_before=captured.bytes_before, notes=captured.notes, placement=placement,
-                       observed=observed)
+                       observed=observed, range_fallback=range_fallback)
     if observed.outputs:  # measured before it is returned, on the inputs the ranges came from
         report.accuracy = output_accuracy(gm, samples, observed.outputs, report.output_names)
         report.warnings.extend(accuracy_warnings(report.accuracy, observed.seen))

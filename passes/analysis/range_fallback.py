@@ -1,7 +1,8 @@
 """Range fallback: run in BF16, not FP32, the Tensor Core ops that only FP16's range keeps out of FP16.
 
 Runs after painting, before cast placement, in FP16 conversions of ONNX models with
-``--range-fallback bf16``. BF16 has FP32's exponent range and FP16's Tensor Core speed on Ampere and
+``--range-fallback bf16`` (or ``scaled``, for what scaling cannot hold) and of FX graphs with
+``range_fallback="bf16"`` (their default). BF16 has FP32's exponent range and FP16's Tensor Core speed on Ampere and
 later GPUs (sm_80+), where FP32 GEMMs run at TF32's half speed or worse. Which vertices, from data
 (never the reasons' text):
 
@@ -13,13 +14,14 @@ later GPUs (sm_80+), where FP32 GEMMs run at TF32's half speed or worse. Which v
   buys them no Tensor Core FLOPs and costs them 16 mantissa bits against FP32 (the catalog's
   decoder with massive activations, its residual stream in BF16: worst output error 1.4e-2 against
   5.5e-3 with it FP32 and the projections BF16; benchmarks/RESULTS.md);
-- the provider has a BF16 kernel for its node (the one kernel lookup,
+- in an ONNX model, the provider has a BF16 kernel for its node (the one kernel lookup,
   :meth:`~amp_compiler.passes.analysis.coverage.KernelCoveragePass.kernel_missing`: onnxruntime's CUDA
   registry snapshot, TensorRT's type table) and its Cast converts FP16 and BF16 directly in both
   directions at the model's opset, and onnx's schema of the op takes BF16 at that opset (TensorRT's
   table lists BF16 Conv, onnx's Conv takes it from opset 22). Without them it stays FP32 under its
   range rule, its reason
-  naming what is missing (``provider.no-kernel``: onnxruntime's CUDA provider has no BF16 Conv);
+  naming what is missing (``provider.no-kernel``: onnxruntime's CUDA provider has no BF16 Conv); in an
+  FX graph, a matrix product or convolution (:data:`_TORCH_BF16`), not a recurrent layer;
 - not tied to a Transpose by ``runtime.ort-transpose-matmul``: a Cast between the two is what
   onnxruntime crashes on.
 
@@ -47,6 +49,11 @@ from amp_compiler.targets import Provider
 __all__ = ["RangeFallbackPass", "direct_cast_missing", "range_fallback_candidate"]
 
 _BF16 = ir.DataType.BFLOAT16
+#: Why an FX graph's range-pinned matrix products and convolutions (the Tensor Core ops with a ``gemm``
+#: layout in aten_ops.toml: mm, bmm, addmm, baddbmm, linear, matmul, einsum, convolution) take BF16 with no
+#: kernel table consulted: PyTorch's CUDA kernels of them (cuBLAS, cuDNN) take bfloat16, on BF16 Tensor
+#: Cores from sm_80 on. Recurrent layers (lstm, gru: no ``gemm`` layout) stay FP32.
+_TORCH_BF16 = "range fallback: FP32's range at FP16's Tensor Core speed; PyTorch's CUDA kernels take BF16 from sm_80 on"
 
 
 def direct_cast_missing(coverage: KernelCoverage, opset: int) -> str | None:
@@ -112,9 +119,16 @@ class RangeFallbackPass(AnalysisPass):
         ensure_all(self, graph.vertices, kept_or_fallback, "changed, though it is no range-pinned Tensor Core op")
 
     def call(self, graph: PrecisionGraph, plan: PrecisionPlan) -> None:
-        coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
         candidates = [v for v in graph.vertices if range_fallback_candidate(v, plan)]
-        if coverage is None or not candidates or not isinstance(graph.model, ir.Model):
+        if candidates and not isinstance(graph.model, ir.Model):  # an FX graph: PyTorch's kernels
+            for vertex in candidates:
+                rule, reason = plan.role_rules[vertex.id]
+                if vertex.policy is None or vertex.policy.gemm is None:  # a recurrent layer: no known BF16 kernel
+                    continue
+                plan.decide(vertex.id, _BF16, rule, f"BF16 instead of FP32 ({_TORCH_BF16}); {reason}")
+            return
+        coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
+        if coverage is None or not candidates:
             return
         opset = graph.model.opset_imports.get("", graph.model.opset_imports.get("ai.onnx", 1))
         cast_missing = direct_cast_missing(coverage, opset)

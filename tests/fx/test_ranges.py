@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import amp_compiler.fx as ampfx
 from amp_compiler.core.plan import Rule
+from amp_compiler.errors import OptionError
 
 TENSOR_CORE = ("aten.linear.default", "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
                "aten.matmul.default", "aten.convolution.default")
@@ -55,7 +56,7 @@ def _error_of_range(model, gm, x) -> float:
 
 def test_massive_product_stays_fp32_by_the_example_inputs_ranges():
     m = SwiGLU(massive=True).eval()
-    gm = ampfx.convert(m, (_x(0),))
+    gm = ampfx.convert(m, (_x(0),), range_fallback="fp32")
     d = _decisions(gm)
     assert d["mul"].precision == "fp32" and d["mul"].rule == Rule.PROBE_OVERFLOW.value
     assert "the example inputs" in d["mul"].reason
@@ -65,8 +66,30 @@ def test_massive_product_stays_fp32_by_the_example_inputs_ranges():
         assert _error_of_range(m, gm, _x(seed)) < 2e-3
     rep = ampfx.report(gm)
     assert rep.ranges_from == "the example inputs" and rep.range_runs == 1
-    assert "ranges from the example inputs (1 FP32 run(s)): 2 node(s) kept FP32" in rep.summary()
+    assert "ranges from the example inputs (1 FP32 run(s)): 2 node(s) kept FP32 by them" in rep.summary()
     assert not rep.warnings
+
+
+def test_range_pinned_matrix_product_takes_bf16_by_default():
+    """The down projection only FP16's range keeps out of FP16 runs in BF16 (FP32's range on Tensor
+    Cores), as the ONNX path's range fallback runs it for the CUDA provider; the elementwise product that
+    overflows stays FP32 (BF16 would buy it no Tensor Core FLOPs). Before: FP32, a third of the FLOPs."""
+    m = SwiGLU(massive=True).eval()
+    gm = ampfx.convert(m, (_x(0),))
+    d = _decisions(gm)
+    assert d["linear_2"].precision == "bf16" and d["linear_2"].rule == Rule.PROBE_OVERFLOW.value
+    assert "BF16 instead of FP32" in d["linear_2"].reason and "'mul' reaches" in d["linear_2"].reason
+    assert d["mul"].precision == "fp32"
+    assert all(t.precision in ("fp16", "bf16") for t in _tensor_core(gm))
+    for seed in (100, 101, 102):
+        assert _error_of_range(m, gm, _x(seed)) < 5e-3
+    rep = ampfx.report(gm)
+    assert "1 node(s) kept FP32 and 1 BF16 by them" in rep.summary()
+    flops = rep.flops_by_precision()
+    assert flops.get("fp32", 0) < 0.02 * sum(flops.values())
+    assert not rep.warnings
+    with pytest.raises(OptionError, match="range fallback 'scaled'"):
+        ampfx.convert(m, (_x(0),), range_fallback="scaled")
 
 
 def test_tame_ranges_keep_every_tensor_core_op_low():
@@ -166,12 +189,15 @@ def _raw(seed: int) -> torch.Tensor:
 
 def test_raw_unit_inputs_stay_fp32_when_seen_and_are_a_warning_when_not():
     m = RawUnits().eval()
-    gm = ampfx.convert(m, (_raw(0),))  # the example holds raw units: the first linear reads them in FP32
+    # the example holds raw units: the first linear reads them in FP32 (or, by default, BF16: FP32's range)
+    gm = ampfx.convert(m, (_raw(0),), range_fallback="fp32")
     d = _decisions(gm)
     assert d["linear"].precision == "fp32" and d["linear"].rule == Rule.PROBE_OVERFLOW.value
     assert d["linear_1"].precision == "fp16"
     assert _error_of_range(m, gm, _raw(100)) < 2e-3  # before: every output inf/NaN
     assert not ampfx.report(gm).warnings
+    bf16 = ampfx.convert(m, (_raw(0),))
+    assert _decisions(bf16)["linear"].precision == "bf16" and _error_of_range(m, bf16, _raw(100)) < 5e-3
     blind = ampfx.convert(m, (torch.randn(32, 20),))  # N(0, 1) examples show nothing: the weights say it
     warnings = ampfx.report(blind).warnings
     assert any(w.startswith("linear 'linear' reads feature 0 of input 'x' with weights of at most") for w in warnings)

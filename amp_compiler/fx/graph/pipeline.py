@@ -40,11 +40,13 @@ from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placem
 from amp_compiler.targets import Provider, Target
 
 __all__ = [
-    "REPORT_KEY", "AmpInternalError", "Captured", "capture", "capture_for_inference", "refresh_meta", "report",
-    "transform",
+    "FX_RANGE_FALLBACKS", "REPORT_KEY", "AmpInternalError", "Captured", "capture", "capture_for_inference",
+    "refresh_meta", "report", "transform",
 ]
 
 REPORT_KEY = "amp_compiler"
+#: What an FX conversion may give the Tensor Core ops only FP16's range keeps out of FP16 (``transform``).
+FX_RANGE_FALLBACKS = ("bf16", "fp32")
 
 
 class AmpInternalError(RuntimeError):
@@ -119,6 +121,7 @@ def transform(
     notes: dict[str, str] | None = None,
     placement: str = "mincut",
     observed: ObservedRanges | None = None,
+    range_fallback: str = "fp32",
 ) -> FxReport:
     """Convert ``gm`` in place to mixed precision and return the report.
 
@@ -131,6 +134,9 @@ def transform(
     ``observed``: the FP32 graph's activation ranges (:mod:`amp_compiler.fx.graph.ranges`), which keep
     FP32 what overflows or underflows the target (the ONNX path's probe and calibration rules); with
     none observed (``observed.skipped``), a warning says the ranges were not checked.
+    ``range_fallback``: ``"bf16"`` runs the matrix products and convolutions only FP16's range keeps out
+    of FP16 (a range rule pinned them) in BF16, not FP32 (:class:`~amp_compiler.passes.analysis.RangeFallbackPass`);
+    ``"fp32"`` keeps them FP32.
     """
     target = Target.parse(target) if isinstance(target, str) else target
     if target is Target.FP8:
@@ -146,6 +152,8 @@ def transform(
         raise OptionError(f"unknown ATen op(s): {', '.join(unknown)}", option="block_ops")
     patterns = compile_patterns(block_nodes)
     check_placement(placement)
+    if range_fallback not in FX_RANGE_FALLBACKS:
+        raise OptionError(f"unknown range fallback {range_fallback!r}: expected bf16 or fp32", option="range_fallback")
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     output_names: list[str] = []  # as captured, before casts feed the outputs
@@ -165,7 +173,7 @@ def transform(
     settings = AnalysisSettings(
         target, Provider.CUDA, block_ops, patterns, placement=placement, kernel_coverage=False, runtime_hazards=False,
         ranges=seen.ranges if seen else None, ranges_generated=seen.generated if seen else False,
-        ranges_seen=seen.seen if seen else "",
+        ranges_seen=seen.seen if seen else "", range_fallback=range_fallback,
     )
     plan = plan_precisions(fxg.graph, settings)
     scale_warnings = _scale_warnings(gm, fxg, plan, target, observed, sources)  # before lowering swaps weights

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections import Counter
 from collections.abc import Set as AbstractSet
 
 import torch
@@ -112,12 +113,14 @@ class FxReport:
 
     def _ranges_note(self) -> str:
         """The summary's word on observed ranges: what they were seen on, and how many nodes they kept
-        FP32 (the ONNX summary's probe note)."""
+        FP32, and BF16 (the range fallback's matrix products; the ONNX summary's probe note)."""
         if not self.ranges_from:
             return ""
         rules = {r.value for r in RANGE_RULES}
-        kept = sum(1 for d in self.decisions if d.rule in rules)
-        note = f" | ranges from {self.ranges_from} ({self.range_runs} FP32 run(s)): {kept} node(s) kept FP32 by them"
+        moved = Counter(d.precision for d in self.decisions if d.rule in rules)
+        bf16 = moved.pop("bf16", 0) if self.target == "fp16" else 0
+        kept = f"{moved.total()} node(s) kept FP32" + (f" and {bf16} BF16" if bf16 else "")
+        note = f" | ranges from {self.ranges_from} ({self.range_runs} FP32 run(s)): {kept} by them"
         return note + self._accuracy_note()
 
     def _accuracy_note(self) -> str:
