@@ -18,6 +18,7 @@ from amp_compiler.fx.fp8.inference import calibration_samples, graph_inputs
 from amp_compiler.fx.graph.accuracy import accuracy_warnings, output_accuracy
 from amp_compiler.fx.graph.pipeline import capture_for_inference, transform
 from amp_compiler.fx.graph.policy import AtenPolicy
+from amp_compiler.fx.graph.probe_inputs import token_id_samples
 from amp_compiler.fx.graph.ranges import ObservedRanges, calibration_ranges, probe_ranges
 from amp_compiler.targets import Target
 
@@ -64,7 +65,9 @@ def convert(
     on the ``calibration`` samples where given (rules ``calibration.overflow``/``underflow``, as the ONNX
     path's ``--calibration-data``), else on the example inputs (``probe.overflow``/``underflow``, as its
     range probe; ``probe=False`` skips that run, as the ONNX path's ``--no-probe``, and the report warns
-    that ranges were not checked). What overflows or underflows the target stays FP32, but for
+    that ranges were not checked), with samples of token ids drawn below the vocabulary beside them where
+    an input holds token ids and the example holds fewer than 256 (:mod:`amp_compiler.fx.graph.probe_inputs`).
+    What overflows or underflows the target stays FP32, but for
     ``target="fp16"`` the matrix products and convolutions among it: with ``range_fallback="bf16"`` (the
     default, as the ONNX path's for the CUDA provider) they run in BF16, FP32's range on BF16 Tensor Cores
     (Ampere, sm_80, and later); give ``"fp32"`` for GPUs without them (Turing, Volta).
@@ -86,8 +89,10 @@ def convert(
         samples = [graph_inputs(gm, args, kwargs) for args, kwargs in given]
         observed = calibration_ranges(gm, samples)
     elif probe:
-        samples = [graph_inputs(gm, inputs, example_kwargs or {})]
-        observed = probe_ranges(gm, samples[0])
+        example = graph_inputs(gm, inputs, example_kwargs or {})
+        generated = token_id_samples(gm, example)
+        observed = probe_ranges(gm, example, generated)
+        samples = [example, *generated][: observed.runs]  # the example alone where the generated did not run
     else:
         observed = ObservedRanges.unchecked("probe=False and no calibration samples")
     report = transform(gm, target, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,

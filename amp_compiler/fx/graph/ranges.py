@@ -138,9 +138,15 @@ def observe_ranges(gm: fx.GraphModule, samples: Sequence[tuple], *, generated: b
     return ObservedRanges(ranges_of(stats), generated, seen, len(samples), outputs=tuple(outputs))
 
 
-def probe_ranges(gm: fx.GraphModule, example: tuple) -> ObservedRanges:
-    """:func:`observe_ranges` on the example inputs (the graph's placeholders' values), with the probe's
-    rules; a graph that does not run on them eagerly gives no ranges and the error as the reason."""
+def probe_ranges(gm: fx.GraphModule, example: tuple, generated: Sequence[tuple] = ()) -> ObservedRanges:
+    """:func:`observe_ranges` on the example inputs (the graph's placeholders' values) and ``generated``
+    samples like them (:func:`~amp_compiler.fx.graph.probe_inputs.token_id_samples`), with the probe's
+    rules; where the generated samples do not run, on the example alone; a graph that does not run on
+    the example eagerly gives no ranges and the error as the reason."""
+    if generated:
+        many = f"the example inputs and {len(generated)} sample(s) of generated token ids"
+        with contextlib.suppress(Exception):  # a model that refuses drawn ids: the example alone
+            return observe_ranges(gm, [example, *generated], generated=True, seen=many)
     try:
         return observe_ranges(gm, [example], generated=True, seen="the example inputs")
     except Exception as exc:  # the conversion goes on without ranges, and says why
