@@ -122,3 +122,21 @@ def test_model_local_functions_are_carried_to_the_raised_opset_or_keep_it():
     assert opset_of(kept.model) == 17 and len(kept.model.functions) == 1
     (line,) = [w for w in kept.provider_warnings if "bfloat16" in w]
     assert "its function local.fn.act (Identity) uses ops whose definition changed" in line
+
+
+def test_raising_the_opset_keeps_the_nodes_and_graphs_metadata():
+    """onnx's version converter drops ``metadata_props`` (torch.onnx's per-node source locations): a BF16
+    conversion's raised model kept none, and the size line counted that as a saving (sweep Y)."""
+    fp32 = _cnn(17)
+    for i, node in enumerate(fp32.graph.node):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.stack_trace", f"File model.py, line {i}"
+    entry = fp32.graph.metadata_props.add()
+    entry.key, entry.value = "source", "exporter"
+    raised = opset_module.raise_opset(fp32, BF16_CONV_OPSET, why="bf16")
+    assert opset_of(raised) == BF16_CONV_OPSET
+    assert [[(p.key, p.value) for p in n.metadata_props] for n in raised.graph.node] == [
+        [("pkg.torch.onnx.stack_trace", f"File model.py, line {i}")] for i in range(3)]
+    assert [(p.key, p.value) for p in raised.graph.metadata_props] == [("source", "exporter")]
+    written = convert(fp32, target="bf16").model
+    assert sum(len(n.metadata_props) for n in written.graph.node) >= 3
