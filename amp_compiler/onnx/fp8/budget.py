@@ -8,7 +8,8 @@ reference), once per candidate with its switch alone on, then for the sets the v
 (:func:`amp_compiler.core.choice.hold_out`, ``holdout``): the choice is made on the calibration part
 and its set measured on the held-out part, tightened when it misses the budget there. The error of a
 run is the worst output error under ``metric`` (relative L2 by default) over the float outputs,
-against the all-off run; the chosen set's is within the budget on both parts.
+against the all-off run; the chosen set's is within the budget on both parts. A candidate under
+:data:`LEAST_FLOP_SHARE` of the model's Tensor Core FLOPs is left out first (kept in the fallback type).
 Every candidate's reason carries its numbers, built once from their parts.
 """
 
@@ -25,18 +26,35 @@ from amp_compiler.core.tensor_error import ErrorMetric, Metric
 from amp_compiler.onnx.costs.costs import estimate, iter_nodes
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
 from amp_compiler.passes.onnx.qdq import Fp8Candidate
+from amp_compiler.policy import default_table
 from amp_compiler.runtime.runner import Runner
 
-__all__ = ["candidate_flops", "within_budget"]
+__all__ = ["LEAST_FLOP_SHARE", "candidate_flops", "within_budget"]
+
+
+#: A GEMM under this share of the model's Tensor Core FLOPs takes no FP8 inputs: FP8 would buy it no
+#: measurable speed and cost it FP8's rounding. A GRU classifier's 10-class head Gemm (10.3k FLOPs, 0.003% of
+#: its 374 MFLOPs) was the one GEMM the budget put in FP8, its output error rel-L2 3e-4 -> 0.053 (sweep Y);
+#: a 100-layer decoder's smallest projection is about 0.25% of its FLOPs.
+LEAST_FLOP_SHARE = 1e-3
 
 
 def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
-                    sample: dict[str, np.ndarray]) -> list[int]:
-    """Estimated FLOPs of each candidate at the sample's input shapes (at least 1)."""
+                    sample: dict[str, np.ndarray]) -> tuple[list[int], int]:
+    """Estimated FLOPs of each candidate at the sample's input shapes (at least 1), and of every Tensor
+    Core op of the model's main graph together."""
     shapes = {k: tuple(v.shape) for k, v in sample.items()}
     costs = estimate(model, shapes)
+    table = default_table()
     by_output = {n.output[0]: c.flops for n, c in zip(iter_nodes(model), costs.nodes, strict=False) if n.output}
-    return [max(int(by_output.get(c.node.outputs[0].name, 0)), 1) for c in candidates]
+    total = sum(c.flops for n, c in zip(iter_nodes(model), costs.nodes, strict=False)
+                if table.is_tensor_core(n.domain or "ai.onnx", n.op_type))
+    return [max(int(by_output.get(c.node.outputs[0].name, 0)), 1) for c in candidates], int(total)
+
+
+def _negligible(flops: int, total: int, low: str) -> str:
+    return (f"kept {low}: its {flops:.3g} FLOPs are {flops / total:.3%} of the model's Tensor Core FLOPs, "
+            f"under {LEAST_FLOP_SHARE:.1%}: FP8 inputs would buy no measurable speed, only FP8's rounding")
 
 
 def within_budget(
@@ -49,6 +67,13 @@ def within_budget(
     ``model``: the FP32 model they come from; ``holdout``: the share of ``samples`` held out."""
     if not passed:
         return [], {}
+    flops, total = candidate_flops(model, passed, samples[0])
+    small = {k for k, f in enumerate(flops) if f < LEAST_FLOP_SHARE * total}
+    dropped = {id(passed[k].node): _negligible(flops[k], total, local[id(passed[k].node)].low) for k in small}
+    flops = [f for k, f in enumerate(flops) if k not in small]
+    passed = [c for k, c in enumerate(passed) if k not in small]
+    if not passed:
+        return [], dropped
     position = {node.output[0]: i for i, node in enumerate(model.graph.node) if node.output}
     at = {position[c.node.outputs[0].name]: c for c in passed}
     switch = {p: k for k, p in enumerate(position[c.node.outputs[0].name] for c in passed)}
@@ -57,13 +82,12 @@ def within_budget(
                         held=held, metric=metric)
     try:
         singles = [probe.error({k}) for k in range(len(passed))]
-        flops = candidate_flops(model, passed, samples[0])
         found = choose_within_budget(probe.error, singles, flops, budget, probe.base,
                                      held=probe.held_error if held else None)
     finally:
         probe.close()
     reasons = {id(c.node): budget_reason(local[id(c.node)], singles[k], flops[k], budget, found, k in found.chosen,
                                          metric)
-               for k, c in enumerate(passed)}
+               for k, c in enumerate(passed)} | dropped
     chosen = found.chosen
     return [c for k, c in enumerate(passed) if k in chosen], reasons

@@ -240,3 +240,24 @@ def test_probe_quantizes_weights_in_graph_exactly_as_the_offline_conversion(low,
     expected = dequantize(quantize(w, scale), scale, low.numpy_dtype).astype(np.float32)
     assert np.array_equal(got8.view(np.uint32), expected.view(np.uint32))
     assert np.array_equal(got16, w.astype(low.numpy_dtype).astype(np.float32))
+
+
+def test_a_gemm_of_negligible_flops_takes_no_fp8_inputs():
+    """A conv net's 10-class head (640 of 302M FLOPs) gains no speed from FP8 inputs and would spend the
+    budget on their rounding (sweep Y: a GRU's head took rel-L2 3e-4 -> 0.053): it stays FP16; the conv,
+    99.9998% of the Tensor Core FLOPs, still goes to FP8."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array((rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32), "w"),
+             nh.from_array((rng.standard_normal((64, 10)) * 0.1).astype(np.float32), "h")]
+    nodes = [oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             oh.make_node("Relu", ["c"], ["r"]), oh.make_node("GlobalAveragePool", ["r"], ["p"]),
+             oh.make_node("Flatten", ["p"], ["f"]), oh.make_node("MatMul", ["f", "h"], ["y"], name="head")]
+    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 64, 64])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 10])], inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    samples = [{"x": rng.standard_normal((1, 64, 64, 64)).astype(np.float32)} for _ in range(4)]
+    result = to_fp8(model, samples, fp8_budget=1.0)
+    by_name = {d.node: d for d in result.decisions}
+    assert (by_name["head"].precision, by_name["head"].rule) == ("fp16", Rule.FP8_KEPT.value)
+    assert "of the model's Tensor Core FLOPs, under 0.1%" in by_name["head"].reason
+    assert (by_name["conv"].precision, by_name["conv"].rule) == ("fp8", Rule.FP8_GEMM.value)
