@@ -18,8 +18,7 @@ __all__ = [
     "CUSTOM_OP_PRECISIONS", "ConvertOptions", "Fp8Calibration", "check_allow_ops", "check_block_ops",
     "check_custom_op_precision", "check_fallback", "check_fp8_options", "check_input_ranges", "check_keep_io_types",
     "FP32_PRODUCTS", "RANGE_FALLBACKS", "RANGE_FALLBACK_DEFAULTS", "parse_custom_op_precision", "parse_input_range",
-    "range_fallback",
-    "resolve_options",
+    "check_target_provider", "range_fallback", "resolve_options",
 ]
 
 
@@ -254,6 +253,16 @@ def check_fallback(opts: ConvertOptions) -> None:
     if opts.fallback is not None and opts.target is not Target.FP8:
         raise OptionError(f"is for --target fp8 (every op of a {opts.target.value} conversion is {opts.target.value})",
                           option="fallback")
+
+
+def check_target_provider(opts: ConvertOptions) -> None:
+    """Raise :class:`OptionError` for a BF16 target on the CPU provider: onnxruntime's CPU provider has no
+    bfloat16 kernel for MatMul, Gemm, Conv, Pad and most other ops, and inserts no Casts around them (it
+    does for float16), so the written model would not load there (sweep Y: ``NOT_IMPLEMENTED`` for MatMul)."""
+    if opts.target is Target.BF16 and opts.provider is Provider.CPU:
+        raise OptionError("onnxruntime's CPU provider has no bfloat16 kernels for MatMul, Conv and most ops: a BF16 "
+                          "model would not load there; convert with --target fp16 for cpu, or bf16 for cuda/tensorrt",
+                          option="target")
 
 
 def keep_io_names(names: Iterable[str]) -> tuple[str, ...]:

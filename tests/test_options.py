@@ -217,3 +217,19 @@ def test_op_and_node_names_given_as_none_or_one_string():
     assert info.value.option == "allow_ops"
     with pytest.raises(OptionError, match="got 1"):
         ConvertOptions(block_nodes=[1])
+
+
+def test_bf16_for_the_cpu_provider_is_refused_before_the_model_is_read(tmp_path, capsys):
+    """onnxruntime's CPU provider has no bfloat16 MatMul/Conv and inserts no Casts for them: the model
+    written before would not load there (NOT_IMPLEMENTED, sweep Y)."""
+    fp32 = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", shape=[2, 8])],
+                      [vi("y", shape=[2, 8])], [tensor("w", weights((8, 8)))])
+    with pytest.raises(OptionError, match="CPU provider has no bfloat16 kernels") as info:
+        convert(fp32, target="bf16", provider="cpu")
+    assert info.value.option == "target"
+    path = tmp_path / "m.onnx"
+    onnx.save(fp32, path)
+    code = main(["convert", str(path), "-o", str(tmp_path / "out.onnx"), "--target", "bf16", "--provider", "cpu"])
+    assert code == 2 and not (tmp_path / "out.onnx").exists()
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert convert(fp32, target="bf16", provider="cuda").model is not None

@@ -63,6 +63,7 @@ from amp_compiler.options import (
     check_fallback,
     check_fp8_options,
     check_keep_io_types,
+    check_target_provider,
     range_fallback,
     resolve_options,
 )
@@ -128,6 +129,7 @@ def convert(
     allow_patterns = compile_patterns(opts.allow_nodes, option="allow_nodes")
     check_placement(opts.placement)
     check_fallback(opts)
+    check_target_provider(opts)
     check_custom_op_precision(opts.custom_op_precision)
     range_fallback(opts)  # checked before the model is read
     fp8 = opts.target is Target.FP8
