@@ -34,8 +34,10 @@ from amp_compiler.onnx.ir.walk import node_order
 from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, with_small_weights
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
+from amp_compiler.onnx.load.node_order import in_topological_order
 from amp_compiler.onnx.load.opset import OpsetChange, for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.load.sparse import densify
+from amp_compiler.onnx.load.structure import NodeOrderError
 from amp_compiler.onnx.load.text import first_line
 from amp_compiler.onnx.load.typed import checked_typed_ir as _checked_typed_ir
 from amp_compiler.onnx.measure.calibrate import collect_ranges
@@ -148,7 +150,14 @@ def convert(
         proto, checked = opset.model, checked and opset.model is proto
     check_keep_io_types(opts.keep_io_types, (i.name for i in proto.graph.input), (o.name for o in proto.graph.output))
     shapes = bind_input_shapes(proto, dict(opts.input_shapes)) if opts.input_shapes else {}
-    ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
+    order_note = ""
+    try:
+        ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=not checked)
+    except NodeOrderError:  # refused for the order of its nodes alone: sorted (nothing it computes changes)
+        proto, order_note = in_topological_order(proto)
+        if not order_note:
+            raise
+        ir_model = _checked_typed_ir(proto, origin, deferred=bool(locations), check=True)
     if locations:
         defer_ir_tensors(ir_model, locations, inline=source.inline)
     declared = declared_types(ir_model, opts.custom_op_precision)
@@ -209,6 +218,7 @@ def convert(
             model_runner[0].close()
     if opset is not None:
         _say_opset(result, opset)
+    result.node_order = order_note
     if stores_low_precision(proto):  # whatever measures the output's error (the probe, the report) has no FP32
         result.reference = ALREADY_LOW_REFERENCE
     if fp8 and samples:  # the FLOPs the summary states are at the data's sizes, as --tolerance's are

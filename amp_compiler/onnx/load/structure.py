@@ -15,7 +15,12 @@ from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs, subgraphs
 from amp_compiler.onnx.load.text import node_label, quote
 
-__all__ = ["check_graph_structure", "check_output_names"]
+__all__ = ["NodeOrderError", "check_graph_structure", "check_output_names"]
+
+
+class NodeOrderError(ModelLoadError):
+    """A graph's nodes are not in topological order, and form no cycle: a fault the conversion mends
+    (:func:`amp_compiler.onnx.load.node_order.in_topological_order`)."""
 
 
 def _used_names(node: onnx.NodeProto) -> Iterator[str]:
@@ -88,7 +93,7 @@ def check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str], origin:
             path = " -> ".join(node_label(graph.node[j], j) for j in cycle[:6])
             more = " -> ..." if len(cycle) > 6 else ""
             raise ModelLoadError(f"{where}: the graph has a cycle: {path}{more} -> back to the first")
-        raise ModelLoadError(
+        raise NodeOrderError(
             f"{where}: nodes are not in topological order (ONNX requires every node to come after the "
             "producers of its inputs)"
         )

@@ -61,6 +61,9 @@ class ConversionResult:
     # The model's opset where the conversion raised it for its types ("opset 17 -> 22 (bfloat16 Conv)":
     # amp_compiler.onnx.load.opset.for_bf16), "" where it did not.
     opset_change: str = ""
+    # What the conversion did about nodes out of topological order ("nodes sorted into topological order in
+    # its graph": amp_compiler.onnx.load.node_order), "" where they were in order.
+    node_order: str = ""
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).
