@@ -295,6 +295,7 @@ def _node_errors(
     types = _types(converted)
     written = {n.name: list(n.output) for n in converted.graph.node if n.name}
     producers = {o: n for n in converted.graph.node for o in n.output}
+    fp8 = fp8_readers(converted, types)
     rel = {name: s.rel_l2 for name, s in tensors.items()}
     out = []
     for i, node in enumerate(fp32.graph.node):
@@ -310,9 +311,12 @@ def _node_errors(
         if dtype is None and writer is not None and writer.op_type == "Cast" != node.op_type:
             dtype = types.get(writer.input[0])  # an unnamed node's output, cast to the graph output's type
         dtype = dtype or types.get(tensor)
+        precision = short_name(ir.DataType(dtype)) if dtype else "?"
+        if node.name and node.name in fp8:
+            precision = short_name(ir.DataType.FLOAT8E4M3FN)  # its inputs: FP8 values, dequantized
         out.append(NodeComparison(
             position=i, node=node.name, op_type=node.op_type, tensor=tensor,
-            precision=short_name(ir.DataType(dtype)) if dtype else "?",
+            precision=precision,
             rel_l2=s.rel_l2, error_of_range=s.error_of_range, growth=s.rel_l2 - worst_in, nonfinite=s.nonfinite,
         ))
     return out
@@ -327,6 +331,19 @@ def _held_beyond_range(stats: ErrorStats) -> bool:
     return lowest < -float(np.finfo(np.float16).max) and stats.nonfinite == 0 and stats.max_abs > -lowest / 2
 
 
+_FLOAT8 = frozenset(int(t) for t in (ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2,
+                                       ir.DataType.FLOAT8E5M2FNUZ))
+
+
+def fp8_readers(model: onnx.ModelProto, types: dict[str, int]) -> set[str]:
+    """The names of ``model``'s main-graph nodes (but Q/DQ nodes) reading the output of a DequantizeLinear
+    of a float8 tensor: the GEMMs an FP8 conversion gives FP8 inputs (``types``: element types by name)."""
+    dequantized = {n.output[0] for n in model.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input and types.get(n.input[0]) in _FLOAT8}
+    return {n.name for n in model.graph.node if n.name and n.op_type not in ("QuantizeLinear", "DequantizeLinear")
+            and any(i in dequantized for i in n.input)}
+
+
 def _target_of(types: dict[str, int]) -> Target:
     """BF16 for a model with BF16 tensors and no FP16 ones; FP16 otherwise (FP16 and BF16 together: an
     FP16 conversion with BF16 range fallbacks)."""
@@ -339,6 +356,11 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
     model's node of that name has the precision that conversion gives it; returns where the rules
     came from, in a sentence."""
     types = _types(converted)
+    fp8 = fp8_readers(converted, types)
+    if fp8:  # its FP8 choices come from calibration data: a default conversion makes none of them
+        return (f"no rules: the converted model is an FP8 conversion ({len(fp8)} node(s) read FP8 inputs through "
+                "Q/DQ), chosen from calibration data compare does not have; the conversion's own report "
+                "(convert --report) gives its rules")
     target = _target_of(types)
     # FP16 and BF16 together: an FP16 conversion with BF16 range fallbacks (the default scales them in FP16)
     mixed = target is Target.FP16 and onnx.TensorProto.BFLOAT16 in set(types.values())
@@ -373,9 +395,13 @@ def _attach_rules(fp32: onnx.ModelProto, converted: onnx.ModelProto, errors: lis
     if not main:
         return (f"no rules: the converted model is not what a default {how} of the FP32 model makes, and "
                 "the FP32 model's nodes have no names to match the converted model's by")
-    if len(same) == len(main) and not unnamed:
+    made = {d.node for d in decided if d.node}
+    added = [n for n in converted.graph.node if not n.name or n.name not in made]
+    if len(same) == len(main) and not unnamed and not added:
         return f"rules: the converted model is what a default {how} of the FP32 model makes"
     unmatched = f"; {unnamed} unnamed node(s) cannot be matched" if unnamed else ""
+    if added:
+        unmatched += f"; it has {len(added)} node(s) a default {how} does not make"
     return (
         f"rules: {len(same)} of {len(main)} named nodes have the precision a default {how} "
         f"of the FP32 model gives them (another tool or other options made the rest{unmatched}); "

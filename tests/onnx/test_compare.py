@@ -356,3 +356,36 @@ def test_a_mask_written_as_minus_32768_by_design_is_not_ranked_as_error_growth()
     c = compare_models(m, convert(m, probe=False).model, [{"x": rng.normal(size=(1, s, h)).astype(np.float32)}])
     assert c.growth and all(e.node not in ("where_mask", "add_mask") for e in c.growth)
     assert any("not ranked: 2 tensor(s)" in w and "where_mask, add_mask" in w for w in c.warnings)
+
+
+def _two_matmuls(out: int = 16) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"), helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    inits = [tensor("w1", (rng.standard_normal((64, 128)) / 8).astype(np.float32)),
+             tensor("w2", (rng.standard_normal((128, out)) / 11).astype(np.float32))]
+    return model(nodes, [vi("x", F32, ["b", 64])], [vi("y", F32, ["b", out])], inits)
+
+
+def test_an_fp8_conversion_is_said_and_its_gemms_are_fp8():
+    """Its FP8 GEMMs write FP16 as a default FP16 conversion's do: compare called it that conversion and
+    gave them policy.low, the nodes where the error grew (sweep Y)."""
+    fp32 = _two_matmuls()
+    samples = [{"x": np.random.default_rng(s).standard_normal((32, 64)).astype(np.float32)} for s in range(4)]
+    with InProcessRunner() as runner:
+        fp8 = convert(fp32, target="fp8", samples=samples, runner=runner).model
+    c = compare_models(fp32, fp8, samples)
+    assert {e.node: e.precision for e in c.growth if e.op_type == "MatMul"} == {"mm1": "fp8", "mm2": "fp8"}
+    assert c.decisions.startswith("no rules: the converted model is an FP8 conversion (2 node(s) read FP8 inputs")
+    assert not any(e.rule for e in c.growth)
+
+
+def test_nodes_a_default_conversion_does_not_make_are_said():
+    """A padded conversion adds a Slice (10 outputs padded to 16): it is no default conversion, whatever
+    its other nodes are."""
+    fp32 = _two_matmuls(out=10)
+    samples = [{"x": np.random.default_rng(s).standard_normal((32, 64)).astype(np.float32)} for s in range(2)]
+    padded = convert(fp32, probe=False, pad_tensor_cores=True).model
+    c = compare_models(fp32, padded, samples)
+    assert "is what a default" not in c.decisions
+    assert "node(s) a default fp16 conversion does not make" in c.decisions
