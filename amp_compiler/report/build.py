@@ -9,6 +9,7 @@ import onnx
 
 from amp_compiler.core.decision import untyped_message
 from amp_compiler.core.plan import INSERTED_RULES, Rule
+from amp_compiler.dtypes import LOW_PRECISIONS
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs
 from amp_compiler.onnx.write.result import ConversionResult
@@ -117,7 +118,8 @@ def build_report(
         nodes=len(compute),
         nodes_by_precision=dict(sorted(Counter(r.precision for r in compute).items())),
         flops_total=sum(r.flops or 0 for r in compute),
-        flops_low=sum(r.flops or 0 for r in compute if r.precision == low),
+        # every low precision (an FP8 conversion's FP16 GEMMs, an FP16 one's BF16 range fallbacks), as the FX report's
+        flops_low=sum(r.flops or 0 for r in compute if r.precision in LOW_PRECISIONS),
         casts=len(casts),
         cast_bytes=sum(r.bytes or 0 for r in casts),
         size_before=fp32.ByteSize(),

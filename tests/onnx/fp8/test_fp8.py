@@ -261,3 +261,15 @@ def test_a_gemm_of_negligible_flops_takes_no_fp8_inputs():
     assert (by_name["head"].precision, by_name["head"].rule) == ("fp16", Rule.FP8_KEPT.value)
     assert "of the model's Tensor Core FLOPs, under 0.1%" in by_name["head"].reason
     assert (by_name["conv"].precision, by_name["conv"].rule) == ("fp8", Rule.FP8_GEMM.value)
+
+
+def test_the_reports_low_precision_share_counts_fp16_beside_fp8():
+    """An FP8 conversion's report said '<0.1% of FLOPs low precision' for a model 99.7% FP16 and FP8: it
+    counted the target's type alone (sweep Y); the FX report counts every low precision."""
+    from amp_compiler.report.build import build_report
+
+    model, samples = mlp()
+    result = to_fp8(model, samples, fp8_budget=0.001)  # every GEMM kept FP16
+    report = build_report(model, result, model_name="mlp")
+    low = sum(n.flops or 0 for n in report.nodes if n.precision in ("fp16", "fp8") and n.rule != "lowering.cast")
+    assert report.summary.flops_low >= low > 0.9 * report.summary.flops_total
