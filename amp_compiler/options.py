@@ -182,12 +182,16 @@ FP32_PRODUCTS = ("plain", "split")
 
 def range_fallback(opts: ConvertOptions) -> str:
     """The range fallback ``opts`` ask for (their provider's default when not given), checked: an
-    :class:`OptionError` for anything but ``scaled``/``bf16``/``fp32``."""
+    :class:`OptionError` for anything but ``scaled``/``bf16``/``fp32``, and for ``scaled``/``bf16`` given to a
+    BF16 target (which has FP32's range: they would be ignored; sweep Y)."""
     if opts.range_fallback is None:
         return RANGE_FALLBACK_DEFAULTS[opts.provider]
     if opts.range_fallback not in RANGE_FALLBACKS:
         raise OptionError(f"unknown range fallback {opts.range_fallback!r}: expected scaled, bf16 or fp32",
                           option="range_fallback")
+    if opts.target is Target.BF16 and opts.range_fallback != "fp32":  # given, it would be ignored
+        raise OptionError(f"{opts.range_fallback} is for --target fp16 (and fp8's fp16 fallback): BF16 has FP32's "
+                          "range, nothing of a bf16 conversion is kept out of it by its range", option="range_fallback")
     return opts.range_fallback
 
 

@@ -233,3 +233,13 @@ def test_bf16_for_the_cpu_provider_is_refused_before_the_model_is_read(tmp_path,
     assert code == 2 and not (tmp_path / "out.onnx").exists()
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert convert(fp32, target="bf16", provider="cuda").model is not None
+
+
+@pytest.mark.parametrize("fallback", ["scaled", "bf16"])
+def test_a_range_fallback_given_to_a_bf16_target_is_refused_not_ignored(fallback):
+    fp32 = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", shape=[2, 8])], [vi("y", shape=[2, 8])],
+                 [tensor("w", weights((8, 8)))])
+    with pytest.raises(OptionError, match="is for --target fp16") as info:
+        convert(fp32, target="bf16", range_fallback=fallback)
+    assert info.value.option == "range_fallback"
+    assert convert(fp32, target="bf16", range_fallback="fp32", probe=False).model is not None  # --tolerance's
