@@ -17,6 +17,8 @@ Guarantees:
   with two options per GEMM (its fallback, and FP8 with its error alone and its FLOPs): the set's
   measured error is within the budget (empty when no set is), on the held-out samples too when
   some are (a set that misses there is tightened: :mod:`amp_compiler.core.choice`).
+- A GEMM under :data:`LEAST_FLOP_SHARE` of the model's Tensor Core FLOPs is no candidate for the budget
+  (:func:`negligible_share`): FP8 would buy it no speed, only its rounding.
 - Reasons are built once, from their parts as data (:class:`LocalChoice`, :func:`budget_reason`):
   nothing reads a sentence back.
 """
@@ -32,7 +34,10 @@ from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.core.knapsack import Option
 from amp_compiler.core.tensor_error import ErrorMetric, Metric, metric_name, relative_l2
 
-__all__ = ["BudgetChoice", "Fp8Stats", "LocalChoice", "budget_reason", "choose_within_budget"]
+__all__ = [
+    "LEAST_FLOP_SHARE", "BudgetChoice", "Fp8Stats", "LocalChoice", "budget_reason", "choose_within_budget",
+    "negligible_share",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +103,22 @@ class BudgetChoice:
     chosen: frozenset[int]
     error: float
     held: float | None = None
+
+
+#: A GEMM under this share of the model's Tensor Core FLOPs takes no FP8 inputs: FP8 would buy it no
+#: measurable speed and cost it FP8's rounding. A GRU classifier's 10-class head Gemm (10.3k FLOPs, 0.003% of
+#: its 374 MFLOPs) was the one GEMM the ONNX budget put in FP8, its output error rel-L2 3e-4 -> 0.053 (sweep Y);
+#: a 100-layer decoder's smallest projection is about 0.25% of its FLOPs.
+LEAST_FLOP_SHARE = 1e-3
+
+
+def negligible_share(flops: int, total: int, low: str) -> str:
+    """Why a GEMM of ``flops`` among ``total`` Tensor Core FLOPs stays in the fallback ``low`` ("FP16"), or ""
+    where its share is not negligible (:data:`LEAST_FLOP_SHARE`)."""
+    if total <= 0 or flops >= LEAST_FLOP_SHARE * total:
+        return ""
+    return (f"kept {low}: its {flops:.3g} FLOPs are {flops / total:.3%} of the model's Tensor Core FLOPs, "
+            f"under {LEAST_FLOP_SHARE:.1%}: FP8 inputs would buy no measurable speed, only FP8's rounding")
 
 
 def choose_within_budget(

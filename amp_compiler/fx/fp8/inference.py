@@ -136,7 +136,9 @@ def convert_fp8(
         return (name is not None and policy_name(name) in block_ops) or any(p.search(node.name) for p in patterns)
 
     candidates = find_candidates(gm, policy, exclude=[n for n in gm.graph.nodes if blocked(n)])
-    choice = choose(gm, candidates, samples, opts)
+    flops = graph_flops(gm, policy)
+    tensor_core = sum(flops[n.name] for n in gm.graph.nodes if _is_tensor_core(n, policy))
+    choice = choose(gm, candidates, samples, opts, tensor_core)
     # The FP16 rest's ranges, on the same samples: a GEMM they keep FP32 is not lowered to FP8 (skipped).
     observed = calibration_ranges(gm, samples)
     transform(gm, Target.FP16, mode="inference", block_ops=block_ops, block_nodes=block_nodes, policy=policy,
@@ -213,3 +215,10 @@ def fp8_report(gm: fx.GraphModule, base: FxReport, choice: Fp8Choice, lowering: 
         stored_low=stored, parameter_bytes_after=state_bytes(gm), flops=graph_flops(gm, policy, gemms=(fp8_gemm,)),
         fp8_error=choice.total_error, fp8_budget=opts.fp8_budget, fp8_runs=choice.runs,
     )
+
+
+def _is_tensor_core(node: fx.Node, policy: AtenPolicy) -> bool:
+    """Whether ``node`` is an ATen op the policy marks a Tensor Core op."""
+    name = op_name(node.target) if node.op == "call_function" else None
+    entry = policy.get(policy_name(name)) if name is not None else None
+    return entry is not None and entry.tensor_core

@@ -28,7 +28,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from amp_compiler.core.choice import hold_out
-from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice, budget_reason, choose_within_budget
+from amp_compiler.core.fp8_choice import Fp8Stats, LocalChoice, budget_reason, choose_within_budget, negligible_share
 from amp_compiler.core.fp8_numbers import Fp8Format
 from amp_compiler.core.tensor_error import ErrorMetric, Metric, OutputErrors
 from amp_compiler.fx.fp8.candidates import FALLBACK, Candidate, argument_values
@@ -152,16 +152,20 @@ def _local_choice(cand: Candidate, stats: Fp8Stats, opts: ConvertOptions) -> Loc
 
 
 def choose(
-    gm: fx.GraphModule, candidates: list[Candidate], samples: Sequence[tuple], opts: ConvertOptions
+    gm: fx.GraphModule, candidates: list[Candidate], samples: Sequence[tuple], opts: ConvertOptions,
+    tensor_core_flops: int = 0,
 ) -> Fp8Choice:
-    """Calibrate, measure and choose (see module doc); ``gm`` is the FP32 graph."""
+    """Calibrate, measure and choose (see module doc); ``gm`` is the FP32 graph, ``tensor_core_flops`` its
+    Tensor Core ops' FLOPs (a candidate under :data:`~amp_compiler.core.fp8_choice.LEAST_FLOP_SHARE` of them
+    stays in the fallback: :func:`~amp_compiler.core.fp8_choice.negligible_share`; 0: none is left out)."""
     calibrate(gm, candidates, samples, opts.fp8_margin)
     reasons: dict[fx.Node, str] = {}
     passed: list[tuple[Candidate, LocalChoice]] = []
     for cand, stats in zip(candidates, local_stats(gm, candidates, samples), strict=True):
         local = _local_choice(cand, stats, opts)
-        reasons[cand.node] = local.reason
-        if local.allowed:
+        negligible = negligible_share(max(cand.flops, 1), tensor_core_flops, local.low) if local.allowed else ""
+        reasons[cand.node] = negligible or local.reason
+        if local.allowed and not negligible:
             passed.append((cand, local))
     runs = 2 * len(samples)
     if not passed:

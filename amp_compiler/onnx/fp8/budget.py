@@ -9,7 +9,8 @@ reference), once per candidate with its switch alone on, then for the sets the v
 and its set measured on the held-out part, tightened when it misses the budget there. The error of a
 run is the worst output error under ``metric`` (relative L2 by default) over the float outputs,
 against the all-off run; the chosen set's is within the budget on both parts. A candidate under
-:data:`LEAST_FLOP_SHARE` of the model's Tensor Core FLOPs is left out first (kept in the fallback type).
+:data:`~amp_compiler.core.fp8_choice.LEAST_FLOP_SHARE` of the model's Tensor Core FLOPs is left out first
+(kept in the fallback type).
 Every candidate's reason carries its numbers, built once from their parts.
 """
 
@@ -21,7 +22,12 @@ import numpy as np
 import onnx
 
 from amp_compiler.core.choice import hold_out
-from amp_compiler.core.fp8_choice import LocalChoice, budget_reason, choose_within_budget
+from amp_compiler.core.fp8_choice import (
+    LocalChoice,
+    budget_reason,
+    choose_within_budget,
+    negligible_share,
+)
 from amp_compiler.core.tensor_error import ErrorMetric, Metric
 from amp_compiler.onnx.costs.costs import estimate, iter_nodes
 from amp_compiler.onnx.measure.probe import SwitchProbe, build_probe
@@ -29,14 +35,7 @@ from amp_compiler.passes.onnx.qdq import Fp8Candidate
 from amp_compiler.policy import default_table
 from amp_compiler.runtime.runner import Runner
 
-__all__ = ["LEAST_FLOP_SHARE", "candidate_flops", "within_budget"]
-
-
-#: A GEMM under this share of the model's Tensor Core FLOPs takes no FP8 inputs: FP8 would buy it no
-#: measurable speed and cost it FP8's rounding. A GRU classifier's 10-class head Gemm (10.3k FLOPs, 0.003% of
-#: its 374 MFLOPs) was the one GEMM the budget put in FP8, its output error rel-L2 3e-4 -> 0.053 (sweep Y);
-#: a 100-layer decoder's smallest projection is about 0.25% of its FLOPs.
-LEAST_FLOP_SHARE = 1e-3
+__all__ = ["candidate_flops", "within_budget"]
 
 
 def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
@@ -52,11 +51,6 @@ def candidate_flops(model: onnx.ModelProto, candidates: Sequence[Fp8Candidate],
     return [max(int(by_output.get(c.node.outputs[0].name, 0)), 1) for c in candidates], int(total)
 
 
-def _negligible(flops: int, total: int, low: str) -> str:
-    return (f"kept {low}: its {flops:.3g} FLOPs are {flops / total:.3%} of the model's Tensor Core FLOPs, "
-            f"under {LEAST_FLOP_SHARE:.1%}: FP8 inputs would buy no measurable speed, only FP8's rounding")
-
-
 def within_budget(
     model: onnx.ModelProto, passed: Sequence[Fp8Candidate], local: Mapping[int, LocalChoice],
     samples: Sequence[dict[str, np.ndarray]], runner: Runner, budget: float, *,
@@ -68,8 +62,9 @@ def within_budget(
     if not passed:
         return [], {}
     flops, total = candidate_flops(model, passed, samples[0])
-    small = {k for k, f in enumerate(flops) if f < LEAST_FLOP_SHARE * total}
-    dropped = {id(passed[k].node): _negligible(flops[k], total, local[id(passed[k].node)].low) for k in small}
+    why = [negligible_share(f, total, local[id(c.node)].low) for f, c in zip(flops, passed, strict=True)]
+    small = {k for k, reason in enumerate(why) if reason}
+    dropped = {id(passed[k].node): why[k] for k in small}
     flops = [f for k, f in enumerate(flops) if k not in small]
     passed = [c for k, c in enumerate(passed) if k not in small]
     if not passed:

@@ -256,3 +256,27 @@ def test_transformers_run_nearly_all_flops_in_fp8_and_tied_embeddings_stay():
     _, _, _, bert = _catalog("bert-base-small")
     matmuls = [d for d in ampfx.report(bert).decisions if re.fullmatch(r"matmul(_\d+)?", d.node)]
     assert matmuls and all(d.precision == "fp8" for d in matmuls)  # attention's activation x activation products
+
+
+class ConvHead(torch.nn.Module):
+    """A convolution (most of the FLOPs) and a 10-class linear head (under 0.01% of them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_a_gemm_of_negligible_flops_takes_no_fp8_inputs():
+    """FP8 would buy the head no speed, only its rounding (the ONNX path's rule; sweep Y: a GRU's head took
+    half the budget): it stays FP16, its share in the reason."""
+    torch.manual_seed(0)
+    m = ConvHead().eval()
+    x = torch.randn(1, 64, 32, 32)
+    cal = [torch.randn(1, 64, 32, 32, generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    gm = ampfx.convert(m, (x,), target="fp8", calibration=cal, fp8_budget=1.0)
+    head = next(d for d in ampfx.report(gm).decisions if d.op_type == "aten.linear.default")
+    assert head.precision == "fp16" and head.rule == Rule.FP8_KEPT.value
+    assert "of the model's Tensor Core FLOPs, under 0.1%" in head.reason
