@@ -40,6 +40,7 @@ class Rule(enum.Enum):
     PHASE_ARGUMENT = "policy.high.phase-argument"  # computes a Sin/Cos argument linearly from raw positions
     POSITION_BIAS = "policy.high.position-bias"  # adds a bias linear in positions to a Softmax's logits (ALiBi)
     RAW_SMALL_PRODUCT = "policy.high.raw-small-product"  # a Tensor Core op with K < 16 reading raw coordinates
+    RAW_OFFSET_PRODUCT = "policy.high.raw-offset-product"  # a first product whose folded bias says its input is offset
     LOOP_ACCUMULATOR = "policy.high.loop-accumulator"  # a Loop/Scan state its body adds into itself
     UNKNOWN_OP = "policy.unknown-op"
     USER_BLOCK_OP = "user.block-op"

@@ -12,6 +12,8 @@ FP32), ``PositionBiasPass`` (the linear path from positions into a Softmax's log
 ``ThresholdInputPass`` (what a tree ensemble or another threshold-reading op reads is computed in FP32),
 ``RoutingScorePass`` (the scores a TopK/ArgMax whose indices route computation reads, a router, in FP32),
 ``RawSmallProductPass`` (a Tensor Core op with K < 16 reading raw coordinates or features stays FP32),
+``RawOffsetProductPass`` (a first product whose folded bias says it reads raw features centred far from zero,
+which the target would round past what the model resolves, stays FP32),
 ``ConstantRangePass`` (unrepresentable constants), ``StaticRangePass`` (what provably overflows for
 the inputs' known ranges), ``CalibrationRangePass`` (observed ranges), ``RuntimeHazardPass`` (no Cast
 inside op patterns onnxruntime crashes on: FP32 where the provider inserts one, else the Transpose
@@ -39,6 +41,7 @@ from amp_compiler.passes.analysis.position_bias import PositionBiasPass
 from amp_compiler.passes.analysis.quantized import QuantizedIslandPass
 from amp_compiler.passes.analysis.range_fallback import RangeFallbackPass
 from amp_compiler.passes.analysis.range_scaling import RangeScalingPass
+from amp_compiler.passes.analysis.raw_offsets import RawOffsetProductPass
 from amp_compiler.passes.analysis.raw_products import RawSmallProductPass
 from amp_compiler.passes.analysis.routing import RoutingScorePass
 from amp_compiler.passes.analysis.signal import SignalPathPass
@@ -61,6 +64,7 @@ __all__ = [
     "ThresholdInputPass",
     "RangeFallbackPass",
     "RangeScalingPass",
+    "RawOffsetProductPass",
     "RawSmallProductPass",
     "RoutingScorePass",
     "RuntimeHazardPass",

@@ -44,6 +44,7 @@ from amp_compiler.passes.analysis import (
     QuantizedIslandPass,
     RangeFallbackPass,
     RangeScalingPass,
+    RawOffsetProductPass,
     RawSmallProductPass,
     RoutingScorePass,
     RuntimeHazardPass,
@@ -126,6 +127,7 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
     passes.append(ThresholdInputPass())
     passes.append(RoutingScorePass())
     passes.append(RawSmallProductPass())  # after the pins that say more (a tree's input, a router)
+    passes.append(RawOffsetProductPass())  # a first product over offset raw features, at any K
     passes.append(ConstantRangePass(settings.target, ranges=settings.ranges))
     if settings.reached:
         passes.append(StaticRangePass(settings.reached, settings.target))

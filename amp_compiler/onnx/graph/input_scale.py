@@ -30,13 +30,13 @@ from amp_compiler.dtypes import FLOAT_TYPES
 from amp_compiler.onnx.ir.constants import constant_array
 from amp_compiler.onnx.ir.walk import is_constant
 
-__all__ = ["SCALE_MARGIN", "scale_warning", "weight_scale_warnings"]
+__all__ = ["SAME_VALUES", "SCALE_MARGIN", "scale_warning", "weight_scale_warnings"]
 
 #: A feature is taken to reach ``1 / max |w|``; a warning comes when that is past the target's largest
 #: value over this margin (its weights may be a few times smaller than its values' reciprocal).
 SCALE_MARGIN = 4.0
 # Ops whose output holds their input's values, its last axis (the features) kept: the walk's way through.
-_SAME_VALUES = frozenset({"Identity", "Cast", "Reshape", "Flatten", "Unsqueeze", "Squeeze"})
+SAME_VALUES = frozenset({"Identity", "Cast", "Reshape", "Flatten", "Unsqueeze", "Squeeze"})
 
 
 def weight_scale_warnings(model: ir.Model, inputs: Iterable[str], limit: float,
@@ -79,7 +79,7 @@ def scale_warning(weights: np.ndarray, who: str, name: str, limit: float) -> tup
 
 
 def _first_products(value: ir.Value) -> list[tuple[ir.Node, np.ndarray]]:
-    """The MatMul/Gemm nodes reading ``value`` (through :data:`_SAME_VALUES`) as their activation, with
+    """The MatMul/Gemm nodes reading ``value`` (through :data:`SAME_VALUES`) as their activation, with
     their constant weight as ``[features, outputs]``."""
     found: list[tuple[ir.Node, np.ndarray]] = []
     stack, seen = [value], set()
@@ -89,7 +89,7 @@ def _first_products(value: ir.Value) -> list[tuple[ir.Node, np.ndarray]]:
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            if node.op_type in _SAME_VALUES and index == 0 and node.outputs and node.outputs[0].dtype in FLOAT_TYPES:
+            if node.op_type in SAME_VALUES and index == 0 and node.outputs and node.outputs[0].dtype in FLOAT_TYPES:
                 stack.append(node.outputs[0])
                 continue
             weights = _weights(node, index)
