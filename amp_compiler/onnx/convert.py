@@ -73,6 +73,7 @@ from amp_compiler.passes.analysis import UserChoices, compile_patterns
 from amp_compiler.passes.analysis.hazards import stand_in_skips
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
+from amp_compiler.passes.analysis.raw_offsets import raw_offset_warnings
 from amp_compiler.passes.onnx import (
     LowerPlanPass,
     PadTensorCoresPass,
@@ -295,6 +296,8 @@ def _convert_ranged(
         lowered = {id(v.node) for v in graph.vertices
                    if v.node is not None and plan.decisions[v.id].dtype == target.dtype}
         warnings = [*weight_scale_warnings(ir_model, unranged, target.max, lambda n: id(n) in lowered), *warnings]
+        # an offset a first product's bias may cancel: a stated range (one box for every feature) says nothing of it
+        warnings = [*raw_offset_warnings(graph, plan, {v.name for v in ir_model.graph.inputs if v.name}), *warnings]
 
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)

@@ -19,10 +19,13 @@ order of the pre-activations), so the offsets are the least-squares solution ``m
 product's outputs (:func:`offset_estimate`; a Conv's per-channel weight is its kernel's sum). The fit is
 evidence only where it explains the bias: with more outputs than features (N > K) a bias not made so (any
 normalised-input model's) leaves most of its norm in the residual (a random one ``sqrt(1 - K/N)``), while a
-folded one leaves ``|b0|`` of ``|b|`` (0.1 of 72 in the repro). Where N <= K any bias fits and nothing is
-inferred. Each feature ``k`` then rounds by up to half the target's spacing at ``|m_k|``, uniformly across
-samples, which puts noise of RMS ``sqrt(sum_k W_kn^2 spacing(m_k)^2 / 12)`` (a Conv: over its taps, each
-reading another sample) into pre-activation ``n``. A layer trained on standardised features (what folding
+folded one leaves ``|b0|`` of ``|b|`` (0.1 of 72 in the repro). Where N <= K any bias fits (the least-norm
+solution stands in): the product is not pinned, and the conversion warns where it stays low
+(:func:`raw_offset_warnings`, one line naming the input, the feature and what would say more).
+
+Each feature ``k`` then rounds by up to half the target's spacing at ``|m_k|``, uniformly across samples,
+which puts noise of RMS ``sqrt(sum_k W_kn^2 spacing(m_k)^2 / 12)`` (a Conv: over its taps, each reading
+another sample) into pre-activation ``n``. A layer trained on standardised features (what folding
 one implies) has pre-activations of spread of order one, so that noise is read against 1: past
 :data:`PRE_ACTIVATION_NOISE` (1%) the product is pinned FP32. Measured: the sensor MLP 0.26 (BF16) and 0.032
 (FP16), the Conv1d 0.12 and 0.015; every first product on a float input in the catalog (image stems,
@@ -30,9 +33,11 @@ Whisper's mel Conv, tabular MLPs: normalised inputs) at most 0.0016 in BF16, non
 one first layer over the raw features (sensor rows, a few channels): its FLOPs and its FP32 output's bytes.
 
 Only a product that reads the graph input as it is (through ops that move values: Cast, Reshape, Flatten,
-Identity, (Un)Squeeze) and whose weight and bias are constants the precision graph holds qualifies: ONNX
-Gemm (``transA`` unset), MatMul with a 2-D weight and an Add of a constant [N] bias after it, Conv with
-``group = 1``. FX graphs' products (their operands are not read here) are left to the other rules.
+Identity, (Un)Squeeze; ATen's copies and views) and whose weight and bias are constants the precision graph
+holds qualifies: ONNX Gemm (``transA`` unset), MatMul with a 2-D weight and an Add of a constant [N] bias
+after it, Conv with ``group = 1``; ATen ``linear`` and a convolution with one group (FX: torch.export keeps
+``nn.Linear`` and ``nn.Conv*d`` so). An FX ``addmm`` (a decomposed Linear, its weight transposed by another
+op) is not read.
 
 Guarantees (checked by ``ensures``): every free vertex so found, unless the user forced it low
 (``user.allow``), is DENY with rule ``policy.high.raw-offset-product`` and a reason naming the input, the
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Container
 
 import ml_dtypes
 import numpy as np
@@ -61,7 +67,7 @@ from amp_compiler.passes.analysis.phase import constant_derived, is_raw
 from amp_compiler.targets import Target
 
 __all__ = ["BIAS_FIT", "PRE_ACTIVATION_NOISE", "OffsetFinding", "RawOffsetProductPass", "offset_estimate",
-           "raw_offset_products"]
+           "offset_findings", "raw_offset_products", "raw_offset_warnings"]
 
 #: The RMS rounding noise, in units of a pre-activation's spread (taken as one: module doc), past which a
 #: first product is kept FP32. Measured: 0.015 to 0.26 on the raw-unit repros (0.79% to 17.8% of range
@@ -71,6 +77,12 @@ PRE_ACTIVATION_NOISE = 0.01
 #: standardisation leaves the original bias (0.1 of 72 in the repro), a bias unrelated to the weights most of
 #: its norm (a random one ``sqrt(1 - K / N)``: 0.87 at 16 features and 64 outputs).
 BIAS_FIT = 0.25
+# Ops whose output holds their input's values, features kept: ONNX's (input_scale.SAME_VALUES) and ATen's.
+_SAME_VALUES = SAME_VALUES | {"_to_copy", "view", "reshape", "flatten", "unsqueeze", "squeeze", "clone", "contiguous",
+                              "alias"}
+# ATen products with a constant weight and bias read here: per op, the position of its ``groups`` argument
+# (None: no groups).
+_ATEN_GROUPS: dict[str, int | None] = {"linear": None, "conv1d": 6, "conv2d": 6, "conv3d": 6, "convolution": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +98,16 @@ class OffsetFinding:
     outputs: int  # N: the product's outputs (the equations)
     fit: float  # the residual's share of the bias's norm
 
+    @property
+    def determined(self) -> bool:
+        """Whether the fit is evidence: more outputs than features (else any bias fits, module doc)."""
+        return self.outputs > self.features
+
 
 def _array(value: ir.Value | None) -> np.ndarray | None:
     """A constant float value's array (float64), finite; None otherwise."""
-    if value is None or not is_constant(value):
-        return None
+    if value is None or value.is_graph_input() or (value.const_value is None and not is_constant(value)):
+        return None  # (an FX parameter holds its tensor, in no graph)
     array = constant_array(value)
     if array is None or not np.issubdtype(array.dtype, np.floating):
         return None
@@ -135,6 +152,36 @@ def product_weights(node: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
     return None
 
 
+def aten_product_weights(vertex: Vertex) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`product_weights` of an FX vertex: ``linear(input, weight, bias)`` and a convolution
+    (``conv1d``/``conv2d``/``conv3d``, ``convolution`` not transposed) with one group, whose weight and bias are
+    parameters the vertex reads (its ``constants``, named by the ``get_attr`` target or placeholder)."""
+    call = getattr(vertex.node, "fx", None)
+    op = getattr(vertex.node, "op_type", None)
+    if call is None or op not in _ATEN_GROUPS or len(call.args) < 3:
+        return None
+    at = _ATEN_GROUPS[op]
+    if at is not None and (_argument(call, at, "groups", 1) != 1 or (
+            op == "convolution" and _argument(call, 6, "transposed", False))):
+        return None
+    named = {value.name: value for value in vertex.constants}
+
+    def read(arg: object) -> np.ndarray | None:
+        names = [str(getattr(arg, "target", "")), str(getattr(arg, "name", ""))]
+        return next((_array(named[n]) for n in names if n in named), None)
+
+    weight, bias = read(call.args[1]), read(call.args[2])
+    if weight is None or bias is None or weight.ndim < 2 or bias.size != weight.shape[0]:
+        return None
+    return weight.reshape(weight.shape[0], weight.shape[1], -1), bias.reshape(-1)
+
+
+def _argument(call: object, position: int, name: str, default: object) -> object:
+    """An FX call's argument by position or keyword (``default`` where it leaves it out)."""
+    args, kwargs = getattr(call, "args", ()), getattr(call, "kwargs", {})
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
 def spacing(values: np.ndarray, target: Target) -> np.ndarray:
     """The target's spacing between representable numbers at each of ``values`` (normal numbers: the
     power of two at or below ``|v|`` times its machine epsilon; 0 at 0)."""
@@ -146,11 +193,11 @@ def spacing(values: np.ndarray, target: Target) -> np.ndarray:
 
 def offset_estimate(weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, float] | None:
     """The per-feature offsets ``m`` a folded standardisation's bias cancels (least squares of
-    ``sum_k W_nk m_k = -b_n``, a Conv's ``W`` summed over its taps) and the residual's share of ``|b|``;
-    None where the outputs do not outnumber the features (any bias fits) or the bias is zero."""
-    outputs, features = weight.shape[:2]
+    ``sum_k W_nk m_k = -b_n``, a Conv's ``W`` summed over its taps; where the outputs do not outnumber the
+    features, the least-norm solution, which any bias fits) and the residual's share of ``|b|``; None where
+    the bias is zero."""
     norm = float(np.linalg.norm(bias))
-    if outputs <= features or norm == 0.0:
+    if norm == 0.0:
         return None
     per_feature = weight.sum(axis=2)  # [N, K]
     offsets, *_ = np.linalg.lstsq(per_feature, -bias, rcond=None)
@@ -164,27 +211,25 @@ def offset_noise(weight: np.ndarray, offsets: np.ndarray, target: Target) -> tup
     return np.sqrt(per_feature.sum(axis=1)), per_feature
 
 
-def raw_offset_products(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
-    """Per free product vertex reading a float graph input as it is (module doc) whose weights and bias say it
-    is centred at offsets whose rounding puts more than :data:`PRE_ACTIVATION_NOISE` into its pre-activations:
-    what they say."""
+def offset_findings(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
+    """Per free product vertex reading a float graph input as it is (module doc) whose weights and bias put it
+    at offsets whose rounding adds more than :data:`PRE_ACTIVATION_NOISE` to its pre-activations: what they
+    say, the fit's evidence or not (:attr:`OffsetFinding.determined`)."""
     digraph = dataflow(graph)
     derived = constant_derived(graph, digraph)
     found: dict[int, OffsetFinding] = {}
     for vertex in graph.vertices:
         node = vertex.node
-        if not vertex.free or not isinstance(node, ir.Node) or node.op_type not in ("Gemm", "MatMul", "Conv"):
+        if not vertex.free or node is None:
             continue
-        read = product_weights(node)
+        read = product_weights(node) if isinstance(node, ir.Node) else aten_product_weights(vertex)
         if read is None:
             continue
         weight, bias = read
         path = paths_into(graph, vertex, lambda v: v.node is None and is_raw(v, digraph, derived),
-                          lambda v: v.node is not None and v.node.op_type in SAME_VALUES, digraph)
+                          lambda v: v.node is not None and v.node.op_type in _SAME_VALUES, digraph)
         sources = [vid for vid in path if graph.vertices[vid].node is None]
-        if not sources:
-            continue
-        estimate = offset_estimate(weight, bias)
+        estimate = offset_estimate(weight, bias) if sources else None
         if estimate is None or estimate[1] > BIAS_FIT:
             continue
         offsets, fit = estimate
@@ -197,6 +242,32 @@ def raw_offset_products(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
             graph.vertices[min(sources)], feature, float(offsets[feature]),
             float(spacing(offsets[feature:feature + 1], graph.target)[0]), float(noise[worst]),
             weight.shape[1], weight.shape[0], fit)
+    return found
+
+
+def raw_offset_products(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
+    """The :func:`offset_findings` whose fit is evidence (more outputs than features): the pass pins them."""
+    return {vid: f for vid, f in offset_findings(graph).items() if f.determined}
+
+
+def raw_offset_warnings(graph: PrecisionGraph, plan: PrecisionPlan, inputs: Container[str]) -> list[str]:
+    """One sentence per :func:`offset_findings` product reading one of ``inputs`` (those no data of the user's
+    was seen for: calibration's measured error says more than the weights) whose fit is no evidence (no more
+    outputs than features: any bias fits, module doc) and which the plan keeps in the target's type: the
+    input and feature, the offset its bias would cancel, and what says more."""
+    found = []
+    for vid, f in sorted(offset_findings(graph).items()):
+        value = f.source.slots[0].value if f.source.slots else None
+        if f.determined or value is None or value.name not in inputs or plan.decisions[vid].dtype != graph.target.dtype:
+            continue
+        found.append(
+            f"{graph.vertices[vid].describe()} reads {f.source.describe()} in {graph.target.value.upper()}, and its "
+            f"bias would cancel an offset near "
+            f"{f.offset:.4g} in feature {f.feature} (a standardisation folded into it), where the target's spacing "
+            f"is {f.spacing:.3g}: RMS noise up to {f.noise:.3g} in its pre-activations; {f.outputs} outputs over "
+            f"{f.features} features cannot confirm it. Give calibration data of real inputs (--calibration-data, or "
+            "samples=/calibration=: the error is then measured on them, and --tolerance keeps FP32 what that "
+            "needs), or standardise the input before the model")
     return found
 
 

@@ -37,6 +37,7 @@ from amp_compiler.fx.graph.rewrite import fold_batchnorm, functionalize_inplace,
 from amp_compiler.fx.graph.views import is_float
 from amp_compiler.passes.analysis import compile_patterns
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
+from amp_compiler.passes.analysis.raw_offsets import raw_offset_warnings
 from amp_compiler.targets import Provider, Target
 
 __all__ = [
@@ -220,14 +221,16 @@ def transform(
 
 def _scale_warnings(gm: fx.GraphModule, fxg: FxPrecisionGraph, plan: PrecisionPlan, target: Target,
                     observed: ObservedRanges | None, sources: dict | None) -> list[str]:
-    """The ONNX path's weight-scale warnings (:mod:`amp_compiler.fx.graph.input_scale`) where no value
+    """The ONNX path's weight-scale and raw-offset warnings (:mod:`amp_compiler.fx.graph.input_scale`,
+    :func:`~amp_compiler.passes.analysis.raw_offsets.raw_offset_warnings`) where no value
     of the user's data was seen (ranges from the example inputs, or none), as the ONNX path gives them
     with the range probe's ranges or none; none for the graph-level entries (``observed`` not given)."""
     if observed is None or (observed.ranges and not observed.generated):
         return []
     low = {node for node, vid in fxg.main_vertex.items() if plan.decisions[vid].dtype == target.dtype}
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and is_float(n) and n not in (sources or {})]
-    return weight_scale_warnings(gm, inputs, target.max, low.__contains__)
+    offsets = raw_offset_warnings(fxg.graph, plan, {n.name for n in inputs})  # an offset a first bias may cancel
+    return [*offsets, *weight_scale_warnings(gm, inputs, target.max, low.__contains__)]
 
 
 class _FakeProp(FakeTensorProp):

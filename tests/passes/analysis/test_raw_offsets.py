@@ -21,15 +21,15 @@ def _init(array: np.ndarray, name: str) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(array, np.float32), name)
 
 
-def _mlp(folded: bool, product: str = "Gemm", bias_scale: float = 0.1) -> onnx.ModelProto:
+def _mlp(folded: bool, product: str = "Gemm", bias_scale: float = 0.1, hidden: int = 64) -> onnx.ModelProto:
     """``x [B, 16]`` -> fc1 -> Relu -> Gemm -> Relu -> Gemm -> ``logits [B, 5]``; ``folded``: fc1 holds the
     standardisation (``W / std``, ``b - W.mean / std``), as exporters write it, and reads raw units."""
     rng = np.random.default_rng(0)
-    w1 = rng.standard_normal((16, 64)) / 4
-    b1 = rng.standard_normal(64) * bias_scale
+    w1 = rng.standard_normal((16, hidden)) / 4
+    b1 = rng.standard_normal(hidden) * bias_scale
     if folded:
         w1, b1 = w1 / STD[:, None], b1 - (MEAN / STD) @ w1
-    w2, w3 = rng.standard_normal((64, 64)) / 8, rng.standard_normal((64, 5)) / 8
+    w2, w3 = rng.standard_normal((hidden, 64)) / 8, rng.standard_normal((64, 5)) / 8
     first = ([helper.make_node("Gemm", ["x", "W1", "b1"], ["a"], name="fc1")] if product == "Gemm" else
              [helper.make_node("MatMul", ["x", "W1"], ["m"], name="fc1"), helper.make_node("Add", ["m", "b1"], ["a"])])
     graph = helper.make_graph(
@@ -115,6 +115,20 @@ def test_a_normalised_input_keeps_the_first_product_low(bias_scale):
     # (the offset fit leaves most of it unexplained: no evidence of an offset).
     result = convert(_mlp(folded=False, bias_scale=bias_scale), runner=InProcessRunner(), target="bf16")
     assert (_decision(result, "fc1").precision, _decision(result, "fc1").rule) == ("bf16", "policy.low")
+    assert not any("offset" in w for w in result.warnings)
+
+
+def test_a_bottleneck_first_product_warns_where_its_bias_cannot_confirm_an_offset():
+    # 8 outputs over 16 features: any bias fits some offsets, so the fit is no evidence to pin on; it warns.
+    model = _mlp(folded=True, hidden=8)
+    result = convert(model, runner=InProcessRunner(), target="bf16")
+    assert _decision(result, "fc1").precision == "bf16"
+    (warning,) = [w for w in result.warnings if "offset" in w]
+    assert "fc1" in warning and "'x'" in warning and "feature" in warning and "--calibration-data" in warning
+    samples = [{"x": (MEAN + STD * np.random.default_rng(s).standard_normal((64, 16))).astype(np.float32)}
+               for s in range(2)]
+    calibrated = convert(model, runner=InProcessRunner(), target="bf16", samples=samples)
+    assert not any("offset" in w for w in calibrated.warnings)  # the error measured on the user's data says more
 
 
 def test_the_offset_fit_recovers_the_folded_means():
@@ -123,4 +137,6 @@ def test_the_offset_fit_recovers_the_folded_means():
     b = rng.standard_normal(64) * 0.1 - w @ MEAN
     offsets, residual = offset_estimate(w[:, :, None], b)
     assert np.all(np.abs(offsets - MEAN) < STD) and residual < 0.01
-    assert offset_estimate(w[:16, :, None], b[:16]) is None  # N <= K: any bias fits
+    square = offset_estimate(w[:16, :, None], b[:16])  # N = K: any bias fits, exactly
+    assert square is not None and square[1] < 1e-9
+    assert offset_estimate(w[:, :, None], np.zeros(64)) is None
