@@ -39,6 +39,15 @@ A seventh, from a sweep of models with unusual numerics (sweep Q), fixed since:
   origin; the K = 3 Gram MatMul in FP16 was cancelled by the subtraction (57% of range), and stays FP32 now
   (``policy.high.raw-small-product``, passes/analysis/raw_products.py).
 
+An eighth, from sweep Y (Y-1), is a first layer whose bias cancels raw units' offsets:
+
+- ``sensor-folded-standardisation``: a sensor MLP over 16 raw-unit features (293 K +- 3, 1500 m +- 20, ...)
+  with their standardisation folded into its first Gemm (``W / std``, ``b - W.mean / std``); BF16 rounds the
+  input at the offsets (spacing 2 at 293, 8 at 1500): the sweep's model 17.8% of range off and 24.7% of
+  labels flipped with fc1 BF16, 1.8% in FP16 (this seed, exact emulation: 11.7% and 2.3%, stated 0.24% and
+  0.03%); the Gemm stays FP32 now (``policy.high.raw-offset-product``, passes/analysis/raw_offsets.py), its
+  bias read for the offsets: 0.20% and 0.02%.
+
 The three after the first are accuracy the range probe does not fix (nothing overflows): the default conversion
 measures them on its generated inputs and warns (``amp-compiler convert``'s summary line).
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
@@ -375,5 +384,38 @@ _register(
     "(PointNet++'s square_distance, DGCNN's knn, SchNet-style cutoffs), a 24-atom molecule 40 A from the "
     "origin: the K = 3 Gram MatMul in FP16 stores a.b ~ 5000 to within 2 and the subtraction cancels it (57% "
     "of range off under exact emulation); it stays FP32 (rule policy.high.raw-small-product).",
+    "",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# sensor-folded-standardisation
+# --------------------------------------------------------------------------------------------------
+
+_SENSOR_MEAN = np.array([293, 1500, 230, 50, 1013, 20, 300, 120] * 2, np.float64)  # K, m, V, %, hPa, ...
+_SENSOR_STD = np.array([3, 20, 1, 10, 8, 2, 5, 3] * 2, np.float64)
+
+
+def build_sensor_folded_standardisation() -> onnx.ModelProto:
+    """x [batch, 16] raw units -> fc1 (the standardisation folded in) -> Relu -> fc2 -> Relu -> fc3 -> 5 logits."""
+    g = _Graph(_seed("sensor-folded-standardisation"))
+    w1 = g.rng.standard_normal((16, 64)) / 4  # trained on standardised features
+    b1 = g.rng.standard_normal(64) * 0.1
+    g.const("fc1_w", (w1 / _SENSOR_STD[:, None]).astype(np.float32))
+    g.const("fc1_b", (b1 - (_SENSOR_MEAN / _SENSOR_STD) @ w1).astype(np.float32))
+    h = g.node("Relu", [g.node("Gemm", ["x", "fc1_w", "fc1_b"], name="fc1")], name="relu1")
+    h = g.node("Relu", [g.node("Gemm", [h, g.weight("fc2_w", [64, 64], scale=1 / 8)], name="fc2")], name="relu2")
+    g.node("Gemm", [h, g.weight("fc3_w", [64, 5], scale=1 / 8)], name="fc3", outputs=["logits"])
+    return _model(g, "sensor_folded_standardisation", [_vi("x", F32, ["batch", 16])],
+                  [_vi("logits", F32, ["batch", 5])], 18)
+
+
+_register(
+    "sensor-folded-standardisation",
+    build_sensor_folded_standardisation,
+    lambda rng: {"x": (_SENSOR_MEAN + _SENSOR_STD * rng.standard_normal((64, 16))).astype(np.float32)},
+    "A sensor MLP over 16 raw-unit features (293 K +- 3, 1500 m +- 20, ...) whose standardisation is folded "
+    "into its first Gemm: rounding the input at the offsets the bias cancels blurs its pre-activations (BF16: "
+    "17.8% of range, 24.7% labels flipped); fc1 stays FP32 (rule policy.high.raw-offset-product).",
     "",
 )

@@ -83,6 +83,7 @@ _SAME_VALUES = SAME_VALUES | {"_to_copy", "view", "reshape", "flatten", "unsquee
 # ATen products with a constant weight and bias read here: per op, the position of its ``groups`` argument
 # (None: no groups).
 _ATEN_GROUPS: dict[str, int | None] = {"linear": None, "conv1d": 6, "conv2d": 6, "conv3d": 6, "convolution": 8}
+_PRODUCTS = frozenset({"Gemm", "MatMul", "Conv", *_ATEN_GROUPS})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,16 +221,18 @@ def offset_findings(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
     found: dict[int, OffsetFinding] = {}
     for vertex in graph.vertices:
         node = vertex.node
-        if not vertex.free or node is None:
+        if not vertex.free or node is None or node.op_type not in _PRODUCTS:
             continue
-        read = product_weights(node) if isinstance(node, ir.Node) else aten_product_weights(vertex)
-        if read is None:
-            continue
-        weight, bias = read
         path = paths_into(graph, vertex, lambda v: v.node is None and is_raw(v, digraph, derived),
                           lambda v: v.node is not None and v.node.op_type in _SAME_VALUES, digraph)
         sources = [vid for vid in path if graph.vertices[vid].node is None]
-        estimate = offset_estimate(weight, bias) if sources else None
+        # the weights are read only for a product on a graph input (an LLM's are many and large)
+        read = None if not sources else (
+            product_weights(node) if isinstance(node, ir.Node) else aten_product_weights(vertex))
+        if read is None:
+            continue
+        weight, bias = read
+        estimate = offset_estimate(weight, bias)
         if estimate is None or estimate[1] > BIAS_FIT:
             continue
         offsets, fit = estimate

@@ -116,3 +116,17 @@ def test_pairwise_distances_from_the_gram_matrix_of_raw_coordinates_are_accurate
     assert accuracy and all(a.error_of_range < 0.01 for a in accuracy), accuracy
     low = convert(fp32, probe=False, allow_nodes=["^gram$"], runner=InProcessRunner())  # the MatMul forced FP16
     assert all(a.error_of_range > 0.3 for a in _accuracy("pairwise-distance-gram", low.model))
+
+
+@pytest.mark.parametrize("target", ["fp16", "bf16"])
+def test_a_first_gemm_over_offset_raw_features_stays_fp32(target):
+    """Sweep Y (Y-1): a standardisation folded into the first Gemm of raw-unit features; its bias says where
+    they are centred, and rounding them there (BF16: spacing 8 at 1500) flipped 24.7% of labels."""
+    fp32 = catalog.load("sensor-folded-standardisation")
+    result = convert(fp32, target=target, runner=InProcessRunner())
+    fc1 = next(d for d in result.decisions if d.node == "fc1")
+    assert (fc1.precision, fc1.rule) == ("fp32", "policy.high.raw-offset-product"), fc1
+    accuracy = _accuracy("sensor-folded-standardisation", result.model)
+    assert accuracy and all(a.error_of_range < 0.01 for a in accuracy), accuracy
+    low = convert(fp32, target=target, allow_nodes=["^fc1$"], runner=InProcessRunner())  # fc1 forced low
+    assert all(a.error_of_range > 0.01 for a in _accuracy("sensor-folded-standardisation", low.model))

@@ -67,18 +67,18 @@ def test_the_test_suite_checks_every_pass():
 def test_one_pass_list_for_every_caller():
     onnx_default = AnalysisSettings(Target.FP16)
     assert _names(analysis_passes(onnx_default)) == [
-        "ClassifyPass", "KernelCoveragePass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "ConstantRangePass",
+        "ClassifyPass", "KernelCoveragePass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "RawOffsetProductPass", "ConstantRangePass",
         "RuntimeHazardPass", "PaintPass", "MinCutPlacementPass", "NormFusionPass",
     ]
     ranges = {"a": TensorRange(0.0, 1.0, 1.0, 0.0, 0.0, 10)}
     calibrated = dataclasses.replace(onnx_default, ranges=ranges, placement="paint")
     assert _names(analysis_passes(calibrated)) == [
-        "ClassifyPass", "KernelCoveragePass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "ConstantRangePass",
+        "ClassifyPass", "KernelCoveragePass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "RawOffsetProductPass", "ConstantRangePass",
         "CalibrationRangePass", "RuntimeHazardPass", "PaintPass", "NormFusionPass",
     ]
     fx = AnalysisSettings(Target.BF16, kernel_coverage=False, runtime_hazards=False)
     assert _names(analysis_passes(fx)) == [
-        "ClassifyPass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "ConstantRangePass", "PaintPass",
+        "ClassifyPass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "RawOffsetProductPass", "ConstantRangePass", "PaintPass",
         "MinCutPlacementPass",
     ]
     with pytest.raises(OptionError, match="greedy") as bad:
