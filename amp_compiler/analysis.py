@@ -33,6 +33,7 @@ from amp_compiler.errors import (
     RunBudgetError,
 )
 from amp_compiler.onnx.convert import convert
+from amp_compiler.onnx.load.fused_conv import split_fused_convs
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
 from amp_compiler.onnx.measure.output_error import output_accuracy
@@ -92,6 +93,8 @@ def _analyze(
     model: onnx.ModelProto, options: ConvertOptions, model_name: str, calibration_data: str | Path | None,
     tolerance: float | None, policy: PolicyTable | None, runner: Runner,
 ) -> Analysis:
+    fused = split_fused_convs(model)  # as the conversion splits them: node positions refer to the split model
+    model = fused.model
     samples = load_samples(calibration_data, model) if calibration_data is not None else []
     ranges = collect_ranges(model, samples, runner=runner) if samples else None
     refinement = None
@@ -107,6 +110,7 @@ def _analyze(
                          runner=runner)  # the FP8 choice's runs, or the range probe's
         if samples:
             node_errors, _, runs = measure(model, result.model, samples, options.target, runner=runner)
+    result.fused_split = result.fused_split or fused.note
     shapes = result.input_shapes or ({k: v.shape for k, v in samples[0].items()} if samples else None)
     warnings: list[str] = []
     allowed = allow_message(result.decisions, result.allowed, options.low_target.value)

@@ -161,6 +161,7 @@ def summary_line(result: ConversionResult, input_files: list[Path], output_files
         + (f" ({fp8_flop_share(result):.0%} of their FLOPs)" if target == Target.FP8.value else "")
         + (f" | {result.opset_change}" if result.opset_change else "")
         + (f" | {result.node_order}" if result.node_order else "")
+        + (f" | {result.fused_split}" if result.fused_split else "")
         + f" | casts inserted: {result.casts_inserted}"
         + (f" (the model's own removed: {result.casts_removed})" if result.casts_removed else "")
         + f" | size {format_bytes(size_in)} -> {format_bytes(size_out)}"

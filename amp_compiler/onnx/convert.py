@@ -1,7 +1,8 @@
 """The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
 
-    load -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from
-    the inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, signal
+    load -> onnxruntime's FusedConvs split into Conv + activation (amp_compiler.onnx.load.fused_conv)
+    -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from the
+    inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, signal
     paths, quantized islands, constant, static and calibration ranges, runtime hazards, paint,
     min-cut: amp_compiler.passes.analysis.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding
     (opt-in) -> per-node decisions (nodes left as they are for want of an element type: a warning,
@@ -35,6 +36,7 @@ from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, wit
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
 from amp_compiler.onnx.load.node_order import in_topological_order
+from amp_compiler.onnx.load.fused_conv import split_fused_convs
 from amp_compiler.onnx.load.opset import OpsetChange, for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.structure import NodeOrderError
@@ -142,6 +144,9 @@ def convert(
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     source = _read(model, all_weights=fp8)
+    fused = split_fused_convs(source.model)  # CUDA's FusedConv is FP32-only; a Conv takes FP16
+    if fused.split:  # positions, names and shapes all refer to the split model
+        source = dataclasses.replace(source, model=fused.model, checked=False)
     proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])
     opset = None
     if fp8:
@@ -220,6 +225,7 @@ def convert(
     if opset is not None:
         _say_opset(result, opset)
     result.node_order = order_note
+    result.fused_split = fused.note
     if stores_low_precision(proto):  # whatever measures the output's error (the probe, the report) has no FP32
         result.reference = ALREADY_LOW_REFERENCE
     if fp8 and samples:  # the FLOPs the summary states are at the data's sizes, as --tolerance's are

@@ -135,6 +135,8 @@ def build_report(
         generated_dims=dict(generated_dims or {}),
     )
     notes = list(warnings or []) + list(result.provider_warnings)
+    if result.fused_split:
+        notes.append(result.fused_split)
     if result.untyped_nodes:
         notes.append(untyped_message(result.untyped_nodes))
     if costs.assumed:

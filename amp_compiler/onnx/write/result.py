@@ -64,6 +64,9 @@ class ConversionResult:
     # What the conversion did about nodes out of topological order ("nodes sorted into topological order in
     # its graph": amp_compiler.onnx.load.node_order), "" where they were in order.
     node_order: str = ""
+    # What the conversion split of onnxruntime's fused ops before its analysis ("3 com.microsoft FusedConv
+    # ... split into Conv + activation": amp_compiler.onnx.load.fused_conv), "" where nothing.
+    fused_split: str = ""
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
     # with them (amp_compiler.onnx.write.check_pieces).
