@@ -9,7 +9,7 @@ FP32 (rule ``provider.no-kernel``): a small conv net had 1 of its 4 Tensor Core 
 export 4 of 4, at the same accuracy. CUDA's provider fuses Conv + activation again itself.
 
 Guarantees: :func:`split_fused_convs` returns a model in which every well-formed FusedConv (2 to 4
-inputs, one output, a known activation with the number of parameters onnxruntime's kernel requires)
+inputs, one output, a known activation with the number of parameters onnxruntime's kernel reads)
 of every graph is, in its place, ``Conv`` (its attributes but ``activation``/``activation_params``,
 its name), then ``Add(., Z)`` where Z is given, then the activation op of the default domain: Relu,
 Tanh, Sigmoid, ``LeakyRelu(alpha)``, ``HardSigmoid(alpha, beta)``, ``Clip`` with min/max as constant
@@ -105,7 +105,8 @@ def _splittable(node: onnx.NodeProto) -> bool:
     if not activation:
         return True  # a Conv (+ Z) alone
     params = next((list(a.floats) for a in node.attribute if a.name == "activation_params"), [])
-    return ACTIVATION_PARAMS.get(activation) == len(params)
+    needs = ACTIVATION_PARAMS.get(activation)
+    return needs is not None and needs in (0, len(params))  # onnxruntime reads none for Relu, Tanh, Sigmoid
 
 
 def _split(node: onnx.NodeProto, names: _Names, types: dict[str, int],

@@ -115,3 +115,12 @@ def test_a_name_already_taken_is_not_reused():
     onnx.checker.check_model(split.model, full_check=True)
     outputs = [o for n in split.model.graph.node for o in n.output]
     assert len(outputs) == len(set(outputs))
+
+
+def test_parameters_onnxruntime_does_not_read_are_dropped():
+    node = helper.make_node("FusedConv", ["x", "w"], ["y"], domain="com.microsoft", activation="Relu",
+                            activation_params=[0.5])
+    graph = helper.make_graph([node], "g", [vi("x", shape=[1, 4, 8, 8])], [vi("y")],
+                              [tensor("w", weights((8, 4, 3, 3)))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), *_MS])
+    assert [n.op_type for n in split_fused_convs(m).model.graph.node] == ["Conv", "Relu"]
