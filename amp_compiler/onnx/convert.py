@@ -35,8 +35,8 @@ from amp_compiler.onnx.ir.walk import node_order
 from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, with_small_weights
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
-from amp_compiler.onnx.load.node_order import in_topological_order
 from amp_compiler.onnx.load.fused_conv import split_fused_convs
+from amp_compiler.onnx.load.node_order import in_topological_order
 from amp_compiler.onnx.load.opset import OpsetChange, for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.load.sparse import densify
 from amp_compiler.onnx.load.structure import NodeOrderError
