@@ -71,6 +71,9 @@ class Rule(enum.Enum):
     FP8_NO_QDQ = "fp8.no-qdq"  # a Tensor Core op taking no FP8 inputs (policy table's fp8_reason, or no candidate)
     FP8_QDQ = "fp8.qdq"  # inserted for an FP8 GEMM input: Q/DQ nodes (ONNX), a quantize node (FX)
     PROVIDER_NO_KERNEL = "provider.no-kernel"
+    # a free vertex (painting's, placement's choice) in the type its node's provider kernel needs, where the
+    # decided one has none (GemmaRotaryEmbedding FP16, not FP32; a KV cache BF16 beside a BF16 attention)
+    PROVIDER_KERNEL_TYPES = "provider.kernel-types"
     RUNTIME_TRANSPOSE_MATMUL = "runtime.ort-transpose-matmul"  # a pattern onnxruntime crashes on with a Cast inside
     # a hand-written LayerNorm's scale and bias take the type onnxruntime's norm fusion reads as its input
     RUNTIME_LAYERNORM_FUSION = "runtime.ort-layernorm-fusion"
@@ -175,6 +178,9 @@ class PrecisionPlan:
     # Range-pinned Tensor Core vertices run in FP16 on power-of-two scaled operands: their decision
     # stays FP32 (what their neighbours see), lowering's scaling pass runs them low inside.
     scalings: dict[int, Scaling] = dataclasses.field(default_factory=dict)
+    # Per op (the frontend's node) that runs in types its provider has no kernel for, as finally decided:
+    # why (:mod:`amp_compiler.passes.analysis.final_kernels`). The conversion warns of them.
+    no_kernel: dict[object, str] = dataclasses.field(default_factory=dict)
 
     def set_role(self, vid: int, role: Role, rule: Rule, reason: str) -> None:
         self.roles[vid] = role
@@ -188,5 +194,5 @@ class PrecisionPlan:
         return dataclasses.replace(
             self, roles=dict(self.roles), role_rules=dict(self.role_rules), decisions=dict(self.decisions),
             constant_rewrites=dict(self.constant_rewrites), notes=dict(self.notes), fp32_inside=dict(self.fp32_inside),
-            scalings=dict(self.scalings),
+            scalings=dict(self.scalings), no_kernel=dict(self.no_kernel),
         )

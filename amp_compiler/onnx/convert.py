@@ -4,10 +4,11 @@
     -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from the
     inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, signal
     paths, quantized islands, constant, static and calibration ranges, runtime hazards, paint,
-    min-cut: amp_compiler.passes.analysis.pipeline) -> lower (casts, constants) -> cleanup -> Tensor Core padding
+    min-cut, final kernels: amp_compiler.passes.analysis.pipeline) -> lower (casts, constants) -> cleanup
+    -> Tensor Core padding
     (opt-in) -> per-node decisions (nodes left as they are for want of an element type: a warning,
     or with ``strict`` an error), and warnings of overflows that depend on the scale of an input
-    whose range is not known
+    whose range is not known, and of nodes whose final types the provider has no kernel for
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from amp_compiler.options import (
     resolve_options,
 )
 from amp_compiler.passes.analysis import UserChoices, compile_patterns
+from amp_compiler.passes.analysis.final_kernels import no_kernel_warnings
 from amp_compiler.passes.analysis.hazards import stand_in_skips
 from amp_compiler.passes.analysis.mincut import unshaped_tensors
 from amp_compiler.passes.analysis.pipeline import AnalysisSettings, check_placement, plan_precisions
@@ -344,7 +346,9 @@ def _convert_ranged(
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
         provider_warnings=[
             *provider_warnings,
-            *tf32_warnings(decisions, opts.provider, split.positions if split else ()),
+            *no_kernel_warnings(graph, plan, opts.provider, fallback),
+            *tf32_warnings(decisions, opts.provider, split.positions if split else (),
+                           [i for i, n in enumerate(nodes) if n in plan.no_kernel]),
         ],
         load_check_skips=skips, probe_skipped=probe_skipped,
     )

@@ -22,7 +22,9 @@ scaled operands for the Tensor Core ops only FP16's range keeps out: ``--range-f
 ``RangeFallbackPass`` (BF16, not FP32,
 for what only FP16's range keeps out of FP16: ``--range-fallback bf16``),
 ``MinCutPlacementPass`` (cast bytes minimised exactly over painting's free choices), ``NormFusionPass``
-(a hand-written LayerNorm's scale takes the type onnxruntime's norm fusion reads as its input).
+(a hand-written LayerNorm's scale takes the type onnxruntime's norm fusion reads as its input),
+``FinalKernelPass`` (each node's final types looked up in the GPU provider's kernel table: a Cast-bytes
+or BF16-allowing FP32 choice moves where FP32 has no kernel, the rest is recorded for a warning).
 """
 
 from amp_compiler.passes.analysis.accumulators import LoopAccumulatorPass
@@ -31,6 +33,7 @@ from amp_compiler.passes.analysis.calibration import CalibrationRangePass
 from amp_compiler.passes.analysis.classify import ClassifyPass, UserChoices, compile_patterns
 from amp_compiler.passes.analysis.constants import ConstantRangePass
 from amp_compiler.passes.analysis.coverage import KernelCoveragePass
+from amp_compiler.passes.analysis.final_kernels import FinalKernelPass
 from amp_compiler.passes.analysis.hazards import RuntimeHazardPass
 from amp_compiler.passes.analysis.mincut import MinCutPlacementPass
 from amp_compiler.passes.analysis.norm_fusion import NormFusionPass
@@ -53,6 +56,7 @@ __all__ = [
     "CalibrationRangePass",
     "ClassifyPass",
     "ConstantRangePass",
+    "FinalKernelPass",
     "KernelCoveragePass",
     "LoopAccumulatorPass",
     "MinCutPlacementPass",

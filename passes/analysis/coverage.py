@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 
 import onnx_ir as ir
 
@@ -153,12 +154,33 @@ class KernelCoveragePass(AnalysisPass):
             if shape_key in self._by_shape:
                 found = self._by_shape[shape_key]
             else:
-                found = self._by_shape[shape_key] = self._node_missing(node, mine, coverage, target, opsets)
+                found = self._by_shape[shape_key] = self._node_missing(
+                    node, dict.fromkeys(mine, target), coverage, target, opsets)
             if found is not None:
                 return found
         return None
 
-    def _node_missing(self, node, mine, coverage: KernelCoverage, target: str, opsets) -> _Missing | None:
+    def types_missing(self, graph: PrecisionGraph, node: ir.Node,
+                      types: Mapping[tuple[bool, int], str]) -> tuple[str, str] | None:
+        """Why the provider has no kernel for ``node`` run in exactly ``types`` (per (is input, index):
+        "float16"; a slot not given keeps its value's own type), and the coverage that says so; None when
+        it has one (or no coverage or schema is known): the lookup of a node's final types."""
+        coverage = self.coverage if self.coverage is not None else coverage_for(self.provider)
+        if coverage is None or not isinstance(graph.model, ir.Model):
+            return None
+        key = (
+            node.domain, node.op_type, frozenset(types.items()), shape_codes(node.inputs), shape_codes(node.outputs),
+            tuple(attribute_value(node, a) for a in coverage.limit_attributes(node.domain or "", node.op_type)), None,
+        )  # as _missing's, and None: exact types, where _missing's nodes take the target type too
+        if key not in self._by_shape:
+            self._by_shape[key] = self._node_missing(node, types, coverage, None, graph.model.opset_imports)
+        found = self._by_shape[key]
+        return None if found is None else found[:2]
+
+    def _node_missing(self, node, fixed: Mapping[tuple[bool, int], str], coverage: KernelCoverage,
+                      target: str | None, opsets) -> _Missing | None:
+        """Why ``node`` has no kernel with its ``fixed`` slots in their given types and the others in
+        their own or ``target`` (None: their own alone, and the message names the types), or None."""
         domain = node.domain or ""
         opset = opsets.get("" if domain == "ai.onnx" else domain)
         if opset is None and schemas.is_onnx_domain(domain):
@@ -166,21 +188,27 @@ class KernelCoveragePass(AnalysisPass):
         sig = schemas.lookup(domain, node.op_type, opset if opset is not None else 1)
         if sig is None:
             return None
-        requirements = tuple(_requirements(node, sig, mine, target))
+        requirements = tuple(_requirements(node, sig, fixed, target))
         op = f"{node.op_type}-{sig.since_version}"
         if not coverage.has_op(domain, node.op_type) and coverage.fallback is not None:
             # TensorRT does not import it: onnxruntime's TensorRT provider runs it on its fallback.
-            found = self._node_missing(node, mine, coverage.fallback, target, opsets)
+            found = self._node_missing(node, fixed, coverage.fallback, target, opsets)
             if found is None:
                 return None
             return f"TensorRT does not import {op}, and {found[0]}", found[1], found[2]
         provider = SHORT_NAMES[coverage.provider]
-        limited = _refused(node, sig.since_version, coverage, target)
-        if limited is not None:
-            return limited
+        for checked in (target,) if target is not None else dict.fromkeys(fixed.values()):
+            limited = _refused(node, sig.since_version, coverage, checked)
+            if limited is not None:
+                return limited
         if not coverage.has_op(domain, node.op_type):
             why = f"no {provider} kernel for {op} in any type (onnxruntime would run it on the CPU)"
             return why, coverage.source, False
+        if target is None:
+            if coverage.supports(domain, node.op_type, sig.since_version, requirements):
+                return None
+            taking = ", ".join(f"{p}={c[0]}" for p, c in dict(requirements).items() if c[0] in _FLOAT_NAMES)
+            return f"no {provider} kernel for {op} taking {taking or 'its types'}", coverage.source, False
         if not coverage.supports(domain, node.op_type, sig.since_version, requirements):
             if coverage.provider is Provider.TENSORRT:
                 types = coverage.float_types(domain, node.op_type, sig.since_version)
@@ -210,8 +238,9 @@ def target_label(type_name: str) -> str:
     return {"float16": "FP16", "bfloat16": "BF16", "float": "FP32", "double": "FP64"}.get(type_name, type_name)
 
 
-def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool, int]], target: str):
-    """(type parameter, candidate types) per present input and output of ``node``."""
+def _requirements(node: ir.Node, sig: schemas.OpSignature, fixed: Mapping[tuple[bool, int], str], target: str | None):
+    """(type parameter, candidate types) per present input and output of ``node``: the ``fixed`` slots
+    their given type, the others their own, or ``target`` too where it is a float (``target`` given)."""
     out: list[tuple[str, tuple[str, ...]]] = []
     for is_input, values in ((True, node.inputs), (False, node.outputs)):
         for i, value in enumerate(values):
@@ -221,13 +250,14 @@ def _requirements(node: ir.Node, sig: schemas.OpSignature, mine: set[tuple[bool,
             param = key[0] if isinstance(key, tuple) else key  # If/Loop/Scan: ("V", index)
             if param not in sig.allowed:
                 continue  # no formal here, or a fixed type ("tensor(float)"): not a type parameter
-            if (is_input, i) in mine:
-                out.append((param, (target,)))
+            given = fixed.get((is_input, i))
+            if given is not None:
+                out.append((param, (given,)))
                 continue
             dtype = value.dtype if isinstance(value.type, ir.TensorType) else None
             if dtype is None:
                 continue  # unknown (or not a tensor): no requirement
             current = short_type(schema_type(dtype))
-            out.append((param, (current, target) if current in _FLOAT_NAMES else (current,)))
+            out.append((param, (current, target) if target is not None and current in _FLOAT_NAMES else (current,)))
     return out
 

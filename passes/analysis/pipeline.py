@@ -7,8 +7,8 @@
                 (--tolerance)        (ONNX frontends)
              -> static ranges -> calibration ranges -> runtime hazards -> paint -> range scaling -> range fallback
                 (input ranges)   (with ranges)         (ONNX frontends)        (scaled FP16)    (BF16)
-             -> min-cut placement -> norm fusions
-                (placement="mincut")   (ONNX frontends)
+             -> min-cut placement -> norm fusions -> final kernels
+                (placement="mincut")   (ONNX frontends) (ONNX, GPU providers: each node's final types looked up)
 
 Every frontend and caller gets its passes from :func:`analysis_passes` (the ONNX conversion, the FX
 conversion, the ``--tolerance`` refinement through the ONNX conversion, and the tests), so the order
@@ -34,6 +34,7 @@ from amp_compiler.passes.analysis import (
     CalibrationRangePass,
     ClassifyPass,
     ConstantRangePass,
+    FinalKernelPass,
     KernelCoveragePass,
     LoopAccumulatorPass,
     MinCutPlacementPass,
@@ -78,7 +79,8 @@ class AnalysisSettings:
     the cast costs, where the model's dims are dynamic. ``ranges_generated``: ``ranges`` were observed
     on generated inputs (the range probe), not calibration data: the rules say so (``probe.*``).
     ``kernel_coverage``: whether ops without a
-    low-precision kernel on the provider stay FP32 (ONNX models: the lookup reads ONNX schemas).
+    low-precision kernel on the provider stay FP32, and each node's final types are looked up on a GPU
+    provider (ONNX models: the lookup reads ONNX schemas).
     ``runtime_hazards``: whether op patterns onnxruntime crashes on once a Cast sits inside them get no
     Cast there (ONNX models). ``range_fallback``: the type of what only FP16's range keeps out of FP16
     (``"scaled"``: Tensor Core ops in FP16 on power-of-two scaled operands where ``ranges`` allow it,
@@ -145,6 +147,8 @@ def analysis_passes(settings: AnalysisSettings) -> list[AnalysisPass]:
         passes.append(MinCutPlacementPass(settings.elements))
     if settings.runtime_hazards:
         passes.append(NormFusionPass(settings.provider))  # on the final decisions
+    if settings.kernel_coverage and settings.provider is not Provider.CPU:
+        passes.append(FinalKernelPass(settings.provider, settings.range_fallback))  # last: the final types
     return passes
 
 

@@ -45,11 +45,14 @@ _NAMED = 3  # nodes named in the warning; the rest counted
 
 def kept_for_precision(graph: OnnxPrecisionGraph, plan: PrecisionPlan) -> list[ir.Node]:
     """The main graph's Tensor Core ops the plan keeps in FP32 for their precision: any rule but
-    :data:`_NOT_FOR_PRECISION` (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits)."""
+    :data:`_NOT_FOR_PRECISION` (what :func:`tf32_warnings` names, and ``--fp32-products split`` splits),
+    and a kernel for their final types on the provider (``plan.no_kernel``: no FP32 kernel, no TF32)."""
     table = default_table()
     out = []
     for node, vids in graph.node_vertices.items():
         if not isinstance(node, ir.Node) or node.graph is not graph.model.graph or len(vids) != 1:
+            continue
+        if node in plan.no_kernel:
             continue
         decision = plan.decisions[vids[0]]
         if (decision.dtype == ir.DataType.FLOAT and decision.rule not in _NOT_FOR_PRECISION
@@ -86,14 +89,17 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:_NAMED]) + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
 
 
-def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = ()) -> list[str]:
+def tf32_warnings(decisions: Iterable[NodeDecision], provider: Provider, proof: Collection[int] = (),
+                  no_kernel: Collection[int] = ()) -> list[str]:
     """One line when ``provider`` reads FP32 products as TF32 by default and the conversion keeps Tensor
     Core ops in FP32 for their precision (any rule but :data:`_NOT_FOR_PRECISION`) that it did not write
-    TF32-proof (``proof``: the positions of those it did): which, why, and what to do."""
+    TF32-proof (``proof``: the positions of those it did) and that have a kernel in their types on the
+    provider (``no_kernel``: the positions of those without, GroupQueryAttention in FP32 on CUDA: nothing
+    runs them as TF32, the final kernel check warns of them): which, why, and what to do."""
     if provider not in TF32_PROVIDERS:
         return []
     table = default_table()
-    skipped = set(proof)
+    skipped = set(proof) | set(no_kernel)
     kept = [d for d in decisions if d.precision == "fp32" and d.rule not in _NOT_FOR_PRECISION_IDS
             and table.is_tensor_core(d.domain, d.op_type) and d.index is not None and d.index not in skipped]
     if not kept:

@@ -86,9 +86,11 @@ def test_onnx_ops_tensorrt_does_not_import_get_one_line():
         [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Det", ["h"], ["y"], name="det")],
         [vi("x", F32, [3, 4, 16])], [vi("y", F32, [3])], [tensor("w", weights((16, 4)))], opset=17,  # K = 16
     )
-    (line,) = convert(m, provider="tensorrt", probe=False).provider_warnings
+    line, cuda = convert(m, provider="tensorrt", probe=False).provider_warnings
     assert line.startswith("TensorRT 10.15's ONNX parser does not import Det (its operator table)")
     assert tensorrt_warnings(checked_typed_ir(m, "m", deferred=False, check=True)) == [line]
+    # nor has onnxruntime's CUDA provider a Det kernel: the final kernel check says where it runs
+    assert cuda.startswith("1 Det node(s) (det): the CUDA provider has no kernel for Det in any type")
 
 
 # -- custom ops: --custom-op-precision -----------------------------------------------------------

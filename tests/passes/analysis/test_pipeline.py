@@ -68,13 +68,13 @@ def test_one_pass_list_for_every_caller():
     onnx_default = AnalysisSettings(Target.FP16)
     assert _names(analysis_passes(onnx_default)) == [
         "ClassifyPass", "KernelCoveragePass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "RawOffsetProductPass", "ConstantRangePass",
-        "RuntimeHazardPass", "PaintPass", "MinCutPlacementPass", "NormFusionPass",
+        "RuntimeHazardPass", "PaintPass", "MinCutPlacementPass", "NormFusionPass", "FinalKernelPass",
     ]
     ranges = {"a": TensorRange(0.0, 1.0, 1.0, 0.0, 0.0, 10)}
     calibrated = dataclasses.replace(onnx_default, ranges=ranges, placement="paint")
     assert _names(analysis_passes(calibrated)) == [
         "ClassifyPass", "KernelCoveragePass", "SignalPathPass", "PhaseArgumentPass", "PositionBiasPass", "LoopAccumulatorPass", "QuantizedIslandPass", "ThresholdInputPass", "RoutingScorePass", "RawSmallProductPass", "RawOffsetProductPass", "ConstantRangePass",
-        "CalibrationRangePass", "RuntimeHazardPass", "PaintPass", "NormFusionPass",
+        "CalibrationRangePass", "RuntimeHazardPass", "PaintPass", "NormFusionPass", "FinalKernelPass",
     ]
     fx = AnalysisSettings(Target.BF16, kernel_coverage=False, runtime_hazards=False)
     assert _names(analysis_passes(fx)) == [
