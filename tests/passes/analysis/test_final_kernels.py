@@ -48,15 +48,22 @@ def _gqa_lines(result) -> list[str]:
     return [w for w in result.provider_warnings if "GroupQueryAttention" in w and "no kernel" in w]
 
 
-def test_a_blocked_group_query_attention_is_warned_of_and_not_called_tf32() -> None:
+def test_a_blocked_group_query_attention_is_warned_of() -> None:
     result = convert(_gqa(), block_ops=["GroupQueryAttention"], probe=False)
     (d,) = [d for d in result.decisions if d.op_type == "GroupQueryAttention"]
     assert (d.precision, d.rule) == ("fp32", "user.block-op")  # the user's choice stands
     (line,) = _gqa_lines(result)
     assert line.startswith("1 GroupQueryAttention node(s) (gqa) are kept by user.block-op")
     assert "CUDA" in line and "T=float" in line and "CPU provider" in line and "FP16, BF16" in line
-    # no FP32 GroupQueryAttention kernel on CUDA: nothing runs it as TF32
+
+
+def test_the_tf32_warning_leaves_out_products_without_an_fp32_kernel() -> None:
+    """No FP32 GroupQueryAttention kernel on CUDA: nothing runs it as TF32. A blocked MatMul still is."""
+    result = convert(_gqa(), block_ops=["GroupQueryAttention"], probe=False)
     assert not any("TF32" in w for w in result.provider_warnings)
+    both = convert(_gqa(), block_ops=["GroupQueryAttention"], block_nodes=["^out_proj$"], probe=False)
+    (line,) = [w for w in both.provider_warnings if "TF32" in w]
+    assert line.startswith("1 matrix product kept in FP32 for precision (out_proj: user.block-node)")
 
 
 def test_a_range_pinned_group_query_attention_under_an_fp32_fallback_is_warned_of() -> None:
