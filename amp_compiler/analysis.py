@@ -33,7 +33,7 @@ from amp_compiler.errors import (
     RunBudgetError,
 )
 from amp_compiler.onnx.convert import convert
-from amp_compiler.onnx.load.fused_conv import split_fused_convs
+from amp_compiler.onnx.load.fused_ops import split_fused_ops
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.generated_inputs import Generated, runnable_inputs
 from amp_compiler.onnx.measure.output_error import output_accuracy
@@ -93,7 +93,7 @@ def _analyze(
     model: onnx.ModelProto, options: ConvertOptions, model_name: str, calibration_data: str | Path | None,
     tolerance: float | None, policy: PolicyTable | None, runner: Runner,
 ) -> Analysis:
-    fused = split_fused_convs(model)  # as the conversion splits them: node positions refer to the split model
+    fused = split_fused_ops(model)  # as the conversion splits them: node positions refer to the split model
     model = fused.model
     samples = load_samples(calibration_data, model) if calibration_data is not None else []
     ranges = collect_ranges(model, samples, runner=runner) if samples else None

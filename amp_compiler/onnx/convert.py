@@ -1,6 +1,6 @@
 """The ONNX conversion, :func:`convert`: the pipeline from an FP32 model to a mixed-precision one.
 
-    load -> onnxruntime's FusedConvs split into Conv + activation (amp_compiler.onnx.load.fused_conv)
+    load -> onnxruntime's FusedConvs, FusedGemms split into Conv, Gemm + activation (amp_compiler.onnx.load.fused_ops)
     -> check and type the IR (shape inference, then the ops' schemas) -> static ranges (from the
     inputs' known ranges) -> precision graph -> analysis (classify, kernel coverage, signal
     paths, quantized islands, constant, static and calibration ranges, runtime hazards, paint,
@@ -36,7 +36,7 @@ from amp_compiler.onnx.ir.walk import node_order
 from amp_compiler.onnx.load.deferred import DeferredModel, defer_ir_tensors, with_small_weights
 from amp_compiler.onnx.load.files import load_model_deferred
 from amp_compiler.onnx.load.foreign_ops import foreign_ops
-from amp_compiler.onnx.load.fused_conv import split_fused_convs
+from amp_compiler.onnx.load.fused_ops import split_fused_ops
 from amp_compiler.onnx.load.node_order import in_topological_order
 from amp_compiler.onnx.load.opset import OpsetChange, for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.load.sparse import densify
@@ -146,7 +146,7 @@ def convert(
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     source = _read(model, all_weights=fp8)
-    fused = split_fused_convs(source.model)  # CUDA's FusedConv is FP32-only; a Conv takes FP16
+    fused = split_fused_ops(source.model)  # CUDA's FusedConv is FP32-only, FusedGemm absent; Conv, Gemm take FP16
     if fused.split:  # positions, names and shapes all refer to the split model
         source = dataclasses.replace(source, model=fused.model, checked=False)
     proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])

@@ -55,7 +55,7 @@ from amp_compiler.errors import OptionError
 from amp_compiler.onnx.convert import convert
 from amp_compiler.onnx.costs.costs import estimate
 from amp_compiler.onnx.fp8.steps import local_choice
-from amp_compiler.onnx.load.fused_conv import split_fused_convs
+from amp_compiler.onnx.load.fused_ops import split_fused_ops
 from amp_compiler.onnx.load.opset import for_bf16, fp8_opset, raise_opset
 from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.chain import ModelChain
@@ -201,7 +201,7 @@ def refine(
         raise OptionError(f"{opts.range_fallback} is not combined with --tolerance: its units choose between "
                           "the low type and FP32 (give fp32, or leave it out)", option="range_fallback")
     opts = dataclasses.replace(opts, range_fallback="fp32")
-    fused = split_fused_convs(fp32)  # as each conversion splits them: positions refer to the split model
+    fused = split_fused_ops(fp32)  # as each conversion splits them: positions refer to the split model
     fp32 = fused.model
     if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
         fp32 = raise_opset(fp32, fp8_opset(opts.low_target))

@@ -65,7 +65,7 @@ class ConversionResult:
     # its graph": amp_compiler.onnx.load.node_order), "" where they were in order.
     node_order: str = ""
     # What the conversion split of onnxruntime's fused ops before its analysis ("3 com.microsoft FusedConv
-    # ... split into Conv + activation": amp_compiler.onnx.load.fused_conv), "" where nothing.
+    # ... split into Conv + activation; ...": amp_compiler.onnx.load.fused_ops), "" where nothing.
     fused_split: str = ""
     # The type and shape the conversion inferred for every tensor of the main graph (the output
     # describes only what the input described): the load check types the borders of its pieces
