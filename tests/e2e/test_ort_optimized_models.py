@@ -1,13 +1,15 @@
 """A model saved after onnxruntime's CPU graph optimizations (level 2, ``ORT_ENABLE_EXTENDED``, as a
 session's ``optimized_model_filepath`` writes it) converts like its plain export: its Conv + activation
-pairs, fused into com.microsoft FusedConv (which CUDA runs in FP32 only), are split back, so every Conv
-takes FP16 on Tensor Cores, at the plain export's accuracy under exact emulation. Before, 1 of 4 did
-(``provider.no-kernel``), with no word of it."""
+pairs, fused into com.microsoft FusedConv (which CUDA runs in FP32 only), and its Gemm + activation
+pairs, fused into com.microsoft FusedGemm (no CUDA kernel at all), are split back, so every Conv and
+Gemm takes FP16 on Tensor Cores, at the plain export's accuracy under exact emulation. Before, 1 of 4
+convs did, 1 of 4 MLP Gemms, the BERT-like pooler's Gemm none (``provider.no-kernel``), with no word of it."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from amp_compiler import ConvertOptions, analyze, convert
@@ -71,3 +73,64 @@ def test_the_report_says_what_was_split(tmp_path):
     assert any(w.startswith("3 com.microsoft FusedConv") for w in analysis.report.warnings), analysis.report.warnings
     names = [(n.op_type, n.precision) for n in analysis.report.nodes if n.op_type == "Conv"]
     assert names == [("Conv", "fp16")] * 4, names
+
+
+def _mlp() -> onnx.ModelProto:
+    """Gemm+Relu, Gemm+Tanh, Gemm+LeakyRelu, then a head Gemm (transB): 32 -> 64 -> 64 -> 64 -> 10 features."""
+    nodes, inits = [], []
+    x = "features"
+    for k, (act, cin) in enumerate((("Relu", 32), ("Tanh", 64), ("LeakyRelu", 64))):
+        inits += [tensor(f"w{k}", weights((cin, 64), k, (2 / cin) ** 0.5)),
+                  tensor(f"b{k}", weights((64,), 10 + k, 0.1))]
+        nodes.append(helper.make_node("Gemm", [x, f"w{k}", f"b{k}"], [f"g{k}"], name=f"fc{k}"))
+        nodes.append(helper.make_node(act, [f"g{k}"], [f"a{k}"], **({"alpha": 0.1} if act == "LeakyRelu" else {})))
+        x = f"a{k}"
+    inits += [tensor("wh", weights((10, 64), 9, 0.125)), tensor("bh", weights((10,), 19, 0.1))]
+    nodes.append(helper.make_node("Gemm", [x, "wh", "bh"], ["logits"], transB=1, name="head"))
+    return make_model(nodes, [vi("features", shape=["N", 32])], [vi("logits", shape=["N", 10])], inits, opset=17)
+
+
+def _bert_like(hidden: int = 32) -> onnx.ModelProto:
+    """A BERT layer's tail: LayerNorm, MatMul FFN with its residual, then the pooler (first token, Gemm +
+    Tanh: what onnxruntime fuses) and a classifier Gemm."""
+    h = hidden
+    inits = [tensor("ln_g", np.ones(h, np.float32)), tensor("ln_b", np.zeros(h, np.float32)),
+             tensor("w1", weights((h, 4 * h), 1, h ** -0.5)), tensor("b1", weights((4 * h,), 2, 0.1)),
+             tensor("w2", weights((4 * h, h), 3, (4 * h) ** -0.5)), tensor("b2", weights((h,), 4, 0.1)),
+             tensor("first", np.array(0, np.int64)), tensor("wp", weights((h, h), 5, h ** -0.5)),
+             tensor("bp", weights((h,), 6, 0.1)), tensor("wc", weights((3, h), 7, h ** -0.5)),
+             tensor("bc", weights((3,), 8, 0.1))]
+    nodes = [helper.make_node("LayerNormalization", ["hidden", "ln_g", "ln_b"], ["ln"], axis=-1, epsilon=1e-12),
+             helper.make_node("MatMul", ["ln", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["f1"]),
+             helper.make_node("Relu", ["f1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["f2"]),
+             helper.make_node("Add", ["f2", "hidden"], ["res"]),
+             helper.make_node("Gather", ["res", "first"], ["cls"], axis=1),
+             helper.make_node("Gemm", ["cls", "wp", "bp"], ["p"], name="pooler"),
+             helper.make_node("Tanh", ["p"], ["pooled"]),
+             helper.make_node("Gemm", ["pooled", "wc", "bc"], ["logits"], transB=1, name="classifier")]
+    return make_model(nodes, [vi("hidden", shape=["N", 8, h])], [vi("logits", shape=["N", 3])], inits, opset=17)
+
+
+@pytest.mark.parametrize(("build", "shape", "fused"), [(_mlp, (4, 32), 3), (_bert_like, (2, 8, 32), 1)],
+                         ids=["mlp", "bert-like"])
+def test_a_level_2_optimized_model_keeps_every_gemm_in_fp16(tmp_path, build, shape, fused):
+    plain = build()
+    optimized = _ort_optimized(plain, tmp_path / "ort2.onnx")
+    assert sum(n.op_type == "FusedGemm" for n in optimized.graph.node) == fused  # what onnxruntime writes
+
+    result = convert(optimized, probe=True, runner=InProcessRunner())
+    gemms = [d for d in result.decisions if d.op_type in ("Gemm", "FusedGemm", "MatMul")]
+    assert all(d.op_type != "FusedGemm" and d.precision == "fp16" for d in gemms), [
+        (d.op_type, d.precision, d.rule) for d in gemms]
+    assert sum(d.op_type == "Gemm" for d in gemms) == sum(n.op_type == "Gemm" for n in plain.graph.node)
+    assert result.fused_split.startswith(f"{fused} com.microsoft FusedGemm"), result.fused_split
+
+    rng = np.random.default_rng(7)
+    name = plain.graph.input[0].name
+    samples = [{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(3)]
+    got = output_accuracy(optimized, result.model, samples, InProcessRunner())
+    want = output_accuracy(plain, convert(plain, probe=True, runner=InProcessRunner()).model, samples,
+                           InProcessRunner())
+    assert all(a.finite and not misses(a) for a in got), got
+    assert got[0].error_of_range <= 2 * want[0].error_of_range + 1e-4, (got, want)  # the plain export's error

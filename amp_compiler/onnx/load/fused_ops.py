@@ -104,8 +104,9 @@ def split_fused_ops(model: onnx.ModelProto) -> FusedSplit:
             if not _splittable(node, opset):
                 nodes.append(node)
                 continue
+            constants: list[onnx.TensorProto] = []
             if node.op_type == "FusedGemm":
-                parts, constants, kind = _split_gemm(node, names), [], _activation(node)
+                parts, kind = _split_gemm(node, names), _activation(node)
             else:
                 parts, constants, kind = _split(node, names, types, opset)
             nodes.extend(parts)
@@ -163,7 +164,7 @@ def _split_gemm(node: onnx.NodeProto, names: _Names) -> list[onnx.NodeProto]:
     gemm_out = names.new(f"{out}/gemm")
     gemm = helper.make_node("Gemm", list(node.input), [gemm_out], name=label,
                             **{k: attrs[k] for k in _GEMM_ATTRS if k in attrs})
-    params = {name: float(attrs[_PREFIX + name]) for name in GEMM_ACTIVATION_PARAMS[activation]}
+    params: dict[str, Any] = {name: float(attrs[_PREFIX + name]) for name in GEMM_ACTIVATION_PARAMS[activation]}
     act = helper.make_node(activation, [gemm_out], [out], name=f"{label}/{activation}" if label else "", **params)
     return [gemm, act]
 

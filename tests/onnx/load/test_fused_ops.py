@@ -166,7 +166,10 @@ def test_a_fused_gemm_without_c_and_transposed_a():
     fused.graph.node[0].input[1] = "w_t"
     fused.graph.initializer.append(tensor("w_t", weights((8, 6), 3)))
     split = split_fused_ops(fused)
+    assert [n.op_type for n in split.model.graph.node] == ["Gemm", "Relu"]
     assert list(split.model.graph.node[0].input) == ["a", "w_t"]
+    assert {a.name: a.i for a in split.model.graph.node[0].attribute if a.name.startswith("trans")} == {
+        "transA": 1, "transB": 0}
     feeds = _feeds(fused)
     np.testing.assert_allclose(run_onnxruntime(split.model, feeds)[0], run_onnxruntime(fused, feeds)[0],
                                rtol=1e-6, atol=1e-6)
