@@ -134,3 +134,12 @@ def test_a_level_2_optimized_model_keeps_every_gemm_in_fp16(tmp_path, build, sha
                            InProcessRunner())
     assert all(a.finite and not misses(a) for a in got), got
     assert got[0].error_of_range <= 2 * want[0].error_of_range + 1e-4, (got, want)  # the plain export's error
+
+
+def test_the_report_says_what_gemms_were_split(tmp_path):
+    optimized = _ort_optimized(_mlp(), tmp_path / "mlp_ort2.onnx")
+    analysis = analyze(optimized, ConvertOptions(), runner=InProcessRunner())
+    assert any(w.startswith("3 com.microsoft FusedGemm") and "exactly: 1 LeakyRelu, 1 Relu, 1 Tanh" in w
+               for w in analysis.report.warnings), analysis.report.warnings
+    gemms = [(n.op_type, n.precision) for n in analysis.report.nodes if "Gemm" in n.op_type]
+    assert gemms == [("Gemm", "fp16")] * 4, gemms
