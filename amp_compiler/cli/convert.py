@@ -274,7 +274,8 @@ def accuracy_warnings(
     from amp_compiler.onnx.measure.output_error import MAX_CHANGED_SHARE, MAX_ERROR_OF_RANGE, misses, severity
     from amp_compiler.report.common import changed_text
 
-    unmeasured = _unmeasured_warning(accuracy, measured_on, data)
+    unmeasured = _unmeasured_warning(accuracy, measured_on, data) + _concentrated_warning(
+        accuracy, measured_on, model, output, data, tolerance, metric)
     missed = sorted((a for a in accuracy if misses(a)), key=severity)
     if not missed:
         return unmeasured
@@ -289,6 +290,28 @@ def accuracy_warnings(
     more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, {line}: "
             + _advice(model, output, data, tolerance, metric), *unmeasured]
+
+
+def _concentrated_warning(
+    accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path, data: str | None,
+    tolerance: float | None, metric: str,
+) -> list[str]:
+    """One warning for the outputs within the line whose error sits in a few positions far beyond the rest
+    (:func:`~amp_compiler.onnx.measure.output_error.concentrated`): the measured max is then no bound for
+    other inputs (longer sequences, other tokens), which reach the condition that amplifies rounding more
+    often or more closely."""
+    from amp_compiler.onnx.load.text import quote
+    from amp_compiler.onnx.measure.output_error import concentrated
+
+    found = sorted((a for a in accuracy if concentrated(a)), key=lambda a: -a.error_of_range * (a.concentration or 0))
+    if not found:
+        return []
+    a = found[0]
+    more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
+    return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {measured_on}{more}, but "
+            f"its worst position is {a.concentration:.0f}x the 90th percentile's: a few inputs' values amplify "
+            "FP16 rounding there, so longer or other inputs can miss further (past 2% of range): "
+            + _advice(model, output, data, tolerance, metric)]
 
 
 def _unmeasured_warning(accuracy: list[OutputAccuracy], measured_on: str, data: str | None) -> list[str]:

@@ -179,6 +179,11 @@ class OutputAccuracy:
     # True: FP32's output held no values on the inputs (a difference along a dim the probe sized 1, x[1:] -
     # x[:-1]: a dim of 0), so nothing was compared: not measured either
     empty: bool = False
+    # The worst row's max error over the 90th-percentile row's (rows: the vectors along the last axis, a
+    # token's logits, over every sample): how far the max stands above the bulk of the positions (None:
+    # fewer rows than :data:`~amp_compiler.core.tensor_error.MIN_ROWS`, or the bulk's error is 0). A max
+    # far above it comes from a few positions (:func:`~amp_compiler.onnx.measure.output_error.concentrated`)
+    concentration: float | None = None
 
     @property
     def exact(self) -> bool:

@@ -29,8 +29,9 @@ from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric
 
 __all__ = ["ArgmaxAgreement", "ChangedValues", "ErrorMetric", "ErrorStats", "Metric", "MetricFunction",
-           "OutputErrors", "accuracy", "compared_outputs", "exact_accuracy", "is_exact", "metric_name",
-           "output_accuracies", "parse_metric", "relative_l2"]
+           "MIN_ROWS", "OutputErrors", "accuracy", "compared_outputs", "exact_accuracy", "is_exact", "metric_name",
+           "output_accuracies", "parse_metric", "relative_l2",
+           "row_concentration"]
 
 # The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
 # Each mapping holds every float output by name, one float64 array per sample.
@@ -227,14 +228,43 @@ def exact_accuracy(name: str, references: Sequence[np.ndarray], converted: Seque
 
 def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:
     """One output's accuracy over samples (one reference and one converted array per sample, all their
-    values together): cosine, max error, the reference's range, NaN/Inf, relative L2."""
+    values together): cosine, max error, the reference's range, NaN/Inf, relative L2, and how far its
+    worst row stands above the others (:func:`row_concentration`)."""
     stats = ErrorStats()
     for r, g in zip(references, converted, strict=True):
         r, g = np.ravel(r), np.ravel(g)
         if r.size != g.size:
             raise ValueError(f"{name}: {g.size} values against the reference's {r.size}")
         stats.add(r, g)
-    return stats.accuracy(name)
+    measured = stats.accuracy(name)
+    if not measured.finite:
+        return measured
+    return dataclasses.replace(measured, concentration=row_concentration(references, converted))
+
+
+#: The fewest rows :func:`row_concentration` compares: with fewer, a 90th percentile is one of a handful.
+MIN_ROWS = 16
+
+
+def row_concentration(references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> float | None:
+    """The largest row error over the 90th percentile of the row errors: each row (the last axis at one
+    position of the others, over every sample: a token's logits, one image row) scores its largest absolute
+    error where the reference is finite. None where there are fewer than :data:`MIN_ROWS` rows (a
+    classifier's one row of logits), a last axis of one value, or a 90th percentile of 0 (most rows exact:
+    nothing to compare against)."""
+    rows: list[np.ndarray] = []
+    for reference, got in zip(references, converted, strict=True):
+        r, g = np.asarray(reference, dtype=np.float64), np.asarray(got, dtype=np.float64)
+        if r.ndim < 2 or r.shape[-1] < 2 or r.shape != g.shape or not r.size:
+            return None
+        with np.errstate(invalid="ignore"):
+            d = np.where(np.isfinite(r), np.abs(g - r), 0.0)
+        rows.append(d.reshape(-1, r.shape[-1]).max(axis=-1))
+    every = np.concatenate(rows) if rows else np.zeros(0)
+    if every.size < MIN_ROWS:
+        return None
+    bulk = float(np.percentile(every, 90))
+    return float(every.max()) / bulk if bulk > 0 else None
 
 
 def compared_outputs(names: Sequence[str], references: Sequence[Sequence[np.ndarray]]) -> list[tuple[int, str, bool]]:

@@ -133,3 +133,18 @@ def test_a_nan_where_fp32_has_nan_is_a_match_not_an_infinite_error():
     s.add(np.array([np.nan, 2.0, -np.inf, 4.0]), np.array([np.nan, 2.5, -np.inf, 4.0]))
     assert s.finite and s.unmatched == 0 and s.nonfinite == 0
     assert s.max_abs == 0.5 and s.rel_l2 == pytest.approx(0.5 / math.sqrt(20.0))
+
+
+def test_an_outputs_worst_row_is_measured_against_its_90th_percentile():
+    """Rounding moves every row alike (concentration near 1); one row far beyond the rest is measured as
+    such; too few rows (a classifier's one row of logits) or a single value per row give no figure."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 128, 32))
+    alike = ref + rng.uniform(-1e-3, 1e-3, ref.shape)
+    one_row = alike.copy()
+    one_row[0, 7] += 0.05  # one token 50x the others' error
+    assert accuracy("y", [ref], [alike]).concentration < 1.5
+    assert accuracy("y", [ref], [one_row]).concentration > 40
+    assert accuracy("y", [ref[:, :8]], [one_row[:, :8]]).concentration is None  # 8 rows
+    assert accuracy("y", [ref[..., :1]], [one_row[..., :1]]).concentration is None  # one value a row
+    assert accuracy("y", [ref], [ref]).concentration is None  # exact: nothing to stand out from

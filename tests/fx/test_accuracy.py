@@ -85,3 +85,15 @@ def test_a_returned_constant_leaves_each_output_measured_under_its_own_name():
     rep = ampfx.report(gm)
     assert [(a.name, a.exact) for a in rep.accuracy] == [(rep.output_names[0], False)]
     assert rep.accuracy[0].error_of_range < 0.01
+
+
+def test_an_output_whose_error_sits_in_a_few_positions_is_warned_of():
+    """Within the line, but its worst position 12x its 90th percentile's: other inputs can miss further."""
+    from amp_compiler.core.measures import OutputAccuracy
+    from amp_compiler.fx.graph.accuracy import accuracy_warnings
+
+    alike = OutputAccuracy("logits", 0.99999, 0.004, 1.0, True, 1e-3, concentration=1.5)
+    few = OutputAccuracy("logits", 0.99999, 0.004, 1.0, True, 1e-3, concentration=12.0)
+    assert accuracy_warnings([alike], "the example inputs") == []
+    (warning,) = accuracy_warnings([few], "the example inputs")
+    assert "0.40% of its range on the example inputs" in warning and "12x the 90th percentile" in warning

@@ -26,7 +26,7 @@ import torch.fx as fx
 from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.core.tensor_error import output_accuracies
 from amp_compiler.fx.graph.ranges import output_arrays, state_kept
-from amp_compiler.onnx.measure.output_error import misses
+from amp_compiler.onnx.measure.output_error import concentrated, misses
 
 __all__ = ["accuracy_warnings", "output_accuracy"]
 
@@ -47,6 +47,10 @@ def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str
     how far off it is on ``seen`` (the inputs it was measured on) and what helps."""
     out = []
     for a in measured:
+        if concentrated(a):
+            out.append(f"output {a.name}: its max error is {a.error_of_range:.2%} of its range on {seen}, but its "
+                       f"worst position is {a.concentration:.0f}x the 90th percentile's: a few inputs' values amplify "
+                       "FP16 rounding there, so longer or other inputs can miss further; check it on real data")
         if not a.measured or not misses(a):
             continue
         if a.exact:
