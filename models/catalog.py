@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from models import architectures, deployment, fresh_patterns, handbuilt, patterns, torch_nets, wheels
+from models import architectures, deployment, fresh_patterns, handbuilt, patterns, tail_patterns, torch_nets, wheels
 from models.entry import CatalogModel, Tolerance
 
 __all__ = ["CACHE_DIR", "CatalogModel", "Tolerance", "entries", "get", "load"]
@@ -37,7 +37,7 @@ def _by_name(*groups: list[CatalogModel]) -> dict[str, CatalogModel]:
 
 _ENTRIES = _by_name(
     architectures.ENTRIES, deployment.ENTRIES, handbuilt.ENTRIES, patterns.ENTRIES, fresh_patterns.ENTRIES,
-    torch_nets.ENTRIES, wheels.ENTRIES,
+    tail_patterns.ENTRIES, torch_nets.ENTRIES, wheels.ENTRIES,
 )
 
 

@@ -1,8 +1,9 @@
 """What a catalog entry is: the data types the builder modules fill in (no registry, no builders).
 
 ``models.catalog`` gathers the entries of ``models.handbuilt``, ``models.architectures``,
-``models.deployment``, ``models.patterns``, ``models.torch_nets`` and ``models.wheels``; those modules import only this one, so the catalog and
-its builders do not import each other.
+``models.deployment``, ``models.patterns``, ``models.fresh_patterns``, ``models.tail_patterns``,
+``models.torch_nets`` and ``models.wheels``; those modules import only this one, so the catalog and its
+builders do not import each other.
 """
 
 from __future__ import annotations
