@@ -59,7 +59,7 @@ from amp_compiler.policy import schemas
 from amp_compiler.policy.kernels import SHORT_NAMES, KernelCoverage, coverage_for, short_type
 from amp_compiler.targets import Provider
 
-__all__ = ["KernelCoveragePass"]
+__all__ = ["KernelCoveragePass", "target_label"]
 
 _FLOAT_NAMES = {"float", "float16", "bfloat16", "double"}
 _NODE_IN, _NODE_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT

@@ -123,7 +123,9 @@ def _matmul_bias(node: ir.Node, outputs: int) -> np.ndarray | None:
         return None
     add, index = uses[0]
     bias = _array(add.inputs[1 - index]) if len(add.inputs) == 2 else None
-    return bias.reshape(-1) if bias is not None and bias.size == outputs and bias.shape[-1] == outputs else None
+    if bias is None or bias.ndim == 0 or bias.size != outputs or bias.shape[-1] != outputs:
+        return None  # (a scalar is no bias per output)
+    return bias.reshape(-1)
 
 
 def product_weights(node: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:

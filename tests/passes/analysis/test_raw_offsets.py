@@ -140,3 +140,16 @@ def test_the_offset_fit_recovers_the_folded_means():
     square = offset_estimate(w[:16, :, None], b[:16])  # N = K: any bias fits, exactly
     assert square is not None and square[1] < 1e-9
     assert offset_estimate(w[:, :, None], np.zeros(64)) is None
+
+
+def test_a_matmul_whose_add_holds_a_scalar_is_read_as_no_bias():
+    """A scalar added after a one-output MatMul is no bias per output (the fuzz test's MatMul into a
+    range detour: IndexError before)."""
+    w = numpy_helper.from_array(np.full((4, 1), 0.5, np.float32), "w")
+    c = numpy_helper.from_array(np.array(37.0, np.float32), "c")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])], [w, c])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    result = convert(model, runner=InProcessRunner())
+    assert not any(d.rule == "policy.high.raw-offset-product" for d in result.decisions)
