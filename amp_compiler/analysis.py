@@ -93,7 +93,8 @@ def _analyze(
     model: onnx.ModelProto, options: ConvertOptions, model_name: str, calibration_data: str | Path | None,
     tolerance: float | None, policy: PolicyTable | None, runner: Runner,
 ) -> Analysis:
-    fused = split_fused_ops(model)  # as the conversion splits them: node positions refer to the split model
+    # as the conversion splits them: node positions refer to the split model
+    fused = split_fused_ops(model, kept=options.block_ops)
     model = fused.model
     samples = load_samples(calibration_data, model) if calibration_data is not None else []
     ranges = collect_ranges(model, samples, runner=runner) if samples else None

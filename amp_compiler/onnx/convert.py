@@ -146,7 +146,8 @@ def convert(
 
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     source = _read(model, all_weights=fp8)
-    fused = split_fused_ops(source.model)  # CUDA's FusedConv is FP32-only, FusedGemm absent; Conv, Gemm take FP16
+    # CUDA's FusedConv is FP32-only, FusedGemm absent; Conv, Gemm take FP16
+    fused = split_fused_ops(source.model, kept=opts.block_ops)
     if fused.split:  # positions, names and shapes all refer to the split model
         source = dataclasses.replace(source, model=fused.model, checked=False)
     proto, locations, checked, origin = source.model, source.locations, source.checked, str(source.files[0])

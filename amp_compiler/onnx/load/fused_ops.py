@@ -35,7 +35,7 @@ The input model is not modified; it is returned itself where it has nothing to s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -86,10 +86,16 @@ class FusedSplit:
         return ". ".join(notes)
 
 
-def split_fused_ops(model: onnx.ModelProto) -> FusedSplit:
-    """``model`` with its FusedConvs and FusedGemms split (see the module doc)."""
+def split_fused_ops(model: onnx.ModelProto, kept: Collection[str] = ()) -> FusedSplit:
+    """``model`` with its FusedConvs and FusedGemms split (see the module doc), but those whose op type is in
+    ``kept`` (the user's ``--block-op FusedConv``: the fused node, FP32 as blocked, not a Conv that no
+    longer matches the block)."""
     opset = opset_of(model)
-    if not any(_splittable(n, opset) for g in model_graphs(model) for n in g.node):
+
+    def splits(node: onnx.NodeProto) -> bool:
+        return node.op_type not in kept and _split_exactly(node, opset)
+
+    if not any(splits(n) for g in model_graphs(model) for n in g.node):
         return FusedSplit(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -97,11 +103,11 @@ def split_fused_ops(model: onnx.ModelProto) -> FusedSplit:
     types = _element_types(out)
     split: dict[str, dict[str, int]] = {}
     for graph in model_graphs(out):
-        if not any(_splittable(n, opset) for n in graph.node):
+        if not any(splits(n) for n in graph.node):
             continue
         nodes: list[onnx.NodeProto] = []
         for node in graph.node:
-            if not _splittable(node, opset):
+            if not splits(node):
                 nodes.append(node)
                 continue
             constants: list[onnx.TensorProto] = []
@@ -127,7 +133,7 @@ def _activation(node: onnx.NodeProto) -> str:
     return value.decode("utf-8", "replace")
 
 
-def _splittable(node: onnx.NodeProto, opset: int) -> bool:
+def _split_exactly(node: onnx.NodeProto, opset: int) -> bool:
     """A fused op this module splits exactly: what onnxruntime's kernel runs."""
     if node.domain != _DOMAIN:
         return False

@@ -201,7 +201,8 @@ def refine(
         raise OptionError(f"{opts.range_fallback} is not combined with --tolerance: its units choose between "
                           "the low type and FP32 (give fp32, or leave it out)", option="range_fallback")
     opts = dataclasses.replace(opts, range_fallback="fp32")
-    fused = split_fused_ops(fp32)  # as each conversion splits them: positions refer to the split model
+    # as each conversion splits them: positions refer to the split model
+    fused = split_fused_ops(fp32, kept=opts.block_ops)
     fp32 = fused.model
     if opts.target is Target.FP8:  # positions and measurements refer to the model at the FP8 opset
         fp32 = raise_opset(fp32, fp8_opset(opts.low_target))

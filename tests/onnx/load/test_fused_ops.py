@@ -203,3 +203,16 @@ def test_a_fused_gemm_no_standard_op_is_or_onnxruntime_would_refuse_is_left_as_i
         cases.append(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), *_MS]))
     for m in cases:
         assert split_fused_ops(m).model is m
+
+
+def test_a_fused_op_the_user_blocks_is_left_fused_and_fp32():
+    """--block-op FusedConv keeps the fused node (FP32, as blocked): split first, its Conv matched no block
+    and went FP16."""
+    from amp_compiler import convert
+
+    fused = _fused("Relu", z=False)
+    assert split_fused_ops(fused, kept={"FusedConv"}).model is fused
+    result = convert(fused, block_ops=["FusedConv"], probe=False)
+    assert [(d.op_type, d.precision) for d in result.decisions if d.node == "conv1"] == [("FusedConv", "fp32")]
+    assert not result.fused_split
+    assert [d.op_type for d in convert(fused, probe=False).decisions if d.node == "conv1"] == ["Conv"]
