@@ -131,18 +131,23 @@ class FinalKernelPass(AnalysisPass):
         if self.provider is Provider.CPU or coverage is None:
             return  # the CPU provider Casts around a node it has no kernel for, on the same device
         lookup = KernelCoveragePass(self.provider, coverage)
+        again: dict[ir.Node, None] = {}  # the nodes to look up once more: those missing, and those a move reached
         for node in _nodes(graph):
-            if lookup.types_missing(graph, node, final_types(graph, plan, node)) is None or not any(
-                    cov is not None and cov.has_op(node.domain or "", node.op_type)
-                    for cov in (coverage, coverage.fallback)):
-                continue  # a kernel, or none in any type
+            if lookup.types_missing(graph, node, final_types(graph, plan, node)) is None:
+                continue
+            again[node] = None
+            if not any(cov is not None and cov.has_op(node.domain or "", node.op_type)
+                       for cov in (coverage, coverage.fallback)):
+                continue  # none in any type
             options = [(vid, others) for vid in graph.node_vertices[node] if (others := self._others(graph, plan, vid))]
             for changed in itertools.islice(_changes(options), _MAX_TRIES):
                 if lookup.types_missing(graph, node, final_types(graph, plan, node, changed)) is None:
                     for vid, to in changed.items():
                         self._move(graph, plan, vid, to, coverage)
+                        again.update((owner, None) for kind, owner, _ in graph.vertices[vid].slots
+                                     if kind in (NODE_IN, NODE_OUT) and isinstance(owner, ir.Node))
                     break
-        for node in _nodes(graph):  # the final word, after every move
+        for node in again:  # the final word, after every move (a node no move reached kept its kernel)
             found = lookup.types_missing(graph, node, final_types(graph, plan, node))
             if found is not None:
                 plan.no_kernel[node] = f"{found[0]} ({found[1]})"
