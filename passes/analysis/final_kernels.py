@@ -13,10 +13,11 @@ to say nothing (a GroupQueryAttention range-pinned under ``--range-fallback fp32
 This pass runs last, on the final decisions of an ONNX model for a GPU provider (CUDA, TensorRT). Each
 node of a vertex is looked up (the one lookup,
 :meth:`~amp_compiler.passes.analysis.coverage.KernelCoveragePass.types_missing`: the provider's kernel
-table) in its final types: per input and output, its vertex's decided type (the target type where range
-scaling runs it low inside, :class:`~amp_compiler.core.plan.Scaling`), else its value's own. Where the
-provider has no kernel for them, the node's vertices whose decision allows another type take it, the
-fewest that give the node a kernel:
+table) in its final types (an op onnx defines with a function body is left out: onnxruntime expands it
+into that body's ops where it has no kernel for it): per input and output, its vertex's decided type (the
+target type where range scaling runs it low inside, :class:`~amp_compiler.core.plan.Scaling`), else its
+value's own. Where the provider has no kernel for them, the node's vertices whose decision allows another
+type take it, the fewest that give the node a kernel:
 
 - FP32 as painting's or cast placement's choice (``paint.default-fp32``, ``placement.min-cut``, a free
   role): a question of Cast bytes, not of values. It takes the target type (rule
@@ -49,6 +50,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator
 
+import onnx
 import onnx_ir as ir
 
 from amp_compiler.core.graph import PrecisionGraph
@@ -119,7 +121,9 @@ class FinalKernelPass(AnalysisPass):
         if self.provider is Provider.CPU or coverage is None:
             return
         lookup = KernelCoveragePass(self.provider, coverage)
-        missing = {n for n in _nodes(graph) if lookup.types_missing(graph, n, final_types(graph, plan, n))}
+        opset, cpu = _default_opset(graph), coverage_for(Provider.CPU)
+        missing = {n for n in _nodes(graph)
+                   if lookup.types_missing(graph, n, final_types(graph, plan, n)) and not _expanded(n, opset, cpu)}
         ensure(missing == set(plan.no_kernel), self, "plan.no_kernel is not the nodes without a kernel")
 
     def _coverage(self) -> KernelCoverage | None:
@@ -132,8 +136,9 @@ class FinalKernelPass(AnalysisPass):
             return  # the CPU provider Casts around a node it has no kernel for, on the same device
         lookup = KernelCoveragePass(self.provider, coverage)
         again: dict[ir.Node, None] = {}  # the nodes to look up once more: those missing, and those a move reached
+        opset, cpu = _default_opset(graph), coverage_for(Provider.CPU)
         for node in _nodes(graph):
-            if lookup.types_missing(graph, node, final_types(graph, plan, node)) is None:
+            if lookup.types_missing(graph, node, final_types(graph, plan, node)) is None or _expanded(node, opset, cpu):
                 continue
             again[node] = None
             if not any(cov is not None and cov.has_op(node.domain or "", node.op_type)
@@ -190,6 +195,29 @@ def _changes(options: list[tuple[int, list[ir.DataType]]]) -> Iterator[dict[int,
                 yield {vid: to for (vid, _), to in zip(chosen, types, strict=True)}
 
 
+def _default_opset(graph: PrecisionGraph) -> int:
+    """The model's opset of onnx's default domain."""
+    imports = graph.model.opset_imports if isinstance(graph.model, ir.Model) else {}
+    return imports.get("", imports.get("ai.onnx", 1))
+
+
+def _expanded(node: ir.Node, opset: int, cpu: KernelCoverage | None) -> bool:
+    """Whether onnxruntime expands ``node`` into the function body onnx defines its op with at ``opset``: no
+    provider claims it (the CPU provider, ``cpu``, has no kernel for the op either) and it has such a body
+    (GroupNormalization, Mish, SoftmaxCrossEntropyLoss, ...). The body's ops then run, so the kernel table's
+    silence on the op itself means nothing (sweep W: a CLIP's SoftmaxCrossEntropyLoss and GroupNormalization-21,
+    which torch.onnx writes for diffusion UNets, were said to make onnxruntime refuse models it loads and runs).
+    An op the CPU provider has (Relu, whose schema has a body too) is placed there, with copies, as said."""
+    if not schemas.is_onnx_domain(node.domain or "") or (cpu is not None and cpu.has_op("", node.op_type)):
+        return False
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    # (onnx's type stubs do not declare these two properties)
+    return bool(getattr(schema, "has_function", False) or getattr(schema, "has_context_dependent_function", False))
+
+
 def _nodes(graph: PrecisionGraph) -> Iterator[ir.Node]:
     """The nodes of the graph's vertices (those with float data), in order."""
     return (node for node in graph.node_vertices if isinstance(node, ir.Node))
@@ -234,8 +262,8 @@ def no_kernel_warnings(graph: PrecisionGraph, plan: PrecisionPlan, provider: Pro
             continue
         remedy = _remedy(lookup, nodes[0], graph, plan, range_fallback)
         lines.append(
-            f"{len(nodes)} {op} node(s){' (' + listed + ')' if listed else ''} are kept by {rules} in types the "
-            f"{name} provider has no kernel for ({plan.no_kernel[nodes[0]]}): {consequence}{remedy}")
+            f"{len(nodes)} {op} node(s){' (' + listed + ')' if listed else ''} run in types the {name} provider has "
+            f"no kernel for (rule {rules}: {plan.no_kernel[nodes[0]]}): {consequence}{remedy}")
     return lines
 
 

@@ -135,3 +135,19 @@ def test_an_fp32_that_was_painting_s_choice_moves_to_the_kernel_s_type() -> None
     plan = run_passes(graph, [*passes, FinalKernelPass(coverage=_relu_only_fp16())], check=True)
     assert (plan.decisions[vid].dtype.name, plan.decisions[vid].rule) == ("FLOAT16", Rule.PROVIDER_KERNEL_TYPES)
     assert plan.no_kernel == {}
+
+
+def test_an_op_onnx_defines_with_a_function_body_is_no_missing_kernel() -> None:
+    """onnxruntime expands GroupNormalization-21 (torch.onnx's for diffusion UNets), Mish, ... into their
+    function bodies where it has no kernel: the warning said it refused models it loads and runs (sweep W)."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GroupNormalization", ["c", "s", "b"], ["g"], num_groups=2),
+             helper.make_node("Mish", ["g"], ["y"])]
+    inits = [tensor("w", weights((4, 4, 3, 3), 1)), tensor("s", np.ones(4, np.float32)),
+             tensor("b", np.zeros(4, np.float32))]
+    fp32 = model(nodes, [vi("x", F32, [1, 4, 8, 8])], [vi("y", F32, [1, 4, 8, 8])], inits, opset=21)
+    result = convert(fp32)
+    assert not any("GroupNormalization" in w or "Mish" in w for w in result.provider_warnings), result.provider_warnings
+    import onnxruntime as ort
+
+    ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])  # it loads
