@@ -53,7 +53,8 @@ def test_a_blocked_group_query_attention_is_warned_of() -> None:
     (d,) = [d for d in result.decisions if d.op_type == "GroupQueryAttention"]
     assert (d.precision, d.rule) == ("fp32", "user.block-op")  # the user's choice stands
     (line,) = _gqa_lines(result)
-    assert line.startswith("1 GroupQueryAttention node(s) (gqa) are kept by user.block-op")
+    assert line.startswith("1 GroupQueryAttention node(s) (gqa) run in types the CUDA provider has no kernel for "
+                           "(rule user.block-op: ")
     assert "CUDA" in line and "T=float" in line and "CPU provider" in line and "FP16, BF16" in line
 
 
