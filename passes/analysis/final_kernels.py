@@ -121,9 +121,9 @@ class FinalKernelPass(AnalysisPass):
         if self.provider is Provider.CPU or coverage is None:
             return
         lookup = KernelCoveragePass(self.provider, coverage)
-        opset, cpu = _default_opset(graph), coverage_for(Provider.CPU)
+        opset = _default_opset(graph)
         missing = {n for n in _nodes(graph)
-                   if lookup.types_missing(graph, n, final_types(graph, plan, n)) and not _expanded(n, opset, cpu)}
+                   if lookup.types_missing(graph, n, final_types(graph, plan, n)) and not _expanded(n, opset)}
         ensure(missing == set(plan.no_kernel), self, "plan.no_kernel is not the nodes without a kernel")
 
     def _coverage(self) -> KernelCoverage | None:
@@ -136,9 +136,9 @@ class FinalKernelPass(AnalysisPass):
             return  # the CPU provider Casts around a node it has no kernel for, on the same device
         lookup = KernelCoveragePass(self.provider, coverage)
         again: dict[ir.Node, None] = {}  # the nodes to look up once more: those missing, and those a move reached
-        opset, cpu = _default_opset(graph), coverage_for(Provider.CPU)
+        opset = _default_opset(graph)
         for node in _nodes(graph):
-            if lookup.types_missing(graph, node, final_types(graph, plan, node)) is None or _expanded(node, opset, cpu):
+            if lookup.types_missing(graph, node, final_types(graph, plan, node)) is None or _expanded(node, opset):
                 continue
             again[node] = None
             if not any(cov is not None and cov.has_op(node.domain or "", node.op_type)
@@ -201,14 +201,17 @@ def _default_opset(graph: PrecisionGraph) -> int:
     return imports.get("", imports.get("ai.onnx", 1))
 
 
-def _expanded(node: ir.Node, opset: int, cpu: KernelCoverage | None) -> bool:
+def _expanded(node: ir.Node, opset: int) -> bool:
     """Whether onnxruntime expands ``node`` into the function body onnx defines its op with at ``opset``: no
-    provider claims it (the CPU provider, ``cpu``, has no kernel for the op either) and it has such a body
+    provider claims it (the CPU provider has no kernel for the op either) and it has such a body
     (GroupNormalization, Mish, SoftmaxCrossEntropyLoss, ...). The body's ops then run, so the kernel table's
     silence on the op itself means nothing (sweep W: a CLIP's SoftmaxCrossEntropyLoss and GroupNormalization-21,
     which torch.onnx writes for diffusion UNets, were said to make onnxruntime refuse models it loads and runs).
     An op the CPU provider has (Relu, whose schema has a body too) is placed there, with copies, as said."""
-    if not schemas.is_onnx_domain(node.domain or "") or (cpu is not None and cpu.has_op("", node.op_type)):
+    if not schemas.is_onnx_domain(node.domain or ""):
+        return False
+    cpu = coverage_for(Provider.CPU)  # read only for a node its GPU provider has no kernel for
+    if cpu is not None and cpu.has_op("", node.op_type):
         return False
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
