@@ -17,11 +17,19 @@ and 24.7% of its labels flipped in BF16 with fc1 low (1.81% and 1.6% in FP16), 0
 The graph says so. A folded bias is ``b_n = b0_n - sum_k W_kn mean_k`` with ``b0`` the original bias (of the
 order of the pre-activations), so the offsets are the least-squares solution ``m`` of ``W^T m = -b`` over the
 product's outputs (:func:`offset_estimate`; a Conv's per-channel weight is its kernel's sum). The fit is
-evidence only where it explains the bias: with more outputs than features (N > K) a bias not made so (any
-normalised-input model's) leaves most of its norm in the residual (a random one ``sqrt(1 - K/N)``), while a
-folded one leaves ``|b0|`` of ``|b|`` (0.1 of 72 in the repro). Where N <= K any bias fits (the least-norm
-solution stands in): the product is not pinned, and the conversion warns where it stays low
-(:func:`raw_offset_warnings`, one line naming the input, the feature and what would say more).
+evidence only where a bias not made so could not fit as well: a bias unrelated to the weights (any
+normalised-input model's, taken as isotropic) leaves a share ``r`` of its norm in the residual with ``r^2 ~
+Beta((N - K) / 2, K / 2)`` (mean ``1 - K/N``), so a close fit means little where N is near K (32 features
+into 36 outputs: 0.33 by chance; 64 into 65: 0.12) and nothing where N <= K (any bias fits; the
+least-squares offsets of an ill-conditioned fit are then large for any bias). The product is pinned only
+where the residual is within :data:`BIAS_FIT` and a random bias would fit as closely with probability
+(:func:`fit_chance`, an upper bound) under :data:`FIT_CHANCE`: the repro's folded bias leaves 0.1 of 72
+(16 into 64: chance 1e-130), a random one at 32 into 36 or 64 into 65 about 0.1 (chance 0.3). Elsewhere
+the fit says nothing, and the conversion warns where the product stays low only if the bias itself says
+the input is not standardised (:func:`raw_offset_warnings`): its outputs' biases are, at the median, past
+:data:`BIAS_SPREAD` times the spread unit-variance features would give them (``|W_n|``), so on
+standardised input the units would never switch; a folded standardisation's bias is its mean in standard
+deviations (hundreds in the repro), a normalised model's of order one (0.2 to 0.7 in sweep W's tables).
 
 Each feature ``k`` then rounds by up to half the target's spacing at ``|m_k|``, uniformly across samples,
 which puts noise of RMS ``sqrt(sum_k W_kn^2 spacing(m_k)^2 / 12)`` (a Conv: over its taps, each reading
@@ -66,8 +74,9 @@ from amp_compiler.passes.analysis.classify import PINNABLE, ensure_pinned, pinna
 from amp_compiler.passes.analysis.phase import constant_derived, is_raw
 from amp_compiler.targets import Target
 
-__all__ = ["BIAS_FIT", "PRE_ACTIVATION_NOISE", "OffsetFinding", "RawOffsetProductPass", "offset_estimate",
-           "offset_findings", "raw_offset_products", "raw_offset_warnings"]
+__all__ = ["BIAS_FIT", "BIAS_SPREAD", "FIT_CHANCE", "PRE_ACTIVATION_NOISE", "OffsetFinding", "RawOffsetProductPass",
+           "bias_spread", "fit_chance", "offset_estimate", "offset_findings", "raw_offset_products",
+           "raw_offset_warnings"]
 
 #: The RMS rounding noise, in units of a pre-activation's spread (taken as one: module doc), past which a
 #: first product is kept FP32. Measured: 0.015 to 0.26 on the raw-unit repros (0.79% to 17.8% of range
@@ -77,6 +86,14 @@ PRE_ACTIVATION_NOISE = 0.01
 #: standardisation leaves the original bias (0.1 of 72 in the repro), a bias unrelated to the weights most of
 #: its norm (a random one ``sqrt(1 - K / N)``: 0.87 at 16 features and 64 outputs).
 BIAS_FIT = 0.25
+#: The largest chance that a bias unrelated to the weights fits the offsets as closely (:func:`fit_chance`)
+#: for the fit to count as evidence. A folded standardisation's: 1e-130 (the 16-feature repro); random biases
+#: of standardised-input MLPs (sweep W, normtab): 0.05 to 1 at 32 into 36 and 64 into 65, 1 where N <= K.
+FIT_CHANCE = 1e-6
+#: The median ratio of a bias to the spread unit-variance features give its pre-activation (``|b_n| / |W_n|``)
+#: past which, the fit being no evidence, the bias itself says the input is not standardised (module doc):
+#: hundreds for a folded standardisation (the bottleneck test: 260), at most 0.7 in sweep W's normalised MLPs.
+BIAS_SPREAD = 10.0
 # Ops whose output holds their input's values, features kept: ONNX's (input_scale.SAME_VALUES) and ATen's.
 _SAME_VALUES = SAME_VALUES | {"_to_copy", "view", "reshape", "flatten", "unsqueeze", "squeeze", "clone", "contiguous",
                               "alias"}
@@ -98,11 +115,14 @@ class OffsetFinding:
     features: int  # K: the features the fit solved for
     outputs: int  # N: the product's outputs (the equations)
     fit: float  # the residual's share of the bias's norm
+    chance: float  # an upper bound on the chance that a bias unrelated to the weights fits as closely
+    spread: float  # the median of |b_n| / |W_n|: the bias against what unit-variance features spread
 
     @property
     def determined(self) -> bool:
-        """Whether the fit is evidence: more outputs than features (else any bias fits, module doc)."""
-        return self.outputs > self.features
+        """Whether the fit is evidence: a bias unrelated to the weights would fit as closely with a chance
+        under :data:`FIT_CHANCE` (never where N <= K: any bias fits, module doc)."""
+        return self.chance < FIT_CHANCE
 
 
 def _array(value: ir.Value | None) -> np.ndarray | None:
@@ -207,6 +227,29 @@ def offset_estimate(weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, f
     return offsets, float(np.linalg.norm(per_feature @ offsets + bias)) / norm
 
 
+def fit_chance(fit: float, features: int, outputs: int) -> float:
+    """An upper bound on the chance that an isotropic random bias over ``outputs`` leaves no more than ``fit``
+    of its norm unexplained by ``features`` offsets: ``P(Beta((N-K)/2, K/2) <= fit^2)``, bounded by
+    ``x^a (1 - x)^min(b - 1, 0) / (a B(a, b))``; 1 where N <= K (any bias fits)."""
+    if outputs <= features or fit >= 1.0:
+        return 1.0
+    if fit <= 0.0:
+        return 0.0
+    a, b, x = (outputs - features) / 2, features / 2, fit * fit
+    log = (a * math.log(x) + min(b - 1, 0.0) * math.log1p(-x) - math.log(a)
+           - math.lgamma(a) - math.lgamma(b) + math.lgamma(a + b))
+    return math.exp(min(log, 0.0))
+
+
+def bias_spread(weight: np.ndarray, bias: np.ndarray) -> float:
+    """The median over outputs of ``|b_n| / |W_n|``: the bias against the spread unit-variance features (each
+    tap another sample) give the pre-activation; inf where a row of the weight is zero under a bias."""
+    rows = np.sqrt((weight ** 2).sum(axis=(1, 2)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(rows > 0, np.abs(bias) / np.where(rows > 0, rows, 1.0), np.where(bias != 0, np.inf, 0.0))
+    return float(np.median(ratio))
+
+
 def offset_noise(weight: np.ndarray, offsets: np.ndarray, target: Target) -> tuple[np.ndarray, np.ndarray]:
     """Per output, the RMS noise rounding features at ``offsets`` to ``target`` puts into the pre-activation
     (uniform rounding: ``spacing^2 / 12`` per tap), and per output and feature its share of the variance."""
@@ -246,33 +289,38 @@ def offset_findings(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
         found[vertex.id] = OffsetFinding(
             graph.vertices[min(sources)], feature, float(offsets[feature]),
             float(spacing(offsets[feature:feature + 1], graph.target)[0]), float(noise[worst]),
-            weight.shape[1], weight.shape[0], fit)
+            weight.shape[1], weight.shape[0], fit, fit_chance(fit, weight.shape[1], weight.shape[0]),
+            bias_spread(weight, bias))
     return found
 
 
 def raw_offset_products(graph: PrecisionGraph) -> dict[int, OffsetFinding]:
-    """The :func:`offset_findings` whose fit is evidence (more outputs than features): the pass pins them."""
+    """The :func:`offset_findings` whose fit is evidence (:attr:`OffsetFinding.determined`): the pass pins
+    them."""
     return {vid: f for vid, f in offset_findings(graph).items() if f.determined}
 
 
 def raw_offset_warnings(graph: PrecisionGraph, plan: PrecisionPlan, inputs: Container[str]) -> list[str]:
     """One sentence per :func:`offset_findings` product reading one of ``inputs`` (those no data of the user's
-    was seen for: calibration's measured error says more than the weights) whose fit is no evidence (no more
-    outputs than features: any bias fits, module doc) and which the plan keeps in the target's type: the
-    input and feature, the offset its bias would cancel, and what says more."""
+    was seen for: calibration's measured error says more than the weights) whose fit is no evidence but whose
+    bias is past :data:`BIAS_SPREAD` times its pre-activations' spread on unit-variance features (module doc),
+    and which the plan keeps in the target's type: the input and feature, the offset its bias would cancel,
+    and what says more."""
     found = []
     for vid, f in sorted(offset_findings(graph).items()):
         value = f.source.slots[0].value if f.source.slots else None
-        if f.determined or value is None or value.name not in inputs or plan.decisions[vid].dtype != graph.target.dtype:
+        if (f.determined or f.spread < BIAS_SPREAD or value is None or value.name not in inputs
+                or plan.decisions[vid].dtype != graph.target.dtype):
             continue
         found.append(
             f"{graph.vertices[vid].describe()} reads {f.source.describe()} in {graph.target.value.upper()}, and its "
             f"bias would cancel an offset near "
             f"{f.offset:.4g} in feature {f.feature} (a standardisation folded into it), where the target's spacing "
             f"is {f.spacing:.3g}: RMS noise up to {f.noise:.3g} in its pre-activations; {f.outputs} outputs over "
-            f"{f.features} features cannot confirm it. Give calibration data of real inputs (--calibration-data, or "
-            "samples=/calibration=: the error is then measured on them, and --tolerance keeps FP32 what that "
-            "needs), or standardise the input before the model")
+            f"{f.features} features cannot confirm it, but the bias is {f.spread:.3g} times the spread standardised "
+            "features would give (the units would never switch on them). Give calibration data of real inputs "
+            "(--calibration-data, or samples=/calibration=: the error is then measured on them, and --tolerance "
+            "keeps FP32 what that needs), or standardise the input before the model")
     return found
 
 

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_compiler import InProcessRunner, convert, emulate
+from amp_compiler.passes.analysis import raw_offsets
 from amp_compiler.passes.analysis.raw_offsets import offset_estimate
 
 #: Sensor features in raw units (293 K, 1500 m, 230 V, ...) and their spreads.
@@ -118,8 +119,47 @@ def test_a_normalised_input_keeps_the_first_product_low(bias_scale):
     assert not any("offset" in w for w in result.warnings)
 
 
+def _standardised_mlp(features: int, outputs: int, bias_std: float) -> onnx.ModelProto:
+    """Sweep W's normtab: ``x [B, K]`` (standardised) -> Gemm(N, He-initialised, a random bias) -> Relu ->
+    MatMul -> ``y [B, 4]``."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((features, outputs)) * np.sqrt(2 / features)
+    b = rng.standard_normal(outputs) * bias_std
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "b"], ["h"], name="fc1"), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "W2"], ["y"], name="fc2")],
+        "normtab", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])],
+        [_init(w, "W"), _init(b, "b"), _init(rng.standard_normal((outputs, 4)) / np.sqrt(outputs), "W2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("features", "outputs", "bias_std"),
+                         [(32, 36, 2.0), (32, 33, 2.0), (64, 65, 2.0), (64, 64, 1.0), (256, 256, 0.3)])
+def test_a_random_bias_that_an_ill_conditioned_fit_explains_is_no_offset(features, outputs, bias_std):
+    # Sweep W F3: with N near K a random bias leaves only ~sqrt(1 - K/N) unexplained (0.11 to 0.24 here, under
+    # the old 0.25 line: pinned, buying nothing: 0.261% vs 0.326% forced low), and with N <= K any bias fits
+    # (the least-norm offsets of 11 to 15 warned). Neither is evidence of raw units.
+    result = convert(_standardised_mlp(features, outputs, bias_std), runner=InProcessRunner(), target="bf16")
+    assert (_decision(result, "fc1").precision, _decision(result, "fc1").rule) == ("bf16", "policy.low")
+    assert not any("offset" in w for w in result.warnings)
+
+
+def test_the_fit_chance_separates_a_folded_bias_from_a_random_one():
+    fit_chance, FIT_CHANCE = raw_offsets.fit_chance, raw_offsets.FIT_CHANCE  # noqa: N806
+    assert fit_chance(0.0008, 16, 64) < 1e-100  # the repro's folded bias
+    assert fit_chance(0.24, 32, 36) > 0.1 and fit_chance(0.1, 32, 33) > 0.1  # random biases near K
+    assert fit_chance(0.0, 64, 64) == 1.0  # N <= K: any bias fits
+    assert fit_chance(0.01, 16, 64) < FIT_CHANCE < fit_chance(0.2, 60, 64)
+    rng = np.random.default_rng(0)  # the bound holds: random biases fit as closely no more often than it says
+    w = rng.standard_normal((36, 32))
+    fits = sorted(offset_estimate(w[:, :, None], rng.standard_normal(36))[1] for _ in range(400))
+    assert all(fit_chance(f, 32, 36) >= (i + 1) / 400 - 0.05 for i, f in enumerate(fits))
+
+
 def test_a_bottleneck_first_product_warns_where_its_bias_cannot_confirm_an_offset():
-    # 8 outputs over 16 features: any bias fits some offsets, so the fit is no evidence to pin on; it warns.
+    # 8 outputs over 16 features: any bias fits some offsets, so the fit is no evidence to pin on; but the bias
+    # is hundreds of times the spread standardised features would give fc1 (units that never switch): it warns.
     model = _mlp(folded=True, hidden=8)
     result = convert(model, runner=InProcessRunner(), target="bf16")
     assert _decision(result, "fc1").precision == "bf16"
