@@ -24,12 +24,12 @@ into 36 outputs: 0.33 by chance; 64 into 65: 0.12) and nothing where N <= K (any
 least-squares offsets of an ill-conditioned fit are then large for any bias). The product is pinned only
 where the residual is within :data:`BIAS_FIT` and a random bias would fit as closely with probability
 (:func:`fit_chance`, an upper bound) under :data:`FIT_CHANCE`: the repro's folded bias leaves 0.1 of 72
-(16 into 64: chance 1e-130), a random one at 32 into 36 or 64 into 65 about 0.1 (chance 0.3). Elsewhere
-the fit says nothing, and the conversion warns where the product stays low only if the bias itself says
+(16 into 64: chance 1e-142), random ones at 32 into 33 or 36 and 64 into 65 0.11 to 0.24 (chance 0.44 to
+0.94). Elsewhere the fit says nothing, and the conversion warns where the product stays low only if the bias itself says
 the input is not standardised (:func:`raw_offset_warnings`): its outputs' biases are, at the median, past
 :data:`BIAS_SPREAD` times the spread unit-variance features would give them (``|W_n|``), so on
 standardised input the units would never switch; a folded standardisation's bias is its mean in standard
-deviations (hundreds in the repro), a normalised model's of order one (0.2 to 0.7 in sweep W's tables).
+deviations (170 to 280 in the repros), a normalised model's of order one (0.13 to 1.5 in sweep W's normtab).
 
 Each feature ``k`` then rounds by up to half the target's spacing at ``|m_k|``, uniformly across samples,
 which puts noise of RMS ``sqrt(sum_k W_kn^2 spacing(m_k)^2 / 12)`` (a Conv: over its taps, each reading
@@ -87,12 +87,14 @@ PRE_ACTIVATION_NOISE = 0.01
 #: its norm (a random one ``sqrt(1 - K / N)``: 0.87 at 16 features and 64 outputs).
 BIAS_FIT = 0.25
 #: The largest chance that a bias unrelated to the weights fits the offsets as closely (:func:`fit_chance`)
-#: for the fit to count as evidence. A folded standardisation's: 1e-130 (the 16-feature repro); random biases
-#: of standardised-input MLPs (sweep W, normtab): 0.05 to 1 at 32 into 36 and 64 into 65, 1 where N <= K.
+#: for the fit to count as evidence. A folded standardisation's: 1e-142 (the 16-feature repro), 1e-72 (the
+#: Conv1d), 1e-143 (sweep W yearint); random biases of standardised-input MLPs
+#: (sweep W, normtab): 0.44 to 0.94 at 32 into 33 or 36 and 64 into 65, 1 where N <= K.
 FIT_CHANCE = 1e-6
 #: The median ratio of a bias to the spread unit-variance features give its pre-activation (``|b_n| / |W_n|``)
 #: past which, the fit being no evidence, the bias itself says the input is not standardised (module doc):
-#: hundreds for a folded standardisation (the bottleneck test: 260), at most 0.7 in sweep W's normalised MLPs.
+#: 170 to 280 for folded standardisations (the repros, the bottleneck test), 0.13 to 1.5 in sweep W's
+#: normalised MLPs.
 BIAS_SPREAD = 10.0
 # Ops whose output holds their input's values, features kept: ONNX's (input_scale.SAME_VALUES) and ATen's.
 _SAME_VALUES = SAME_VALUES | {"_to_copy", "view", "reshape", "flatten", "unsqueeze", "squeeze", "clone", "contiguous",
