@@ -18,21 +18,10 @@ import heapq
 
 import onnx
 
-from amp_compiler.onnx.load.proto_walk import iter_proto_graphs, subgraphs
+from amp_compiler.onnx.load.proto_walk import subgraphs
+from amp_compiler.onnx.load.structure import used_names
 
 __all__ = ["in_topological_order"]
-
-
-def _read_names(node: onnx.NodeProto) -> set[str]:
-    """Every tensor a node reads, those its subgraphs read from outer scopes included (a superset: names a
-    subgraph defines itself are in it too, and match no producer outside)."""
-    names = {n for n in node.input if n}
-    for sub in subgraphs(node):
-        for graph in iter_proto_graphs(sub):
-            for inner in graph.node:
-                names.update(n for n in inner.input if n)
-            names.update(o.name for o in graph.output)
-    return names
 
 
 def _in_order(graph: onnx.GraphProto, producer: dict[str, int]) -> bool:
@@ -43,7 +32,7 @@ def _in_order(graph: onnx.GraphProto, producer: dict[str, int]) -> bool:
         if any(position(n, -1) > i for n in node.input):
             return False
         if node.attribute and any(True for _ in subgraphs(node)) and any(
-                position(n, -1) > i for n in _read_names(node)):
+                position(n, -1) > i for n in used_names(node)):
             return False
     return True
 
@@ -60,7 +49,7 @@ def _order(graph: onnx.GraphProto, outer: frozenset[str]) -> list[int] | None:
     for i, node in enumerate(graph.node):
         if any(n not in producer and n not in defined for n in node.input if n):
             return None
-        needs.append({producer[n] for n in _read_names(node) if n in producer and producer[n] != i})
+        needs.append({producer[n] for n in used_names(node) if n in producer and producer[n] != i})
     users: list[list[int]] = [[] for _ in graph.node]
     waiting = [len(d) for d in needs]
     for i, deps in enumerate(needs):
@@ -99,22 +88,16 @@ def _sort(graph: onnx.GraphProto, outer: frozenset[str]) -> int:
     return sorted_graphs
 
 
-def _needs_sorting(graph: onnx.GraphProto, outer: frozenset[str]) -> bool:
-    if _order(graph, outer) is not None:
-        return True
-    scope = outer | {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    scope |= {name for node in graph.node for name in node.output if name}
-    return any(_needs_sorting(sub, frozenset(scope)) for node in graph.node for sub in subgraphs(node))
-
-
 def in_topological_order(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """``model`` with every graph's nodes in a topological order (a sorted copy; ``model`` itself where
     each is in one already, or none exists), and a line saying what was sorted ("" where nothing was)."""
-    if not model.HasField("graph") or not _needs_sorting(model.graph, frozenset()):
+    if not model.HasField("graph"):
         return model, ""
-    out = onnx.ModelProto()
+    out = onnx.ModelProto()  # sorted in place: the conversion asks only once the checker refused the order
     out.CopyFrom(model)
     count = _sort(out.graph, frozenset())
+    if not count:
+        return model, ""
     where = "its graph" if count == 1 else f"{count} of its graphs"
     return out, f"nodes sorted into topological order in {where} (onnx requires it; nothing they compute changed)"
 

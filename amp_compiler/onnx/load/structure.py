@@ -15,7 +15,7 @@ from amp_compiler.errors import ModelLoadError
 from amp_compiler.onnx.load.proto_walk import iter_proto_graphs, subgraphs
 from amp_compiler.onnx.load.text import node_label, quote
 
-__all__ = ["NodeOrderError", "check_graph_structure", "check_output_names"]
+__all__ = ["NodeOrderError", "check_graph_structure", "check_output_names", "used_names"]
 
 
 class NodeOrderError(ModelLoadError):
@@ -23,7 +23,7 @@ class NodeOrderError(ModelLoadError):
     (:func:`amp_compiler.onnx.load.node_order.in_topological_order`)."""
 
 
-def _used_names(node: onnx.NodeProto) -> Iterator[str]:
+def used_names(node: onnx.NodeProto) -> Iterator[str]:
     """Every tensor name a node reads, including those its subgraphs read from outer scopes."""
     yield from (n for n in node.input if n)
     for sub in subgraphs(node):
@@ -84,10 +84,10 @@ def check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str], origin:
             elif j >= i:
                 unsorted = True
         if node.attribute and not unsorted and any(True for _ in subgraphs(node)):
-            unsorted = any(position(n, -1) >= i for n in _used_names(node))
+            unsorted = any(position(n, -1) >= i for n in used_names(node))
     if unsorted:
         # The dependencies (node -> producers of what it reads, in its subgraphs too) only to name the fault.
-        deps = [{producer[n] for n in _used_names(node) if n in producer} for node in graph.node]
+        deps = [{producer[n] for n in used_names(node) if n in producer} for node in graph.node]
         cycle = _find_cycle(deps)
         if cycle is not None:
             path = " -> ".join(node_label(graph.node[j], j) for j in cycle[:6])
