@@ -44,7 +44,8 @@ def output_accuracy(
 
 def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str]:
     """A sentence per output past the line (:func:`~amp_compiler.onnx.measure.output_error.misses`), saying
-    how far off it is on ``seen`` (the inputs it was measured on) and what helps."""
+    how far off it is on ``seen`` (the inputs it was measured on) and what helps, and per output within it
+    whose error sits in a few positions (:func:`~amp_compiler.onnx.measure.output_error.concentrated`)."""
     out = []
     for a in measured:
         if concentrated(a):

@@ -95,14 +95,14 @@ def misses(accuracy: OutputAccuracy) -> bool:
     return not accuracy.finite or accuracy.error_of_range > MAX_ERROR_OF_RANGE or accuracy.cosine < MIN_COSINE
 
 
-#: An output whose worst row (:attr:`~amp_compiler.core.measures.OutputAccuracy.concentration`) stands this many
-#: times above its 90th-percentile row is :func:`concentrated`. FP16 rounding moves every position alike:
-#: over the catalog's small models (LMs, encoders, KV caches, image and audio models, hand-built graphs;
-#: the default conversion's probe) every output within the line had its worst row 1.0-2.2 times the 90th
-#: percentile. A few positions far beyond the rest are rounding amplified by a near-cancellation those
-#: inputs hit (a Llama whose massive SwiGLU unit multiplies a gate that cancels to near 0 by an up projection
-#: in the thousands: worst token 11x the 90th percentile on the probe's 128 tokens; the catalog's
-#: llama-massive-activations-small 48x).
+#: An output whose worst row (:attr:`~amp_compiler.core.measures.OutputAccuracy.concentration`, relative to its
+#: own magnitude) stands this many times above its 90th-percentile row is :func:`concentrated`. FP16 rounding
+#: moves every position alike: over the catalog's small models (LMs, encoders, KV caches, image and audio
+#: models, hand-built graphs; the default conversion's probe) and 100 models of earlier sweeps (sweep W) every
+#: output within the line had its worst row 1.0-3.0 times the 90th percentile. A few positions far beyond the
+#: rest are rounding amplified by a near-cancellation those inputs hit (a Llama whose massive SwiGLU unit
+#: multiplies a gate that cancels to near 0 by an up projection in the thousands: worst token 13x the 90th
+#: percentile on the probe's 128 tokens).
 CONCENTRATION = 5.0
 
 
@@ -112,7 +112,7 @@ def concentrated(accuracy: OutputAccuracy) -> bool:
     :data:`CONCENTRATION` times or more above its 90th percentile, and the max error times that factor passes
     :data:`MAX_ERROR_OF_RANGE`. The measured max then says how close the inputs measured came to the
     condition that amplifies rounding, not how far other inputs (more tokens, other tokens) can go: the Llama
-    above, stated 0.34% on the probe's 128 tokens (11x its 90th percentile), was 0.11-5.4% of range on 12
+    above, stated 0.34% on the probe's 128 tokens (13x its 90th percentile), was 0.11-5.4% of range on 12
     held-out draws of 256 tokens; a token-wise stack of such SwiGLU layers (catalog ``massive-swiglu-tail``)
     0.40% on the probe's 128 (12x), 0.6-9.7% on 8 draws of 512."""
     factor = accuracy.concentration
