@@ -486,3 +486,56 @@ def test_a_probe_that_fails_closes_the_runner_the_conversion_started(monkeypatch
     with pytest.raises(RuntimeError, match="the probe failed"):
         convert(m)
     assert Owned.closed
+
+
+class _Recorded(InProcessRunner):
+    """An in-process runner that says when the conversion made it and closed it."""
+
+    events: list[str] = []
+
+    def __init__(self):
+        super().__init__()
+        _Recorded.events.append("runner started")
+
+    def close(self):
+        _Recorded.events.append("runner closed")
+
+
+def _recording(monkeypatch) -> list[str]:
+    from amp_compiler.onnx import convert as convert_module
+
+    events = _Recorded.events = []
+    read = convert_module._read
+
+    def reading(*args, **kwargs):
+        events.append("model read")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(convert_module, "ChildRunner", _Recorded)
+    monkeypatch.setattr(convert_module, "_read", reading)
+    return events
+
+
+def _matmul_model():
+    return model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", F32, [2, 16])], [vi("y", F32, [2, 16])],
+                 [tensor("w", weights((16, 16)))])
+
+
+def test_the_conversion_starts_the_model_runner_before_reading_the_model(monkeypatch):
+    """The child that runs the probe starts before the model is read and checked (its import of
+    onnxruntime overlaps them), the probe runs in it, and the conversion closes it."""
+    events = _recording(monkeypatch)
+    result = convert(_matmul_model())
+    assert events == ["runner started", "model read", "runner closed"]
+    assert result.probe_runs > 0 and not result.probe_skipped
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_no_model_runner_is_started_where_nothing_runs(monkeypatch, given):
+    """Without the probe (and no samples), or with the caller's own runner, the conversion starts none."""
+    events = _recording(monkeypatch)
+    if given:
+        convert(_matmul_model(), runner=InProcessRunner())
+    else:
+        convert(_matmul_model(), probe=False)
+    assert events == ["model read"]
