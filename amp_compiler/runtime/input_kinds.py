@@ -29,9 +29,9 @@ from amp_compiler.runtime.input_uses import (
 from amp_compiler.runtime.string_inputs import StringVocabulary, string_vocabularies
 
 __all__ = [
-    "GENERATED_TOKENS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind", "NORMALIZED_IMAGE", "POSITIVE",
-    "constant_nodes", "image_channels", "image_inputs", "image_like", "input_kinds", "model_inputs", "rank",
-    "waveform_inputs",
+    "GENERATED_TOKENS", "IMAGE_NORMALIZATIONS", "INDEX_INPUTS", "INTEGER_TYPES", "IndexInput", "InputKind",
+    "NORMALIZED_IMAGE", "POSITIVE", "constant_nodes", "image_channels", "image_inputs", "image_like", "input_kinds",
+    "model_inputs", "rank", "waveform_inputs",
 ]
 
 
@@ -52,12 +52,14 @@ class InputKind:
     ``positive`` (floats log-spaced over ``bounds``), ``additive`` (an additive attention mask: 0 and
     ``bounds[0]``, causal and left-padded) or ``padded`` (a bool mask, a True tail per row: see
     :mod:`~amp_compiler.runtime.value_patterns`), and why (``stated``, ``image 0..1``,
-    ``vocabulary``...)."""
+    ``vocabulary``...). ``others``: other ranges its real values may span (an image the graph does not
+    normalize: :data:`IMAGE_NORMALIZATIONS`), where ``bounds`` is the widest."""
 
     kind: str
     bounds: tuple[float, float]
     why: str
     vocabulary: StringVocabulary | None = None  # kind ``words``: the strings a string input takes
+    others: tuple[tuple[float, float], ...] = ()
 
 
 #: Ops that normalize an image input; a constant operand above this says pixels are 0..255.
@@ -68,6 +70,13 @@ _PIXEL_SCALE = 2.0
 #: -1..1 lie inside). At -1..1 OWL-ViT's boxes were stated 1.46% of range, unwarned, 5.1% on real inputs
 #: (4.33% stated here): a probe too small misses overflows, one too large at most scales a few ops.
 NORMALIZED_IMAGE = (-2.12, 2.64)
+#: The ranges an image the graph does not normalize may span, as its preprocessing normalized it: ImageNet's
+#: mean/std (the widest: the generated noise's), 0.5/0.5's (PP-OCR rec and cls, ViT, SigLIP) and x / 255
+#: (YOLO). Where values lie inside the range decides what a trained model computes: PP-OCRv6's recogniser,
+#: stated 0.84% of range on ImageNet-range images (its CTC head says "blank" at every step there), missed
+#: 47% on dead leaves at -1..1, its real range; OWL-ViT the other way (1.46% stated at -1..1, 5.1% real at
+#: ImageNet's). The probe draws dead leaves in each and states the worst.
+IMAGE_NORMALIZATIONS = (NORMALIZED_IMAGE, (-1.0, 1.0), (0.0, 1.0))
 #: A scalar integer input named like an audio sample rate takes 16 kHz (speech models: Silero VAD
 #: refuses any other rate but 8 kHz).
 _SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
@@ -163,7 +172,8 @@ def input_kinds(
             readers = consumers.get(info.name, ())
             top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)
             if not any(n.op_type in _NORMALIZE_OPS for n in readers):
-                kinds[info.name] = InputKind("range", NORMALIZED_IMAGE, "normalized image -2.12..2.64")
+                kinds[info.name] = InputKind("range", NORMALIZED_IMAGE, "normalized image -2.12..2.64",
+                                             others=IMAGE_NORMALIZATIONS[1:])
             elif top > _PIXEL_SCALE:
                 kinds[info.name] = InputKind("range", (0.0, 255.0), "image 0..255")
             else:
@@ -207,14 +217,16 @@ def input_kinds(
 
 def image_inputs(
     model: onnx.ModelProto, input_ranges: Mapping[str, tuple[float, float]] | None = None
-) -> dict[str, tuple[float, float]]:
-    """The inputs :func:`input_kinds` takes for images (4-D floats or 8-bit integers of 1, 3 or 4 channels
-    whose range no option states), with their pixel range."""
+) -> dict[str, tuple[tuple[float, float], ...]]:
+    """The inputs :func:`input_kinds` takes for images (4-D floats or 8-bit integers of 1, 3 or 4 channels),
+    with the pixel ranges real images may take there: the range an option states or the graph's
+    normalization implies, or for an image the graph does not normalize each of
+    :data:`IMAGE_NORMALIZATIONS`."""
     kinds = input_kinds(model, input_ranges)
     return {
-        info.name: kinds[info.name].bounds for info in model_inputs(model)
-        if info.name in kinds and info.name not in (input_ranges or {}) and image_like(info)
-        and kinds[info.name].kind == "range"
+        info.name: (kinds[info.name].bounds, *kinds[info.name].others)
+        for info in model_inputs(model)
+        if info.name in kinds and image_like(info) and kinds[info.name].kind == "range"
         and (np.issubdtype(dtype := onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type), np.floating)
              or dtype.itemsize == 1)
     }

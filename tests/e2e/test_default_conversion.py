@@ -98,8 +98,10 @@ def test_concentrated_error_is_stated_where_recorded_only(name):
 def test_the_text_recogniser_is_warned_of():
     """ppocr-v4-rec misses 2% of range on real-like text lines (2.67%). Probed at -1..1 (its own 0.5/0.5
     normalization) only the dead-leaves sample showed it (noise 0.5-0.8%); over ImageNet's range, which
-    unnormalized images are now probed at, both do (seeds 0, 1: noise 3.95%, 3.48%; dead leaves 3.25%, 26.9%)."""
+    unnormalized images are now probed at, both do (seeds 0, 1: noise 3.95%, 3.48%; dead leaves 3.25%, 26.9%);
+    dead leaves at 0..1 and -1..1 run too (the normalization is not in the graph), and the worst is stated."""
     result = _default("ppocr-v4-rec")
     missed = [a for a in result.accuracy if misses(a)]
     assert missed, result.accuracy
-    assert set(result.accuracy_on.values()) <= {"uniform noise", "dead-leaves image"}, result.accuracy_on
+    kinds = {"uniform noise", "dead-leaves image", "dead-leaves image -1..1", "dead-leaves image 0..1"}
+    assert set(result.accuracy_on.values()) <= kinds, result.accuracy_on
