@@ -340,6 +340,8 @@ def _convert_ranged(
         # an offset a first product's bias may cancel: a stated range (one box for every feature) says nothing of it
         warnings = [*raw_offset_warnings(graph, plan, {v.name for v in ir_model.graph.inputs if v.name}), *warnings]
 
+    # no-kernel warnings first: lowering rewires the nodes whose types they look up (a OneHot's int32 depth lost its)
+    kernel_lines = no_kernel_warnings(graph, plan, opts.provider, fallback)
     # Lowering: the plan applied to the IR, then cleanup and the opt-in Tensor Core padding.
     lower = LowerPlanPass(graph, plan)
     lower(ir_model)
@@ -379,7 +381,7 @@ def _convert_ranged(
         input_shapes=shapes, warnings=warnings, value_types=types, allowed=allowed,
         provider_warnings=[
             *provider_warnings,
-            *no_kernel_warnings(graph, plan, opts.provider, fallback),
+            *kernel_lines,
             *tf32_warnings(decisions, opts.provider, split.positions if split else (),
                            [i for i, n in enumerate(nodes) if n in plan.no_kernel]),
         ],

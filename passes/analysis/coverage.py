@@ -17,6 +17,11 @@ schema version at the model's opset, and the type constraints. The vertex's slot
 target type; the node's other inputs and outputs may keep their type or take the target type too
 (their own vertices are decided on their own).
 
+Where the node's non-float types miss every kernel whatever its float types (SLANet's OneHot: int64 indices
+with an int32 depth, where CUDA registers int32/int32 and int64/int64), the message names those constraints
+(each whose change alone gives a kernel, else all the non-float ones) and the kernels' combinations of them,
+not the float type nor "no FP16 kernel": no float type gives it one. Elsewhere it names the float constraints.
+
 The CPU provider is not pinned, only noted: for a node without an FP16 kernel onnxruntime inserts
 Casts around it and runs the FP32 kernel, on the same device, so nothing moves between devices (and
 pinning would keep most of a model FP32, the CPU provider having FP16 kernels for few ops). Its
@@ -63,6 +68,7 @@ __all__ = ["KernelCoveragePass", "target_label"]
 
 _FLOAT_NAMES = {"float", "float16", "bfloat16", "double"}
 _NODE_IN, _NODE_OUT = SlotKind.NODE_IN, SlotKind.NODE_OUT
+_LISTED = 4  # a kernel's type combinations named in a message; the rest counted
 
 
 _FREE = frozenset({Role.ALLOW, Role.INFER, Role.CLEAR})
@@ -207,8 +213,9 @@ class KernelCoveragePass(AnalysisPass):
         if target is None:
             if coverage.supports(domain, node.op_type, sig.since_version, requirements):
                 return None
-            taking = ", ".join(f"{p}={c[0]}" for p, c in dict(requirements).items() if c[0] in _FLOAT_NAMES)
-            return f"no {provider} kernel for {op} taking {taking or 'its types'}", coverage.source, False
+            taking = _blocking(coverage, domain, node.op_type, sig.since_version, requirements) or ", ".join(
+                f"{p}={c[0]}" for p, c in dict(requirements).items() if c[0] in _FLOAT_NAMES) or "its types"
+            return f"no {provider} kernel for {op} taking {taking}", coverage.source, False
         if not coverage.supports(domain, node.op_type, sig.since_version, requirements):
             if coverage.provider is Provider.TENSORRT:
                 types = coverage.float_types(domain, node.op_type, sig.since_version)
@@ -216,8 +223,32 @@ class KernelCoveragePass(AnalysisPass):
                 note = coverage.notes.get((schemas.canonical_domain(domain), node.op_type))
                 why = f"TensorRT's ONNX parser imports {node.op_type} in {listed} only, not {target_label(target)}"
                 return why, coverage.source + (f"; its restrictions: {note}" if note else ""), False
+            blocking = _blocking(coverage, domain, node.op_type, sig.since_version, requirements)
+            if blocking is not None:  # no float type would do: the integer types miss
+                return f"no {provider} kernel for {op} taking {blocking}", coverage.source, False
             return f"no {target_label(target)} kernel for {op} on the {provider} provider", coverage.source, False
         return None
+
+
+def _blocking(coverage: KernelCoverage, domain: str, op: str, since: int,
+              requirements: tuple[tuple[str, tuple[str, ...]], ...]) -> str | None:
+    """The type constraints that keep ``requirements`` from every kernel of the op where its non-float types
+    do, whatever its float ones, and the provider's kernels for them: "T1=int64, T2=int32: its kernels take
+    T1/T2 int32/int32, int64/int64" (OneHot, indices int64 with depth int32). Named: each constraint whose
+    change alone gives a kernel, or where none alone would, all the non-float ones. None where the float
+    types are what miss (some kernel takes the non-float ones) or no kernel serves the version."""
+    defs = coverage.defs(domain, op, since)
+    fixed = [(p, c) for p, c in requirements if not any(t in _FLOAT_NAMES for t in c)]
+    if not defs or any(k.accepts(fixed) for k in defs):
+        return None
+    params = list(dict.fromkeys(p for p, _ in fixed))
+    alone = [p for p in params if any(k.accepts([r for r in requirements if r[0] != p]) for k in defs)]
+    named = alone or params
+    given = ", ".join(f"{p}=" + "/".join(dict.fromkeys(t for q, c in fixed if q == p for t in c)) for p in named)
+    combos = list(dict.fromkeys(
+        "/".join("|".join(sorted(k.types[p])) if p in k.types else "any" for p in named) for k in defs))
+    listed = ", ".join(combos[:_LISTED]) + (f" and {len(combos) - _LISTED} more" if len(combos) > _LISTED else "")
+    return f"{given}: its kernels take {'/'.join(named)} {listed}"
 
 
 def _refused(node: ir.Node, since: int, coverage: KernelCoverage, target: str) -> _Missing | None:
