@@ -13,6 +13,16 @@
   FP16's range, and the amplification is the model's: every layer FP32 (FP16 left to the embedding's
   storage and the head) still gives 0.5-4.3%. The conversion says so (``output_error.concentrated``).
 
+- ``token-trigger-overflow``: a token-wise FFN block (squared activation, residual, LayerNorm, head) over a
+  2048-token embedding in which one token (id 871: a delimiter's place) carries a channel no other token
+  has (10 against 0), which one FFN unit reads with weight 100: on that token the unit's square is 1e6 and
+  the residual stream overflows FP16; on every other token it is 0. Massive activations sit on a few
+  tokens of a trained LLM (its start, its delimiters). A probe of 128 random ids of 2048 held it with
+  chance 6%: the conversion stated 0.05% of range and wrote a model whose every logit is NaN on text that
+  holds the token (sweep B1's T5 at </s> and Qwen2 at '\n'). The probe's ids hold the vocabulary's first
+  ids and the rows of largest norm of its table (the token's: 10 in its own channel)
+  (:data:`amp_compiler.runtime.samples.NOTABLE_LARGEST`): the overflow is seen and kept out of FP16.
+
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
 """
 
@@ -84,3 +94,47 @@ ENTRIES.append(CatalogModel(
     blind_fails="FP16 rounding amplified by the model on a few tokens: 1.35% of range on 512 held-out tokens "
                 "(0.6-9.7% on 8 draws), warned of, nothing to fix in FP16's range",
 ))
+
+
+_TRIGGER_VOCAB, _TRIGGER_WIDTH, _TRIGGER_HIDDEN, _TRIGGER = 2048, 32, 64, 871
+
+
+def build_token_trigger_overflow() -> onnx.ModelProto:
+    """input_ids [batch, sequence] -> embedding -> FFN (MatMul, square, MatMul) + residual -> LayerNorm -> logits."""
+    g = _Graph(_seed("token-trigger-overflow"))
+    table = g.rng.standard_normal((_TRIGGER_VOCAB, _TRIGGER_WIDTH))
+    table[:, 7], table[_TRIGGER, 7] = 0.0, 10.0  # channel 7 is the trigger token's alone
+    w_in = g.rng.standard_normal((_TRIGGER_WIDTH, _TRIGGER_HIDDEN)) / np.sqrt(_TRIGGER_WIDTH)
+    w_in[:, 0], w_in[7, 0] = 0.0, 100.0  # unit 0 reads channel 7: 1000 at the trigger, 0 elsewhere
+    w_out = g.rng.standard_normal((_TRIGGER_HIDDEN, _TRIGGER_WIDTH)) / np.sqrt(_TRIGGER_HIDDEN)
+    w_out[0, :], w_out[0, 3] = 0.0, 1.0  # and writes its square into residual channel 3
+    x = g.node("Gather", [g.const("embed", table.astype(np.float32)), "input_ids"], name="embed_lookup")
+    a = g.node("MatMul", [x, g.const("ffn_in_w", w_in.astype(np.float32))], name="ffn_in")
+    f = g.node("MatMul", [g.node("Mul", [a, a], name="square"), g.const("ffn_out_w", w_out.astype(np.float32))],
+               name="ffn_out")
+    r = g.node("Add", [x, f], name="residual")
+    n = g.node("LayerNormalization", [r, g.const("ln_g", np.ones(_TRIGGER_WIDTH, np.float32)),
+                                      g.const("ln_b", np.zeros(_TRIGGER_WIDTH, np.float32))], name="norm", axis=-1)
+    head = (g.rng.standard_normal((_TRIGGER_WIDTH, _TRIGGER_VOCAB)) / np.sqrt(_TRIGGER_WIDTH)).astype(np.float32)
+    g.node("MatMul", [n, g.const("lm_head", head)], name="lm_head", outputs=["logits"])
+    return _model(g, "token_trigger_overflow", [_vi("input_ids", onnx.TensorProto.INT64, ["batch", "sequence"])],
+                  [_vi("logits", F32, ["batch", "sequence", _TRIGGER_VOCAB])], 18)
+
+
+def _text_with_trigger(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Two rows of 64 ids, the trigger token among them (a delimiter: every 16th position)."""
+    ids = rng.integers(0, _TRIGGER_VOCAB, (2, 64))
+    ids[:, 15::16] = _TRIGGER
+    return {"input_ids": ids}
+
+
+ENTRIES.append(CatalogModel(
+    name="token-trigger-overflow", kind="rule", size="small", build=lambda _cache: build_token_trigger_overflow(),
+    make_inputs=_text_with_trigger, tolerance=Tolerance(),
+    description="A token-wise FFN block whose squared unit reaches 1e6 on one token only (id 871, a channel of its "
+                "own in the embedding): the residual stream overflows FP16 there. The probe's ids hold the rows "
+                "of largest norm of the table, the trigger's among them: the overflow is kept out of FP16.",
+    blind_fails="every logit NaN on text holding the token, 0.05% of range stated (the probe's 128 random ids of "
+                "2048 missed it)",
+))
+

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 __all__ = [
     "INDEX_INPUTS", "GraphUses", "IndexInput", "added_to_logits", "constant_nodes", "graph_uses", "index_size",
-    "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
+    "notable_ids", "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
 ]
 
 #: Ops an index input may pass through (as their input 0: their output holds its values, or some of them) on
@@ -137,6 +138,29 @@ def vocabulary(
         if rows:
             sizes.append(rows)
     return min(sizes, default=0)
+
+
+def notable_ids(
+    name: str, consumers: Mapping[str, list[onnx.NodeProto]], inits: Mapping[str, onnx.TensorProto], lowest: int,
+    largest: int,
+) -> list[int]:
+    """Token ids a probe of the ids input ``name`` always takes: the ``lowest`` first ids (the special and
+    control tokens of SentencePiece, WordPiece and T5 vocabularies: pad, unk, bos, eos) and, per float
+    table it indexes (a Gather on an initializer along axis 0, its values in the file), the ``largest``
+    rows of the largest L2 norms (the tokens training made stand out), in that order, each once, all below
+    the smallest table's rows (:func:`vocabulary`)."""
+    rows = vocabulary(name, consumers, inits)
+    ids = list(range(min(lowest, rows)))
+    for node, position in reached(name, consumers):
+        table = inits.get(node.input[0]) if node.op_type == "Gather" and position == 1 else None
+        if (table is None or _attribute(node, "axis", 0) != 0 or len(table.dims) != 2
+                or table.data_location == onnx.TensorProto.EXTERNAL
+                or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
+            continue
+        values = onnx.numpy_helper.to_array(table)
+        norms = np.einsum("ij,ij->i", values, values, dtype=np.float64)
+        ids += [int(i) for i in np.argsort(-norms, kind="stable")[:largest] if i < rows]
+    return list(dict.fromkeys(ids))
 
 
 def reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:

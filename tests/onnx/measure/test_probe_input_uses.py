@@ -217,3 +217,44 @@ def test_value_patterns():
     values = log_spaced((0.002, 80.0), (5,), np.random.default_rng(0))
     assert sorted(values.tolist()) == pytest.approx([0.002, 0.002 * 40000 ** 0.25, 0.4, 80 / 40000 ** 0.25, 80.0])
     assert log_spaced((0.002, 80.0), (1, 1), np.random.default_rng(0)).tolist() == [[80.0]]
+
+
+def _embedding(table: np.ndarray) -> object:
+    """ids [batch, sequence] -> Gather on ``table`` -> y."""
+    return model([helper.make_node("Gather", ["table", "ids"], ["y"])], [vi("ids", TensorProto.INT64, ["b", "s"])],
+                 [vi("y", F32, ["b", "s", table.shape[1]])], [tensor("table", table.astype(np.float32))])
+
+
+def test_generated_token_ids_hold_the_first_ids_and_the_rows_of_largest_norm():
+    """Massive activations sit on a few tokens (a start, a delimiter): 128 random ids of 2048 missed a token
+    whose FFN overflowed FP16 (every logit NaN, 0.05% stated). Every row of generated ids holds the vocabulary's
+    first ids and its table's rows of largest norm, from its second position on; the rest is drawn."""
+    table = np.random.default_rng(0).standard_normal((2048, 16))
+    table[[871, 1500]] *= 5.0  # rows training made stand out
+    (sample,) = random_samples(_embedding(table), {"ids": (3, 128)}, informed=True)
+    ids = sample["ids"]
+    assert ids.shape == (3, 128) and ids.min() >= 0 and ids.max() < 2048
+    notable = list(range(8)) + [871, 1500]
+    for row in ids:
+        assert list(row[1:1 + 8]) == list(range(8)) and set(notable) <= set(row[1:17].tolist())
+    assert len(set(ids[:, 17:].ravel().tolist())) > 200  # the rest as drawn
+
+
+def test_a_short_sequence_holds_as_many_notable_ids_as_half_of_it():
+    table = np.random.default_rng(0).standard_normal((100, 4))
+    (sample,) = random_samples(_embedding(table), {"ids": (1, 6)}, informed=True)
+    assert list(sample["ids"][0, 1:4]) == [0, 1, 2]
+
+
+def test_a_token_that_overflows_alone_is_seen_by_the_probe():
+    """The catalog's token-trigger-overflow: its trigger's FFN unit reaches 1e6; text holding it was all NaN."""
+    from models.tail_patterns import _text_with_trigger, build_token_trigger_overflow
+
+    m = build_token_trigger_overflow()
+    result = convert(m, runner=InProcessRunner())
+    feeds = _text_with_trigger(np.random.default_rng(5))
+    (ref,), (got,) = _run(m, feeds), _run(emulate(result.model), feeds)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() / np.ptp(ref) < 0.01
+    low = {d.node for d in result.decisions if d.op_type == "MatMul" and d.precision == "fp16"}
+    assert low == {"ffn_in", "ffn_out", "lm_head"}
