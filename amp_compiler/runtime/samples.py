@@ -304,7 +304,10 @@ def random_samples(
 #: vocabulary's first ids and the rows of largest norm of its tables. A probe drawing 128 ids of 32,000 at
 #: random sees 0.4% of them; a value that overflows FP16 at one token only (a T5's FFN at </s>, id 1, as
 #: massive activations sit at a trained LLM's special and delimiter tokens) was never probed: stated 0.05%
-#: of range, every logit NaN on text that holds the token.
+#: of range, every logit NaN on text that holds the token. They take a row's last positions: the draw before
+#: them is another, and what the probe states of a model that errs on a few rare tokens moves with it (the
+#: catalog's llama-massive-activations-small: 1.15% stated before, its worst token 46x the rest, warned;
+#: 0.13% now, 5x; 8 draws of 128 tokens gave 0.05-1.15%, its converted model is the same).
 NOTABLE_LOWEST, NOTABLE_LARGEST = 8, 8
 
 
@@ -315,9 +318,9 @@ def _notable(model: onnx.ModelProto, name: str) -> list[int]:
 
 
 def _place_notable(ids: np.ndarray, notable: list[int]) -> None:
-    """Write ``notable`` ids into every row of ``ids`` along its last axis, from its second position on (the
-    first stays as drawn: a start token's place), at most half the row, in place."""
-    room = max(0, min(len(notable), ids.shape[-1] // 2, ids.shape[-1] - 1))
+    """Write ``notable`` ids into every row of ``ids`` along its last axis, at its end (the start keeps its
+    draw: a start token's place), at most half the row, in place."""
+    room = max(0, min(len(notable), ids.shape[-1] // 2))
     if room:
-        ids[..., 1:1 + room] = np.asarray(notable[:room], ids.dtype)
+        ids[..., ids.shape[-1] - room:] = np.asarray(notable[:room], ids.dtype)
 
