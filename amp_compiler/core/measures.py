@@ -184,6 +184,11 @@ class OutputAccuracy:
     # fewer rows than :data:`~amp_compiler.core.tensor_error.MIN_ROWS`, or the bulk's error is 0). A max
     # far above it comes from a few positions (:func:`~amp_compiler.onnx.measure.output_error.concentrated`)
     concentration: float | None = None
+    # A probability output (each row along the last axis in [0, 1], summing to 1: a softmax's): the share of
+    # its rows whose top probability FP16 holds as 1 (None: not such an output). Near 1 the inputs left the
+    # model certain everywhere, and its error on them says nothing of the near-ties real inputs reach
+    # (:func:`~amp_compiler.core.tensor_error.saturation`)
+    saturated: float | None = None
 
     @property
     def exact(self) -> bool:
