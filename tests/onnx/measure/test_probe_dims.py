@@ -60,8 +60,9 @@ def test_a_token_sequence_takes_the_position_tables_length_else_a_default(positi
     assert probe_dims(m)[0] == {"batch": 1, "sequence": expected}
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.samples[0]["ids"].shape == (1, expected) and probe.dims == {"batch": 1, "sequence": expected}
-    # attention over the sequence: no probability is 1 any more (at one token every one is)
-    assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == expected * expected
+    # attention over the sequence: no probability is 1 any more (at one token every one is; the table's rows of
+    # largest norm, among the probe's ids, draw the most: 0.75 at 32 tokens)
+    assert probe.ranges["probs"].max < 0.9 and probe.ranges["probs"].count == expected * expected
 
 
 def _offset_positions(rows: int, counted: bool, vocab: int = 50) -> object:
@@ -188,7 +189,8 @@ def test_a_model_with_an_image_and_token_ids_gets_both_sizings():
     probe = range_probe.probe_ranges(m, InProcessRunner())
     assert probe.samples[0]["pixel_values"].shape == (1, 3, 224, 224)
     assert probe.samples[0]["input_ids"].shape == (1, 77) and probe.dims["sequence_length"] == 77
-    assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == len(probe.samples) * 77 * 77
+    observed = len(range_probe.IMAGE_SAMPLES)  # noise and dead leaves; the other normalizations are measured only
+    assert probe.ranges["probs"].max < 0.5 and probe.ranges["probs"].count == observed * 77 * 77
     assert "pixel_values: 1x3x224x224" in probe.inputs and "sequence_length=77" in probe.inputs
 
 
