@@ -17,11 +17,13 @@ import onnx
 from amp_compiler.runtime.diffusion_inputs import SIGMAS, diffusion_kinds
 from amp_compiler.runtime.input_uses import (
     INDEX_INPUTS,
+    GraphUses,
     IndexInput,
     added_to_logits,
     constant_nodes,
     graph_uses,
     index_size,
+    integer_views,
     positive_reader,
     reaches_softmax_anyhow,
     vocabulary,
@@ -80,7 +82,8 @@ IMAGE_NORMALIZATIONS = (NORMALIZED_IMAGE, (-1.0, 1.0), (0.0, 1.0))
 #: A scalar integer input named like an audio sample rate takes 16 kHz (speech models: Silero VAD
 #: refuses any other rate but 8 kHz).
 _SAMPLE_RATE = re.compile(r"sr|sample_?rate|sampling_?rate", re.IGNORECASE)
-#: An integer input named like bytes takes byte values 0..255 (a file-type classifier's input: Magika).
+#: An integer input named like bytes, or a float one the graph casts to integers, takes byte values 0..255 (a
+#: file-type classifier's input: Magika).
 _BYTES = re.compile(r"bytes?|byte_ids|input_bytes", re.IGNORECASE)
 #: An integer input named like position ids counts 0, 1, 2... (a prompt's positions; a random id
 #: would put tokens at arbitrary places, ones all at the same one).
@@ -124,6 +127,11 @@ def input_kinds(
     N(0, 7.7), a denoiser's ``sample`` N(0, 1) and ``timestep`` 0..999), before images (a 4-channel
     latent is no RGBA image); a float input added to a softmax's logits an additive mask (0 and ``finfo.min``,
     causal, left-padded), before images too (HF's 4-D mask ``[batch, 1, queries, keys]`` has one channel);
+    a float input the graph casts to an integer type (:func:`~amp_compiler.runtime.input_uses.integer_views`:
+    through reshapes, selections, Floor/Ceil/Round) whose integers index a table or a dim, or named like bytes,
+    takes an integer input's ids, indices or byte values below (:func:`_index_kind`), as integral floats
+    (magika's ``bytes``, floats 0..256 cast for a OneHot of depth 257: N(0, 1) cast to -3..3 hit 7 of its 257
+    rows, and the probe saw none of the others); one cast to another float type stays a float;
     a 4-D float input with 1, 3 or 4 channels is an image: when an op that reads it
     normalizes it (Sub, Div, Mul, Add), 0..255 if a constant operand is above 2 (a mean of 127.5 or
     123.7, a scale of 255), else 0..1; when none does, the model takes normalized images (the
@@ -144,7 +152,7 @@ def input_kinds(
     (:func:`random_samples` gives floats N(0, 1), integers 1: masks of ones, booleans True)."""
     stated = dict(input_ranges or {})
     uses = graph_uses(model)
-    consumers, inits, producers, shapes = uses.consumers, uses.inits, uses.producers, uses.shapes
+    consumers, inits = uses.consumers, uses.inits
     kinds: dict[str, InputKind] = {
         name: InputKind("words", (0.0, 0.0), vocabulary.describe(), vocabulary)
         for name, vocabulary in string_vocabularies(model).items() if name not in stated
@@ -168,6 +176,9 @@ def input_kinds(
             lowest = float(np.finfo(dtype).min)
             kinds[info.name] = InputKind("additive", (lowest, 0.0),
                                          f"additive mask 0 / {lowest:.3g}, causal, left-padded")
+        elif np.issubdtype(dtype, np.floating) and (
+                indices := _index_kind(info.name, integer_views(info.name, consumers), uses)):  # before images
+            kinds[info.name] = dataclasses.replace(indices, why=f"{indices.why}, integral floats")
         elif np.issubdtype(dtype, np.floating) and image_like(info):
             readers = consumers.get(info.name, ())
             top = max((_constant_absmax(n, info.name, inits) for n in readers), default=0.0)
@@ -181,18 +192,10 @@ def input_kinds(
         elif info.name in waveforms:
             kinds[info.name] = InputKind("range", (-1.0, 1.0), "waveform -1..1")
         elif np.issubdtype(dtype, np.integer):
-            vocab = vocabulary(info.name, consumers, inits, producers)
-            index = index_size(info.name, consumers, inits, producers, shapes)
             if _POSITIONS.fullmatch(info.name) and rank(info) >= 1:
                 kinds[info.name] = InputKind("positions", (0.0, 0.0), "positions 0, 1, 2...")
-            elif vocab and (index is None or vocab <= index[0]):
-                kinds[info.name] = InputKind("ids", (0.0, float(vocab)), "vocabulary")
-            elif index is not None:
-                size, where = index
-                kinds[info.name] = InputKind("index", (0.0, float(size)), f"below {size} ({where})" if size > 1
-                                             else f"0 ({where})")
-            elif _BYTES.fullmatch(info.name):
-                kinds[info.name] = InputKind("ids", (0.0, 256.0), "byte values")
+            elif indices := _index_kind(info.name, [info.name], uses):
+                kinds[info.name] = indices
             elif _SAMPLE_RATE.fullmatch(info.name) and not (tt.HasField("shape") and tt.shape.dim):
                 kinds[info.name] = InputKind("value", (16000.0, 16000.0), "sample rate 16000")
             elif _MAX_LENGTH.fullmatch(info.name) and rank(info) <= 1:
@@ -213,6 +216,26 @@ def input_kinds(
         elif _MASK.search(info.name):
             kinds[info.name] = InputKind("value", (1.0, 1.0), "mask of ones")
     return kinds
+
+
+def _index_kind(name: str, values: list[str], uses: GraphUses) -> InputKind | None:
+    """What an input read as the integers ``values`` (itself, or its Casts to integers) takes: token ids below the
+    smallest table they index (:func:`~amp_compiler.runtime.input_uses.vocabulary`), else indices below the
+    smallest dim (:func:`~amp_compiler.runtime.input_uses.index_size`), else byte values where ``name`` is
+    named like bytes; None: none of these."""
+    vocab = min((v for v in (vocabulary(x, uses.consumers, uses.inits, uses.producers) for x in values) if v),
+                default=0)
+    indexed = [i for i in (index_size(x, uses.consumers, uses.inits, uses.producers, uses.shapes) for x in values)
+               if i is not None]
+    index = min(indexed) if indexed else None
+    if vocab and (index is None or vocab <= index[0]):
+        return InputKind("ids", (0.0, float(vocab)), "vocabulary")
+    if index is not None:
+        size, where = index
+        return InputKind("index", (0.0, float(size)), f"below {size} ({where})" if size > 1 else f"0 ({where})")
+    if values and _BYTES.fullmatch(name):
+        return InputKind("ids", (0.0, 256.0), "byte values")
+    return None
 
 
 def image_inputs(

@@ -19,7 +19,7 @@ import onnx.numpy_helper
 
 __all__ = [
     "INDEX_INPUTS", "GraphUses", "IndexInput", "added_to_logits", "constant_nodes", "graph_uses", "index_size",
-    "notable_ids", "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
+    "integer_views", "notable_ids", "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
 ]
 
 #: Ops an index input may pass through (as their input 0: their output holds its values, or some of them) on
@@ -177,6 +177,35 @@ def reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterato
                     if out not in seen:
                         seen.add(out)
                         stack.append(out)
+
+
+#: Ops a float input's values pass through, as their input 0, on their way to a Cast to an integer type, keeping
+#: an integral value what it is: reshapes and selections (:data:`_INDEX_PATH` but Cast) and roundings (Floor, Ceil,
+#: Round: a bucketed coordinate). A Cast to another float type is not on it: that input stays a float.
+_TO_INTEGER_PATH = frozenset({*_INDEX_PATH - {"Cast"}, "Floor", "Ceil", "Round"})
+
+
+def integer_views(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> list[str]:
+    """The values that hold a float ``name``'s values converted to integers: the outputs of the Casts to an
+    integer type it reaches through :data:`_TO_INTEGER_PATH` (magika's ``bytes``, floats 0..256, cast to int64
+    for a OneHot of depth 257). What they index (:func:`vocabulary`, :func:`index_size`) bounds its values as it
+    would an integer input's."""
+    views: list[str] = []
+    stack, seen = [name], {name}
+    while stack:
+        value = stack.pop()
+        for node in consumers.get(value, ()):
+            if not node.input or node.input[0] != value or node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Cast":
+                to = next((a.i for a in node.attribute if a.name == "to"), 0)
+                if to and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(to), np.integer):
+                    views.extend(node.output)
+            elif node.op_type in _TO_INTEGER_PATH:
+                fresh = [out for out in node.output if out not in seen]
+                seen.update(fresh)
+                stack.extend(fresh)
+    return views
 
 
 def index_size(

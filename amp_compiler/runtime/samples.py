@@ -229,6 +229,18 @@ def sample_bytes(model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]
     return total
 
 
+def _below(values: np.ndarray, top: int, dtype: np.dtype) -> np.ndarray:
+    """Integers ``values`` (each below ``top``) in ``dtype``; in a float type too narrow to hold them all (FP16
+    above 2048), each rounded up to ``top`` or past it is the largest value of the type below ``top`` instead."""
+    out = values.astype(dtype)
+    if np.issubdtype(dtype, np.floating) and top > 0:
+        largest = np.asarray(top, dtype)
+        while largest >= top:
+            largest = np.nextafter(largest, np.asarray(0, dtype))
+        out = np.minimum(out, np.floor(largest)).astype(dtype)
+    return out
+
+
 def random_samples(
     model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]] | None = None, n: int = 1, seed: int = 0,
     *, max_bytes: int = MAX_SAMPLE_BYTES, informed: bool = False,
@@ -237,7 +249,8 @@ def random_samples(
     """Inputs for a model when no data is given: floats ~ N(0, 1), integers 1, booleans True.
 
     With ``informed`` they follow what is known of each input (:func:`input_kinds`: a stated range,
-    an image's pixel range, token ids below the vocabulary, a diffusion model's latents N(0, sigma) and
+    an image's pixel range, token ids below the vocabulary (integral floats for a float input
+    the graph casts to integers), a diffusion model's latents N(0, sigma) and
     timesteps 0..999, an input whose readers need it positive log-spaced, an additive attention mask causal and
     padded, a bool mask with a padded tail: :mod:`~amp_compiler.runtime.value_patterns`); ``input_ranges``
     (``--input-range``) are drawn uniformly in any case.
@@ -288,8 +301,8 @@ def random_samples(
                 sample[info.name] = np.broadcast_to(np.arange(start, start + shape[-1], dtype=dtype), shape).copy()
             elif kind is not None and kind.kind == "words" and kind.vocabulary is not None:
                 sample[info.name] = string_values(kind.vocabulary, shape, rng)
-            elif kind is not None and kind.kind in ("ids", "index") and np.issubdtype(dtype, np.integer):
-                sample[info.name] = rng.integers(0, int(kind.bounds[1]), shape).astype(dtype)
+            elif kind is not None and kind.kind in ("ids", "index"):  # a float cast to integers: integral floats
+                sample[info.name] = _below(rng.integers(0, int(kind.bounds[1]), shape), int(kind.bounds[1]), dtype)
                 if kind.kind == "ids" and shape:
                     _place_notable(sample[info.name], notable.setdefault(info.name, _notable(model, info.name)))
             elif np.issubdtype(dtype, np.floating):
