@@ -26,7 +26,7 @@ from amp_compiler.core.decision import NodeDecision, untyped_message, untyped_no
 from amp_compiler.core.gc_pause import gc_paused
 from amp_compiler.core.measures import TensorRange
 from amp_compiler.core.plan import Rule
-from amp_compiler.errors import ModelRunError, OptionError, RunBudgetError, UntypedTensorsError
+from amp_compiler.errors import ModelRunError, RunBudgetError, UntypedTensorsError
 from amp_compiler.onnx.costs.costs import bind_input_shapes, placement_elements
 from amp_compiler.onnx.fp8.steps import fp8_decisions, lower_fp8, plan_fp8, require_samples, weights_in_memory
 from amp_compiler.onnx.graph.custom_ops import declared_types
@@ -48,12 +48,11 @@ from amp_compiler.onnx.measure.calibrate import collect_ranges
 from amp_compiler.onnx.measure.emulate import emulate, stores_low_precision
 from amp_compiler.onnx.measure.output_error import output_accuracy, worst_accuracy
 from amp_compiler.onnx.measure.range_probe import (
-    PROBE_MAX_NODES,
-    PROBE_MAX_WEIGHT_BYTES,
     ProbeSkipped,
     RangeProbe,
     probe_ranges,
 )
+from amp_compiler.onnx.probe_model import model_to_probe, outputs_only
 from amp_compiler.onnx.write.check_pieces import value_types
 from amp_compiler.onnx.write.decisions import node_decisions
 from amp_compiler.onnx.write.output import DeferredOutput as _DeferredOutput
@@ -88,7 +87,6 @@ from amp_compiler.passes.onnx import (
 )
 from amp_compiler.policy import PolicyTable, default_table
 from amp_compiler.runtime.runner import ChildRunner, Runner, default_runner
-from amp_compiler.sizes import format_bytes
 from amp_compiler.targets import Provider, Target
 
 __all__ = ["ConversionResult", "ConvertOptions", "NodeDecision", "convert"]
@@ -232,7 +230,7 @@ def _convert(
     probe_skipped = ""
     probe_model: onnx.ModelProto | None = None
     if opts.probe and ranges is None and not fp8:
-        probe_model, probe_skipped = _probe_model(proto, origin, locations)
+        probe_model, probe_skipped = model_to_probe(proto, origin, locations)
         if probe_model is not None:
             model_runner = default_runner(runner)
             try:
@@ -245,7 +243,7 @@ def _convert(
                     model_runner[0].close()
                 raise
         if probe_model is not None and probe_model is not proto and not stores_low_precision(probe_model):
-            probe_model = _outputs_only(probe_model)  # the FP32 outputs are in hand: its weights' copy goes
+            probe_model = outputs_only(probe_model)  # the FP32 outputs are in hand: its weights' copy goes
     try:
         result = _convert_ranged(
             source, proto, ir_model, locations, origin, checked, shapes, opts, policy, patterns, allow_patterns,
@@ -390,41 +388,6 @@ def _convert_ranged(
     if probe is not None and probe_model is not None and runner is not None:
         _measure(result, probe, probe_model, runner)
     return result
-
-
-def _probe_model(proto: onnx.ModelProto, origin: str, locations) -> tuple[onnx.ModelProto | None, str]:
-    """The FP32 model the probe runs (weights in memory), or None and why it is skipped: onnxruntime
-    missing, more than :data:`PROBE_MAX_NODES` nodes, or weights over :data:`PROBE_MAX_WEIGHT_BYTES`
-    (they stay on disk for the conversion)."""
-    from amp_compiler import runtime
-
-    if not runtime.is_installed():
-        return None, f"onnxruntime is not installed; {runtime.INSTALL_HINT}"
-    if len(proto.graph.node) > PROBE_MAX_NODES:
-        nodes = len(proto.graph.node)
-        return None, (f"the graph has {nodes:,} nodes, more than the {PROBE_MAX_NODES:,} the probe runs on (past "
-                      "them it takes minutes): pass --calibration-data to observe its ranges and measure its error")
-    if not locations:
-        return proto, ""
-    size = sum(Path(f).stat().st_size for f in set(locations.values()))
-    try:
-        in_memory = weights_in_memory(proto, origin) if size <= PROBE_MAX_WEIGHT_BYTES else None
-    except OptionError:
-        in_memory = None
-    if in_memory is None or in_memory.ByteSize() > PROBE_MAX_WEIGHT_BYTES:
-        return None, (f"its weights take more than {format_bytes(PROBE_MAX_WEIGHT_BYTES)}: pass --calibration-data "
-                      "to observe its ranges")
-    return in_memory, ""
-
-
-def _outputs_only(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` reduced to its graph outputs: what :func:`_measure` reads of an FP32 model whose outputs
-    the probe kept. The weights' in-memory copy the probe ran (:func:`_probe_model`) is then freed before
-    the written model is emulated and loaded: on a 673 MB model (weights inside its file, read lazily)
-    the process tree's peak fell from 4.0 GB to 3.4 GB (``benchmarks.probe_cost``)."""
-    light = onnx.ModelProto(ir_version=model.ir_version)
-    light.graph.output.extend(model.graph.output)
-    return light
 
 
 def _measure(result: ConversionResult, probe: RangeProbe, fp32: onnx.ModelProto, runner: Runner) -> None:

@@ -77,7 +77,7 @@ def test_token_ids_stay_below_the_vocabulary_masks_are_ones_and_a_stated_range_w
 
 def test_a_graph_over_the_node_limit_converts_without_the_probe(monkeypatch):
     monkeypatch.setattr(range_probe, "PROBE_MAX_NODES", 1)
-    monkeypatch.setattr("amp_compiler.onnx.convert.PROBE_MAX_NODES", 1)
+    monkeypatch.setattr("amp_compiler.onnx.probe_model.PROBE_MAX_NODES", 1)
     result = convert(_image_model(0.45), probe=True, runner=InProcessRunner())
     assert result.probe_inputs == "" and result.accuracy == []
     assert "the graph has 2 nodes" in result.probe_skipped and "--calibration-data" in result.probe_skipped
