@@ -157,10 +157,29 @@ def notable_ids(
                 or table.data_location == onnx.TensorProto.EXTERNAL
                 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
             continue
-        values = onnx.numpy_helper.to_array(table)
-        norms = np.einsum("ij,ij->i", values, values, dtype=np.float64)
+        norms = _row_norms(table)
         ids += [int(i) for i in np.argsort(-norms, kind="stable")[:largest] if i < rows]
     return list(dict.fromkeys(ids))
+
+
+#: Rows of a table whose squared norms :func:`_row_norms` sums at once (a few MB of float64 at a time).
+_NORM_ROWS = 4096
+
+
+def _row_norms(table: onnx.TensorProto) -> np.ndarray:
+    """The squared L2 norm of each row of the 2-D float initializer ``table``, in float64, a block of rows at
+    a time, read in place from its raw bytes where it has them (a 1 GB embedding is not copied)."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(table.data_type)
+    rows, width = (int(d) for d in table.dims)
+    if table.HasField("raw_data"):
+        values = np.frombuffer(table.raw_data, dtype=dtype.newbyteorder("<"), count=rows * width).reshape(rows, width)
+    else:
+        values = onnx.numpy_helper.to_array(table)
+    norms = np.empty(rows, np.float64)
+    for start in range(0, rows, _NORM_ROWS):
+        block = values[start:start + _NORM_ROWS].astype(np.float64)
+        norms[start:start + _NORM_ROWS] = np.einsum("ij,ij->i", block, block)
+    return norms
 
 
 def reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:
