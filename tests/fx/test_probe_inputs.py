@@ -7,7 +7,7 @@ import torch
 
 import amp_compiler.fx as ampfx
 from amp_compiler.fx.graph.pipeline import capture
-from amp_compiler.fx.graph.probe_inputs import LEAST_IDS, MOST_SAMPLES, token_id_samples, vocabularies
+from amp_compiler.fx.graph.probe_inputs import LEAST_IDS, MOST_SAMPLES, notable_ids, token_id_samples, vocabularies
 from models.architectures import ARCHS
 from tests.support.fx_helpers import build
 
@@ -41,14 +41,31 @@ def test_samples_draw_ids_below_the_vocabulary_and_keep_the_other_inputs():
     samples = token_id_samples(gm, example)
     assert len(samples) == min(MOST_SAMPLES, -(-(LEAST_IDS - 16) // 16))
     drawn = torch.stack([s[0] for s in samples])
-    assert drawn.dtype == torch.long and drawn.min() >= 0 and drawn.max() < 50 and len(drawn.unique()) > 40
+    assert drawn.dtype == torch.long and drawn.min() >= 0 and drawn.max() < 50
+    assert len(drawn[..., :-4].unique()) > 30  # drawn; each row's last half (4 of 8) the notable ids
+    assert (drawn[..., -4:] == torch.tensor([0, 1, 2, 3])).all()
     assert all(int(s[1].max()) < 2 for s in samples)
     assert all(torch.equal(s[2], example[2]) and torch.equal(s[3], example[3]) for s in samples)
     long = (torch.randint(0, 50, (4, 64)), torch.zeros(4, 64, dtype=torch.long), torch.ones(4, 64, dtype=torch.long),
             example[3])
-    assert token_id_samples(gm, long) == []  # 256 ids already
+    assert len(token_id_samples(gm, long)) == 1  # 256 ids already: one sample, for the notable ids
     images = capture(torch.nn.Conv2d(3, 4, 3).eval(), (torch.randn(1, 3, 8, 8),))
     assert token_id_samples(images, (torch.randn(1, 3, 8, 8),)) == []
+
+
+def test_drawn_rows_end_with_the_first_ids_and_the_tables_rows_of_largest_norm():
+    """As the ONNX probe's: a value that overflows FP16 at one token only (a T5's FFN at </s>) is probed."""
+    torch.manual_seed(0)
+    model = Tagger().eval()
+    with torch.no_grad():
+        model.words.weight[[17, 33]] *= 10.0
+    long = (torch.randint(0, 50, (2, 64)), torch.zeros(2, 64, dtype=torch.long), torch.ones(2, 64, dtype=torch.long),
+            torch.full((1,), 0.5))
+    gm = capture(model, long)
+    notable = notable_ids(gm, [n for n in gm.graph.nodes if n.op == "placeholder"][0], 50)
+    assert notable[:8] == list(range(8)) and set(notable[8:10]) == {17, 33}
+    (sample,) = token_id_samples(gm, long)  # 128 ids already: one sample, for the notable ids
+    assert set(range(8)) | {17, 33} <= set(sample[0][0, -16:].tolist()) and sample[0][0, :-16].unique().numel() > 20
 
 
 def _ids(seed: int) -> tuple:

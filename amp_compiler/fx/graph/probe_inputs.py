@@ -15,8 +15,10 @@ copies of it) holds token ids below that embedding's row count. :func:`token_id_
 like the example, each such input drawn uniformly below its vocabulary at the example's shape, every other
 input the example's own (masks, positions, floats), enough of them that the example and they hold at
 least :data:`LEAST_IDS` ids per input (at most :data:`MOST_SAMPLES`: one more FP32 run each, and one more
-run of the converted graph to measure it). None where the graph has no such input, or its vocabulary is
-unknown (a symbolic row count).
+run of the converted graph to measure it), and at least one where the embeddings have notable rows: each drawn
+row ends with the vocabulary's first ids and the rows of largest norm of the embeddings' tables, as the ONNX
+probe's ids do (:data:`amp_compiler.runtime.samples.NOTABLE_LOWEST`: a value that overflows FP16 at one token
+only). None where the graph has no such input, or its vocabulary is unknown (a symbolic row count).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-__all__ = ["LEAST_IDS", "MOST_SAMPLES", "token_id_samples", "vocabularies"]
+__all__ = ["LEAST_IDS", "MOST_SAMPLES", "NOTABLE_LARGEST", "NOTABLE_LOWEST", "notable_ids", "token_id_samples",
+           "vocabularies"]
 
 #: The ids the probe's samples hold per token-id input, at least (twice the ONNX probe's sequence: see above).
 LEAST_IDS = 256
@@ -87,6 +90,35 @@ def vocabularies(gm: fx.GraphModule) -> dict[int, int]:
     return out
 
 
+#: The vocabulary's first ids and each embedding table's rows of largest norm every drawn row ends with (the
+#: ONNX probe's: :data:`amp_compiler.runtime.samples.NOTABLE_LOWEST`, ``NOTABLE_LARGEST``).
+NOTABLE_LOWEST, NOTABLE_LARGEST = 8, 8
+
+
+def _table(embedding: fx.Node, gm: fx.GraphModule) -> torch.Tensor | None:
+    """An embedding's weight where the graph holds it (a module attribute), else None."""
+    weight = embedding.args[0]
+    if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+        return None
+    value = gm
+    for part in str(weight.target).split("."):
+        value = getattr(value, part, None)
+    return value if isinstance(value, torch.Tensor) and value.dim() == 2 else None
+
+
+def notable_ids(gm: fx.GraphModule, placeholder: fx.Node, size: int) -> list[int]:
+    """The ids below ``size`` every drawn row of ``placeholder`` ends with: the first :data:`NOTABLE_LOWEST`,
+    then each reached embedding table's :data:`NOTABLE_LARGEST` rows of largest L2 norm, each once."""
+    ids = list(range(min(NOTABLE_LOWEST, size)))
+    for embedding in _reached_embeddings(placeholder):
+        table = _table(embedding, gm)
+        if table is None or not table.is_floating_point():
+            continue
+        norms = torch.linalg.vector_norm(table.detach().double(), dim=1)
+        ids += [int(i) for i in torch.argsort(-norms, stable=True)[:NOTABLE_LARGEST] if int(i) < size]
+    return list(dict.fromkeys(ids))
+
+
 def token_id_samples(gm: fx.GraphModule, example: tuple, seed: int = 0) -> list[tuple]:
     """Samples like ``example`` (the graph's placeholders' values) whose token-id inputs
     (:func:`vocabularies`) are drawn uniformly below their vocabulary, the other inputs the example's own;
@@ -98,7 +130,9 @@ def token_id_samples(gm: fx.GraphModule, example: tuple, seed: int = 0) -> list[
     ids = min(example[i].numel() for i in vocab)
     if ids == 0:
         return []
-    count = min(MOST_SAMPLES, max(0, -(-(LEAST_IDS - ids) // ids)))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    notable = {i: notable_ids(gm, placeholders[i], size) for i, size in vocab.items()}
+    count = min(MOST_SAMPLES, max(1 if any(notable.values()) else 0, -(-(LEAST_IDS - ids) // ids)))
     rng = np.random.default_rng(seed)
     samples = []
     for _ in range(count):
@@ -106,6 +140,9 @@ def token_id_samples(gm: fx.GraphModule, example: tuple, seed: int = 0) -> list[
         for i, size in vocab.items():
             given = example[i]
             drawn = rng.integers(0, size, size=tuple(given.shape))
+            room = min(len(notable[i]), drawn.shape[-1] // 2) if drawn.ndim else 0
+            if room:  # each row's end: the start keeps its draw
+                drawn[..., drawn.shape[-1] - room:] = notable[i][:room]
             sample[i] = torch.as_tensor(drawn, dtype=given.dtype, device=given.device)
         samples.append(tuple(sample))
     return samples
