@@ -100,7 +100,7 @@ def _table(embedding: fx.Node, gm: fx.GraphModule) -> torch.Tensor | None:
     weight = embedding.args[0]
     if not isinstance(weight, fx.Node) or weight.op != "get_attr":
         return None
-    value = gm
+    value: object = gm
     for part in str(weight.target).split("."):
         value = getattr(value, part, None)
     return value if isinstance(value, torch.Tensor) and value.dim() == 2 else None
