@@ -246,7 +246,7 @@ class ProbeSamples:
     inputs: str
     dims: dict[str, int]
     kinds: list[str]
-    observed: int = 0
+    observed: int
 
 
 def probe_samples(
