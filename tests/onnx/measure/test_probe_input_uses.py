@@ -258,3 +258,21 @@ def test_a_token_that_overflows_alone_is_seen_by_the_probe():
     assert np.abs(got - ref).max() / np.ptp(ref) < 0.01
     low = {d.node for d in result.decisions if d.op_type == "MatMul" and d.precision == "fp16"}
     assert low == {"ffn_in", "ffn_out", "lm_head"}
+
+
+@pytest.mark.parametrize("stored", ["raw float32", "raw float16", "float_data"])
+def test_row_norms_read_every_storage_of_a_table(stored):
+    from onnx import numpy_helper
+
+    from amp_compiler.runtime.input_uses import _row_norms
+
+    values = np.random.default_rng(1).standard_normal((5000, 6)).astype(np.float32)  # more rows than a block
+    if stored == "raw float16":
+        values = values.astype(np.float16)
+        table = numpy_helper.from_array(values, "t")
+    elif stored == "float_data":
+        table = helper.make_tensor("t", TensorProto.FLOAT, values.shape, values.ravel().tolist())
+    else:
+        table = numpy_helper.from_array(values, "t")
+    assert table.HasField("raw_data") == (stored != "float_data")
+    np.testing.assert_allclose(_row_norms(table), (values.astype(np.float64) ** 2).sum(axis=1), rtol=1e-12)
