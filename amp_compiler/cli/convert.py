@@ -275,7 +275,7 @@ def accuracy_warnings(
     from amp_compiler.report.common import changed_text
 
     unmeasured = _unmeasured_warning(accuracy, measured_on, data) + _concentrated_warning(
-        accuracy, measured_on, model, output, data, tolerance, metric) + _saturated_warning(
+        accuracy, measured_on, model, output, data, tolerance, metric, kinds) + _saturated_warning(
         accuracy, measured_on, model, output, data)
     missed = sorted((a for a in accuracy if misses(a)), key=severity)
     if not missed:
@@ -295,7 +295,7 @@ def accuracy_warnings(
 
 def _concentrated_warning(
     accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path, data: str | None,
-    tolerance: float | None, metric: str,
+    tolerance: float | None, metric: str, kinds: Mapping[str, str] | None = None,
 ) -> list[str]:
     """One warning for the outputs within the line whose error sits in a few positions far beyond the rest
     (:func:`~amp_compiler.onnx.measure.output_error.concentrated`): the measured max is then no bound for
@@ -309,7 +309,8 @@ def _concentrated_warning(
         return []
     a = found[0]
     more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
-    return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {measured_on}{more}, but "
+    on = f"{measured_on}{_shown_on(a, kinds)}"  # the input kind that showed it: maybe a normalization never seen
+    return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {on}{more}, but "
             f"its worst position is {a.concentration:.0f}x the 90th percentile's: a few inputs' values amplify "
             "FP16 rounding there, so longer or other inputs can miss further (past 2% of range): "
             + _advice(model, output, data, tolerance, metric)]
@@ -335,7 +336,7 @@ def _saturated_warning(
         return []
     a = found[0]
     more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
-    return [f"output {quote(a.name)}{more}: on {measured_on} its top probability is 1 in FP16 at "
+    return [f"output {quote(a.name)}{more}: on {measured_on} its top probability is 1 in low precision at "
             f"{a.saturated:.0%} of its positions (certain everywhere), so its stated error says nothing of the "
             f"near-ties real inputs reach: check it on real inputs with `amp-compiler compare {model} {output} "
             "--data DIR`"]

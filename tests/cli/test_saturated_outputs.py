@@ -45,5 +45,5 @@ def test_an_output_certain_on_every_generated_input_is_warned_of(tmp_path, capsy
         assert bool(line) == warned, err
         if warned:
             assert line[0].startswith("amp-compiler: warning: output 'y': on generated inputs its top probability "
-                                      "is 1 in FP16 at 100% of its positions")
+                                      "is 1 in low precision at 100% of its positions")
             assert f"amp-compiler compare {path} {out} --data DIR" in line[0]

@@ -53,8 +53,8 @@ from amp_compiler.runtime.runner import Runner
 from amp_compiler.runtime.samples import SampleSizeError, tensors_only
 
 __all__ = [
-    "IMAGE_SAMPLES", "LEAVES_PER_NORMALIZATION", "MOSTLY_NONFINITE", "PROBE_MAX_NODES", "PROBE_MAX_WEIGHT_BYTES",
-    "ProbeSamples", "ProbeSkipped",
+    "IMAGE_SAMPLES", "LEAVES_PER_NORMALIZATION", "MANY_PIXELS", "MOSTLY_NONFINITE", "PROBE_MAX_NODES",
+    "PROBE_MAX_WEIGHT_BYTES", "ProbeSamples", "ProbeSkipped",
     "RangeProbe", "probe_ranges", "probe_samples",
 ]
 
@@ -101,6 +101,9 @@ IMAGE_SAMPLES = ("uniform noise", "dead-leaves image")
 #: PP-OCRv3's 3.1% at most): more draws find more of their tail (stated for v6 at one draw each 1.5%, at
 #: two 1.5% or 2.6% as the draws fall, at four 35%), each a run of the FP32 model and one of the written one.
 LEAVES_PER_NORMALIZATION = 2
+#: Above this many pixels an image takes one draw at each other normalization: at 1024x1024 each is seconds of
+#: runs (a 3-node model's conversion: 4.4 s with none, 7.0 s with two each; IS-Net small 15.6 s -> 33.8 s).
+MANY_PIXELS = 512 * 512
 
 
 #: The sizes (height, width) an image input's dynamic spatial dims take first, in turn: a photo at
@@ -277,7 +280,7 @@ def probe_samples(
     observed = len(samples)
     for k in range(1, max((len(ranges) for ranges in images.values()), default=1)):  # the other normalizations
         bounds = {name: ranges[min(k, len(ranges) - 1)] for name, ranges in images.items()}
-        for draw in range(LEAVES_PER_NORMALIZATION):
+        for draw in range(_draws(samples[0], images)):
             samples.append(_with_leaves(samples[0], bounds, seed + k + 100 * draw))
             outputs.append(_run(model, runner, samples[-1]))
             labels.append(f"{IMAGE_SAMPLES[1]} {_span(next(iter(bounds.values())))}")
@@ -301,6 +304,13 @@ def probe_samples(
         inputs="; ".join(described) or "N(0, 1) floats, integers 1", dims=dict(generated.dims),
         kinds=labels if len(samples) > 1 else [], observed=observed,
     )
+
+
+def _draws(sample: Mapping[str, np.ndarray], images: Mapping[str, tuple]) -> int:
+    """Dead-leaves draws at each other normalization: :data:`LEAVES_PER_NORMALIZATION`, one for an image of
+    more than :data:`MANY_PIXELS` pixels."""
+    pixels = max((int(np.prod(sample[name].shape[-2:])) for name in images if np.ndim(sample[name]) >= 2), default=0)
+    return 1 if pixels > MANY_PIXELS else LEAVES_PER_NORMALIZATION
 
 
 def _span(bounds: tuple[float, float]) -> str:
