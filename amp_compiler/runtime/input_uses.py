@@ -127,17 +127,19 @@ def vocabulary(
     (or on one dequantized or cast: a QDQ model's table), or as onnxruntime's EmbedLayerNormalization's
     word or segment ids (its tables, inputs 2 and 4)."""
     producers = producers or {}
-    sizes: list[int] = []
-    for node, position in reached(name, consumers):
-        table: str | None = None
-        if node.op_type == "Gather" and position == 1:
-            table = node.input[0] if _attribute(node, "axis", 0) == 0 else None
-        elif node.op_type == "EmbedLayerNormalization" and position in _EMBEDDING_TABLES:
-            table = node.input[_EMBEDDING_TABLES[position]] if len(node.input) > _EMBEDDING_TABLES[position] else None
-        rows = _rows(table, producers, inits) if table else 0
-        if rows:
-            sizes.append(rows)
+    sizes = [rows for table in _indexed_tables(name, consumers) if (rows := _rows(table, producers, inits))]
     return min(sizes, default=0)
+
+
+def _indexed_tables(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterator[str]:
+    """The tables ``name``'s values index as token ids (:func:`reached`): the data of a Gather along axis 0, an
+    EmbedLayerNormalization's word or segment table."""
+    for node, position in reached(name, consumers):
+        if node.op_type == "Gather" and position == 1 and _attribute(node, "axis", 0) == 0:
+            yield node.input[0]
+        elif node.op_type == "EmbedLayerNormalization" and position in _EMBEDDING_TABLES:
+            if len(node.input) > _EMBEDDING_TABLES[position] and node.input[_EMBEDDING_TABLES[position]]:
+                yield node.input[_EMBEDDING_TABLES[position]]
 
 
 def notable_ids(
@@ -146,15 +148,13 @@ def notable_ids(
 ) -> list[int]:
     """Token ids a probe of the ids input ``name`` always takes: the ``lowest`` first ids (the special and
     control tokens of SentencePiece, WordPiece and T5 vocabularies: pad, unk, bos, eos) and, per float
-    table it indexes (a Gather on an initializer along axis 0, its values in the file), the ``largest``
+    table it indexes (:func:`_indexed_tables`: an initializer, its values in the file), the ``largest``
     rows of the largest L2 norms (the tokens training made stand out), in that order, each once, all below
     the smallest table's rows (:func:`vocabulary`)."""
     rows = vocabulary(name, consumers, inits)
     ids = list(range(min(lowest, rows)))
-    for node, position in reached(name, consumers):
-        table = inits.get(node.input[0]) if node.op_type == "Gather" and position == 1 else None
-        if (table is None or _attribute(node, "axis", 0) != 0 or len(table.dims) != 2
-                or table.data_location == onnx.TensorProto.EXTERNAL
+    for table in (inits.get(t) for t in _indexed_tables(name, consumers)):
+        if (table is None or len(table.dims) != 2 or table.data_location == onnx.TensorProto.EXTERNAL
                 or table.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)):
             continue
         norms = _row_norms(table)

@@ -33,7 +33,8 @@ from amp_compiler.sizes import format_bytes
 
 __all__ = [
     "MAX_SAMPLE_BYTES", "CalibrationDataError", "SampleSizeError", "UngeneratedInputError", "input_shape",
-    "load_samples", "random_samples", "read_npz", "sample_bytes", "sample_files", "tensors_only",
+    "NOTABLE_LARGEST", "NOTABLE_LOWEST", "end_with", "load_samples", "random_samples", "read_npz", "sample_bytes",
+    "sample_files", "tensors_only",
 ]
 
 #: The most bytes all calibration samples together may hold (they are kept in memory).
@@ -304,7 +305,9 @@ def random_samples(
             elif kind is not None and kind.kind in ("ids", "index"):  # a float cast to integers: integral floats
                 sample[info.name] = _below(rng.integers(0, int(kind.bounds[1]), shape), int(kind.bounds[1]), dtype)
                 if kind.kind == "ids" and shape:
-                    _place_notable(sample[info.name], notable.setdefault(info.name, _notable(model, info.name)))
+                    if info.name not in notable:
+                        notable[info.name] = _notable(model, info.name)
+                    end_with(sample[info.name], notable[info.name])
             elif np.issubdtype(dtype, np.floating):
                 sample[info.name] = rng.standard_normal(shape).astype(dtype)
             else:
@@ -330,7 +333,7 @@ def _notable(model: onnx.ModelProto, name: str) -> list[int]:
     return notable_ids(name, uses.consumers, uses.inits, NOTABLE_LOWEST, NOTABLE_LARGEST)
 
 
-def _place_notable(ids: np.ndarray, notable: list[int]) -> None:
+def end_with(ids: np.ndarray, notable: list[int]) -> None:
     """Write ``notable`` ids into every row of ``ids`` along its last axis, at its end (the start keeps its
     draw: a start token's place), at most half the row, in place."""
     room = max(0, min(len(notable), ids.shape[-1] // 2))

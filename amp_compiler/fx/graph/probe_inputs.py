@@ -29,8 +29,9 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-__all__ = ["LEAST_IDS", "MOST_SAMPLES", "NOTABLE_LARGEST", "NOTABLE_LOWEST", "notable_ids", "token_id_samples",
-           "vocabularies"]
+from amp_compiler.runtime.samples import NOTABLE_LARGEST, NOTABLE_LOWEST, end_with
+
+__all__ = ["LEAST_IDS", "MOST_SAMPLES", "notable_ids", "token_id_samples", "vocabularies"]
 
 #: The ids the probe's samples hold per token-id input, at least (twice the ONNX probe's sequence: see above).
 LEAST_IDS = 256
@@ -90,11 +91,6 @@ def vocabularies(gm: fx.GraphModule) -> dict[int, int]:
     return out
 
 
-#: The vocabulary's first ids and each embedding table's rows of largest norm every drawn row ends with (the
-#: ONNX probe's: :data:`amp_compiler.runtime.samples.NOTABLE_LOWEST`, ``NOTABLE_LARGEST``).
-NOTABLE_LOWEST, NOTABLE_LARGEST = 8, 8
-
-
 def _table(embedding: fx.Node, gm: fx.GraphModule) -> torch.Tensor | None:
     """An embedding's weight where the graph holds it (a module attribute), else None."""
     weight = embedding.args[0]
@@ -107,8 +103,9 @@ def _table(embedding: fx.Node, gm: fx.GraphModule) -> torch.Tensor | None:
 
 
 def notable_ids(gm: fx.GraphModule, placeholder: fx.Node, size: int) -> list[int]:
-    """The ids below ``size`` every drawn row of ``placeholder`` ends with: the first :data:`NOTABLE_LOWEST`,
-    then each reached embedding table's :data:`NOTABLE_LARGEST` rows of largest L2 norm, each once."""
+    """The ids below ``size`` every drawn row of ``placeholder`` ends with, as the ONNX probe's
+    (:data:`amp_compiler.runtime.samples.NOTABLE_LOWEST`): the first ``NOTABLE_LOWEST``, then each reached
+    embedding table's ``NOTABLE_LARGEST`` rows of largest L2 norm, each once."""
     ids = list(range(min(NOTABLE_LOWEST, size)))
     for embedding in _reached_embeddings(placeholder):
         table = _table(embedding, gm)
@@ -140,9 +137,8 @@ def token_id_samples(gm: fx.GraphModule, example: tuple, seed: int = 0) -> list[
         for i, size in vocab.items():
             given = example[i]
             drawn = rng.integers(0, size, size=tuple(given.shape))
-            room = min(len(notable[i]), drawn.shape[-1] // 2) if drawn.ndim else 0
-            if room:  # each row's end: the start keeps its draw
-                drawn[..., drawn.shape[-1] - room:] = notable[i][:room]
+            if drawn.ndim:
+                end_with(drawn, notable[i])
             sample[i] = torch.as_tensor(drawn, dtype=given.dtype, device=given.device)
         samples.append(tuple(sample))
     return samples
