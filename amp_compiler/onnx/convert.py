@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def convert(
     # conversion: at 0.18 s of its 2.0 s).
     early = _early_runner(runner, opts, samples, ranges)
     try:
-        return _convert(model, opts, policy, (patterns, allow_patterns), ranges, samples, early or runner, fp8)
+        return _convert(model, opts, policy, patterns, allow_patterns, ranges, samples, early or runner, fp8)
     finally:
         if early is not None:
             early.close()
@@ -168,12 +169,11 @@ def _early_runner(
 
 def _convert(
     model: onnx.ModelProto | str | os.PathLike | DeferredModel, opts: ConvertOptions, policy: PolicyTable,
-    compiled: tuple, ranges: dict[str, TensorRange] | None, samples: Sequence[dict[str, np.ndarray]] | None,
-    runner: Runner | None, fp8: bool,
+    patterns: tuple[re.Pattern, ...], allow_patterns: tuple[re.Pattern, ...], ranges: dict[str, TensorRange] | None,
+    samples: Sequence[dict[str, np.ndarray]] | None, runner: Runner | None, fp8: bool,
 ) -> ConversionResult:
-    """:func:`convert` once its options are checked (``compiled``: the block and allow node patterns;
-    ``runner``: where the model runs, if the caller or :func:`_early_runner` gave one)."""
-    patterns, allow_patterns = compiled
+    """:func:`convert` once its options are checked (``patterns``, ``allow_patterns``: the compiled block and
+    allow node patterns; ``runner``: where the model runs, if the caller or :func:`_early_runner` gave one)."""
     # Load, check the model and type its IR; weights of external-data models stay on disk.
     source = _read(model, all_weights=fp8)
     # CUDA's FusedConv is FP32-only, FusedGemm absent; Conv, Gemm take FP16
