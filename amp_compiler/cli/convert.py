@@ -316,22 +316,16 @@ def _concentrated_warning(
             + _advice(model, output, data, tolerance, metric)]
 
 
-#: A probability output whose top value FP16 holds as 1 in this share of its rows on generated inputs or
-#: more (:attr:`~amp_compiler.core.measures.OutputAccuracy.saturated`) gets a warning: they did not exercise it.
-SATURATED = 0.99
-
-
 def _saturated_warning(
     accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path, data: str | None,
 ) -> list[str]:
     """One warning for the probability outputs within the line that generated inputs left certain
-    everywhere (:data:`SATURATED`): FP16 moves nothing there, so their stated error is no measure of the
-    near-ties real inputs reach (Magika on random bytes: 0.00% stated, 1.47% of range on real files).
-    Calibration data is real: nothing is said of it."""
+    everywhere (:func:`~amp_compiler.onnx.measure.output_error.saturated`). Calibration data is real:
+    nothing is said of it."""
     from amp_compiler.onnx.load.text import quote
-    from amp_compiler.onnx.measure.output_error import misses
+    from amp_compiler.onnx.measure.output_error import saturated
 
-    found = [a for a in accuracy if a.saturated is not None and a.saturated >= SATURATED and not misses(a)]
+    found = [a for a in accuracy if saturated(a)]
     if data is not None or not found:
         return []
     a = found[0]
