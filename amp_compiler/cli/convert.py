@@ -256,8 +256,11 @@ def _one_error(a: OutputAccuracy, *, name: bool) -> str:
         return f"{who}NaN/Inf where FP32 is finite"
     if not a.measured:
         return f"{who}not measured (FP32's own values are NaN/Inf)"
+    from amp_compiler.onnx.measure.output_error import moves_at_ties
+
     rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
-    return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}"
+    tie = f", up to {a.tie_move:.1%} at a tie" if moves_at_ties(a) else ""
+    return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}{tie}"
 
 
 def accuracy_warnings(
@@ -275,7 +278,8 @@ def accuracy_warnings(
     from amp_compiler.report.common import changed_text
 
     unmeasured = _unmeasured_warning(accuracy, measured_on, data) + _concentrated_warning(
-        accuracy, measured_on, model, output, data, tolerance, metric, kinds) + _saturated_warning(
+        accuracy, measured_on, model, output, data, tolerance, metric, kinds) + _tie_warning(
+        accuracy, measured_on, model, output, data, tolerance, metric) + _saturated_warning(
         accuracy, measured_on, model, output, data)
     missed = sorted((a for a in accuracy if misses(a)), key=severity)
     if not missed:
@@ -316,6 +320,27 @@ def _concentrated_warning(
             + _advice(model, output, data, tolerance, metric)]
 
 
+def _tie_warning(
+    accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path, data: str | None,
+    tolerance: float | None, metric: str,
+) -> list[str]:
+    """One warning for the probability outputs within the line that a tie between two classes would move past
+    it (:func:`~amp_compiler.onnx.measure.output_error.moves_at_ties`): the inputs measured seldom tie, real
+    ones (text between characters, look-alike classes) do."""
+    from amp_compiler.onnx.load.text import quote
+    from amp_compiler.onnx.measure.output_error import moves_at_ties
+
+    found = sorted((a for a in accuracy if moves_at_ties(a)), key=lambda a: -(a.tie_move or 0.0))
+    if not found:
+        return []
+    a = found[0]
+    more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
+    return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {measured_on}{more}, but "
+            f"the conversion moves its logits' differences enough that where two classes tie its probability "
+            f"moves by up to {a.tie_move:.1%} (past 2% of range): inputs that tie miss further: "
+            + _advice(model, output, data, tolerance, metric)]
+
+
 def _saturated_warning(
     accuracy: list[OutputAccuracy], measured_on: str, model: Path, output: Path, data: str | None,
 ) -> list[str]:
@@ -323,9 +348,9 @@ def _saturated_warning(
     everywhere (:func:`~amp_compiler.onnx.measure.output_error.saturated`). Calibration data is real:
     nothing is said of it."""
     from amp_compiler.onnx.load.text import quote
-    from amp_compiler.onnx.measure.output_error import saturated
+    from amp_compiler.onnx.measure.output_error import moves_at_ties, saturated
 
-    found = [a for a in accuracy if saturated(a)]
+    found = [a for a in accuracy if saturated(a) and not moves_at_ties(a)]  # that warning says more
     if data is not None or not found:
         return []
     a = found[0]

@@ -189,6 +189,11 @@ class OutputAccuracy:
     # model certain everywhere, and its error on them says nothing of the near-ties real inputs reach
     # (:func:`~amp_compiler.core.tensor_error.saturation`)
     saturated: float | None = None
+    # A probability output: the largest move (share of its 0..1 range) a tie between two of its classes would
+    # show, from the conversion's error in the logits' differences on the inputs measured (None: not such an
+    # output, or certain everywhere). Generated inputs seldom tie, real ones do
+    # (:func:`~amp_compiler.core.tensor_error.tie_move`)
+    tie_move: float | None = None
 
     @property
     def exact(self) -> bool:

@@ -97,3 +97,15 @@ def test_an_output_whose_error_sits_in_a_few_positions_is_warned_of():
     assert accuracy_warnings([alike], "the example inputs") == []
     (warning,) = accuracy_warnings([few], "the example inputs")
     assert "0.40% of its range on the example inputs" in warning and "12x the 90th percentile" in warning
+
+
+def test_a_probability_output_that_a_tie_would_move_past_the_line_is_warned_of():
+    """Within the line on the inputs, but its logits' differences move enough that a tie's probability moves 5%."""
+    from amp_compiler.core.measures import OutputAccuracy
+    from amp_compiler.fx.graph.accuracy import accuracy_warnings
+
+    steady = OutputAccuracy("probs", 0.99999, 0.004, 1.0, True, 1e-3, tie_move=0.01)
+    at_ties = OutputAccuracy("probs", 0.99999, 0.004, 1.0, True, 1e-3, tie_move=0.05)
+    assert accuracy_warnings([steady], "the example inputs") == []
+    (warning,) = accuracy_warnings([at_ties], "the example inputs")
+    assert "0.40% of its range on the example inputs" in warning and "up to 5.0%" in warning

@@ -26,7 +26,7 @@ import torch.fx as fx
 from amp_compiler.core.measures import OutputAccuracy
 from amp_compiler.core.tensor_error import output_accuracies
 from amp_compiler.fx.graph.ranges import output_arrays, state_kept
-from amp_compiler.onnx.measure.output_error import concentrated, misses
+from amp_compiler.onnx.measure.output_error import concentrated, misses, moves_at_ties
 
 __all__ = ["accuracy_warnings", "output_accuracy"]
 
@@ -45,13 +45,18 @@ def output_accuracy(
 def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str]:
     """A sentence per output past the line (:func:`~amp_compiler.onnx.measure.output_error.misses`), saying
     how far off it is on ``seen`` (the inputs it was measured on) and what helps, and per output within it
-    whose error sits in a few positions (:func:`~amp_compiler.onnx.measure.output_error.concentrated`)."""
+    whose error sits in a few positions (:func:`~amp_compiler.onnx.measure.output_error.concentrated`) or that a
+    tie between two classes would move past it (:func:`~amp_compiler.onnx.measure.output_error.moves_at_ties`)."""
     out = []
     for a in measured:
         if concentrated(a):
             out.append(f"output {a.name}: its max error is {a.error_of_range:.2%} of its range on {seen}, but its "
                        f"worst position is {a.concentration:.0f}x the 90th percentile's: a few inputs' values amplify "
                        "FP16 rounding there, so longer or other inputs can miss further; check it on real data")
+        if moves_at_ties(a):
+            out.append(f"output {a.name}: its max error is {a.error_of_range:.2%} of its range on {seen}, but the "
+                       "conversion moves its logits' differences enough that where two classes tie its probability "
+                       f"moves by up to {a.tie_move:.1%}: inputs that tie miss further; check it on real data")
         if not a.measured or not misses(a):
             continue
         if a.exact:

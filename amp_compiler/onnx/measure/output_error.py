@@ -13,6 +13,8 @@ within before a warning is due; :func:`severity` orders outputs worst first.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 
@@ -23,7 +25,7 @@ from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import Runner
 
 __all__ = ["CONCENTRATION", "MAX_CHANGED_SHARE", "MAX_ERROR_OF_RANGE", "MIN_COSINE", "SATURATED", "concentrated",
-           "misses", "output_accuracy", "saturated", "severity", "worst_accuracy"]
+           "misses", "moves_at_ties", "output_accuracy", "saturated", "severity", "worst_accuracy"]
 
 #: An output whose max error exceeds this share of its FP32 range, whose cosine is below
 #: :data:`MIN_COSINE`, or that holds NaN/Inf where FP32 does not gets a warning.
@@ -61,7 +63,8 @@ def worst_accuracy(
         measure = exact_accuracy if exact else accuracy
         each = [measure(name, [ref[k]], [got[k]]) for ref, got in zip(refs, gots, strict=True)]
         worst = max(range(len(each)), key=lambda i: (not each[i].finite, misses(each[i]), _badness(each[i])))
-        out.append((each[worst], worst))
+        ties = [a.tie_move for a in each if a.tie_move is not None]  # a tie any sample's errors would move
+        out.append((dataclasses.replace(each[worst], tie_move=max(ties)) if ties else each[worst], worst))
     return out
 
 
@@ -136,6 +139,14 @@ def severity(accuracy: OutputAccuracy) -> tuple[bool, bool, bool, float]:
 #: A probability output whose top value low precision holds as 1 in this share of its rows or more
 #: (:attr:`~amp_compiler.core.measures.OutputAccuracy.saturated`) was not exercised by the inputs measured.
 SATURATED = 0.99
+
+
+def moves_at_ties(accuracy: OutputAccuracy) -> bool:
+    """Whether a probability output within the line (not :func:`misses`) would pass it where two of its classes
+    tie: the conversion's error in its logits' differences, measured on the inputs, moves a tie's probability by
+    more than :data:`MAX_ERROR_OF_RANGE` (:attr:`~amp_compiler.core.measures.OutputAccuracy.tie_move`). Its
+    measured error then says how seldom the inputs measured tied, not how far real inputs that tie go."""
+    return accuracy.tie_move is not None and accuracy.tie_move > MAX_ERROR_OF_RANGE and not misses(accuracy)
 
 
 def saturated(accuracy: OutputAccuracy) -> bool:
