@@ -232,7 +232,7 @@ def accuracy_note(
         return ""
     worst = sorted(accuracy, key=severity)
     shown = worst if len(worst) <= 3 else worst[:3]
-    parts = [_one_error(a, name=len(accuracy) > 1) + _shown_on(a, kinds) for a in shown]
+    parts = [_one_error(a, name=len(accuracy) > 1) + _shown_on(a, kinds) + _tie_note(a) for a in shown]
     more = f" (+{len(accuracy) - 3} more)" if len(accuracy) > 3 else ""
     return f" | output error vs {reference} on {measured_on}: " + "; ".join(parts) + more
 
@@ -256,11 +256,16 @@ def _one_error(a: OutputAccuracy, *, name: bool) -> str:
         return f"{who}NaN/Inf where FP32 is finite"
     if not a.measured:
         return f"{who}not measured (FP32's own values are NaN/Inf)"
+    rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
+    return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}"
+
+
+def _tie_note(a: OutputAccuracy) -> str:
+    """', up to X% at a tie' where a tie between two classes would move the output past the line
+    (:func:`~amp_compiler.onnx.measure.output_error.moves_at_ties`); else nothing."""
     from amp_compiler.onnx.measure.output_error import moves_at_ties
 
-    rel = f", rel-L2 {a.rel_l2:.2g}" if a.rel_l2 is not None else ""
-    tie = f", up to {a.tie_move:.1%} at a tie" if moves_at_ties(a) else ""
-    return f"{who}max {a.error_of_range:.2%} of range{rel}, cosine {a.cosine:.6f}{tie}"
+    return f", up to {a.tie_move:.1%} at a tie" if moves_at_ties(a) else ""
 
 
 def accuracy_warnings(
