@@ -240,8 +240,9 @@ def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np
     measured = stats.accuracy(name)
     if not measured.finite:
         return measured
+    probabilities = _all_probability_rows(references)
     return dataclasses.replace(measured, concentration=row_concentration(references, converted),
-                               saturated=saturation(references), tie_move=tie_move(references, converted))
+                               saturated=_certain_share(probabilities), tie_move=_tie_move(probabilities, converted))
 
 
 #: A probability row's top value at or above this FP16 holds as 1 (the half-spacing below 1 is 2^-12).
@@ -250,17 +251,29 @@ CERTAIN = 1.0 - 2.0**-12
 
 def _probability_rows(reference: np.ndarray) -> np.ndarray | None:
     """A probability output's rows (along its last axis) as float64, or None where it is no probability output:
-    every value in [0, 1] and every row summing to 1 (within 1e-3), rows of at least 2 values."""
+    every value in [0, 1] and every row summing to 1 (within 1e-3), rows of at least 2 values. The rows' sums
+    are taken before any copy: most outputs are no probabilities, and a segmentation map's is large."""
     r = np.asarray(reference)
     if r.ndim == 0 or r.shape[-1] < 2 or not np.issubdtype(r.dtype, np.floating) or not r.size:
         return None
+    flat = r.reshape(-1, r.shape[-1])
     with np.errstate(invalid="ignore"):
+        if not np.allclose(flat.sum(axis=1, dtype=np.float64), 1.0, atol=1e-3):
+            return None
         if not (np.all(r >= 0) and np.all(r <= 1)):
             return None
-        flat = r.reshape(-1, r.shape[-1]).astype(np.float64)
-        if not np.allclose(flat.sum(axis=1), 1.0, atol=1e-3):
+    return flat.astype(np.float64)
+
+
+def _all_probability_rows(references: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+    """Each sample's rows (:func:`_probability_rows`), or None unless every sample's output is a probability output."""
+    rows = []
+    for r in references:
+        flat = _probability_rows(r)
+        if flat is None:
             return None
-    return flat
+        rows.append(flat)
+    return rows
 
 
 def saturation(references: Sequence[np.ndarray]) -> float | None:
@@ -270,13 +283,15 @@ def saturation(references: Sequence[np.ndarray]) -> float | None:
     ImageNet-range images ("blank" at every step) and Magika on uniform random bytes (one file type,
     p = 1.0, the next 6e-9) are certain everywhere: FP16 moves nothing there, and the 0.00% they were
     stated says nothing of the near-ties their real inputs reach (1.47% and 47% of range)."""
-    rows, certain = 0, 0
-    for r in references:
-        flat = _probability_rows(r)
-        if flat is None:
-            return None
-        rows += flat.shape[0]
-        certain += int(np.count_nonzero(flat.max(axis=1) >= CERTAIN))
+    return _certain_share(_all_probability_rows(references))
+
+
+def _certain_share(probabilities: list[np.ndarray] | None) -> float | None:
+    """:func:`saturation` of the samples' rows (:func:`_all_probability_rows`)."""
+    if probabilities is None:
+        return None
+    rows = sum(flat.shape[0] for flat in probabilities)
+    certain = sum(int(np.count_nonzero(flat.max(axis=1) >= CERTAIN)) for flat in probabilities)
     return certain / rows if rows else None
 
 
@@ -306,11 +321,15 @@ def tie_move(references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) 
     between characters, a classifier between look-alikes), so the measured error says little of them: the
     PP-OCRv3 and v6 recognisers (rapidocr) were stated at 0.5-1.5% of range on the probe's images and missed 2%
     held out (3.2% and 47% at worst, on 5 of 16 images); their tie moves on those images are 1.4-3.7%."""
+    return _tie_move(_all_probability_rows(references), converted)
+
+
+def _tie_move(probabilities: list[np.ndarray] | None, converted: Sequence[np.ndarray]) -> float | None:
+    """:func:`tie_move` of the samples' rows (:func:`_all_probability_rows`) against ``converted``."""
+    if probabilities is None:
+        return None
     moves = []
-    for r, g in zip(references, converted, strict=True):
-        flat = _probability_rows(r)
-        if flat is None:
-            return None
+    for flat, g in zip(probabilities, converted, strict=True):
         floor = TIE_FLOOR if np.asarray(g).dtype.itemsize >= 4 else float(np.finfo(np.float16).smallest_normal)
         got = np.asarray(g, np.float64).reshape(flat.shape)
         rows = np.arange(flat.shape[0])
