@@ -286,10 +286,10 @@ def accuracy_warnings(
         accuracy, measured_on, model, output, data, tolerance, metric, kinds) + _tie_warning(
         accuracy, measured_on, model, output, data, tolerance, metric) + _saturated_warning(
         accuracy, measured_on, model, output, data)
-    missed = sorted((a for a in accuracy if misses(a)), key=severity)
-    if not missed:
+    first = _first_of(sorted((a for a in accuracy if misses(a)), key=severity))
+    if first is None:
         return unmeasured
-    a = missed[0]
+    a, more = first
     if a.changed is not None:
         how = f"changes {changed_text(a.changed, a.values)}"
         line = f"past {MAX_CHANGED_SHARE:.0%} of its values changed"
@@ -297,9 +297,16 @@ def accuracy_warnings(
         how = "holds NaN/Inf where FP32 does not" if not a.finite else (
             f"is off by {a.error_of_range:.2%} of its range (cosine {a.cosine:.6f})")
         line = f"past {MAX_ERROR_OF_RANGE:.0%} of range or cosine 0.999"
-    more = f" (and {len(missed) - 1} more output(s))" if len(missed) > 1 else ""
     return [f"output {quote(a.name)} {how} on {measured_on}{_shown_on(a, kinds)}{more}, {line}: "
             + _advice(model, output, data, tolerance, metric), *unmeasured]
+
+
+def _first_of(found: list[OutputAccuracy]) -> tuple[OutputAccuracy, str] | None:
+    """The first of ``found`` (the one a warning names) and ' (and N more output(s))' for the others; None
+    where ``found`` is empty."""
+    if not found:
+        return None
+    return found[0], f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
 
 
 def _concentrated_warning(
@@ -313,11 +320,11 @@ def _concentrated_warning(
     from amp_compiler.onnx.load.text import quote
     from amp_compiler.onnx.measure.output_error import concentrated
 
-    found = sorted((a for a in accuracy if concentrated(a)), key=lambda a: -a.error_of_range * (a.concentration or 0))
-    if not found:
+    first = _first_of(sorted((a for a in accuracy if concentrated(a)),
+                             key=lambda a: -a.error_of_range * (a.concentration or 0)))
+    if first is None:
         return []
-    a = found[0]
-    more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
+    a, more = first
     on = f"{measured_on}{_shown_on(a, kinds)}"  # the input kind that showed it: maybe a normalization never seen
     return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {on}{more}, but "
             f"its worst position is {a.concentration:.0f}x the 90th percentile's: a few inputs' values amplify "
@@ -335,11 +342,10 @@ def _tie_warning(
     from amp_compiler.onnx.load.text import quote
     from amp_compiler.onnx.measure.output_error import moves_at_ties
 
-    found = sorted((a for a in accuracy if moves_at_ties(a)), key=lambda a: -(a.tie_move or 0.0))
-    if not found:
+    first = _first_of(sorted((a for a in accuracy if moves_at_ties(a)), key=lambda a: -(a.tie_move or 0.0)))
+    if first is None:
         return []
-    a = found[0]
-    more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
+    a, more = first
     return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {measured_on}{more}, but "
             f"the conversion moves its logits' differences enough that where two classes tie its probability "
             f"moves by up to {a.tie_move:.1%} (past 2% of range): inputs that tie miss further: "
@@ -355,11 +361,10 @@ def _saturated_warning(
     from amp_compiler.onnx.load.text import quote
     from amp_compiler.onnx.measure.output_error import moves_at_ties, saturated
 
-    found = [a for a in accuracy if saturated(a) and not moves_at_ties(a)]  # that warning says more
-    if data is not None or not found:
+    first = _first_of([a for a in accuracy if saturated(a) and not moves_at_ties(a)])  # that warning says more
+    if data is not None or first is None:
         return []
-    a = found[0]
-    more = f" (and {len(found) - 1} more output(s))" if len(found) > 1 else ""
+    a, more = first
     return [f"output {quote(a.name)}{more}: on {measured_on} its top probability is 1 in low precision at "
             f"{a.saturated:.0%} of its positions (certain everywhere), so its stated error says nothing of the "
             f"near-ties real inputs reach: check it on real inputs with `amp-compiler compare {model} {output} "

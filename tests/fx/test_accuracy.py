@@ -2,6 +2,7 @@
 against the FP32 graph's on the inputs its ranges were observed on, in the report, its summary and, past the
 ONNX path's line, its warnings."""
 
+import pytest
 import torch
 
 import amp_compiler.fx as ampfx
@@ -87,25 +88,18 @@ def test_a_returned_constant_leaves_each_output_measured_under_its_own_name():
     assert rep.accuracy[0].error_of_range < 0.01
 
 
-def test_an_output_whose_error_sits_in_a_few_positions_is_warned_of():
-    """Within the line, but its worst position 12x its 90th percentile's: other inputs can miss further."""
+@pytest.mark.parametrize(("field", "quiet", "loud", "said"), [
+    ("concentration", 1.5, 12.0, "12x the 90th percentile"),  # its worst position 12x its 90th percentile's
+    ("tie_move", 0.01, 0.05, "up to 5.0%"),  # a tie between two classes would move it 5%
+])
+def test_an_output_within_the_line_that_other_inputs_can_take_past_it_is_warned_of(field, quiet, loud, said):
+    """Within the line on the inputs, but its error sits in a few positions, or a tie would move it past the line."""
     from amp_compiler.core.measures import OutputAccuracy
     from amp_compiler.fx.graph.accuracy import accuracy_warnings
 
-    alike = OutputAccuracy("logits", 0.99999, 0.004, 1.0, True, 1e-3, concentration=1.5)
-    few = OutputAccuracy("logits", 0.99999, 0.004, 1.0, True, 1e-3, concentration=12.0)
-    assert accuracy_warnings([alike], "the example inputs") == []
-    (warning,) = accuracy_warnings([few], "the example inputs")
-    assert "0.40% of its range on the example inputs" in warning and "12x the 90th percentile" in warning
+    def measured(value: float) -> OutputAccuracy:
+        return OutputAccuracy("logits", 0.99999, 0.004, 1.0, True, 1e-3, **{field: value})
 
-
-def test_a_probability_output_that_a_tie_would_move_past_the_line_is_warned_of():
-    """Within the line on the inputs, but its logits' differences move enough that a tie's probability moves 5%."""
-    from amp_compiler.core.measures import OutputAccuracy
-    from amp_compiler.fx.graph.accuracy import accuracy_warnings
-
-    steady = OutputAccuracy("probs", 0.99999, 0.004, 1.0, True, 1e-3, tie_move=0.01)
-    at_ties = OutputAccuracy("probs", 0.99999, 0.004, 1.0, True, 1e-3, tie_move=0.05)
-    assert accuracy_warnings([steady], "the example inputs") == []
-    (warning,) = accuracy_warnings([at_ties], "the example inputs")
-    assert "0.40% of its range on the example inputs" in warning and "up to 5.0%" in warning
+    assert accuracy_warnings([measured(quiet)], "the example inputs") == []
+    (warning,) = accuracy_warnings([measured(loud)], "the example inputs")
+    assert "0.40% of its range on the example inputs" in warning and said in warning
