@@ -41,7 +41,8 @@ How it stays fast on 100,000-node graphs, exactly:
   bias capacities are needed (those made augmenting paths walk the whole residual stream of a
   transformer once per vertex: quadratic).
 - An op whose results are probabilities that can be tiny (policy flag ``tiny_outputs``: Sigmoid,
-  Softmax; FOLLOW, or HIGH computing in FP32 inside) and that produces an FP32 graph output counts
+  Softmax; FOLLOW, or HIGH computing in FP32 inside) and that produces an FP32 graph output (itself, or
+  through data movement: a Slice dropping a detector's "no object" class, a Reshape, a Transpose) counts
   one more Cast of its output when it runs in low precision: FP16 holds a probability of 1e-6 only
   as a subnormal (spaced 6e-8), so the output would lose ~8% of it. The graph output would then take
   a Cast of the op's result, where an FP32 op takes a Cast of its input instead, as many bytes when
@@ -260,13 +261,22 @@ class MinCutPlacementPass(AnalysisPass):
 
 
 def _output_penalties(graph: PrecisionGraph, plan: PrecisionPlan, tensors: Iterable[_Tensor]) -> dict[int, int]:
-    """Per free numeric (INFER) vertex of a ``tiny_outputs`` op that produces an FP32 graph output:
+    """Per free numeric (INFER) vertex of a ``tiny_outputs`` op that produces an FP32 graph output (itself or
+    through PASS vertices, data movement):
     the bytes of a Cast of that output, what computing it in low precision counts (see the module
     docstring)."""
     outputs = {
         v.id for v in graph.vertices
         if not v.free and v.dtype == ir.DataType.FLOAT and any(s.kind is SlotKind.GRAPH_OUT for s in v.slots)
     }
+    # and the PASS vertices (data movement: Slice, Reshape, Transpose...) whose values reach one unchanged, so that
+    # a Softmax whose last class a Slice drops (a detector's "no object") is its output's producer too
+    waiting = list(outputs)
+    while waiting:
+        for u in graph.digraph.predecessors(waiting.pop()):
+            if u not in outputs and plan.roles[u] is Role.CLEAR:
+                outputs.add(u)
+                waiting.append(u)
     out: dict[int, int] = {}
     for t in tensors:
         v = t.producer
