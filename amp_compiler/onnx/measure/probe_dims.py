@@ -20,7 +20,8 @@ graph says a real input has:
   and other streaming detectors take, one frame of their recurrent state at a time);
 - a batch keeps 1 (:func:`~amp_compiler.onnx.measure.generated_inputs.batch_dims`);
 - **every other dynamic dim** (named but not recognised above, or unnamed: a point cloud's points, a
-  molecule's atoms, an event sequence, a set of pairs, and a first dim whose samples meet, ``[N, N]``:
+  molecule's atoms, an event sequence, a set of pairs, and a first dim whose samples meet, ``[N, N]``, or
+  that a softmax runs over, a zero-shot classifier's N prompts:
   :func:`~amp_compiler.onnx.measure.generated_inputs.pairwise_dims`) takes :data:`SET_SIZE`, then, refused,
   :data:`SHORTEST_SET`, then what the generic search gives it (1 where the model runs). At 1 a softmax
   over the dim is 1, a pairwise product one value, a difference along it (``x[1:] - x[:-1]``) EMPTY: the

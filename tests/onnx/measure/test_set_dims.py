@@ -201,6 +201,19 @@ def test_a_clip_heads_batch_of_pairs_is_probed_at_the_set_size():
     assert probe.ranges["probs"].max < 1
 
 
+def test_the_prompts_a_zero_shot_softmax_runs_over_are_no_batch():
+    """One image's features [1, D] against N text prompts [N, D] -> logits [1, N] -> softmax over the prompts (CLIP
+    zero-shot): at N = 1 the output was the constant 1, stated 0.00% (sweep C1: 1.7% off with 50 prompts)."""
+    nodes = [helper.make_node("Transpose", ["text"], ["text_t"], name="t", perm=[1, 0]),
+             helper.make_node("MatMul", ["image", "text_t"], ["logits"], name="sim"),
+             helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1)]
+    m = model(nodes, [vi("image", F32, [1, 16]), vi("text", F32, ["n", 16])], [vi("probs", F32, [1, "n"])])
+    assert batch_dims(m, dynamic_dims(m)) == set() and probe_dims(m)[0] == {"n": SET_SIZE}
+    plain = model([helper.make_node("Softmax", ["text"], ["probs"], name="softmax", axis=-1)],
+                  [vi("text", F32, ["n", 16])], [vi("probs", F32, ["n", 16])])
+    assert batch_dims(plain, dynamic_dims(plain)) == {"n"}  # a softmax along another dim: a batch still
+
+
 def test_a_batch_named_so_is_trusted_and_an_unpaired_first_dim_stays_a_batch():
     m = _gram(["batch", "batch"])
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
