@@ -347,8 +347,8 @@ def _tie_warning(
         return []
     a, more = first
     return [f"output {quote(a.name)} is off by {a.error_of_range:.2%} of its range on {measured_on}{more}, but "
-            f"the conversion moves its logits' differences enough that where two classes tie its probability "
-            f"moves by up to {a.tie_move:.1%} (past 2% of range): inputs that tie miss further: "
+            f"the conversion moves its logits' differences enough that where two classes tie it moves by up to "
+            f"{a.tie_move:.1%} of its range (past 2%): inputs that tie miss further: "
             + _advice(model, output, data, tolerance, metric)]
 
 

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from amp_compiler.core.measures import OutputAccuracy
+from amp_compiler.core.probabilities import probability_output
 from amp_compiler.errors import OptionError
 from amp_compiler.targets import Metric
 
 __all__ = ["ArgmaxAgreement", "ChangedValues", "ErrorMetric", "ErrorStats", "Metric", "MetricFunction",
-           "CERTAIN", "EXACT_ROW", "MIN_ROWS",
+           "EXACT_ROW", "MIN_ROWS",
            "OutputErrors", "accuracy", "compared_outputs", "exact_accuracy", "is_exact", "metric_name",
            "output_accuracies", "parse_metric", "relative_l2",
-           "row_concentration", "saturation", "tie_move", "TIE_FLOOR", "TIE_PERCENTILE"]
+           "row_concentration"]
 
 # The user's metric: (FP32 outputs, converted outputs) -> error (0: identical; compared with the limit).
 # Each mapping holds every float output by name, one float64 array per sample.
@@ -227,10 +228,14 @@ def exact_accuracy(name: str, references: Sequence[np.ndarray], converted: Seque
                                measured=counted.values > 0, empty=not counted.values)
 
 
-def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> OutputAccuracy:
+def accuracy(
+    name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray], *, logistic: bool = False,
+) -> OutputAccuracy:
     """One output's accuracy over samples (one reference and one converted array per sample, all their
-    values together): cosine, max error, the reference's range, NaN/Inf, relative L2, and how far its
-    worst row stands above the others (:func:`row_concentration`)."""
+    values together): cosine, max error, the reference's range, NaN/Inf, relative L2, how far its worst row
+    stands above the others (:func:`row_concentration`) and, for a probability output, how certain it was and
+    how far a tie moves it (:func:`~amp_compiler.core.probabilities.probability_output`; ``logistic``: each value
+    a Sigmoid's, a two-class probability)."""
     stats = ErrorStats()
     for r, g in zip(references, converted, strict=True):
         r, g = np.ravel(r), np.ravel(g)
@@ -240,109 +245,10 @@ def accuracy(name: str, references: Sequence[np.ndarray], converted: Sequence[np
     measured = stats.accuracy(name)
     if not measured.finite:
         return measured
-    probabilities = _all_probability_rows(references)
+    output = probability_output(references, converted, logistic=logistic)
     return dataclasses.replace(measured, concentration=row_concentration(references, converted),
-                               saturated=_certain_share(probabilities), tie_move=_tie_move(probabilities, converted))
-
-
-#: A probability row's top value at or above this FP16 holds as 1 (the half-spacing below 1 is 2^-12).
-CERTAIN = 1.0 - 2.0**-12
-
-
-def _probability_rows(reference: np.ndarray) -> np.ndarray | None:
-    """A probability output's rows (along its last axis) as float64, or None where it is no probability output:
-    every value in [0, 1] and every row summing to 1 (within 1e-3), rows of at least 2 values. The rows' sums
-    are taken before any copy: most outputs are no probabilities, and a segmentation map's is large."""
-    r = np.asarray(reference)
-    if r.ndim == 0 or r.shape[-1] < 2 or not np.issubdtype(r.dtype, np.floating) or not r.size:
-        return None
-    flat = r.reshape(-1, r.shape[-1])
-    with np.errstate(invalid="ignore"):
-        if not np.allclose(flat.sum(axis=1, dtype=np.float64), 1.0, atol=1e-3):
-            return None
-        if not (np.all(r >= 0) and np.all(r <= 1)):
-            return None
-    return flat.astype(np.float64)
-
-
-def _all_probability_rows(references: Sequence[np.ndarray]) -> list[np.ndarray] | None:
-    """Each sample's rows (:func:`_probability_rows`), or None unless every sample's output is a probability output."""
-    rows = []
-    for r in references:
-        flat = _probability_rows(r)
-        if flat is None:
-            return None
-        rows.append(flat)
-    return rows
-
-
-def saturation(references: Sequence[np.ndarray]) -> float | None:
-    """The share of a probability output's rows (along its last axis, over every sample) whose top value
-    FP16 holds as 1 (:data:`CERTAIN`), or None where the output is no probability output
-    (:func:`_probability_rows`). PP-OCR's recognisers on
-    ImageNet-range images ("blank" at every step) and Magika on uniform random bytes (one file type,
-    p = 1.0, the next 6e-9) are certain everywhere: FP16 moves nothing there, and the 0.00% they were
-    stated says nothing of the near-ties their real inputs reach (1.47% and 47% of range)."""
-    return _certain_share(_all_probability_rows(references))
-
-
-def _certain_share(probabilities: list[np.ndarray] | None) -> float | None:
-    """:func:`saturation` of the samples' rows (:func:`_all_probability_rows`)."""
-    if probabilities is None:
-        return None
-    rows = sum(flat.shape[0] for flat in probabilities)
-    certain = sum(int(np.count_nonzero(flat.max(axis=1) >= CERTAIN)) for flat in probabilities)
-    return certain / rows if rows else None
-
-
-#: The smallest probability whose logit :func:`tie_move` reads back from an output held in 32 bits or more (far
-#: above FP32's subnormals: its log is exact to FP32's rounding); from one held in 16 bits, the format's smallest
-#: normal (2^-14 for FP16: rounding alone then moves its log by at most 2^-11, not flushing by up to all of it).
-TIE_FLOOR = 1e-30
-#: The share of tie-pairs whose move :func:`tie_move` states: 1 tie in 100 moves at least this much. A max over
-#: the millions of class pairs a recogniser's rows hold grows with their number; a percentile says what the ties
-#: a dataset reaches (hundreds, between its characters) will show.
-TIE_PERCENTILE = 99.0
-
-
-def tie_move(references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> float | None:
-    """How far a probability output (share of its 0..1 range) moves where two of its classes tie, from the
-    conversion's error in the logits' differences on these samples: the move at :data:`TIE_PERCENTILE` of the
-    class pairs. None where the output is no probability output (:func:`_probability_rows`) or no row holds a
-    class beside its top one above the floor (:data:`TIE_FLOOR`; certain everywhere: :func:`saturation`).
-
-    A softmax's logits come back from its probabilities up to a constant: ``log p_k - log p_top = z_k - z_top``,
-    so the conversion's error in each difference is ``d_k`` = (log g_k - log g_top) - (log r_k - log r_top),
-    exact to FP32's rounding for every class above the floor in both. Every class pair of a row carries the same
-    kind of error (``(w_k - w_top) . dh`` for a head over features off by ``dh``), whatever its probability, so
-    the pairs of the rows measured sample the error of the pairs that tie on other inputs. Two classes that tie
-    share the probability as ``sigmoid(z_k - z_top)``; an error ``d`` in their difference moves it by at most
-    ``tanh(|d| / 4)`` (the slope 1/4 at the tie). Generated inputs seldom tie, real ones do (a CTC recogniser
-    between characters, a classifier between look-alikes), so the measured error says little of them: the
-    PP-OCRv3 and v6 recognisers (rapidocr) were stated at 0.5-1.5% of range on the probe's images and missed 2%
-    held out (3.2% and 47% at worst, on 5 of 16 images); their tie moves on those images are 1.4-3.7%."""
-    return _tie_move(_all_probability_rows(references), converted)
-
-
-def _tie_move(probabilities: list[np.ndarray] | None, converted: Sequence[np.ndarray]) -> float | None:
-    """:func:`tie_move` of the samples' rows (:func:`_all_probability_rows`) against ``converted``."""
-    if probabilities is None:
-        return None
-    moves = []
-    for flat, g in zip(probabilities, converted, strict=True):
-        floor = TIE_FLOOR if np.asarray(g).dtype.itemsize >= 4 else float(np.finfo(np.float16).smallest_normal)
-        got = np.asarray(g, np.float64).reshape(flat.shape)
-        rows = np.arange(flat.shape[0])
-        top = flat.argmax(axis=1)
-        read = (flat >= floor) & (got >= floor) & (got[rows, top] >= floor)[:, None]
-        read[rows, top] = False
-        if read.any():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                d = (np.log(got) - np.log(got[rows, top])[:, None]) - (np.log(flat) - np.log(flat[rows, top])[:, None])
-            moves.append(np.abs(d[read]))
-    if not moves:
-        return None
-    return math.tanh(float(np.percentile(np.concatenate(moves), TIE_PERCENTILE)) / 4)
+                               saturated=output.saturated if output else None,
+                               tie_move=output.tie_move if output else None)
 
 
 #: The fewest rows :func:`row_concentration` compares: with fewer, a 90th percentile is one of a handful.
@@ -396,10 +302,12 @@ def compared_outputs(names: Sequence[str], references: Sequence[Sequence[np.ndar
 
 def output_accuracies(
     names: Sequence[str], references: Sequence[Sequence[np.ndarray]], converted: Sequence[Sequence[np.ndarray]],
+    logistic: Collection[str] = (),
 ) -> list[OutputAccuracy]:
     """Each compared output's accuracy (:func:`compared_outputs`) over the samples, all their values together
-    (:func:`accuracy`, :func:`exact_accuracy`)."""
-    return [(exact_accuracy if exact else accuracy)(name, [r[k] for r in references], [c[k] for c in converted])
+    (:func:`accuracy`, :func:`exact_accuracy`; ``logistic``: the outputs a Sigmoid computes)."""
+    return [exact_accuracy(name, [r[k] for r in references], [c[k] for c in converted]) if exact
+            else accuracy(name, [r[k] for r in references], [c[k] for c in converted], logistic=name in logistic)
             for k, name, exact in compared_outputs(names, references)]
 
 

@@ -9,7 +9,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_compiler.cli import main
-from amp_compiler.core.tensor_error import CERTAIN, saturation
+from amp_compiler.core.probabilities import CERTAIN, saturation
+from amp_compiler.onnx.measure.output_error import logistic_outputs
 
 
 def _classifier(scale: float) -> onnx.ModelProto:
@@ -36,10 +37,10 @@ def test_saturation_is_the_share_of_certain_rows_of_a_probability_output():
 
 
 def test_an_output_certain_on_every_generated_input_is_warned_of(tmp_path, capsys):
-    """x4000: the other classes' probabilities under 1e-30, nothing of the logits to read back: certain everywhere.
-    x400: a few read back, FP16 storage of logits near 500 moves their differences by about 0.5: the tie warning,
-    which says more, instead (:func:`~amp_compiler.core.tensor_error.tie_move`)."""
-    for scale, warned in ((4000.0, "certain everywhere"), (400.0, "where two classes tie"), (1.0, None)):
+    """x4000: every other class's probability under FP16's normals, nothing of the logits to read back: certain
+    everywhere. x100: a few read back, and FP16 storage of logits near 150 moves their differences enough that a tie
+    moves past the line: the tie warning, which says more, instead (:func:`~amp_compiler.core.probabilities.tie_move`)."""
+    for scale, warned in ((4000.0, "certain everywhere"), (100.0, "where two classes tie"), (1.0, None)):
         path, out = tmp_path / f"c{scale:g}.onnx", tmp_path / f"c{scale:g}.fp16.onnx"
         onnx.save(_classifier(scale), path)
         assert main(["convert", str(path), "-o", str(out)]) == 0
@@ -51,3 +52,30 @@ def test_an_output_certain_on_every_generated_input_is_warned_of(tmp_path, capsy
                                        "is 1 in low precision at 100% of its positions")
         if warned:
             assert f"amp-compiler compare {path} {out} --data DIR" in lines[0]
+
+
+def _score(scale: float) -> onnx.ModelProto:
+    """``y = sigmoid(scale * x @ w)`` reshaped to [B]: a binary classifier's score."""
+    w = (np.random.default_rng(0).standard_normal((32, 1)) / 4).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["l"]), helper.make_node("Mul", ["l", "s"], ["m"]),
+         helper.make_node("Sigmoid", ["m"], ["p"]), helper.make_node("Reshape", ["p", "flat"], ["y"])],
+        "score", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [onnx.numpy_helper.from_array(w, "w"), helper.make_tensor("s", TensorProto.FLOAT, [], [scale]),
+         onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_sigmoid_score_certain_on_every_generated_input_is_warned_of(tmp_path, capsys):
+    """A Sigmoid's output (through a Reshape) is a probability of two classes: scores of exactly 0 or 1 on the probe
+    were stated 0.00% and said nothing of the threshold, where FP16 moves a confident classifier's score 2.4-3.9%
+    (sweep C1)."""
+    assert logistic_outputs(_score(1.0)) == {"y"} and logistic_outputs(_classifier(1.0)) == set()
+    for scale, warned in ((4000.0, True), (1.0, False)):
+        path, out = tmp_path / f"s{scale:g}.onnx", tmp_path / f"s{scale:g}.fp16.onnx"
+        onnx.save(_score(scale), path)
+        assert main(["convert", str(path), "-o", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert ("certain everywhere" in err) == warned, err

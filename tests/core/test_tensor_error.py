@@ -10,16 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from amp_compiler.core.tensor_error import (
-    TIE_PERCENTILE,
-    ErrorStats,
-    Metric,
-    OutputErrors,
-    accuracy,
-    metric_name,
-    parse_metric,
-    tie_move,
-)
+from amp_compiler.core.tensor_error import ErrorStats, Metric, OutputErrors, accuracy, metric_name, parse_metric
 from amp_compiler.errors import OptionError
 
 REF = [np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]), np.array([10.0, -10.0])]
@@ -176,35 +167,3 @@ def test_rows_of_other_scales_or_held_exactly_are_no_concentration():
     rounded[256:] *= 1 + rng.uniform(-1e-3, 1e-3, edge.shape)
     assert accuracy("p", [probs], [rounded]).concentration < 2
 
-
-def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def test_tie_move_reads_the_logits_differences_errors_back_from_the_probabilities():
-    z = np.array([[3.0, 1.0, -2.0, 0.5], [0.0, 4.0, 1.0, 2.0]])
-    err = np.array([[0.0, 0.2, -0.1, 0.1], [0.3, 0.0, 0.0, -0.4]])  # differences to each row's top: 0.2 0.1 0.1; 0.3 0 0.4
-    ref, got = _softmax(z).astype(np.float32), _softmax(z + err).astype(np.float32)
-    expected = math.tanh(np.percentile([0.2, 0.1, 0.1, 0.3, 0.0, 0.4], TIE_PERCENTILE) / 4)
-    assert tie_move([ref], [got]) == pytest.approx(expected, rel=1e-4)
-    assert accuracy("p", [ref], [got]).tie_move == pytest.approx(expected, rel=1e-4)
-
-
-def test_tie_move_is_the_move_of_two_classes_at_the_worst_tie():
-    """An error d in their difference moves two tied classes' probability by tanh(|d| / 4) where they start d/2 apart."""
-    d = 0.4
-    ref, got = _softmax(np.array([[0.0, -d / 2]])), _softmax(np.array([[0.0, d / 2]]))
-    assert tie_move([ref], [got]) == pytest.approx(np.abs(got - ref).max(), rel=1e-9)
-    assert tie_move([ref], [got]) == pytest.approx(math.tanh(d / 4), rel=1e-9)
-
-
-def test_tie_move_reads_only_probabilities_their_storage_keeps():
-    certain = np.array([[1.0, 1e-33]], np.float32)  # below the floor: certain everywhere, nothing to read
-    assert tie_move([certain], [certain]) is None
-    assert tie_move([np.array([[2.0, -1.0]], np.float32)], [np.array([[2.0, -1.0]], np.float32)]) is None
-    ref = np.array([[0.999, 0.001 - 1e-6, 1e-6]], np.float32)
-    got16 = np.array([[0.999, 0.001 * np.exp(0.08) - 1e-6, 3e-6]], np.float16)  # 1e-6: an FP16 subnormal, not read
-    expected = math.tanh(abs(np.log(float(got16[0, 1]) / float(got16[0, 0])) - np.log(float(ref[0, 1]) / float(ref[0, 0]))) / 4)
-    assert tie_move([ref], [got16]) == pytest.approx(expected, rel=1e-6)
-    assert tie_move([ref], [got16.astype(np.float32)]) > 0.2  # held in 32 bits, 1e-6 -> 3e-6 is read: log 3 apart

@@ -103,3 +103,25 @@ def test_an_output_within_the_line_that_other_inputs_can_take_past_it_is_warned_
     assert accuracy_warnings([measured(quiet)], "the example inputs") == []
     (warning,) = accuracy_warnings([measured(loud)], "the example inputs")
     assert "0.40% of its range on the example inputs" in warning and said in warning
+
+
+class Score(torch.nn.Module):
+    """A confident binary classifier: one sigmoid score per example, its logits in the hundreds."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(16, 1)
+        with torch.no_grad():
+            self.fc.weight.mul_(300.0)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(x)).view(-1)
+
+
+def test_a_sigmoid_score_is_a_probability_of_two_classes():
+    """Scores of exactly 0 or 1 on the example inputs say nothing of the threshold: the output is measured as a
+    probability (a sigmoid's, through a view), certain everywhere here."""
+    rep = ampfx.report(ampfx.convert(Score().eval(), (torch.randn(8, 16, generator=torch.Generator().manual_seed(1)),)))
+    (score,) = rep.accuracy
+    assert score.saturated == 1.0 and score.tie_move is None, score

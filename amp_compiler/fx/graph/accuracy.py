@@ -39,7 +39,35 @@ def output_accuracy(
     or bool output (``names``: the outputs' names, in order; outputs of other kinds are not compared)."""
     with state_kept(gm), torch.no_grad():
         converted = [output_arrays(gm, fx.Interpreter(gm).run(*sample)) for sample in samples]
-    return output_accuracies(names, references, converted)
+    leaves = [n for n in torch.utils._pytree.tree_leaves(gm.graph.output_node().args[0]) if isinstance(n, fx.Node)]
+    logistic = {name for name, node in zip(names, leaves, strict=False) if _sigmoid_of(gm, node)}
+    return output_accuracies(names, references, converted, logistic)
+
+
+#: What hands a tensor's values on unchanged (views, copies, dtype casts), by the name of an op or method.
+_MOVES_VALUES = frozenset({"clone", "contiguous", "expand", "flatten", "float", "permute", "reshape", "select",
+                           "slice", "squeeze", "to", "transpose", "type_as", "unsqueeze", "view", "_to_copy"})
+
+
+def _op_name(gm: fx.GraphModule, node: fx.Node) -> str:
+    """The op a node calls: a function's or ATen overload's base name, a method's name, a module's class name."""
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(node.target))).__name__.lower()
+    if node.op == "call_method":
+        return str(node.target)
+    name = getattr(node.target, "__name__", str(node.target))
+    return name.split(".")[0]
+
+
+def _sigmoid_of(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether an output node holds a sigmoid's values (through views and casts): each one of two classes'
+    probability (:func:`~amp_compiler.core.probabilities.probability_output`)."""
+    while node.op in ("call_function", "call_method", "call_module") and _op_name(gm, node) in _MOVES_VALUES:
+        first = next((a for a in node.args if isinstance(a, fx.Node)), None)
+        if first is None:
+            return False
+        node = first
+    return node.op in ("call_function", "call_method", "call_module") and _op_name(gm, node) == "sigmoid"
 
 
 def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str]:
@@ -55,8 +83,8 @@ def accuracy_warnings(measured: Sequence[OutputAccuracy], seen: str) -> list[str
                        "FP16 rounding there, so longer or other inputs can miss further; check it on real data")
         if moves_at_ties(a):
             out.append(f"output {a.name}: its max error is {a.error_of_range:.2%} of its range on {seen}, but the "
-                       "conversion moves its logits' differences enough that where two classes tie its probability "
-                       f"moves by up to {a.tie_move:.1%}: inputs that tie miss further; check it on real data")
+                       "conversion moves its logits' differences enough that where two classes tie it moves by up to "
+                       f"{a.tie_move:.1%} of its range: inputs that tie miss further; check it on real data")
         if not a.measured or not misses(a):
             continue
         if a.exact:

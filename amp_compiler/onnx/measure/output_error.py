@@ -25,7 +25,7 @@ from amp_compiler.onnx.measure.emulate import emulate
 from amp_compiler.runtime.runner import Runner
 
 __all__ = ["CONCENTRATION", "MAX_CHANGED_SHARE", "MAX_ERROR_OF_RANGE", "MIN_COSINE", "SATURATED", "concentrated",
-           "misses", "moves_at_ties", "output_accuracy", "saturated", "severity", "worst_accuracy"]
+           "logistic_outputs", "misses", "moves_at_ties", "output_accuracy", "saturated", "severity", "worst_accuracy"]
 
 #: An output whose max error exceeds this share of its FP32 range, whose cosine is below
 #: :data:`MIN_COSINE`, or that holds NaN/Inf where FP32 does not gets a warning.
@@ -46,7 +46,7 @@ def output_accuracy(
     """Each float, integer or bool output's accuracy over ``samples`` (all samples' values together).
     ``refs``: the FP32 model's outputs on them (graph output order) when already run; else it runs them too."""
     refs, gots = _outputs(fp32, converted, samples, runner, refs)
-    return output_accuracies([o.name for o in fp32.graph.output], refs, gots)
+    return output_accuracies([o.name for o in fp32.graph.output], refs, gots, logistic_outputs(fp32))
 
 
 def worst_accuracy(
@@ -58,14 +58,36 @@ def worst_accuracy(
     sample's index: samples of different kinds
     (the range probe's noise and dead-leaves images) are not pooled, so one kind's error shows whole."""
     refs, gots = _outputs(fp32, converted, samples, runner, refs)
+    logistic = logistic_outputs(fp32)
     out = []
     for k, name, exact in compared_outputs([o.name for o in fp32.graph.output], refs):
-        measure = exact_accuracy if exact else accuracy
-        each = [measure(name, [ref[k]], [got[k]]) for ref, got in zip(refs, gots, strict=True)]
+        each = [exact_accuracy(name, [ref[k]], [got[k]]) if exact
+                else accuracy(name, [ref[k]], [got[k]], logistic=name in logistic)
+                for ref, got in zip(refs, gots, strict=True)]
         worst = max(range(len(each)), key=lambda i: (not each[i].finite, misses(each[i]), _badness(each[i])))
         ties = [a.tie_move for a in each if a.tie_move is not None]  # a tie any sample's errors would move
         out.append((dataclasses.replace(each[worst], tie_move=max(ties)) if ties else each[worst], worst))
     return out
+
+
+#: Ops that hand their input's values on unchanged (placed, not computed): a Sigmoid's probabilities stay ones.
+_MOVES_VALUES = frozenset({"Cast", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice", "Split", "Squeeze",
+                           "Transpose", "Unsqueeze"})
+
+
+def logistic_outputs(model: onnx.ModelProto) -> set[str]:
+    """The graph outputs a Sigmoid computes, directly or through data movement (:data:`_MOVES_VALUES`): each value
+    one of two classes' probability (a binary classifier's score, a tagger's labels), measured as such
+    (:func:`~amp_compiler.core.probabilities.probability_output`)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = set()
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in _MOVES_VALUES and node.domain in ("", "ai.onnx") and node.input:
+            node = producers.get(node.input[0])
+        if node is not None and node.op_type == "Sigmoid" and node.domain in ("", "ai.onnx"):
+            found.add(output.name)
+    return found
 
 
 def _outputs(
