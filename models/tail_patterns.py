@@ -26,10 +26,11 @@
 - ``tie-softmax-classifier``: an embedding classifier (64 features, a 3-layer MLP whose last hidden layer sits at
   10 +- 1.5, a BatchNorm shift folded into its bias, a LayerNorm as an exporter writes it, a 1000-class Softmax
   over logits of spread 24): FP16 storage of the hidden features (spacing 2^-7 at 10, 0.5% of their spread)
-  moves the logits' differences by about 0.15, which moves a confident row's probabilities by a fraction of a
-  percent and a tie's by up to tanh(0.15 / 4) = 3.9%. The probe's rows (one a sample) tied nowhere: stated 0.55%
-  of range, while 4 held-out draws of 64 rows reach 2.1-4.3% and inputs bisected to a tie up to 4.4% (5 of 16
-  past 2%). The conversion reads the logits' errors back from the probabilities and warns
+  moves the logits' differences by about 0.04 (0.15 for 1 pair in 100), which moves a confident row's
+  probabilities by a fraction of a percent and a tie's by up to tanh(0.15 / 4) = 3.7% of 0..1. The probe's rows
+  (one a sample) tied nowhere: stated 0.55% of range, while 4 held-out draws of 64 rows reach 2.1-4.3% and
+  inputs of one row bisected to a tie up to 4.4% of their range (5 of 16 past 2%). The conversion reads the
+  logits' errors back from the probabilities and warns: a tie moves 7.4% of the range a one-row input has then
   (``output_error.moves_at_ties``).
 
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
@@ -183,9 +184,9 @@ ENTRIES.append(CatalogModel(
     tolerance=Tolerance(),
     description="An embedding classifier whose last hidden layer sits at 10 (a folded BatchNorm shift) before a "
                 "hand-written LayerNorm and a 1000-class Softmax: FP16 storage there moves the logits' differences "
-                "by about 0.15, a confident row's probabilities by a fraction of a percent and a tie's by up to 3.9%. "
-                "The probe's rows tied nowhere (0.55% stated); the conversion reads the logits' errors back from "
-                "the probabilities and warns (output_error.moves_at_ties).",
+                "by about 0.04 (0.15 for 1 pair in 100), a confident row's probabilities by a fraction of a percent "
+                "and a tie's by up to 3.7% of 0..1. The probe's rows tied nowhere (0.55% stated); the conversion "
+                "reads the logits' errors back from the probabilities and warns (output_error.moves_at_ties).",
     blind_fails="FP16 rounding at a tie between two classes: 2.1-4.3% of range on 4 held-out draws of 64 rows, up "
                 "to 4.4% at inputs bisected to a tie, 0.55% stated on the probe's rows; warned of, nothing overflows",
 ))
