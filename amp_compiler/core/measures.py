@@ -187,12 +187,12 @@ class OutputAccuracy:
     # A probability output (each row along the last axis in [0, 1], summing to 1: a softmax's): the share of
     # its rows whose top probability FP16 holds as 1 (None: not such an output). Near 1 the inputs left the
     # model certain everywhere, and its error on them says nothing of the near-ties real inputs reach
-    # (:func:`~amp_compiler.core.tensor_error.saturation`)
+    # (:func:`~amp_compiler.core.probabilities.saturation`)
     saturated: float | None = None
-    # A probability output: the largest move (share of its 0..1 range) a tie between two of its classes would
-    # show, from the conversion's error in the logits' differences on the inputs measured (None: not such an
-    # output, or certain everywhere). Generated inputs seldom tie, real ones do
-    # (:func:`~amp_compiler.core.tensor_error.tie_move`)
+    # A probability output (a softmax's, or a Sigmoid's): how far a tie between two of its classes moves it, as a
+    # share of its range then, from the conversion's error in the logits' differences near a tie on the inputs
+    # measured (None: not such an output, or certain everywhere). Generated inputs seldom tie, real ones do
+    # (:func:`~amp_compiler.core.probabilities.tie_move`)
     tie_move: float | None = None
 
     @property

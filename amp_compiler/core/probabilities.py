@@ -16,13 +16,14 @@ ends, for :func:`amp_compiler.core.tensor_error.accuracy`:
   FP32's rounding for probabilities of :data:`FLOOR` or more (FP16's smallest normal: an output FP16 stored on
   its way, its smaller probabilities subnormals, would read rounding as logit error, 10-100x). Two classes that
   tie share their probability as ``sigmoid(z_k - z_top)``: an error ``d`` moves it by up to ``tanh(|d| / 4)``.
-  The pairs read are those near a tie (:data:`NEAR`: the classes within ``e^3`` of the row's top, else the
-  row's runner-up): a pair far apart carries the part of the error that grows with the gap (a logit scale
-  off by 1% moves a gap of 10 by 0.1 and a tie by nothing), and rows that sum to 1 but are no softmax (squares
-  normalised) carry their small entries' relative error, which no tie inherits (sweep C1: 2.5% stated from all
-  pairs, 0.2% at constructed ties). The move stated is the :data:`PERCENTILE`-th of those pairs', over the
-  output's range at a tie: a sample of one row is a tie then, its range the tied classes' share (:data:`TIED`:
-  constructed ties of 1000-class classifiers held 0.44-0.49 each), a sample of more rows keeps its others' range.
+  The pairs read are those near a tie (:data:`NEAR_GAP`: a class's logit within 3 of its row's top; where fewer
+  than :data:`MIN_PAIRS` are, the nearest that many): a pair far apart carries the part of the error that grows
+  with the gap (a logit scale off by 1% moves a gap of 10 by 0.1 and a tie by nothing), and rows that sum to 1 but
+  are no softmax (squares normalised) carry their small entries' relative error, which no tie inherits (sweep
+  C1: 2.5% stated from all pairs, 0.2% at constructed ties). The move stated is the :data:`PERCENTILE`-th of
+  those pairs', over the output's range at a tie: a sample of one row is a tie then, its range the tied classes'
+  share (:data:`TIED`: constructed ties of 1000-class classifiers held 0.44-0.49 each), a sample of more rows
+  keeps its others' range.
 """
 
 from __future__ import annotations
@@ -102,17 +103,22 @@ def probability_output(
     rows = [_rows(r, axis) for r in references]
     if not logistic:  # a sample of one row is a tie then; one of more keeps its others' range
         ranges = [TIED if flat.shape[0] == 1 else max(TIED, float(flat.max() - flat.min())) for flat in rows]
-    total = sum(flat.shape[0] for flat in rows)
-    certain = sum(int(np.count_nonzero(flat.max(axis=1) >= CERTAIN)) for flat in rows)
     move = _tie_move(rows, [_rows(g, axis) for g in converted], ranges)
-    return ProbabilityOutput(axis, certain / total if total else 0.0, move)
+    return ProbabilityOutput(axis, _certain(rows), move)
 
 
 def saturation(references: Sequence[np.ndarray]) -> float | None:
     """The share of a probability output's rows whose top value FP16 holds as 1 (:data:`CERTAIN`), over every
     sample; None where it is no probability output."""
-    output = probability_output(references, references)
-    return output.saturated if output else None
+    axes = {probability_axis(r) for r in references}
+    axis = axes.pop() if len(axes) == 1 else None
+    return None if axis is None else _certain([_rows(r, axis) for r in references])
+
+
+def _certain(rows: list[np.ndarray]) -> float:
+    """The share of ``rows`` (every sample's) whose top value FP16 holds as 1."""
+    total = sum(flat.shape[0] for flat in rows)
+    return sum(int(np.count_nonzero(flat.max(axis=1) >= CERTAIN)) for flat in rows) / total if total else 0.0
 
 
 def tie_move(references: Sequence[np.ndarray], converted: Sequence[np.ndarray]) -> float | None:
