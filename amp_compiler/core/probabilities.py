@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["CERTAIN", "FLOOR", "MIN_PAIRS", "NEAR_GAP", "PERCENTILE", "TIED", "ProbabilityOutput", "probability_axis",
-           "probability_output", "saturation", "tie_move"]
+__all__ = ["CERTAIN", "FLOOR", "MAX_ROWS", "MIN_PAIRS", "NEAR_GAP", "PERCENTILE", "TIED", "ProbabilityOutput",
+           "probability_axis", "probability_output", "saturation", "tie_move"]
 
 #: A probability row's top value at or above this FP16 holds as 1 (the half-spacing below 1 is 2^-12).
 CERTAIN = 1.0 - 2.0**-12
@@ -45,6 +45,8 @@ FLOOR = 2.0**-14
 #: the top's); where fewer than :data:`MIN_PAIRS` pairs are, the nearest :data:`MIN_PAIRS` are read.
 NEAR_GAP = 3.0
 MIN_PAIRS = 256
+#: The most rows of a sample read (evenly strided): the same rows of its FP32 and converted values.
+MAX_ROWS = 1 << 16
 #: A row's top where two classes tie and the others hold little: a sample of one row then has this range.
 TIED = 0.5
 #: 1 tie in 100 moves at least the move stated: a percentile, not a max, which grows with the pairs' number.
@@ -81,9 +83,12 @@ def _two_classes(p: np.ndarray) -> np.ndarray:
 
 
 def _rows(a: np.ndarray, axis: int) -> np.ndarray:
-    """``a``'s rows along ``axis``, as float64."""
+    """``a``'s rows along ``axis``, as float64: every one, or an evenly strided :data:`MAX_ROWS` of them (a
+    segmentation map's 262,144 pixels of 150 classes: a share and a percentile need no more, and its float64
+    rows' logarithms would take gigabytes)."""
     a = np.moveaxis(np.asarray(a), axis, -1)
-    return a.reshape(-1, a.shape[-1]).astype(np.float64)
+    rows = a.reshape(-1, a.shape[-1])
+    return rows[::-(-rows.shape[0] // MAX_ROWS)].astype(np.float64)
 
 
 def probability_output(
