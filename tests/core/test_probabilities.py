@@ -11,6 +11,7 @@ import pytest
 from amp_compiler.core.probabilities import (
     CERTAIN,
     FLOOR,
+    MAX_ROWS,
     probability_axis,
     probability_output,
     saturation,
@@ -79,3 +80,13 @@ def test_accuracy_carries_them():
     measured = accuracy("p", [ref], [got.astype(np.float32)])
     assert measured.saturated == 0.0 and measured.tie_move == pytest.approx(tie_move([ref], [got]), rel=1e-3)
     assert accuracy("x", [z], [z]).tie_move is None
+
+
+def test_a_sample_of_many_rows_is_read_at_a_stride_the_same_for_both():
+    """A segmentation map's 200,000 pixels: MAX_ROWS of them read, the FP32 and converted rows the same pixels."""
+    z = np.random.default_rng(5).standard_normal((1, 4, 400, 500)) * 3
+    ref = _softmax(z, axis=1).astype(np.float32)
+    got = _softmax(z + 0.004 * np.random.default_rng(6).standard_normal(z.shape), axis=1).astype(np.float32)
+    output = probability_output([ref], [got])
+    assert 400 * 500 > MAX_ROWS and output is not None and output.axis == 1
+    assert 0.001 < output.tie_move < math.tanh(0.04 / 4) / 0.5  # pixels' differences within 0.04: aligned rows
