@@ -17,13 +17,14 @@ ends, for :func:`amp_compiler.core.tensor_error.accuracy`:
   its way, its smaller probabilities subnormals, would read rounding as logit error, 10-100x). Two classes that
   tie share their probability as ``sigmoid(z_k - z_top)``: an error ``d`` moves it by up to ``tanh(|d| / 4)``.
   The pairs read are those near a tie (:data:`NEAR_GAP`: a class's logit within 3 of its row's top; where fewer
-  than :data:`MIN_PAIRS` are, the nearest that many): a pair far apart carries the part of the error that grows
-  with the gap (a logit scale off by 1% moves a gap of 10 by 0.1 and a tie by nothing), and rows that sum to 1 but
-  are no softmax (squares normalised) carry their small entries' relative error, which no tie inherits (sweep
-  C1: 2.5% stated from all pairs, 0.2% at constructed ties). The move stated is the :data:`PERCENTILE`-th of
-  those pairs', over the output's range at a tie: a sample of one row is a tie then, its range the tied classes'
-  share (:data:`TIED`: constructed ties of 1000-class classifiers held 0.44-0.49 each), a sample of more rows
-  keeps its others' range.
+  than :data:`MIN_PAIRS` are, the nearest that many within :data:`FAR_GAP`): a pair far apart carries the part of
+  the error that grows with the gap (a logit scale off by 1% moves a gap of 10 by 0.1 and a tie by nothing), and
+  rows that sum to 1 but are no softmax (squares normalised) carry their small entries' relative error, which no
+  tie inherits (sweep C1: 2.5% stated from all pairs, 0.2% at constructed ties). Every sample's pairs count
+  together: a sample of one row holds a handful, whose 99th percentile would be their max. The move stated is
+  the :data:`PERCENTILE`-th of those pairs', over the output's range at a tie: a sample of one row is a tie
+  then, its range the tied classes' share (:data:`TIED`: constructed ties of 1000-class classifiers held
+  0.44-0.49 each), a sample of more rows keeps its others' range.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["CERTAIN", "FLOOR", "MAX_ROWS", "MIN_PAIRS", "NEAR_GAP", "PERCENTILE", "TIED", "ProbabilityOutput",
-           "probability_axis", "probability_output", "saturation", "tie_move"]
+__all__ = ["CERTAIN", "FAR_GAP", "FLOOR", "MAX_ROWS", "MIN_PAIRS", "NEAR_GAP", "PERCENTILE", "TIED",
+           "ProbabilityOutput", "probability_axis", "probability_output", "saturation", "tie_move"]
 
 #: A probability row's top value at or above this FP16 holds as 1 (the half-spacing below 1 is 2^-12).
 CERTAIN = 1.0 - 2.0**-12
@@ -45,6 +46,9 @@ FLOOR = 2.0**-14
 #: the top's); where fewer than :data:`MIN_PAIRS` pairs are, the nearest :data:`MIN_PAIRS` are read.
 NEAR_GAP = 3.0
 MIN_PAIRS = 256
+#: No pair farther apart than this is read (a probability below 0.25% of its row's top): where none is nearer the
+#: output was too certain to say what a tie does (a keyword spotter's 3.8% from one class at a gap of 8.8).
+FAR_GAP = 6.0
 #: The most rows of a sample read (evenly strided): the same rows of its FP32 and converted values.
 MAX_ROWS = 1 << 16
 #: A row's top where two classes tie and the others hold little: a sample of one row then has this range.
@@ -150,7 +154,10 @@ def _tie_move(references: list[np.ndarray], converted: list[np.ndarray], ranges:
     if not error.size:
         return None
     near = error[gap <= NEAR_GAP]
-    if near.size < MIN_PAIRS:  # too few near a tie: the nearest pairs, farther
-        near = error[np.argsort(gap, kind="stable")[:MIN_PAIRS]]
+    if near.size < MIN_PAIRS:  # too few near a tie: the nearest pairs, farther, but none far from one
+        nearest = np.argsort(gap, kind="stable")[:MIN_PAIRS]
+        near = error[nearest[gap[nearest] <= FAR_GAP]]
+    if not near.size:
+        return None
     move = math.tanh(float(np.percentile(near, PERCENTILE)) / 4)
     return min(move / max(float(np.median(ranges)), FLOOR), 1.0)
