@@ -30,7 +30,7 @@
   probabilities by a fraction of a percent and a tie's by up to tanh(0.15 / 4) = 3.7% of 0..1. The probe's rows
   (one a sample) tied nowhere: stated 0.55% of range, while 4 held-out draws of 64 rows reach 2.1-4.3% and
   inputs of one row bisected to a tie up to 4.4% of their range (5 of 16 past 2%). The conversion reads the
-  logits' errors back from the probabilities and warns: a tie moves 7.4% of the range a one-row input has then
+  logits' errors back from the probabilities and warns: a tie moves 3.3% of the range a one-row input has then
   (``output_error.moves_at_ties``).
 
 Same conventions as :mod:`models.handbuilt` (its graph builder, fixed seeds, opsets 17-18).
