@@ -81,9 +81,11 @@ def probability_axis(reference: np.ndarray) -> int | None:
 
 
 def _two_classes(p: np.ndarray) -> np.ndarray:
-    """A Sigmoid's probabilities as two-class rows ``(p, 1 - p)`` (float64: 1 - p of a p near 1 keeps its bits)."""
-    p = np.asarray(p, np.float64)
-    return np.stack([p, 1.0 - p], axis=-1)
+    """A Sigmoid's probabilities as two-class rows ``(p, 1 - p)``, every value or an evenly strided :data:`MAX_ROWS`
+    of them (float64: 1 - p of a p near 1 keeps its bits)."""
+    flat = np.ravel(p)
+    flat = flat[::-(-flat.size // MAX_ROWS)].astype(np.float64)
+    return np.stack([flat, 1.0 - flat], axis=-1)
 
 
 def _rows(a: np.ndarray, axis: int) -> np.ndarray:

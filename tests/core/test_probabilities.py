@@ -90,3 +90,16 @@ def test_a_sample_of_many_rows_is_read_at_a_stride_the_same_for_both():
     output = probability_output([ref], [got])
     assert 400 * 500 > MAX_ROWS and output is not None and output.axis == 1
     assert 0.001 < output.tie_move < math.tanh(0.04 / 4) / 0.5  # pixels' differences within 0.04: aligned rows
+
+
+def test_a_sigmoids_values_are_two_class_rows():
+    """Each value p of a Sigmoid's output is the row (p, 1 - p): its logit against 0 read back, an error d in it
+    moving a value at 0.5 by tanh(d / 4), over the output's range (a map of many values: its own, at least 0.5)."""
+    z = np.linspace(-2.0, 2.0, 300)
+    ref, got = 1 / (1 + np.exp(-z)), 1 / (1 + np.exp(-(z + 0.2)))
+    output = probability_output([ref], [got], logistic=True)
+    assert output is not None and output.saturated == 0.0
+    assert output.tie_move == pytest.approx(math.tanh(0.2 / 4) / np.ptp(ref), rel=1e-6)
+    assert probability_output([ref], [got]) is None  # the same values, not known to be a Sigmoid's: no rows
+    big = np.random.default_rng(7).uniform(0.1, 0.9, 4 * MAX_ROWS)
+    assert probability_output([big], [big], logistic=True).tie_move == 0.0  # strided alike: no error read
