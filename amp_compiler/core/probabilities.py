@@ -17,7 +17,8 @@ ends, for :func:`amp_compiler.core.tensor_error.accuracy`:
   its way, its smaller probabilities subnormals, would read rounding as logit error, 10-100x). Two classes that
   tie share their probability as ``sigmoid(z_k - z_top)``: an error ``d`` moves it by up to ``tanh(|d| / 4)``.
   The pairs read are those near a tie (:data:`NEAR_GAP`: a class's logit within 3 of its row's top; where fewer
-  than :data:`MIN_PAIRS` are, the nearest that many within :data:`FAR_GAP`): a pair far apart carries the part of
+  than :data:`MIN_PAIRS` are, the nearest that many within :data:`FAR_GAP`; where none is, no move is stated: the
+  inputs left the output too certain to say what a tie does): a pair far apart carries the part of
   the error that grows with the gap (a logit scale off by 1% moves a gap of 10 by 0.1 and a tie by nothing), and
   rows that sum to 1 but are no softmax (squares normalised) carry their small entries' relative error, which no
   tie inherits (sweep C1: 2.5% stated from all pairs, 0.2% at constructed ties). Every sample's pairs count
@@ -156,6 +157,8 @@ def _tie_move(references: list[np.ndarray], converted: list[np.ndarray], ranges:
     if not error.size:
         return None
     near = error[gap <= NEAR_GAP]
+    if not near.size:  # no pair near a tie: every reading would be a far pair's (sweep W3: 6 at gaps 5.5-5.9)
+        return None
     if near.size < MIN_PAIRS:  # too few near a tie: the nearest pairs, farther, but none far from one
         nearest = np.argsort(gap, kind="stable")[:MIN_PAIRS]
         near = error[nearest[gap[nearest] <= FAR_GAP]]
