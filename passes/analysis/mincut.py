@@ -262,21 +262,16 @@ class MinCutPlacementPass(AnalysisPass):
 
 def _output_penalties(graph: PrecisionGraph, plan: PrecisionPlan, tensors: Iterable[_Tensor]) -> dict[int, int]:
     """Per free numeric (INFER) vertex of a ``tiny_outputs`` op that produces an FP32 graph output (itself or
-    through PASS vertices, data movement):
-    the bytes of a Cast of that output, what computing it in low precision counts (see the module
-    docstring)."""
+    through PASS vertices, data movement): the bytes of a Cast of that output, what computing it in low
+    precision counts (see the module docstring)."""
     outputs = {
         v.id for v in graph.vertices
         if not v.free and v.dtype == ir.DataType.FLOAT and any(s.kind is SlotKind.GRAPH_OUT for s in v.slots)
     }
     # and the PASS vertices (data movement: Slice, Reshape, Transpose...) whose values reach one unchanged, so that
     # a Softmax whose last class a Slice drops (a detector's "no object") is its output's producer too
-    waiting = list(outputs)
-    while waiting:
-        for u in graph.digraph.predecessors(waiting.pop()):
-            if u not in outputs and plan.roles[u] is Role.CLEAR:
-                outputs.add(u)
-                waiting.append(u)
+    moving = graph.digraph.subgraph(outputs | {v.id for v in graph.vertices if plan.roles[v.id] is Role.CLEAR})
+    outputs |= {u for o in list(outputs) for u in nx.ancestors(moving, o)}
     out: dict[int, int] = {}
     for t in tensors:
         v = t.producer
