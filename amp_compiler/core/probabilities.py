@@ -119,9 +119,11 @@ def probability_output(
     return ProbabilityOutput(axis, _certain(rows), move)
 
 
-def saturation(references: Sequence[np.ndarray]) -> float | None:
+def saturation(references: Sequence[np.ndarray], *, logistic: bool = False) -> float | None:
     """The share of a probability output's rows whose top value FP16 holds as 1 (:data:`CERTAIN`), over every
-    sample; None where it is no probability output."""
+    sample; None where it is no probability output (``logistic``: a Sigmoid's, as :func:`probability_output`)."""
+    if logistic:
+        references = [_two_classes(r) for r in references]
     axes = {probability_axis(r) for r in references}
     axis = axes.pop() if len(axes) == 1 else None
     return None if axis is None else _certain([_rows(r, axis) for r in references])

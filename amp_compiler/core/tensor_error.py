@@ -230,12 +230,14 @@ def exact_accuracy(name: str, references: Sequence[np.ndarray], converted: Seque
 
 def accuracy(
     name: str, references: Sequence[np.ndarray], converted: Sequence[np.ndarray], *, logistic: bool = False,
+    probabilities: bool = True,
 ) -> OutputAccuracy:
     """One output's accuracy over samples (one reference and one converted array per sample, all their
     values together): cosine, max error, the reference's range, NaN/Inf, relative L2, how far its worst row
     stands above the others (:func:`row_concentration`) and, for a probability output, how certain it was and
     how far a tie moves it (:func:`~amp_compiler.core.probabilities.probability_output`; ``logistic``: each value
-    a Sigmoid's, a two-class probability)."""
+    a Sigmoid's, a two-class probability; ``probabilities`` False: those two left unread, for a caller that reads
+    them over other samples)."""
     stats = ErrorStats()
     for r, g in zip(references, converted, strict=True):
         r, g = np.ravel(r), np.ravel(g)
@@ -245,7 +247,7 @@ def accuracy(
     measured = stats.accuracy(name)
     if not measured.finite:
         return measured
-    output = probability_output(references, converted, logistic=logistic)
+    output = probability_output(references, converted, logistic=logistic) if probabilities else None
     return dataclasses.replace(measured, concentration=row_concentration(references, converted),
                                saturated=output.saturated if output else None,
                                tie_move=output.tie_move if output else None)

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from amp_compiler.core.measures import OutputAccuracy
-from amp_compiler.core.probabilities import probability_output
+from amp_compiler.core.probabilities import probability_output, saturation
 from amp_compiler.core.tensor_error import accuracy, compared_outputs, exact_accuracy, output_accuracies
 from amp_compiler.onnx.measure.chain import session_feeds
 from amp_compiler.onnx.measure.emulate import emulate
@@ -63,16 +63,19 @@ def worst_accuracy(
     out = []
     for k, name, exact in compared_outputs([o.name for o in fp32.graph.output], refs):
         each = [exact_accuracy(name, [ref[k]], [got[k]]) if exact
-                else accuracy(name, [ref[k]], [got[k]], logistic=name in logistic)
+                else accuracy(name, [ref[k]], [got[k]], probabilities=False)
                 for ref, got in zip(refs, gots, strict=True)]
         worst = max(range(len(each)), key=lambda i: (not each[i].finite, misses(each[i]), _badness(each[i])))
         if exact or not all(a.finite for a in each):
             out.append((each[worst], worst))
             continue
-        # a tie's move from every sample's pairs together: one sample of one row holds a handful, whose 99th
-        # percentile is their max (sweep C2: a keyword spotter's 3.8% from one pair; 0.75% at constructed ties)
+        # the worst sample's saturation; a tie's move from every sample's pairs together: one sample of one row
+        # holds a handful, whose 99th percentile is their max (sweep C2: a keyword spotter's 3.8% from one pair;
+        # 0.75% at constructed ties)
         pooled = probability_output([r[k] for r in refs], [g[k] for g in gots], logistic=name in logistic)
-        out.append((dataclasses.replace(each[worst], tie_move=pooled.tie_move if pooled else None), worst))
+        out.append((dataclasses.replace(
+            each[worst], saturated=saturation([refs[worst][k]], logistic=name in logistic),
+            tie_move=pooled.tie_move if pooled else None), worst))
     return out
 
 
