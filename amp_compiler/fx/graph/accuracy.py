@@ -39,8 +39,8 @@ def output_accuracy(
     or bool output (``names``: the outputs' names, in order; outputs of other kinds are not compared)."""
     with state_kept(gm), torch.no_grad():
         converted = [output_arrays(gm, fx.Interpreter(gm).run(*sample)) for sample in samples]
-    leaves = [n for n in torch.utils._pytree.tree_leaves(gm.graph.output_node().args[0]) if isinstance(n, fx.Node)]
-    logistic = {name for name, node in zip(names, leaves, strict=False) if _sigmoid_of(gm, node)}
+    nodes = {node.name: node for node in gm.graph.nodes}
+    logistic = {name for name in names if name in nodes and _sigmoid_of(gm, nodes[name])}
     return output_accuracies(names, references, converted, logistic)
 
 
