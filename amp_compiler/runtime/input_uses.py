@@ -18,14 +18,15 @@ import onnx
 import onnx.numpy_helper
 
 __all__ = [
-    "INDEX_INPUTS", "GraphUses", "IndexInput", "added_to_logits", "constant_nodes", "graph_uses", "index_size",
-    "integer_views", "notable_ids", "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
+    "INDEX_INPUTS", "VALUES_KEPT", "GraphUses", "IndexInput", "added_to_logits", "constant_nodes", "graph_uses",
+    "index_size", "integer_views", "notable_ids", "positive_reader", "reached", "reaches_softmax_anyhow", "vocabulary",
 ]
 
-#: Ops an index input may pass through (as their input 0: their output holds its values, or some of them) on
-#: its way to an embedding Gather or another op it indexes with: casts and reshapes, and selections (DLRM's
-#: sparse ids, ``[batch, tables]``, reach each table through a Gather on axis 1 of the input).
-_INDEX_PATH = frozenset({
+#: Ops whose output holds their input 0's values, or some of them: casts and reshapes, and selections. An index
+#: input passes through them on its way to an embedding Gather or another op it indexes with (DLRM's sparse ids,
+#: ``[batch, tables]``, reach each table through a Gather on axis 1 of the input); a Sigmoid's probabilities on
+#: their way to a graph output (:func:`~amp_compiler.onnx.measure.output_error.logistic_outputs`).
+VALUES_KEPT = frozenset({
     "Cast", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten", "Gather", "Slice", "Split", "Transpose", "Expand",
 })
 
@@ -184,14 +185,14 @@ def _row_norms(table: onnx.TensorProto) -> np.ndarray:
 
 def reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterator[tuple[onnx.NodeProto, int]]:
     """(node, input position) of every use of ``name``'s values: its own uses, and those of what it passes
-    through (:data:`_INDEX_PATH`, as their input 0)."""
+    through (:data:`VALUES_KEPT`, as their input 0)."""
     stack, seen = [name], {name}
     while stack:
         value = stack.pop()
         for node in consumers.get(value, ()):
             for position in (k for k, used in enumerate(node.input) if used == value):
                 yield node, position
-            if node.op_type in _INDEX_PATH and node.input and node.input[0] == value:
+            if node.op_type in VALUES_KEPT and node.input and node.input[0] == value:
                 for out in node.output:
                     if out not in seen:
                         seen.add(out)
@@ -199,9 +200,9 @@ def reached(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> Iterato
 
 
 #: Ops a float input's values pass through, as their input 0, on their way to a Cast to an integer type, keeping
-#: an integral value what it is: reshapes and selections (:data:`_INDEX_PATH` but Cast) and roundings (Floor, Ceil,
+#: an integral value what it is: reshapes and selections (:data:`VALUES_KEPT` but Cast) and roundings (Floor, Ceil,
 #: Round: a bucketed coordinate). A Cast to another float type is not on it: that input stays a float.
-_TO_INTEGER_PATH = frozenset({*_INDEX_PATH - {"Cast"}, "Floor", "Ceil", "Round"})
+_TO_INTEGER_PATH = frozenset({*VALUES_KEPT - {"Cast"}, "Floor", "Ceil", "Round"})
 
 
 def integer_views(name: str, consumers: Mapping[str, list[onnx.NodeProto]]) -> list[str]:

@@ -23,6 +23,7 @@ from amp_compiler.core.probabilities import probability_output, saturation
 from amp_compiler.core.tensor_error import accuracy, compared_outputs, exact_accuracy, output_accuracies
 from amp_compiler.onnx.measure.chain import session_feeds
 from amp_compiler.onnx.measure.emulate import emulate
+from amp_compiler.runtime.input_uses import VALUES_KEPT
 from amp_compiler.runtime.runner import Runner
 
 __all__ = ["CONCENTRATION", "MAX_CHANGED_SHARE", "MAX_ERROR_OF_RANGE", "MIN_COSINE", "SATURATED", "concentrated",
@@ -79,20 +80,16 @@ def worst_accuracy(
     return out
 
 
-#: Ops that hand their input's values on unchanged (placed, not computed): a Sigmoid's probabilities stay ones.
-_MOVES_VALUES = frozenset({"Cast", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice", "Split", "Squeeze",
-                           "Transpose", "Unsqueeze"})
-
 
 def logistic_outputs(model: onnx.ModelProto) -> set[str]:
-    """The graph outputs a Sigmoid computes, directly or through data movement (:data:`_MOVES_VALUES`): each value
+    """The graph outputs a Sigmoid computes, directly or through data movement (:data:`VALUES_KEPT`): each value
     one of two classes' probability (a binary classifier's score, a tagger's labels), measured as such
     (:func:`~amp_compiler.core.probabilities.probability_output`)."""
     producers = {o: n for n in model.graph.node for o in n.output}
     found = set()
     for output in model.graph.output:
         node = producers.get(output.name)
-        while node is not None and node.op_type in _MOVES_VALUES and node.domain in ("", "ai.onnx") and node.input:
+        while node is not None and node.op_type in VALUES_KEPT and node.domain in ("", "ai.onnx") and node.input:
             node = producers.get(node.input[0])
         if node is not None and node.op_type == "Sigmoid" and node.domain in ("", "ai.onnx"):
             found.add(output.name)
